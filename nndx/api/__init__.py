@@ -1,0 +1,1 @@
+"""API: the FastAPI service that stores, diagnoses, renders and explains reports."""

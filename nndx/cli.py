@@ -1,0 +1,58 @@
+"""The ``nndx`` command. Each subpackage registers its own sub-commands in its
+``cli.py`` (``register(subparsers)``); heavy imports (torch, fastapi) happen inside
+the handlers, so ``nndx --help`` and ``nndx rules`` start fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from nndx import __version__
+
+COMMAND_MODULES = (
+    "nndx.collector.cli",
+    "nndx.rules.cli",
+    "nndx.prompts.cli",
+    "nndx.api.cli",
+)
+
+
+def _schema(args: argparse.Namespace) -> int:
+    import json
+
+    from nndx.report import Diagnosis, DiagnosticReport
+
+    model = Diagnosis if args.diagnosis else DiagnosticReport
+    print(json.dumps(model.model_json_schema(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nndx", description="Diagnose the silent failures of neural-network training."
+    )
+    parser.add_argument("--version", action="version", version=f"nndx {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    schema = sub.add_parser("schema", help="print the DiagnosticReport JSON Schema")
+    schema.add_argument("--diagnosis", action="store_true", help="print the Diagnosis schema instead")
+    schema.set_defaults(handler=_schema)
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

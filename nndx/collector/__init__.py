@@ -1,0 +1,1 @@
+"""Collector: probes, the training-loop Monitor and data checks. Torch lives here."""

@@ -1,0 +1,1 @@
+"""Prompts: jinja2 rendering of the debugger prompt and checklist; the LLM client."""

@@ -1,0 +1,1 @@
+"""Rules: the deterministic engine that turns a DiagnosticReport into a Diagnosis."""
