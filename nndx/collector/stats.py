@@ -1,0 +1,356 @@
+"""Per-layer statistics shared by the hook probe and the Monitor.
+
+How to use::
+
+    recorder = LayerRecorder(model)          # choose modules, hooks not yet attached
+    with recorder:                           # attach; detached on exit
+        recorder.start_step(step)            # record this step (hooks are idle otherwise)
+        loss_fn(model(x), y).backward()
+        layer_stats = recorder.finish_step() # one host synchronisation for all layers
+
+Why it is built this way:
+
+- Every statistic of one tensor is reduced on its device into one small tensor, and all
+  layers of a step are stacked and fetched with a single ``.tolist()``: on a GPU every
+  ``.item()`` stalls the stream; on a CPU the cost is the number of passes over each
+  activation, so each statistic reuses the passes already made.
+- Hooked: every leaf module that owns parameters and every activation module. A Linear
+  followed by a ReLU is hooked twice (its pre-activation and post-activation are
+  different evidence: dead units show only after the ReLU).
+- Gradients are read with a tensor hook on the module's output (the gradient w.r.t. the
+  output), not ``register_full_backward_hook``, which breaks in-place activations.
+- Dead units: a unit (a feature of a Linear/sequence output, a channel of a conv
+  output) that is exactly zero for every sample of the batch. Zero *elements* are ~50%
+  on every healthy ReLU layer and prove nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from nndx.report import ActivationStats, GradientStats, LayerInfo, LayerStats, ModelSummary, ParameterStats
+
+ACTIVATION_TYPES: tuple[type[nn.Module], ...] = (
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.PReLU,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Softplus,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Hardtanh,
+    nn.Hardsigmoid,
+    nn.Hardswish,
+    nn.Softmax,
+    nn.LogSoftmax,
+)
+NORMALIZATION_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+DROPOUT_TYPES: tuple[type[nn.Module], ...] = (nn.modules.dropout._DropoutNd, nn.AlphaDropout)
+CONV_TYPES: tuple[type[nn.Module], ...] = (nn.modules.conv._ConvNd,)
+
+# Output bounds of saturating activations; "saturated" = within SATURATION_MARGIN of one.
+SATURATING_BOUNDS: dict[type[nn.Module], tuple[float, float]] = {
+    nn.Sigmoid: (0.0, 1.0),
+    nn.Tanh: (-1.0, 1.0),
+    nn.Hardtanh: (-1.0, 1.0),
+    nn.Hardsigmoid: (0.0, 1.0),
+}
+SATURATION_MARGIN = 1e-3
+
+_ACT_FIELDS = ("mean", "std", "min", "max", "zero_fraction", "dead_unit_fraction",
+               "saturated_fraction", "nonfinite_count", "unit_count")
+_GRAD_FIELDS = ("abs_mean", "max", "norm", "nonfinite_count")
+
+
+def is_activation(module: nn.Module) -> bool:
+    return isinstance(module, ACTIVATION_TYPES)
+
+
+def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Leaf modules with their own parameters, and every activation module, in
+    registration order. The root is included when it is itself such a leaf."""
+    chosen = []
+    for name, module in model.named_modules():
+        is_leaf = next(module.children(), None) is None
+        owns_params = next(module.parameters(recurse=False), None) is not None
+        if is_activation(module) or (is_leaf and owns_params):
+            chosen.append((name or type(module).__name__, module))
+    return chosen
+
+
+def unit_dim(module: nn.Module, output: torch.Tensor) -> int:
+    """The axis whose entries are 'units': channels for conv-shaped outputs, else features."""
+    if isinstance(module, CONV_TYPES) or output.dim() >= 4:
+        return 1
+    return output.dim() - 1
+
+
+def _first_tensor(output: object) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
+
+
+def activation_stats_tensor(
+    output: torch.Tensor, unit_axis: int, bounds: tuple[float, float] | None = None
+) -> torch.Tensor:
+    """All activation statistics of ``output`` as one float64 tensor on its device
+    (order: ``_ACT_FIELDS``). Saturated fraction is -1 when ``bounds`` is None."""
+    x = output.detach()
+    if x.dim() == 0:
+        x = x.reshape(1, 1)
+    elif x.dim() == 1:
+        x = x.reshape(-1, 1) if unit_axis == 0 else x.reshape(1, -1)
+        unit_axis = 1
+    x = x.float()
+    is_zero = x == 0
+    units = x.shape[unit_axis]
+    # per unit: zero for every sample and position
+    dead = is_zero.movedim(unit_axis, -1).reshape(-1, units).all(dim=0)
+    nonfinite = (~torch.isfinite(x)).sum()
+    lo, hi = torch.aminmax(x)
+    if bounds is None:
+        saturated = torch.tensor(-1.0, device=x.device)
+    else:
+        saturated = ((x <= bounds[0] + SATURATION_MARGIN) | (x >= bounds[1] - SATURATION_MARGIN)).float().mean()
+    std = torch.std(x) if x.numel() > 1 else torch.zeros((), device=x.device)
+    return torch.stack([
+        x.mean(), std, lo, hi, is_zero.float().mean(), dead.float().mean(), saturated,
+        nonfinite.float(), torch.tensor(float(units), device=x.device),
+    ]).double()
+
+
+def gradient_stats_tensor(grad: torch.Tensor) -> torch.Tensor:
+    """abs-mean, abs-max, L2 norm and non-finite count of ``grad`` as one tensor."""
+    g = grad.detach().float()
+    g_abs = g.abs()
+    return torch.stack([
+        g_abs.mean(), g_abs.max(), torch.linalg.vector_norm(g), (~torch.isfinite(g)).sum().float(),
+    ]).double()
+
+
+def activation_stats_from_values(values: list[float]) -> ActivationStats:
+    fields = dict(zip(_ACT_FIELDS, values))
+    fields["saturated_fraction"] = None if fields["saturated_fraction"] < 0 else fields["saturated_fraction"]
+    fields["nonfinite_count"] = int(fields["nonfinite_count"])
+    fields["unit_count"] = int(fields["unit_count"])
+    # fractions of a non-finite tensor are still well defined; clamp float noise
+    for key in ("zero_fraction", "dead_unit_fraction"):
+        fields[key] = min(max(fields[key], 0.0), 1.0)
+    return ActivationStats(**fields)
+
+
+def gradient_stats_from_values(values: list[float]) -> GradientStats:
+    fields = dict(zip(_GRAD_FIELDS, values))
+    fields["nonfinite_count"] = int(fields["nonfinite_count"])
+    return GradientStats(**fields)
+
+
+class LayerRecorder:
+    """Forward hooks (activation statistics) and output-tensor hooks (gradient
+    statistics) on a model's layers. Idle unless a step is being recorded, so it can
+    stay attached for a whole training run. Leaves the model as it found it on
+    ``detach()``."""
+
+    def __init__(self, model: nn.Module, modules: Iterable[tuple[str, nn.Module]] | None = None) -> None:
+        self.model = model
+        self.modules = list(modules) if modules is not None else watched_modules(model)
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._recording = False
+        self._step: int | None = None
+        self._activations: dict[str, torch.Tensor] = {}
+        self._gradients: dict[str, torch.Tensor] = {}
+        self._order: list[str] = []  # forward order of the recorded step
+        self._types = {name: type(module).__name__ for name, module in self.modules}
+
+    # -- lifecycle
+    def attach(self) -> LayerRecorder:
+        if not self._handles:
+            for name, module in self.modules:
+                self._handles.append(module.register_forward_hook(self._forward_hook(name, module)))
+        return self
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._recording = False
+
+    def __enter__(self) -> LayerRecorder:
+        return self.attach()
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    # -- recording
+    def start_step(self, step: int | None = None) -> None:
+        self._recording = True
+        self._step = step
+        self._activations.clear()
+        self._gradients.clear()
+        self._order.clear()
+
+    @property
+    def recording(self) -> bool:
+        return self._recording
+
+    @property
+    def forward_order(self) -> list[str]:
+        """Names of hooked modules in the order they ran in the recorded step."""
+        return list(self._order)
+
+    def finish_step(self) -> list[LayerStats]:
+        """Stop recording and return this step's statistics, fetched with one sync."""
+        self._recording = False
+        names = list(self._order)
+        act_rows = [self._activations[n] for n in names if n in self._activations]
+        grad_rows = [self._gradients[n] for n in names if n in self._gradients]
+        flat: list[float] = []
+        if act_rows or grad_rows:
+            device = (act_rows or grad_rows)[0].device
+            flat = torch.cat([r.to(device) for r in act_rows + grad_rows]).tolist()
+        n_act, n_grad = len(_ACT_FIELDS), len(_GRAD_FIELDS)
+        act_values: dict[str, list[float]] = {}
+        grad_values: dict[str, list[float]] = {}
+        offset = 0
+        for n in names:
+            if n in self._activations:
+                act_values[n] = flat[offset:offset + n_act]
+                offset += n_act
+        for n in names:
+            if n in self._gradients:
+                grad_values[n] = flat[offset:offset + n_grad]
+                offset += n_grad
+        stats = [
+            LayerStats(
+                name=n,
+                type=self._types[n],
+                step=self._step,
+                activation=activation_stats_from_values(act_values[n]) if n in act_values else None,
+                gradient=gradient_stats_from_values(grad_values[n]) if n in grad_values else None,
+            )
+            for n in names
+        ]
+        self._activations.clear()
+        self._gradients.clear()
+        return stats
+
+    def _forward_hook(self, name: str, module: nn.Module):
+        bounds = SATURATING_BOUNDS.get(type(module))
+
+        def hook(_module: nn.Module, _inputs: object, output: object) -> None:
+            if not self._recording:
+                return
+            out = _first_tensor(output)
+            if out is None or not out.is_floating_point() or out.numel() == 0:
+                return
+            if name not in self._activations:
+                self._order.append(name)
+            # a module called twice in one step (weight sharing): the last call wins
+            self._activations[name] = activation_stats_tensor(out, unit_dim(module, out), bounds)
+            if out.requires_grad:
+                out.register_hook(self._gradient_hook(name))
+
+        return hook
+
+    def _gradient_hook(self, name: str):
+        def hook(grad: torch.Tensor) -> None:
+            if self._recording or name not in self._gradients:
+                self._gradients[name] = gradient_stats_tensor(grad)
+
+        return hook
+
+
+def snapshot_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of trainable parameters, to measure an optimizer step's update."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def parameter_stats(
+    model: nn.Module, before: dict[str, torch.Tensor] | None = None, step: int | None = None
+) -> list[ParameterStats]:
+    """Weight norm, grad norm and (given a snapshot from before the step) the
+    update/weight ratio ‖Δw‖/‖w‖ of every parameter, fetched with one sync."""
+    named = list(model.named_parameters())
+    if not named:
+        return []
+    rows = []
+    for n, p in named:
+        w = p.detach()
+        weight_norm = torch.linalg.vector_norm(w.float())
+        grad_norm = torch.linalg.vector_norm(p.grad.detach().float()) if p.grad is not None else weight_norm.new_tensor(-1.0)
+        if before is not None and n in before:
+            update = torch.linalg.vector_norm((w - before[n]).float()) / weight_norm.clamp_min(1e-12)
+        else:
+            update = weight_norm.new_tensor(-1.0)
+        rows.append(torch.stack([weight_norm, grad_norm, update]).to(named[0][1].device))
+    values = torch.stack(rows).double().tolist()
+    return [
+        ParameterStats(
+            name=n,
+            shape=list(p.shape),
+            step=step,
+            requires_grad=p.requires_grad,
+            weight_norm=v[0],
+            grad_norm=None if v[1] < 0 else v[1],
+            update_ratio=None if v[2] < 0 else v[2],
+        )
+        for (n, p), v in zip(named, values)
+    ]
+
+
+def summarize_model(model: nn.Module, forward_order: list[str] | None = None) -> ModelSummary:
+    """Static facts about ``model``. ``forward_order`` (names from a recorded forward)
+    orders the layer list and decides which module produced the output; without it,
+    registration order is used, which is usually but not always forward order."""
+    leaves = list(iter_named_leaves(model))
+    if forward_order:
+        rank = {n: i for i, n in enumerate(forward_order)}
+        leaves.sort(key=lambda item: rank.get(item[0], len(rank)))
+    layers = [
+        LayerInfo(
+            name=n,
+            type=type(m).__name__,
+            param_count=sum(p.numel() for p in m.parameters(recurse=False)),
+            trainable_param_count=sum(p.numel() for p in m.parameters(recurse=False) if p.requires_grad),
+        )
+        for n, m in leaves
+    ]
+    # modules that do nothing to values at inference do not decide the output's nature
+    ran = [(n, m) for n, m in leaves if not isinstance(m, DROPOUT_TYPES + (nn.Identity, nn.Flatten))]
+    if forward_order:
+        ran = [(n, m) for n, m in ran if n in set(forward_order)] or ran
+    last = ran[-1][1] if ran else None
+    return ModelSummary(
+        param_count=sum(p.numel() for p in model.parameters()),
+        trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        layers=layers,
+        activations=[type(m).__name__ for _, m in leaves if is_activation(m)],
+        last_layer=type(last).__name__ if last is not None else None,
+        output_activation=type(last).__name__ if last is not None and is_activation(last) else None,
+        normalization_layers=[type(m).__name__ for _, m in leaves if isinstance(m, NORMALIZATION_TYPES)],
+        has_dropout=any(isinstance(m, DROPOUT_TYPES) for _, m in leaves),
+        has_batchnorm=any(isinstance(m, nn.modules.batchnorm._BatchNorm) for _, m in leaves),
+    )
+
+
+def iter_named_leaves(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    for name, module in model.named_modules():
+        if next(module.children(), None) is None:
+            yield name or type(module).__name__, module
