@@ -28,6 +28,12 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from nndx import demo
+
+    return demo.main(as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nndx", description="Diagnose the silent failures of neural-network training."
@@ -38,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the DiagnosticReport JSON Schema")
     schema.add_argument("--diagnosis", action="store_true", help="print the Diagnosis schema instead")
     schema.set_defaults(handler=_schema)
+
+    demo = sub.add_parser("demo", help="diagnose the lesson's broken networks and a healthy one")
+    demo.add_argument("--json", action="store_true", help="print the diagnoses as JSON")
+    demo.set_defaults(handler=_demo)
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
