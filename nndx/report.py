@@ -317,6 +317,14 @@ class SplitStats(Schema):
     label_runs_fraction: Fraction | None = Field(
         None, description="share of consecutive samples with the same label (order check)"
     )
+    checked_samples: Count | None = Field(
+        None, description="samples the statistics were computed on (< n_samples when sampled)"
+    )
+    missing_classes: list[str] = Field(
+        default_factory=list,
+        description="classes expected (num_classes, a gap in the label range, or seen in the other split) "
+        "with no sample in this split",
+    )
 
 
 class DataStats(Schema):
