@@ -1,0 +1,57 @@
+"""The FastAPI application: ``create_app(settings)`` wires settings, storage and routers.
+
+Run it with ``nndx serve`` (uvicorn), or with any ASGI server as the factory
+``nndx.api.app:create_app``. The store is opened (and its schema migrated) when the
+app is created, so a misconfigured database fails at start-up, not on the first POST.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from nndx import __version__
+from nndx.api.limits import BodyLimitMiddleware
+from nndx.api.routers import health, pages, reports
+from nndx.api.settings import Settings
+from nndx.api.storage import ReportStore
+
+
+async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 naming each offending field (``loc``), without echoing the input back: the
+    input may be megabytes, may hold secrets, and may hold NaN that JSON cannot carry."""
+    errors = [
+        {"loc": [str(part) for part in error.get("loc", ())], "msg": str(error.get("msg", "")), "type": str(error.get("type", ""))}
+        for error in exc.errors()
+    ]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The nndx service. ``settings`` default to :meth:`Settings.from_env`."""
+    settings = settings or Settings.from_env()
+    store = ReportStore(settings.database_url)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        store.close()
+
+    app = FastAPI(
+        title="nndx",
+        version=__version__,
+        description="Stores, diagnoses, renders and explains neural-network training reports.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.store = store
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.include_router(health.router)
+    app.include_router(reports.router)
+    app.include_router(pages.router)
+    return app

@@ -1,0 +1,1 @@
+"""Thin routers: each endpoint validates, calls storage / rules / prompts, answers."""

@@ -1,0 +1,198 @@
+"""The v1 JSON API: store, list, read, diagnose, render and explain reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response, status
+from pydantic import BaseModel
+
+from nndx.api.auth import get_scope
+from nndx.api.deps import Diagnose, get_diagnose, get_prompts, get_report, get_store
+from nndx.api.models import ReportCreated, ReportList, ReportSummary, error_responses
+from nndx.api.storage import MAX_LIMIT, IdempotencyConflict, InvalidCursor, ReportStore, StoredReport
+from nndx.report import CauseCode, Diagnosis, DiagnosticReport, RunInfo
+
+try:  # documents the explain answer once nndx.prompts provides its model
+    from nndx.prompts import Explanation
+except ImportError:
+    Explanation = None  # type: ignore[assignment,misc]
+
+router = APIRouter(prefix="/v1", tags=["reports"])
+
+MARKDOWN = {200: {"content": {"text/markdown": {"schema": {"type": "string"}}}, "description": "Markdown"}}
+
+
+def json_response(model: BaseModel, status_code: int = 200) -> Response:
+    """Serialise with pydantic, which writes NaN/Infinity as strings (FastAPI's encoder would not)."""
+    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
+def _scoped(report: DiagnosticReport, scope: str | None) -> DiagnosticReport:
+    """The report with its project set to the token's, or 403 if it names another."""
+    if scope is None:
+        return report
+    run = report.run or RunInfo()
+    if run.project is None:
+        return report.model_copy(update={"run": run.model_copy(update={"project": scope})})
+    if run.project != scope:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, detail="the report's run.project is not the project of this token"
+        )
+    return report
+
+
+@router.post(
+    "/reports",
+    status_code=201,
+    response_model=ReportCreated,
+    responses={200: {"model": ReportCreated, "description": "already stored under this Idempotency-Key"}}
+    | error_responses(401, 403, 409, 413, 503),
+    summary="Store a report and diagnose it",
+)
+def create_report(
+    report: DiagnosticReport,
+    idempotency_key: str | None = Header(
+        None, max_length=128, description="client-chosen key; a retry with the same key stores nothing new"
+    ),
+    scope: str | None = Depends(get_scope),
+    store: ReportStore = Depends(get_store),
+    diagnose: Diagnose = Depends(get_diagnose),
+) -> Response:
+    """Validate, diagnose and store the report; answered only after the commit."""
+    report = _scoped(report, scope)
+    diagnosis = diagnose(report)
+    try:
+        stored, created = store.add(report, diagnosis, idempotency_key=idempotency_key)
+    except IdempotencyConflict as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
+    if not created:
+        diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
+    body = ReportCreated(
+        id=stored.id,
+        created_at=stored.created_at,
+        project=stored.project,
+        run_name=stored.run_name,
+        url=f"/v1/reports/{stored.id}",
+        diagnosis=diagnosis,
+    )
+    return json_response(body, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+@router.get(
+    "/reports",
+    response_model=ReportList,
+    responses=error_responses(401),
+    summary="List reports, newest first",
+)
+def list_reports(
+    project: str | None = Query(None, description="only this project"),
+    run_name: str | None = Query(None, description="only runs of this name"),
+    cause: CauseCode | None = Query(None, description="only reports with a finding of this cause"),
+    limit: int = Query(50, ge=1, le=MAX_LIMIT),
+    cursor: str | None = Query(None, description="next_cursor of the previous page"),
+    scope: str | None = Depends(get_scope),
+    store: ReportStore = Depends(get_store),
+) -> Response:
+    try:
+        page = store.list(
+            scope=scope,
+            project=project,
+            run_name=run_name,
+            cause=cause.value if cause else None,
+            limit=limit,
+            cursor=cursor,
+        )
+    except InvalidCursor as exc:
+        # the same shape as FastAPI's own 422, naming the parameter
+        raise HTTPException(
+            422, detail=[{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]
+        ) from None
+    items = [
+        ReportSummary(
+            id=s.id,
+            created_at=s.created_at,
+            project=s.project,
+            run_name=s.run_name,
+            top_cause=s.top_cause,
+            cause_codes=list(s.cause_codes),
+            severity_max=s.severity_max,  # type: ignore[arg-type]
+        )
+        for s in page.items
+    ]
+    return json_response(ReportList(items=items, next_cursor=page.next_cursor))
+
+
+@router.get(
+    "/reports/{report_id}",
+    response_model=DiagnosticReport,
+    responses=error_responses(401, 404),
+    summary="The stored report",
+)
+def read_report(stored: StoredReport = Depends(get_report)) -> Response:
+    return Response(stored.report_json, media_type="application/json")
+
+
+@router.get(
+    "/reports/{report_id}/diagnosis",
+    response_model=Diagnosis,
+    responses=error_responses(401, 404),
+    summary="The diagnosis made when the report was stored",
+)
+def read_diagnosis(stored: StoredReport = Depends(get_report)) -> Response:
+    return Response(stored.diagnosis_json, media_type="application/json")
+
+
+def _render(stored: StoredReport, prompts: Any, name: str) -> Response:
+    report = DiagnosticReport.model_validate_json(stored.report_json)
+    diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
+    text = prompts.render(report=report, diagnosis=diagnosis)[name]
+    return Response(text, media_type="text/markdown; charset=utf-8")
+
+
+@router.get(
+    "/reports/{report_id}/prompt",
+    response_class=Response,
+    responses=MARKDOWN | error_responses(401, 404, 503),
+    summary="prompt-nn-debugger.md for this report",
+)
+def read_prompt(stored: StoredReport = Depends(get_report), prompts: Any = Depends(get_prompts)) -> Response:
+    return _render(stored, prompts, "prompt-nn-debugger.md")
+
+
+@router.get(
+    "/reports/{report_id}/checklist",
+    response_class=Response,
+    responses=MARKDOWN | error_responses(401, 404, 503),
+    summary="skill-debug-checklist.md for this report",
+)
+def read_checklist(stored: StoredReport = Depends(get_report), prompts: Any = Depends(get_prompts)) -> Response:
+    return _render(stored, prompts, "skill-debug-checklist.md")
+
+
+@router.post(
+    "/reports/{report_id}/explain",
+    response_model=Explanation,
+    responses=error_responses(401, 404, 503),
+    summary="Explain the report: the configured LLM, or rule-only",
+)
+def explain_report(
+    offline: bool = Query(False, description="rule-only explanation, no LLM call"),
+    stored: StoredReport = Depends(get_report),
+    prompts: Any = Depends(get_prompts),
+) -> Response:
+    report = DiagnosticReport.model_validate_json(stored.report_json)
+    diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
+    explanation = prompts.explain(report, diagnosis, offline=offline)
+    return json_response(explanation)
+
+
+@router.post(
+    "/diagnose",
+    response_model=Diagnosis,
+    responses=error_responses(401, 413, 503),
+    dependencies=[Depends(get_scope)],
+    summary="Diagnose a report without storing it",
+)
+def diagnose_report(report: DiagnosticReport, diagnose: Diagnose = Depends(get_diagnose)) -> Response:
+    return json_response(diagnose(report))
