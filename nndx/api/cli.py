@@ -1,9 +1,92 @@
-"""Sub-commands of this subpackage; see nndx/cli.py."""
+"""``nndx serve`` (the HTTP service under uvicorn) and ``nndx push`` (send the spool)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add this subpackage's commands to the ``nndx`` parser."""
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the nndx HTTP service",
+        description="Serve the nndx API and HTML pages with uvicorn. The database is created "
+        "and migrated on start. Settings: flags, else NNDX_* environment variables "
+        "(NNDX_TOKENS, NNDX_TOKENS_FILE, NNDX_MAX_BODY_BYTES: see nndx/api/settings.py).",
+    )
+    serve.add_argument("--host", default=os.environ.get("NNDX_HOST", "127.0.0.1"),
+                       help="interface to bind (env NNDX_HOST; default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=os.environ.get("NNDX_PORT", "8000"),
+                       help="TCP port (env NNDX_PORT; default 8000)")
+    serve.add_argument("--workers", type=int, default=os.environ.get("NNDX_WORKERS", "1"),
+                       help="worker processes (env NNDX_WORKERS; default 1)")
+    serve.add_argument("--database-url", default=None,
+                       help="SQLAlchemy URL (env NNDX_DATABASE_URL; default sqlite:///./nndx.sqlite3)")
+    serve.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    serve.set_defaults(handler=_serve)
+
+    push = subparsers.add_parser(
+        "push",
+        help="send spooled reports to an nndx service",
+        description="Send the reports that nndx.client.submit spooled while the service was "
+        "unreachable. A file is deleted only after the service acknowledged it.",
+    )
+    push.add_argument("--url", default=os.environ.get("NNDX_URL", "http://127.0.0.1:8000"),
+                      help="service base URL (env NNDX_URL; default http://127.0.0.1:8000)")
+    push.add_argument("--token", default=None, help="bearer token (env NNDX_TOKEN)")
+    push.add_argument("--spool-dir", default=None,
+                      help="spool folder (env NNDX_SPOOL_DIR; default ~/.cache/nndx/spool)")
+    push.set_defaults(handler=_push)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from nndx.api.settings import Settings
+    from nndx.api.storage import ReportStore
+
+    if args.database_url:
+        os.environ["NNDX_DATABASE_URL"] = args.database_url  # workers read the environment
+    try:
+        settings = Settings.from_env()
+        # create and migrate once here, so workers never race on a fresh database
+        ReportStore(settings.database_url).close()
+    except Exception as exc:  # a bad URL or setting: say so, without a traceback
+        print(f"nndx serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"nndx serve: http://{args.host}:{args.port} database {settings.database_url}"
+          f"{' (token auth)' if settings.auth_enabled else ''}", file=sys.stderr)
+    uvicorn.run(
+        "nndx.api.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from nndx.client import push, spooled_files
+
+    token = args.token or os.environ.get("NNDX_TOKEN")
+    pending = len(spooled_files(args.spool_dir))
+    if not pending:
+        print("nndx push: the spool is empty", file=sys.stderr)
+        return 0
+    print(f"nndx push: sending {pending} report(s) to {args.url}", file=sys.stderr)
+    try:
+        result = push(args.url, token, spool_dir=args.spool_dir)
+    except ValueError as exc:
+        print(f"nndx push: {exc}", file=sys.stderr)
+        return 2
+    print(f"nndx push: sent {result.sent}, rejected {len(result.rejected)}, left {result.remaining}", file=sys.stderr)
+    for path in result.rejected:
+        print(f"  rejected (kept): {path}", file=sys.stderr)
+    if result.error:
+        print(f"nndx push: stopped: {result.error}", file=sys.stderr)
+        return 1
+    return 1 if result.rejected else 0
