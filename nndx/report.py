@@ -209,6 +209,12 @@ class EvalModeResult(ProbeResult):
     has_dropout: bool = False
     has_batchnorm: bool = False
     max_abs_diff: Float | None = Field(None, description="between two forwards of the same batch")
+    batch_dependence_diff: Float | None = Field(
+        None, description="change of the first half's outputs when run without the rest of the batch (batch-norm)"
+    )
+    eval_abs_diff: Float | None = Field(
+        None, description="between two forwards in eval mode: non-zero means randomness that ignores eval()"
+    )
 
 
 class LabelAlignmentResult(ProbeResult):
