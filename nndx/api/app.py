@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nndx import __version__
 from nndx.api.limits import BodyLimitMiddleware
@@ -29,6 +31,17 @@ async def _validation_error(_request: Request, exc: RequestValidationError) -> J
         for error in exc.errors()
     ]
     return JSONResponse({"detail": errors}, status_code=422)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException):  # type: ignore[no-untyped-def]
+    """FastAPI answers 400 for a body it cannot decode (invalid UTF-8); nndx raises no
+    400 itself, so every 400 is that case: answer it like any other malformed JSON."""
+    if exc.status_code == 400:
+        return JSONResponse(
+            {"detail": [{"loc": ["body"], "msg": "body is not valid UTF-8 JSON", "type": "json_invalid"}]},
+            status_code=422,
+        )
+    return await http_exception_handler(request, exc)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -50,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.store = store
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.include_router(health.router)
     app.include_router(reports.router)

@@ -79,7 +79,7 @@ def _nice_step(raw: float) -> float:
 def _fmt(value: float, log: bool) -> str:
     if log:
         exponent = round(math.log10(value))
-        return f"1e{exponent}" if exponent not in (0, 1, 2) else f"{10.0**exponent:g}"
+        return f"{10.0**exponent:g}" if -2 <= exponent <= 3 else f"1e{exponent}"
     return f"{value:.4g}"
 
 

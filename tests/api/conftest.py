@@ -48,7 +48,7 @@ def make_report(
                 type="Linear",
                 step=0,
                 activation=ActivationStats(
-                    mean=0.1, std=0.5 / (i + 1), min=0.0, max=2.0, zero_fraction=0.5, dead_unit_fraction=0.05 * i
+                    mean=0.1, std=0.5 / (i + 1), min=0.0, max=2.0, zero_fraction=0.5, dead_unit_fraction=min(1.0, 0.05 * i)
                 ),
                 gradient=GradientStats(abs_mean=1e-3 / (i + 1), max=0.1, norm=0.5 / (i + 1)),
             )

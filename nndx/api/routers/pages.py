@@ -30,7 +30,11 @@ def format_evidence(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, float):
-        return f"{value:.4g}" if math.isfinite(value) else str(value)
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return f"{value:.4g}"
     if isinstance(value, list):
         return "[" + ", ".join(format_evidence(v) for v in value) + "]"
     return str(value)

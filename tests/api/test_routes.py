@@ -1,0 +1,158 @@
+"""The v1 JSON API over TestClient: status codes, bodies, NaN fidelity, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nndx.report import Diagnosis, DiagnosticReport
+from tests.api.conftest import make_report
+
+JSON = {"content-type": "application/json"}
+
+
+def post(client, report: DiagnosticReport, **headers):
+    return client.post("/v1/reports", content=report.model_dump_json(), headers=JSON | headers)
+
+
+def test_post_stores_and_answers_201_with_id_and_diagnosis(client):
+    response = post(client, make_report(name="dead_relu"))
+    assert response.status_code == 201
+    body = response.json()
+    assert body["url"] == f"/v1/reports/{body['id']}"
+    diagnosis = Diagnosis.model_validate(body["diagnosis"])
+    assert diagnosis.top().code.value == "DEAD_RELU"
+    # NaN evidence reaches the client as the string "NaN", never null or a bare NaN
+    assert '"value":"NaN"' in response.text
+    assert client.get(body["url"]).status_code == 200
+
+
+def test_get_returns_the_report_exactly_nan_and_infinity_included(client):
+    report = make_report(nan_at=4)
+    report_id = post(client, report).json()["id"]
+    response = client.get(f"/v1/reports/{report_id}")
+    assert response.headers["content-type"].startswith("application/json")
+    back = DiagnosticReport.model_validate_json(response.text)
+    assert back.model_dump_json() == report.model_dump_json()
+    assert json.loads(response.text)["loss_history"]["train"][4]["value"] == "NaN"
+    assert json.loads(response.text)["probes"]["lr_range"]["losses"][-1] == "Infinity"
+
+
+def test_diagnosis_endpoint_returns_the_stored_diagnosis(client):
+    created = post(client, make_report(name="overfitting")).json()
+    response = client.get(f"/v1/reports/{created['id']}/diagnosis")
+    assert response.status_code == 200
+    assert response.json() == created["diagnosis"]
+
+
+def test_list_filters_and_paginates(client):
+    ids = {name: post(client, make_report(name=name, project=project)).json()["id"]
+           for name, project in [("dead_relu-1", "a"), ("overfitting-2", "a"), ("dead_relu-3", "b")]}
+    listed = client.get("/v1/reports", params={"cause": "DEAD_RELU"}).json()
+    assert [r["id"] for r in listed["items"]] == [ids["dead_relu-3"], ids["dead_relu-1"]]
+    assert listed["items"][0]["top_cause"] == "DEAD_RELU"
+    assert [r["id"] for r in client.get("/v1/reports", params={"project": "a"}).json()["items"]] == [
+        ids["overfitting-2"], ids["dead_relu-1"]]
+    assert [r["id"] for r in client.get("/v1/reports", params={"run_name": "overfitting-2"}).json()["items"]] == [
+        ids["overfitting-2"]]
+    page = client.get("/v1/reports", params={"limit": 2}).json()
+    assert len(page["items"]) == 2 and page["next_cursor"]
+    rest = client.get("/v1/reports", params={"limit": 2, "cursor": page["next_cursor"]}).json()
+    assert [r["id"] for r in rest["items"]] == [ids["dead_relu-1"]] and rest["next_cursor"] is None
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [({"cause": "NOT_A_CAUSE"}, "cause"), ({"limit": 0}, "limit"), ({"limit": 10_000}, "limit"),
+     ({"cursor": "garbage"}, "cursor")],
+)
+def test_bad_list_parameters_are_422_naming_the_parameter(client, params, field):
+    response = client.get("/v1/reports", params=params)
+    assert response.status_code == 422
+    assert ["query", field] in [e["loc"] for e in response.json()["detail"]]
+
+
+def test_unknown_report_is_404_on_every_report_endpoint(client):
+    for path in ("", "/diagnosis", "/prompt", "/checklist"):
+        assert client.get(f"/v1/reports/0123456789abcdef{path}").status_code == 404
+    assert client.post("/v1/reports/0123456789abcdef/explain").status_code == 404
+    assert client.get("/reports/0123456789abcdef").status_code == 404
+
+
+def test_schema_violation_is_422_naming_the_field(client):
+    bad = json.loads(make_report().model_dump_json())
+    bad["layers"][1]["activation"]["dead_unit_fraction"] = 1.5
+    response = client.post("/v1/reports", json=bad)
+    assert response.status_code == 422
+    locs = [e["loc"] for e in response.json()["detail"]]
+    assert ["body", "layers", "1", "activation", "dead_unit_fraction"] in locs
+    unknown = client.post("/v1/reports", json={"run": {"nmae": "typo"}})
+    assert unknown.status_code == 422
+    assert ["body", "run", "nmae"] in [e["loc"] for e in unknown.json()["detail"]]
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe\x00", b"", b"[1, 2", b'{"num_classes": NaN}'])
+def test_malformed_json_is_422_not_5xx(client, body):
+    response = client.post("/v1/reports", content=body, headers=JSON)
+    assert response.status_code == 422
+    assert response.json()["detail"]
+    assert client.get("/v1/reports").json()["items"] == []
+
+
+def test_body_over_the_limit_is_413_with_or_without_content_length(make_app):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(make_app(max_body_bytes=2048))
+    big = make_report(layers=40).model_dump_json().encode()
+    assert len(big) > 2048
+    assert client.post("/v1/reports", content=big, headers=JSON).status_code == 413
+
+    def chunked():  # no Content-Length: the limit must still hold
+        for start in range(0, len(big), 512):
+            yield big[start:start + 512]
+
+    response = client.post("/v1/reports", content=chunked(), headers=JSON)
+    assert response.status_code == 413
+    assert "limit" in response.json()["detail"]
+    small = make_report(layers=1, name=None).model_copy(update={"probes": None, "loss_history": {}})
+    assert post(client, small).status_code == 201
+    assert len(client.get("/v1/reports").json()["items"]) == 1
+
+
+def test_stateless_diagnose_stores_nothing(client):
+    response = client.post("/v1/diagnose", content=make_report(name="dead_relu").model_dump_json(), headers=JSON)
+    assert response.status_code == 200
+    assert Diagnosis.model_validate(response.json()).top().code.value == "DEAD_RELU"
+    assert client.get("/v1/reports").json()["items"] == []
+
+
+def test_idempotency_key_makes_a_retry_harmless(client):
+    first = post(client, make_report(), **{"idempotency-key": "abc"})
+    again = post(client, make_report(), **{"idempotency-key": "abc"})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert len(client.get("/v1/reports").json()["items"]) == 1
+
+
+def test_healthz(client):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+
+
+def test_openapi_documents_every_endpoint_with_a_response_model(client):
+    spec = client.get("/openapi.json").json()
+    paths = spec["paths"]
+    expected = {
+        ("/v1/reports", "post"), ("/v1/reports", "get"), ("/v1/reports/{report_id}", "get"),
+        ("/v1/reports/{report_id}/diagnosis", "get"), ("/v1/reports/{report_id}/prompt", "get"),
+        ("/v1/reports/{report_id}/checklist", "get"), ("/v1/reports/{report_id}/explain", "post"),
+        ("/v1/diagnose", "post"), ("/healthz", "get"),
+    }
+    for path, method in expected:
+        operation = paths[path][method]
+        success = operation["responses"].get("201") or operation["responses"]["200"]
+        assert success.get("content"), (path, method)
+    assert "text/markdown" in paths["/v1/reports/{report_id}/prompt"]["get"]["responses"]["200"]["content"]
+    assert "404" in paths["/v1/reports/{report_id}"]["get"]["responses"]
