@@ -1,0 +1,169 @@
+"""Small, pure helpers the rules share: loss-curve statistics and report look-ups.
+
+Plain Python (no numpy, no torch) so results are identical everywhere and the rule
+engine stays importable on a server that only diagnoses JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import median
+
+from nndx.report import DiagnosticReport, LayerStats, LossCall, LossPoint, ParameterStats
+
+CLASSIFICATION_LOSSES = {"CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "MultiMarginLoss"}
+REGRESSION_LOSSES = {"MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss"}
+
+
+def finite(values: list[float]) -> list[float]:
+    return [v for v in values if math.isfinite(v)]
+
+
+def train_curve(report: DiagnosticReport, split: str = "train") -> list[LossPoint]:
+    """The loss history of ``split`` in step order."""
+    return sorted(report.loss_history.get(split, []), key=lambda p: p.step)
+
+
+def window(n: int) -> int:
+    """Points averaged at each end of a curve: a tenth of it, at least 3."""
+    return max(3, n // 10)
+
+
+def trend(values: list[float], width: int = 5) -> list[float]:
+    """Running median: follows the curve's shape, ignores single-step noise."""
+    half = width // 2
+    return [median(values[max(0, i - half) : i + half + 1]) for i in range(len(values))]
+
+
+def std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+class Curve:
+    """Scale-aware summary of a loss curve (finite values only).
+
+    ``start`` and ``end`` are medians of the first and last windows; ``noise`` is the
+    spread of the residual around a running median over the second half, so ordinary
+    minibatch noise is measured rather than mistaken for a trend or an oscillation.
+    """
+
+    def __init__(self, points: list[LossPoint]):
+        self.points = points
+        self.values = finite([p.value for p in points])
+        n = len(self.values)
+        self.n = n
+        if n < 2:
+            self.start = self.end = self.noise = 0.0
+            return
+        w = window(n)
+        self.start = median(self.values[:w])
+        self.end = median(self.values[-w:])
+        smooth = trend(self.values)
+        residual = [v - s for v, s in zip(self.values, smooth)]
+        self.noise = std(residual[n // 2 :])
+        self.smooth = smooth
+
+    @property
+    def scale(self) -> float:
+        """The loss scale everything is judged against: the initial level."""
+        return max(abs(self.start), 1e-12)
+
+    @property
+    def progress(self) -> float:
+        """Share of the initial loss removed by the end (1 = reached zero)."""
+        return (self.start - self.end) / self.scale
+
+    @property
+    def relative_noise(self) -> float:
+        return self.noise / self.scale
+
+    def second_half_progress(self) -> float:
+        """Progress over the second half, relative to the initial level."""
+        half = self.values[self.n // 2 :]
+        w = window(len(half))
+        return (median(half[:w]) - median(half[-w:])) / self.scale
+
+
+def num_classes(report: DiagnosticReport) -> int | None:
+    """Number of classes from the report, the data checks or the loss's output width."""
+    if report.num_classes:
+        return report.num_classes
+    data = report.data
+    if data is not None:
+        if data.expected_num_classes:
+            return data.expected_num_classes
+        for split in (data.train, data.test):
+            if split is not None and len(split.class_counts) >= 2:
+                return len(split.class_counts)
+    for call in loss_calls(report):
+        if call.loss_type in ("CrossEntropyLoss", "NLLLoss") and len(call.output_shape) >= 2:
+            return call.output_shape[1] if call.output_shape[1] >= 2 else None
+    return None
+
+
+def loss_calls(report: DiagnosticReport) -> list[LossCall]:
+    return list(report.loop.loss_calls) if report.loop is not None else []
+
+
+def is_classification(report: DiagnosticReport) -> bool | None:
+    """True/False when the report says, None when it cannot tell."""
+    if report.task is not None:
+        return report.task == "classification"
+    if report.probes is not None and report.probes.overfit_one_batch is not None:
+        task = report.probes.overfit_one_batch.task
+        if task is not None:
+            return task == "classification"
+    if report.data is not None and report.data.train is not None:
+        kind = report.data.train.label_kind
+        if kind in ("class_index", "one_hot"):
+            return True
+        if kind == "float_continuous":
+            return False
+    types = {c.loss_type for c in loss_calls(report)}
+    if types & CLASSIFICATION_LOSSES:
+        return True
+    return None
+
+
+def latest_layers(report: DiagnosticReport) -> list[LayerStats]:
+    """Layer statistics of the last recorded step, in forward order."""
+    if not report.layers:
+        return []
+    steps = [s.step for s in report.layers if s.step is not None]
+    if not steps:
+        return list(report.layers)
+    last = max(steps)
+    return [s for s in report.layers if s.step == last]
+
+
+def layer_steps(report: DiagnosticReport) -> list[list[LayerStats]]:
+    """Layer statistics grouped by recorded step, in step order."""
+    by_step: dict[int, list[LayerStats]] = {}
+    for s in report.layers:
+        by_step.setdefault(s.step if s.step is not None else 0, []).append(s)
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def weight_params(report: DiagnosticReport) -> list[ParameterStats]:
+    """Trainable weight matrices/kernels (biases and norm scales say little about LR)."""
+    return [p for p in report.parameters if p.requires_grad and len(p.shape) >= 2]
+
+
+def used_lr(report: DiagnosticReport) -> float | None:
+    """The largest learning rate of the user's optimizer at its first recorded step."""
+    if report.loop is None or not report.loop.lr_history:
+        return None
+    first = min(report.loop.lr_history, key=lambda p: p.step)
+    lrs = finite(first.lrs)
+    return max(lrs) if lrs else None
+
+
+def loss_is_moving(report: DiagnosticReport) -> bool | None:
+    """Whether the train loss made clear progress; None without enough history."""
+    curve = Curve(train_curve(report))
+    if curve.n < 6:
+        return None
+    return curve.progress > 0.1

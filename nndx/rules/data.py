@@ -1,0 +1,284 @@
+"""Data rules (NNDX5xx): the data checks' statistics of the train and test splits."""
+
+from __future__ import annotations
+
+import math
+
+from nndx.report import CauseCode as C
+from nndx.report import DiagnosticReport, SplitStats
+from nndx.rules._series import is_classification
+from nndx.rules.engine import Hit, rule
+
+
+def _splits(report: DiagnosticReport) -> list[tuple[str, SplitStats]]:
+    data = report.data
+    if data is None:
+        return []
+    return [(name, split) for name, split in (("train", data.train), ("test", data.test)) if split is not None]
+
+
+@rule(
+    "NNDX501",
+    C.NAN_IN_DATA,
+    "error",
+    "NaN or Inf in the inputs or labels",
+    detects="Non-zero NaN/Inf counts in a split's inputs or labels, a non-finite input-batch norm seen by "
+    "the Monitor, or inputs the nan_origin probe found non-finite.",
+    why="One NaN input makes that batch's loss and every gradient NaN, and the next update spreads it "
+    "into all weights.",
+    fix="Find and drop or impute the rows (torch.isnan(x).any(1)); check the preprocessing that produced "
+    "them (division by a zero std, log of 0, missing values).",
+)
+def nan_in_data(report: DiagnosticReport) -> Hit | None:
+    evidence: dict[str, int] = {}
+    for name, split in _splits(report):
+        for field in ("input_nan_count", "input_inf_count", "label_nan_count", "label_inf_count"):
+            count = getattr(split, field)
+            if count:
+                evidence[f"{name}_{field}"] = count
+    if report.loop is not None:
+        bad = [p.step for p in report.loop.input_norm_history if not math.isfinite(p.value)]
+        if bad:
+            evidence["nonfinite_input_batches"] = len(bad)
+    origin = report.probes.nan_origin if report.probes is not None else None
+    if origin is not None and origin.input_nonfinite_count:
+        evidence["probe_input_nonfinite_count"] = origin.input_nonfinite_count
+    if not evidence:
+        return None
+    return Hit(symptom="non-finite values in the data", evidence=evidence, score=3.0)
+
+
+@rule(
+    "NNDX502",
+    C.DATA_LEAKAGE,
+    "warning",
+    "Test samples also appear in the training data",
+    detects="At least 1% of the test rows (and at least 2 rows) found exactly in the train split; error "
+    "from 10%.",
+    why="Test metrics then measure memorisation, not generalisation: the model looks better than it is.",
+    fix="Split before any augmentation or deduplicate across splits (hash rows); split by entity/time "
+    "when samples are correlated.",
+)
+def data_leakage(report: DiagnosticReport) -> Hit | None:
+    data = report.data
+    if data is None or data.train_test_overlap < 2 or data.train_test_overlap_fraction < 0.01:
+        return None
+    fraction = data.train_test_overlap_fraction
+    return Hit(
+        symptom=f"{fraction:.1%} of the test rows are in the train split",
+        evidence={"train_test_overlap": data.train_test_overlap, "train_test_overlap_fraction": fraction},
+        severity="error" if fraction >= 0.1 else "warning",
+        score=1.0 + fraction,
+    )
+
+
+@rule(
+    "NNDX503",
+    C.DUPLICATE_SAMPLES,
+    "warning",
+    "Many samples are exact duplicates",
+    detects="At least 10% of a split's rows repeat an earlier row exactly.",
+    why="Duplicates over-weight some samples, inflate apparent accuracy and, across splits, leak.",
+    fix="Deduplicate (hash rows) before splitting; if repetition is oversampling, use a weighted sampler.",
+)
+def duplicates(report: DiagnosticReport) -> list[Hit]:
+    hits = []
+    for name, split in _splits(report):
+        if split.duplicate_fraction >= 0.1:
+            hits.append(
+                Hit(
+                    symptom=f"{split.duplicate_fraction:.0%} of the {name} rows are duplicates",
+                    evidence={
+                        "split": name,
+                        "duplicate_count": split.duplicate_count,
+                        "duplicate_fraction": split.duplicate_fraction,
+                        "n_samples": split.n_samples,
+                    },
+                    score=split.duplicate_fraction,
+                )
+            )
+    return hits
+
+
+@rule(
+    "NNDX504",
+    C.CLASS_IMBALANCE,
+    "warning",
+    "Classes imbalanced over 10:1",
+    detects="A train split whose largest class has more than 10 times the samples of its smallest.",
+    why="The model can score high accuracy by predicting the majority class; minority classes get few "
+    "gradient signals.",
+    fix="Use class weights in the loss or a weighted sampler; report per-class metrics, not accuracy.",
+)
+def class_imbalance(report: DiagnosticReport) -> Hit | None:
+    train = report.data.train if report.data is not None else None
+    if train is None:
+        return None
+    ratio = train.imbalance_ratio
+    if ratio is None and len(train.class_counts) >= 2 and min(train.class_counts.values()) > 0:
+        ratio = max(train.class_counts.values()) / min(train.class_counts.values())
+    if ratio is None or not ratio > 10:
+        return None
+    return Hit(
+        symptom=f"largest class {ratio:.1f}x the smallest",
+        evidence={"imbalance_ratio": ratio, "class_counts": [f"{k}: {v}" for k, v in sorted(train.class_counts.items())]},
+        score=min(5.0, math.log10(ratio)),
+    )
+
+
+@rule(
+    "NNDX505",
+    C.UNNORMALIZED_INPUTS,
+    "warning",
+    "Inputs are not normalised",
+    detects="Train inputs that look like raw pixels (0-255), or whose mean or std is over 5 in absolute "
+    "value, or whose per-feature stds differ over 100x.",
+    why="Large or unevenly scaled inputs make the first layer's pre-activations huge: sigmoid/tanh "
+    "saturate, ReLUs die, and one LR cannot suit every feature.",
+    fix="Standardise each feature with the train split's mean and std ((x - mean) / std), or scale "
+    "pixels to [0, 1] and normalise per channel.",
+)
+def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
+    train = report.data.train if report.data is not None else None
+    if train is None:
+        return None
+    reasons = []
+    if train.raw_range:
+        reasons.append(f"raw range {train.raw_range}")
+    if train.input_mean is not None and math.isfinite(train.input_mean) and abs(train.input_mean) > 5:
+        reasons.append(f"mean {train.input_mean:.3g}")
+    if train.input_std is not None and math.isfinite(train.input_std) and train.input_std > 5:
+        reasons.append(f"std {train.input_std:.3g}")
+    if train.feature_scale_ratio is not None and train.feature_scale_ratio > 100:
+        reasons.append(f"feature stds differ {train.feature_scale_ratio:.0f}x")
+    if not reasons:
+        return None
+    return Hit(
+        symptom="inputs not normalised: " + ", ".join(reasons),
+        evidence={
+            "input_mean": train.input_mean,
+            "input_std": train.input_std,
+            "input_min": train.input_min,
+            "input_max": train.input_max,
+            "raw_range": train.raw_range,
+            "feature_scale_ratio": train.feature_scale_ratio,
+        },
+        score=float(len(reasons)),
+    )
+
+
+@rule(
+    "NNDX506",
+    C.UNNORMALIZED_TARGETS,
+    "warning",
+    "Regression targets of a large scale",
+    detects="Continuous regression targets whose mean or std exceeds 20 in absolute value.",
+    why="An output layer initialised near 0 needs huge weights to reach targets in the hundreds: the "
+    "first gradients are enormous (MSE grows with the square of the scale) and training is unstable "
+    "or slow.",
+    fix="Standardise the targets ((y - mean) / std) for training and invert the transform for "
+    "predictions.",
+)
+def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
+    train = report.data.train if report.data is not None else None
+    if train is None or train.label_kind != "float_continuous" or is_classification(report) is True:
+        return None
+    mean, std = train.target_mean, train.target_std
+    scale = max(abs(mean or 0.0), abs(std or 0.0))
+    if not math.isfinite(scale) or scale <= 20:
+        return None
+    return Hit(
+        symptom=f"targets of mean {mean:.3g} and std {std:.3g}",
+        evidence={"target_mean": mean, "target_std": std},
+        score=min(5.0, math.log10(scale)),
+    )
+
+
+@rule(
+    "NNDX507",
+    C.LABEL_NOISE,
+    "warning",
+    "Labels collapsed: classes missing from the labels",
+    detects="A train split with a single label class (error) or fewer classes than the task expects "
+    "(warning).",
+    why="Preprocessing applied to the labels (a normalisation, a cast that truncates, a filter) can "
+    "collapse them; a model cannot learn classes it never sees.",
+    fix="Inspect the label pipeline (print torch.unique(y, return_counts=True)); do not transform labels "
+    "with the inputs' transform.",
+)
+def labels_collapsed(report: DiagnosticReport) -> Hit | None:
+    data = report.data
+    train = data.train if data is not None else None
+    if train is None or not train.class_counts:
+        return None
+    observed = sum(1 for count in train.class_counts.values() if count > 0)
+    expected = data.expected_num_classes or report.num_classes
+    if observed == 1 and train.n_samples > 1:
+        return Hit(
+            symptom="every train label is the same class",
+            evidence={"observed_classes": observed, "expected_classes": expected, "n_samples": train.n_samples},
+            severity="error",
+            score=3.0,
+        )
+    if expected is not None and observed < expected:
+        return Hit(
+            symptom=f"{observed} of {expected} classes present in the train labels",
+            evidence={"observed_classes": observed, "expected_classes": expected},
+            score=1.0 + (expected - observed) / expected,
+        )
+    return None
+
+
+@rule(
+    "NNDX508",
+    C.UNSHUFFLED_DATA,
+    "warning",
+    "Training data ordered by label",
+    detects="A train split whose consecutive samples share a label far more often than random order "
+    "would give (label_runs_fraction over 0.95, or closing 80% of the gap from the random-order "
+    "value to 1).",
+    why="Batches of one class pull the model back and forth between classes: the loss zigzags and the "
+    "final model favours the last classes seen.",
+    fix="Shuffle the training data every epoch (DataLoader(..., shuffle=True)).",
+)
+def unshuffled(report: DiagnosticReport) -> Hit | None:
+    train = report.data.train if report.data is not None else None
+    if train is None or train.label_runs_fraction is None:
+        return None
+    counts = [c for c in train.class_counts.values() if c > 0]
+    if len(counts) == 1:
+        return None
+    random_order = sum((c / sum(counts)) ** 2 for c in counts) if counts else None
+    threshold = 0.95 if random_order is None else random_order + 0.8 * (1 - random_order)
+    runs = train.label_runs_fraction
+    if runs <= max(threshold, 0.5):
+        return None
+    return Hit(
+        symptom=f"{runs:.0%} of consecutive train samples share their label",
+        evidence={"label_runs_fraction": runs, "random_order_expectation": random_order},
+        score=1.0 + runs,
+    )
+
+
+@rule(
+    "NNDX509",
+    C.SILENT_DATA_LOSS,
+    "warning",
+    "Samples whose inputs are all zeros",
+    detects="At least 5% of a split's samples with every input exactly zero.",
+    why="All-zero samples usually come from a failed load or decode that was swallowed; the model trains "
+    "on nothing for them.",
+    fix="Find where the samples are zeroed (decode errors, masks, padding) and fix or drop them.",
+)
+def zero_samples(report: DiagnosticReport) -> list[Hit]:
+    hits = []
+    for name, split in _splits(report):
+        if split.zero_sample_fraction >= 0.05:
+            hits.append(
+                Hit(
+                    symptom=f"{split.zero_sample_fraction:.0%} of the {name} samples are all zeros",
+                    evidence={"split": name, "zero_sample_fraction": split.zero_sample_fraction},
+                    score=1.0 + split.zero_sample_fraction,
+                )
+            )
+    return hits

@@ -1,0 +1,235 @@
+"""The rule registry, ``diagnose`` and the ranking.
+
+A rule is a small pure function over a :class:`~nndx.report.DiagnosticReport`
+registered with its metadata (stable id, cause code, severity, title and linter-style
+docs). It returns zero or more :class:`Hit` objects — the symptom it saw, the
+evidence as numbers from the report, and how strong that evidence is — and the engine
+turns each hit into a :class:`~nndx.report.Finding` carrying the rule's metadata.
+
+Ranking: a symptom rule names the cause codes that would explain it
+(``explained_by``). When a finding of such a code is present, the symptom's
+``explained_by`` points at the root finding (following chains to the root), the root
+takes the highest severity among the symptoms it explains, and every root ranks
+before every explained symptom. Within each group findings are ordered by severity,
+then score, then rule id, so the order is total and ``diagnose`` is deterministic.
+
+This module imports no torch: a server that only diagnoses POSTed JSON must stay light.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding, Severity
+
+Evidence = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """What one rule saw: a symptom and the numbers that show it."""
+
+    symptom: str
+    evidence: Evidence
+    score: float = 1.0
+    severity: Severity | None = None  # overrides the rule's default severity
+    next_probe: str | None = None
+    step: int | None = None
+    fix: str | None = None  # overrides the rule's fix when the evidence narrows it
+
+
+RuleFunc = Callable[[DiagnosticReport], "Hit | Iterable[Hit] | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A registered rule: metadata plus the pure function that checks it."""
+
+    id: str
+    code: CauseCode
+    severity: Severity
+    title: str
+    detects: str
+    why: str
+    fix: str
+    family: str
+    check: RuleFunc
+    explained_by: tuple[CauseCode, ...] = field(default_factory=tuple)
+
+    def run(self, report: DiagnosticReport) -> list[Finding]:
+        result = self.check(report)
+        if result is None:
+            return []
+        hits = [result] if isinstance(result, Hit) else list(result)
+        return [self._finding(hit) for hit in hits]
+
+    def _finding(self, hit: Hit) -> Finding:
+        return Finding(
+            rule_id=self.id,
+            code=self.code,
+            severity=hit.severity or self.severity,
+            title=self.title,
+            symptom=hit.symptom,
+            evidence={key: _clean(value) for key, value in hit.evidence.items()},
+            fix=hit.fix or self.fix,
+            next_probe=hit.next_probe,
+            score=_round(hit.score),
+            step=hit.step,
+        )
+
+    def docs(self) -> str:
+        """The rule's documentation, like a linter rule page."""
+        lines = [
+            f"{self.id} · {self.code.value} · {self.severity}",
+            self.title,
+            "",
+            "What it detects",
+            f"  {self.detects}",
+            "",
+            "Why it matters",
+            f"  {self.why}",
+            "",
+            "Fix",
+            f"  {self.fix}",
+        ]
+        if self.explained_by:
+            lines += ["", "A symptom; explained by: " + ", ".join(c.value for c in self.explained_by)]
+        return "\n".join(lines)
+
+
+REGISTRY: dict[str, Rule] = {}
+
+
+def rule(
+    id: str,
+    code: CauseCode,
+    severity: Severity,
+    title: str,
+    *,
+    detects: str,
+    why: str,
+    fix: str,
+    explained_by: Iterable[CauseCode] = (),
+) -> Callable[[RuleFunc], RuleFunc]:
+    """Register ``func`` as rule ``id``. Ids are stable: never reuse or renumber one."""
+
+    def register(func: RuleFunc) -> RuleFunc:
+        add_rule(
+            Rule(
+                id=id,
+                code=code,
+                severity=severity,
+                title=title,
+                detects=detects,
+                why=why,
+                fix=fix,
+                family=func.__module__.rsplit(".", 1)[-1],
+                check=func,
+                explained_by=tuple(explained_by),
+            )
+        )
+        return func
+
+    return register
+
+
+def add_rule(new: Rule) -> None:
+    if new.id in REGISTRY:
+        raise ValueError(f"rule id {new.id} registered twice")
+    REGISTRY[new.id] = new
+
+
+def rules() -> list[Rule]:
+    """Every registered rule, by id."""
+    return [REGISTRY[key] for key in sorted(REGISTRY)]
+
+
+def get_rule(rule_id: str) -> Rule:
+    try:
+        return REGISTRY[rule_id.upper()]
+    except KeyError:
+        raise KeyError(f"no rule {rule_id!r}; `nndx rules` lists them") from None
+
+
+def diagnose(report: DiagnosticReport) -> Diagnosis:
+    """Run every rule over ``report`` and return the ranked findings.
+
+    Pure and deterministic: the same report always gives a byte-identical diagnosis.
+    A rule that raises is a bug in nndx, not in the user's training, so it propagates.
+    """
+    if not isinstance(report, DiagnosticReport):
+        raise TypeError(f"diagnose() takes a DiagnosticReport, not {type(report).__name__}")
+    all_rules = rules()
+    findings: list[Finding] = []
+    for each in all_rules:
+        findings.extend(each.run(report))
+    return Diagnosis(findings=rank(findings), rules_run=len(all_rules))
+
+
+def _key(finding: Finding) -> tuple:
+    score = finding.score if math.isfinite(finding.score) else 0.0
+    return (-SEVERITY_ORDER[finding.severity], -score, finding.rule_id, finding.symptom)
+
+
+def can_explain(cause_rule: str, symptom_rule: str, cause_code: CauseCode, symptom_code: CauseCode) -> bool:
+    """Whether a finding of ``cause_rule`` explains one of ``symptom_rule``.
+
+    Two symptoms that cite each other's code (NaN after k steps and oscillation, both
+    pointing at LR_TOO_HIGH) explain nothing about each other: only a rule the symptom
+    cannot explain back may be its cause, which keeps the links acyclic (tested).
+    """
+    if cause_rule == symptom_rule or cause_rule not in REGISTRY or symptom_rule not in REGISTRY:
+        return False
+    return cause_code in REGISTRY[symptom_rule].explained_by and symptom_code not in REGISTRY[cause_rule].explained_by
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Link symptoms to their root causes and order: roots first, then severity, score."""
+    ordered = sorted(findings, key=_key)
+    direct: dict[int, int] = {}
+    for i, symptom in enumerate(ordered):
+        for j, candidate in enumerate(ordered):  # best-ranked explainer wins
+            if j != i and can_explain(candidate.rule_id, symptom.rule_id, candidate.code, symptom.code):
+                direct[i] = j
+                break
+
+    def root_of(i: int) -> int:
+        seen = {i}
+        while i in direct and direct[i] not in seen:
+            i = direct[i]
+            seen.add(i)
+        return i
+
+    roots = {i: root_of(i) for i in direct}
+    severity = {i: f.severity for i, f in enumerate(ordered)}
+    for i, root in roots.items():
+        if root != i and SEVERITY_ORDER[ordered[i].severity] > SEVERITY_ORDER[severity[root]]:
+            severity[root] = ordered[i].severity
+    linked = []
+    for i, f in enumerate(ordered):
+        root = roots.get(i)
+        update: dict[str, Any] = {"severity": severity[i]}
+        if root is not None and root != i:
+            update["explained_by"] = ordered[root].rule_id
+        linked.append(f.model_copy(update=update))
+    return sorted(linked, key=lambda f: (f.explained_by is not None,) + _key(f))
+
+
+def _round(value: float) -> float:
+    """Round scores and evidence so that tiny float noise never reorders findings."""
+    if not math.isfinite(value):
+        return value
+    return float(f"{value:.6g}")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return _round(value)
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return str(value)

@@ -1,0 +1,195 @@
+"""Error rules (NNDX7xx): a recorded exception is evidence of its cause.
+
+Each rule matches patterns (regular expressions over the lower-cased message) of
+PyTorch's own error messages in the
+exceptions the probes caught (``report.errors``) and in the messages of probes that
+ended with status ``error``. The phrases come from torch 2.x messages; a rule cites the
+first message it matched.
+"""
+
+from __future__ import annotations
+
+import re
+
+from nndx.report import CauseCode as C
+from nndx.report import DiagnosticReport
+from nndx.rules.engine import Hit, Rule, add_rule
+
+PROBE_NAMES = ("overfit_one_batch", "lr_range", "grad_check", "nan_origin", "eval_mode", "label_alignment")
+
+
+def recorded_errors(report: DiagnosticReport) -> list[tuple[str, str, str]]:
+    """(source, type, message) of every recorded exception, probe errors included."""
+    found = [(e.source, e.type, e.message) for e in report.errors]
+    if report.probes is not None:
+        for name in PROBE_NAMES:
+            result = getattr(report.probes, name)
+            if result is not None and result.status == "error" and result.message:
+                found.append((name, "ProbeError", result.message))
+    return found
+
+
+# (id, code, title, phrases, why, fix)
+ERROR_TABLE: tuple[tuple[str, C, str, tuple[str, ...], str, str], ...] = (
+    (
+        "NNDX701",
+        C.DEVICE_MISMATCH,
+        "Tensors on different devices",
+        (
+            "expected all tensors to be on the same device",
+            "expected cuda",
+            "expected object of device type",
+            "found at least two devices",
+            "should be the same or input should be a mkldnn tensor",
+            r"input type \(torch\.floattensor\) and weight type \(torch\.cuda",
+            r"input type \(torch\.cuda",
+        ),
+        "The model's parameters and the batch (or the loss's target) live on different devices.",
+        "Move the model once (model.to(device)) and every batch and target in the loop "
+        "(x, y = x.to(device), y.to(device)); build the optimizer after moving the model.",
+    ),
+    (
+        "NNDX702",
+        C.INPLACE_AUTOGRAD,
+        "An in-place operation broke autograd",
+        ("modified by an inplace operation", "leaf variable that requires grad is being used in an in-place"),
+        "An in-place op (x += ..., relu_(), x[idx] = ...) overwrote a tensor autograd saved for the backward.",
+        "Replace the in-place op with its out-of-place form (x = x + ..., F.relu(x), torch.where) or "
+        "clone before modifying; nn.ReLU(inplace=True) after a layer that saves its output is a common "
+        "culprit.",
+    ),
+    (
+        "NNDX703",
+        C.LABEL_DTYPE,
+        "Labels of the wrong dtype or encoding (error)",
+        (
+            "expected scalar type long",
+            "expected target dtype to be long",
+            "expected floating point type for target",
+            "can't be cast to the desired output type long",
+            r"target -?\d+ is out of bounds",
+            "0d or 1d target tensor expected",
+            "expected scalar type float but found",
+            "found dtype long but expected float",
+        ),
+        "The loss got labels of a dtype or encoding it does not accept: float class indices, one-hot long "
+        "targets, labels numbered 1..C instead of 0..C-1.",
+        "CrossEntropyLoss: y.long() class indices in [0, C) of shape [N]; BCE losses: y.float() of the "
+        "output's shape.",
+    ),
+    (
+        "NNDX704",
+        C.GRAPH_RETAINED,
+        "Backward through a graph a second time",
+        ("trying to backward through the graph a second time",),
+        "A graph is reused across steps: a loss accumulated as a tensor (total += loss, not loss.item()), "
+        "a hidden state carried between batches without .detach(), or retain_graph misuse.",
+        "Accumulate running losses with loss.item(); detach recurrent state between batches; call backward "
+        "once per forward.",
+    ),
+    (
+        "NNDX705",
+        C.SHAPE_BROADCAST,
+        "Output and target shapes do not match (error)",
+        (
+            "must be the same as input size",
+            "using a target size",
+            "to match target batch_size",
+            "must match the size of tensor",
+        ),
+        "The output and target shapes differ in the loss; some pairs error, others broadcast silently.",
+        "Make output and target shapes equal (squeeze/unsqueeze/view_as) and check the batch dimension.",
+    ),
+    (
+        "NNDX706",
+        C.WRONG_RESHAPE,
+        "A reshape does not fit the tensor",
+        (
+            "shapes cannot be multiplied",
+            "is invalid for input of size",
+            "view size is not compatible",
+            r"expected input\[",
+        ),
+        "A view/reshape/flatten produced the wrong layout (view where permute was meant, a wrong flatten "
+        "size), so a layer receives features it was not built for.",
+        "Print shapes through the forward; use permute for reordering axes and reshape/flatten(1) for "
+        "flattening; size the first Linear from a dummy forward.",
+    ),
+    (
+        "NNDX707",
+        C.DETACHED_GRAPH,
+        "The loss is not connected to any parameter",
+        ("does not require grad and does not have a grad_fn",),
+        "The loss was computed from tensors cut from the graph (.detach(), .item(), .numpy(), torch.no_grad, "
+        "a tensor rebuilt with torch.tensor(...)).",
+        "Compute the loss from the model's outputs with differentiable ops only; remove the detach/no_grad.",
+    ),
+    (
+        "NNDX708",
+        C.WRONG_LOSS,
+        "BCELoss given values outside [0, 1]",
+        ("all elements of input should be between 0 and 1",),
+        "BCELoss expects probabilities but received logits.",
+        "Use BCEWithLogitsLoss on the logits (numerically safer) or apply sigmoid first.",
+    ),
+    (
+        "NNDX709",
+        C.LOG_OF_ZERO,
+        "Anomaly detection: a log returned NaN",
+        ("'logbackward", "'log1pbackward", "'log2backward", "'log10backward"),
+        "torch.autograd.detect_anomaly traced the NaN to a log: the log of 0 or a negative number.",
+        "Clamp before log (p.clamp_min(1e-12)) or work in log space.",
+    ),
+    (
+        "NNDX710",
+        C.DIVISION_BY_ZERO,
+        "Anomaly detection: a division returned NaN",
+        ("'divbackward", "'reciprocalbackward", "'rsqrtbackward", "'sqrtbackward"),
+        "torch.autograd.detect_anomaly traced the NaN to a division or root of 0.",
+        "Add eps to denominators and inside sqrt.",
+    ),
+    (
+        "NNDX711",
+        C.NUMERICAL_OVERFLOW,
+        "Anomaly detection: an exp/pow overflowed",
+        ("'expbackward", "'powbackward", "'softmaxbackward"),
+        "torch.autograd.detect_anomaly traced the NaN to an exp or power that overflowed.",
+        "Subtract the max before exp; use torch.softmax/log_softmax.",
+    ),
+)
+
+
+def _matcher(phrases: tuple[str, ...]):
+    def check(report: DiagnosticReport) -> Hit | None:
+        for source, type_, message in recorded_errors(report):
+            text = message.lower()
+            if any(re.search(pattern, text) for pattern in phrases):
+                first_line = message.strip().splitlines()[0] if message.strip() else message
+                return Hit(
+                    symptom=f"{type_} in {source}: {first_line[:200]}",
+                    evidence={"source": source, "error_type": type_, "message": first_line[:500]},
+                    score=3.0,
+                )
+        return None
+
+    return check
+
+
+def _register() -> None:
+    for rule_id, code, title, phrases, why, fix in ERROR_TABLE:
+        add_rule(
+            Rule(
+                id=rule_id,
+                code=code,
+                severity="error",
+                title=title,
+                detects="A recorded exception whose message matches: " + "; ".join(repr(p) for p in phrases) + ".",
+                why=why,
+                fix=fix,
+                family="errors",
+                check=_matcher(phrases),
+            )
+        )
+
+
+_register()

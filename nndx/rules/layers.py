@@ -1,0 +1,294 @@
+"""Layer rules (NNDX2xx): per-layer activation and gradient statistics, per-parameter
+update/weight ratios."""
+
+from __future__ import annotations
+
+import math
+from statistics import median
+
+from nndx.report import CauseCode as C
+from nndx.report import DiagnosticReport
+from nndx.rules._series import Curve, finite, latest_layers, layer_steps, train_curve, weight_params
+from nndx.rules.engine import Hit, rule
+
+DEAD_THRESHOLD = 0.5
+SATURATED_THRESHOLD = 0.5
+# all-zero outputs of these are dead units (NNDX201), not a constant initialisation
+RELU_TYPES = {"ReLU", "ReLU6", "Hardtanh", "Threshold"}
+
+
+@rule(
+    "NNDX201",
+    C.DEAD_RELU,
+    "warning",
+    "Dead units: outputs zero for every sample",
+    detects="A layer where at least half of the units (features or channels) output exactly zero for "
+    "every sample of the batch, at the last recorded step; error from 90%. Uses dead_unit_fraction, "
+    "never zero_fraction: about half of a healthy ReLU layer's outputs are zero.",
+    why="A dead ReLU unit has zero gradient for every input and never recovers; with most units dead "
+    "the layer passes no signal and the loss stalls.",
+    fix="Use LeakyReLU/GELU, lower the learning rate, use Kaiming init and zero (not negative) biases; "
+    "nndx.fix.resurrect_dead_units re-initialises dead units.",
+)
+def dead_units(report: DiagnosticReport) -> list[Hit]:
+    hits = []
+    for layer in latest_layers(report):
+        act = layer.activation
+        if act is None or act.unit_count < 2 or act.dead_unit_fraction < DEAD_THRESHOLD:
+            continue
+        hits.append(
+            Hit(
+                symptom=f"{act.dead_unit_fraction:.0%} of the units of {layer.name} are dead",
+                evidence={
+                    "layer": layer.name,
+                    "layer_type": layer.type,
+                    "dead_unit_fraction": act.dead_unit_fraction,
+                    "unit_count": act.unit_count,
+                    "zero_fraction": act.zero_fraction,
+                },
+                severity="error" if act.dead_unit_fraction >= 0.9 else "warning",
+                score=act.dead_unit_fraction,
+                step=layer.step,
+            )
+        )
+    return hits
+
+
+@rule(
+    "NNDX202",
+    C.SATURATED_ACTIVATIONS,
+    "warning",
+    "Saturated sigmoid/tanh activations",
+    detects="A sigmoid/tanh layer with at least half of its outputs within 1e-3 of a bound at the last "
+    "recorded step.",
+    why="At the bounds the derivative of sigmoid/tanh is ~0, so almost no gradient passes through.",
+    fix="Normalise the inputs, use a smaller init scale (Xavier), add normalisation layers, or use ReLU.",
+    explained_by=(C.UNNORMALIZED_INPUTS, C.BAD_INIT),
+)
+def saturated(report: DiagnosticReport) -> list[Hit]:
+    hits = []
+    for layer in latest_layers(report):
+        act = layer.activation
+        if act is None or act.saturated_fraction is None or act.saturated_fraction < SATURATED_THRESHOLD:
+            continue
+        hits.append(
+            Hit(
+                symptom=f"{act.saturated_fraction:.0%} of the outputs of {layer.name} are saturated",
+                evidence={"layer": layer.name, "layer_type": layer.type, "saturated_fraction": act.saturated_fraction},
+                score=act.saturated_fraction,
+                step=layer.step,
+            )
+        )
+    return hits
+
+
+def _gradient_layers(report: DiagnosticReport) -> list:
+    return [s for s in latest_layers(report) if s.gradient is not None and math.isfinite(s.gradient.norm)]
+
+
+@rule(
+    "NNDX203",
+    C.VANISHING_GRADIENTS,
+    "warning",
+    "Vanishing gradients toward the input layers",
+    detects="At the last recorded step, the gradient norm of the first layer is under 1e-3 of the last "
+    "layer's, or the first layer's mean absolute gradient is under 1e-8 while the last layer's is not.",
+    why="Layers near the input then barely learn, however long training runs.",
+    fix="Use ReLU-family activations, Kaiming/Xavier init, normalisation layers or residual connections.",
+    explained_by=(C.SATURATED_ACTIVATIONS, C.DEAD_RELU, C.BAD_INIT),
+)
+def vanishing(report: DiagnosticReport) -> Hit | None:
+    layers = _gradient_layers(report)
+    if len(layers) < 3:
+        return None
+    first, last = layers[0], layers[-1]
+    if last.gradient.norm <= 0 or last.gradient.abs_mean < 1e-8:
+        return None
+    ratio = first.gradient.norm / last.gradient.norm
+    if ratio >= 1e-3 and first.gradient.abs_mean >= 1e-8:
+        return None
+    return Hit(
+        symptom=f"gradient norm at {first.name} is {ratio:.2e} of that at {last.name}",
+        evidence={
+            "first_layer": first.name,
+            "last_layer": last.name,
+            "first_grad_norm": first.gradient.norm,
+            "last_grad_norm": last.gradient.norm,
+            "first_to_last_ratio": ratio,
+            "first_grad_abs_mean": first.gradient.abs_mean,
+        },
+        score=min(10.0, -math.log10(max(ratio, 1e-30)) / 3),
+        step=first.step,
+    )
+
+
+@rule(
+    "NNDX204",
+    C.EXPLODING_GRADIENTS,
+    "warning",
+    "Exploding gradients",
+    detects="Non-finite gradients in any layer or in the recorded global gradient norm, or a global "
+    "gradient norm (before clipping) whose last-tenth median is over 100x its first-tenth median.",
+    why="Growing gradients make every update larger until the weights overflow to Inf/NaN.",
+    fix="Clip gradients (torch.nn.utils.clip_grad_norm_ at about the healthy-step norm, see "
+    "nndx.fix.suggest_clip_norm), lower the LR, use normalisation layers and a scaled init.",
+    explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.BAD_INIT, C.UNNORMALIZED_INPUTS),
+)
+def exploding(report: DiagnosticReport) -> Hit | None:
+    bad_layers = [s for s in report.layers if s.gradient is not None and s.gradient.nonfinite_count > 0]
+    history = sorted(report.loop.grad_norm_history, key=lambda p: p.step) if report.loop else []
+    norms = [p.before_clip for p in history]
+    bad_steps = [p.step for p in history if not math.isfinite(p.before_clip)]
+    if bad_layers or bad_steps:
+        first_step = min([s.step for s in bad_layers if s.step is not None] + bad_steps, default=None)
+        return Hit(
+            symptom="non-finite gradients",
+            evidence={
+                "layers_with_nonfinite_grad": sorted({s.name for s in bad_layers}),
+                "steps_with_nonfinite_grad_norm": len(bad_steps),
+                "healthy_grad_norm_median": median(finite(norms)) if finite(norms) else None,
+            },
+            severity="error",
+            score=2.0,
+            step=first_step,
+        )
+    if len(norms) < 10:
+        return None
+    w = max(3, len(norms) // 10)
+    start, end = median(norms[:w]), median(norms[-w:])
+    if start <= 0 or end / start <= 100:
+        return None
+    return Hit(
+        symptom=f"gradient norm grew {end / start:.0f}x",
+        evidence={"grad_norm_start": start, "grad_norm_end": end, "growth": end / start},
+        score=min(5.0, math.log10(end / start) / 2),
+    )
+
+
+def _median_update_ratio(report: DiagnosticReport) -> tuple[float, int] | None:
+    """Median update/weight ratio over weight matrices and recorded steps (non-finite = inf)."""
+    ratios = [p.update_ratio for p in weight_params(report) if p.update_ratio is not None]
+    if not ratios:
+        return None
+    return median([r if not math.isnan(r) else math.inf for r in ratios]), len(ratios)
+
+
+@rule(
+    "NNDX205",
+    C.LR_TOO_HIGH,
+    "warning",
+    "Updates far larger than ~1e-3 of the weights",
+    detects="A median update/weight ratio ‖Δw‖/‖w‖ over the weight matrices and recorded steps above "
+    "0.1 (healthy training sits near 1e-3); error from 1.0 or when it is non-finite.",
+    why="Each step then rewrites a large share of every weight: the optimiser overshoots and the loss "
+    "oscillates or diverges.",
+    fix="Lower the learning rate until the ratio is near 1e-3 (run the LR range test).",
+    explained_by=(C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING),
+)
+def update_ratio_high(report: DiagnosticReport) -> Hit | None:
+    found = _median_update_ratio(report)
+    if found is None or found[0] <= 0.1:
+        return None
+    ratio, count = found
+    return Hit(
+        symptom=f"median update/weight ratio is {ratio:.3g}",
+        evidence={"median_update_ratio": ratio, "healthy_update_ratio": 1e-3, "samples": count},
+        severity="error" if ratio >= 1.0 else "warning",
+        score=min(10.0, 1.0 + math.log10(ratio / 1e-3) if math.isfinite(ratio) else 10.0),
+    )
+
+
+@rule(
+    "NNDX206",
+    C.LR_TOO_LOW,
+    "warning",
+    "Updates far smaller than ~1e-3 of the weights",
+    detects="A median update/weight ratio over the weight matrices and recorded steps below 1e-5 (and "
+    "above 0). Warning when the loss is not moving either; info when it still decreases.",
+    why="Steps that small barely change the model: training needs orders of magnitude more steps.",
+    fix="Raise the learning rate (run the LR range test); check that a scheduler or clipping is not "
+    "shrinking the updates.",
+    explained_by=(C.GRAD_CLIP_TOO_SMALL, C.LR_SCHEDULE_MISUSE, C.VANISHING_GRADIENTS, C.DEAD_RELU),
+)
+def update_ratio_low(report: DiagnosticReport) -> Hit | None:
+    found = _median_update_ratio(report)
+    if found is None or not 0 < found[0] < 1e-5:
+        return None
+    ratio, count = found
+    curve = Curve(train_curve(report))
+    moving = curve.n >= 6 and curve.progress > 0.1
+    return Hit(
+        symptom=f"median update/weight ratio is {ratio:.3g}",
+        evidence={
+            "median_update_ratio": ratio,
+            "healthy_update_ratio": 1e-3,
+            "samples": count,
+            "loss_relative_progress": curve.progress if curve.n >= 6 else None,
+        },
+        severity="info" if moving else "warning",
+        score=min(10.0, 1.0 + math.log10(1e-3 / ratio)),
+        next_probe="lr_range",
+    )
+
+
+@rule(
+    "NNDX207",
+    C.BAD_INIT,
+    "warning",
+    "Initialisation breaks learning",
+    detects="At the first recorded step: a hidden layer whose outputs have zero spread across the batch "
+    "(constant or symmetric weights), a non-final weight matrix of norm 0, or activations whose std "
+    "grows over 1000x from the first recorded layer to a later one.",
+    why="Identical units receive identical gradients and never differentiate; zero weights pass no "
+    "signal; activations that blow up with depth saturate or overflow before training starts.",
+    fix="Use the default (Kaiming/Xavier) init; never fill weights with a constant; scale random init "
+    "by 1/sqrt(fan_in).",
+)
+def bad_init(report: DiagnosticReport) -> list[Hit]:
+    hits = []
+    steps = layer_steps(report)
+    if steps:
+        first = [s for s in steps[0] if s.activation is not None and math.isfinite(s.activation.std)]
+        if len(first) >= 2 and first[0].activation.std > 0:
+            for layer in first[:-1]:
+                act = layer.activation
+                if act.std == 0.0 and act.unit_count >= 2 and layer.type not in RELU_TYPES:
+                    hits.append(
+                        Hit(
+                            symptom=f"{layer.name} outputs the same value for every sample and unit",
+                            evidence={"layer": layer.name, "activation_std": act.std, "activation_mean": act.mean},
+                            score=2.0,
+                            step=layer.step,
+                        )
+                    )
+            base = first[0].activation.std
+            worst = max(first, key=lambda s: s.activation.std)
+            if worst.activation.std > 1000 * base:
+                hits.append(
+                    Hit(
+                        symptom=f"activation std grows {worst.activation.std / base:.0f}x by {worst.name}",
+                        evidence={
+                            "first_layer": first[0].name,
+                            "first_activation_std": base,
+                            "layer": worst.name,
+                            "activation_std": worst.activation.std,
+                        },
+                        score=min(5.0, math.log10(worst.activation.std / base)),
+                        step=worst.step,
+                    )
+                )
+    weights = weight_params(report)
+    if weights:
+        first_step = min((p.step or 0) for p in weights)
+        at_start = [p for p in weights if (p.step or 0) == first_step]
+        for param in at_start[:-1]:  # a zero-initialised final layer is a deliberate, harmless choice
+            if param.weight_norm == 0.0:
+                hits.append(
+                    Hit(
+                        symptom=f"weight {param.name} is all zeros",
+                        evidence={"parameter": param.name, "weight_norm": 0.0},
+                        score=2.0,
+                        step=param.step,
+                    )
+                )
+    return hits

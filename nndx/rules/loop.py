@@ -1,0 +1,576 @@
+"""Loop rules (NNDX3xx): what the Monitor saw of the user's own training loop —
+zero_grad/backward/step counts, the optimizer's parameters, gradients that stayed
+None, learning rates, clipping, input norms, and what reached the loss function."""
+
+from __future__ import annotations
+
+import math
+from statistics import median
+
+from nndx.report import CauseCode as C
+from nndx.report import DiagnosticReport, LoopStats
+from nndx.rules._series import REGRESSION_LOSSES, Curve, finite, is_classification, loss_calls, train_curve
+from nndx.rules.engine import Hit, rule
+
+CE_LOSSES = {"CrossEntropyLoss", "NLLLoss"}
+
+
+def _loop(report: DiagnosticReport) -> LoopStats | None:
+    return report.loop
+
+
+def _trainable_names(report: DiagnosticReport) -> set[str]:
+    return {p.name for p in report.parameters if p.requires_grad}
+
+
+def _share(names: list[str], report: DiagnosticReport) -> float | None:
+    """Share of the trainable parameter tensors that ``names`` make up, when known."""
+    trainable = _trainable_names(report) | set(names)
+    return len(set(names)) / len(trainable) if trainable and report.parameters else None
+
+
+def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
+    """Evidence that updates overshoot: NaN after finite steps, divergence, big updates."""
+    curve = Curve(train_curve(report))
+    values = [p.value for p in train_curve(report)]
+    evidence: dict[str, float] = {}
+    if len(values) > 2 and math.isfinite(values[0]) and not all(math.isfinite(v) for v in values):
+        evidence["nonfinite_loss_points"] = sum(1 for v in values if not math.isfinite(v))
+    if curve.n >= 10 and curve.start > 0 and max(curve.values) > 2 * curve.start:
+        evidence["loss_max_over_start"] = max(curve.values) / curve.start
+    ratios = [p.update_ratio for p in report.parameters if p.update_ratio is not None and len(p.shape) >= 2]
+    if ratios and median([r if math.isfinite(r) else math.inf for r in ratios]) > 0.1:
+        evidence["median_update_ratio"] = median([r if math.isfinite(r) else math.inf for r in ratios])
+    return evidence or None
+
+
+@rule(
+    "NNDX301",
+    C.MISSING_ZERO_GRAD,
+    "error",
+    "Gradients accumulate across optimizer steps (zero_grad missing)",
+    detects="At least 3 optimizer steps with zero_grad never called (or called once, before the loop); "
+    "warning when zero_grad runs but only every k-th step while each step has one backward. Deliberate "
+    "accumulation — k backward passes per zero_grad, one zero_grad per step — does not fire.",
+    why="PyTorch adds each backward's gradient into .grad; without zero_grad every step applies the sum "
+    "of all past gradients, so updates grow and training oscillates or diverges.",
+    fix="Call optimizer.zero_grad() (set_to_none=True is the default) once per optimizer step, before "
+    "backward.",
+)
+def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or loop.steps < 3 or loop.backward_calls < loop.steps:
+        return None
+    evidence = {
+        "steps": loop.steps,
+        "backward_calls": loop.backward_calls,
+        "zero_grad_calls": loop.zero_grad_calls,
+    }
+    norms = finite([p.before_clip for p in sorted(loop.grad_norm_history, key=lambda p: p.step)])
+    if len(norms) >= 4 and norms[0] > 0:
+        evidence["grad_norm_growth"] = norms[-1] / norms[0]
+    if loop.zero_grad_calls <= 1:
+        return Hit(
+            symptom=f"{loop.steps} optimizer steps, zero_grad called {loop.zero_grad_calls} times",
+            evidence=evidence,
+            score=3.0,
+        )
+    steps_per_zero = loop.steps / loop.zero_grad_calls
+    backward_per_step = loop.backward_calls / loop.steps
+    if steps_per_zero < 2 or backward_per_step > 1.5:
+        return None
+    return Hit(
+        symptom=f"zero_grad called once every {steps_per_zero:.1f} optimizer steps",
+        evidence=evidence | {"steps_per_zero_grad": steps_per_zero},
+        severity="warning",
+        score=1.0 + min(2.0, steps_per_zero / 10),
+    )
+
+
+@rule(
+    "NNDX302",
+    C.GRAD_ACCUM_SCALING,
+    "info",
+    "Gradient accumulation: check that each micro-batch loss is divided by k",
+    detects="k > 1 backward passes per optimizer step with one zero_grad per step (deliberate "
+    "accumulation). Info on its own; warning when the run also shows overshooting updates (NaN after "
+    "finite steps, a loss above twice its start, median update/weight ratio over 0.1), which is what "
+    "an undivided accumulated loss — a k-times larger step — produces.",
+    why="Summing k micro-batch gradients without dividing each loss by k multiplies the effective "
+    "learning rate by k (for SGD-like optimizers).",
+    fix="Divide each micro-batch loss by the number of accumulation steps before backward.",
+)
+def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or loop.steps < 2 or loop.zero_grad_calls < 2:
+        return None
+    backward_per_step = loop.backward_calls / loop.steps
+    if backward_per_step < 1.5 or loop.zero_grad_calls < 0.8 * loop.steps:
+        return None
+    trouble = _lr_trouble(report)
+    return Hit(
+        symptom=f"{backward_per_step:.1f} backward passes per optimizer step"
+        + (" and overshooting updates" if trouble else ""),
+        evidence={"backward_per_step": backward_per_step, "steps": loop.steps} | (trouble or {}),
+        severity="warning" if trouble else "info",
+        score=1.0 + (2.0 if trouble else 0.0),
+    )
+
+
+@rule(
+    "NNDX303",
+    C.OPTIMIZER_NOT_CONNECTED,
+    "error",
+    "The optimizer does not hold the model's trainable parameters",
+    detects="Trainable model parameters that are in no optimizer param group, or optimizer parameters "
+    "that are not the model's (an optimizer built over another model or a stale copy).",
+    why="optimizer.step() never updates those parameters: they keep their initial values however long "
+    "training runs.",
+    fix="Build the optimizer from the model you train, after any .to(device)/deepcopy/re-creation: "
+    "optimizer = torch.optim.Adam(model.parameters()).",
+)
+def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or (not loop.params_not_in_optimizer and loop.optimizer_params_not_in_model == 0):
+        return None
+    share = _share(loop.params_not_in_optimizer, report)
+    return Hit(
+        symptom=f"{len(loop.params_not_in_optimizer)} trainable parameters not in the optimizer, "
+        f"{loop.optimizer_params_not_in_model} optimizer parameters not in the model",
+        evidence={
+            "params_not_in_optimizer": loop.params_not_in_optimizer[:20],
+            "params_not_in_optimizer_count": len(loop.params_not_in_optimizer),
+            "optimizer_params_not_in_model": loop.optimizer_params_not_in_model,
+            "share_of_trainable": share,
+        },
+        score=2.0 + (share if share is not None else 1.0),
+    )
+
+
+@rule(
+    "NNDX304",
+    C.DETACHED_GRAPH,
+    "warning",
+    "Trainable parameters receive no gradient",
+    detects="Trainable parameters whose .grad stayed None after backward; error when they are at least "
+    "half of the trainable parameter tensors (or the share is unknown and none has a gradient).",
+    why="The loss does not depend on them: a .detach(), a torch.no_grad() block, .item()/.numpy() in the "
+    "forward, or a branch the forward never uses cuts them out of the graph.",
+    fix="Remove the detach/no_grad/.item() between these parameters and the loss; delete unused modules "
+    "or freeze them deliberately (requires_grad_(False)).",
+)
+def detached_graph(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or not loop.params_grad_none or loop.backward_calls == 0:
+        return None
+    share = _share(loop.params_grad_none, report)
+    severe = share is None or share >= 0.5
+    return Hit(
+        symptom=f"{len(loop.params_grad_none)} trainable parameters got no gradient",
+        evidence={
+            "params_grad_none": loop.params_grad_none[:20],
+            "params_grad_none_count": len(loop.params_grad_none),
+            "share_of_trainable": share,
+        },
+        severity="error" if severe else "warning",
+        score=1.0 + (share if share is not None else 1.0),
+    )
+
+
+@rule(
+    "NNDX305",
+    C.FROZEN_PARAMETERS,
+    "warning",
+    "Parameters frozen (requires_grad=False) and nothing else learns",
+    detects="Frozen parameters while nothing trainable remains (error), or while the train loss is not "
+    "moving (warning). A frozen backbone whose trainable head lowers the loss is reported as info.",
+    why="Parameters left frozen by mistake (a fine-tuning recipe that never unfreezes, a copy-pasted "
+    "requires_grad=False) stop the model learning; deliberate freezing is fine.",
+    fix="Set requires_grad=True on the parameters meant to train, and rebuild the optimizer over them.",
+)
+def frozen(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or not loop.frozen_params:
+        return None
+    trainable = report.model.trainable_param_count if report.model is not None else None
+    if trainable is None or (report.model is not None and report.model.param_count == 0):
+        trainable = loop.trainable_param_count
+    curve = Curve(train_curve(report))
+    evidence = {
+        "frozen_params": loop.frozen_params[:20],
+        "frozen_count": len(loop.frozen_params),
+        "trainable_param_count": trainable,
+        "loss_relative_progress": curve.progress if curve.n >= 10 else None,
+    }
+    if trainable == 0:
+        return Hit(symptom="every parameter is frozen", evidence=evidence, severity="error", score=3.0)
+    if curve.n >= 10 and curve.progress < 0.05:
+        return Hit(
+            symptom=f"{len(loop.frozen_params)} parameters frozen and the loss is not moving",
+            evidence=evidence,
+            score=2.0,
+        )
+    return Hit(
+        symptom=f"{len(loop.frozen_params)} parameters frozen; the rest trains",
+        evidence=evidence,
+        severity="info",
+        score=0.5,
+    )
+
+
+@rule(
+    "NNDX306",
+    C.EVAL_MODE_FORGOTTEN,
+    "warning",
+    "Evaluation ran in train mode (model.eval() forgotten)",
+    detects="Forwards run under torch.no_grad()/inference_mode while model.training was True, in a model "
+    "with dropout or batch-norm.",
+    why="In train mode dropout drops units and batch-norm normalises with the batch's statistics (and "
+    "updates its running ones): evaluation numbers are noisy and wrong, and the running stats drift.",
+    fix="Call model.eval() before evaluating and model.train() before training again.",
+)
+def eval_mode_forgotten(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or loop.no_grad_forwards_in_train_mode == 0 or not (loop.has_dropout or loop.has_batchnorm):
+        return None
+    return Hit(
+        symptom=f"{loop.no_grad_forwards_in_train_mode} no-grad forwards in train mode",
+        evidence={
+            "no_grad_forwards_in_train_mode": loop.no_grad_forwards_in_train_mode,
+            "forward_calls": loop.forward_calls,
+            "has_dropout": loop.has_dropout,
+            "has_batchnorm": loop.has_batchnorm,
+        },
+        score=1.0 + min(1.0, loop.no_grad_forwards_in_train_mode / max(1, loop.forward_calls)),
+    )
+
+
+@rule(
+    "NNDX307",
+    C.LR_SCHEDULE_MISUSE,
+    "warning",
+    "The learning-rate schedule collapses the LR early",
+    detects="A learning rate below 1e-3 of its maximum for more than a quarter of the recorded steps. "
+    "Cosine or one-cycle schedules stepped per batch only get there in the last few percent, so they "
+    "do not fire.",
+    why="A per-epoch schedule (StepLR, ExponentialLR) stepped every batch decays the LR to ~0 within "
+    "the first epoch; training then stops.",
+    fix="Call scheduler.step() once per epoch for per-epoch schedules, or size the schedule in batches "
+    "(OneCycleLR total_steps = epochs * batches).",
+)
+def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or len(loop.lr_history) < 8:
+        return None
+    lrs = [max(finite(p.lrs) or [0.0]) for p in sorted(loop.lr_history, key=lambda p: p.step)]
+    peak = max(lrs)
+    if peak <= 0:
+        return None
+    collapsed = [i for i, lr in enumerate(lrs) if lr < 1e-3 * peak]
+    share = len(collapsed) / len(lrs)
+    if share <= 0.25:
+        return None
+    return Hit(
+        symptom=f"learning rate under 1e-3 of its peak for {share:.0%} of the recorded steps",
+        evidence={
+            "lr_peak": peak,
+            "lr_final": lrs[-1],
+            "collapsed_share": share,
+            "collapsed_from_step": sorted(loop.lr_history, key=lambda p: p.step)[collapsed[0]].step,
+        },
+        score=1.0 + share,
+        step=sorted(loop.lr_history, key=lambda p: p.step)[collapsed[0]].step,
+    )
+
+
+@rule(
+    "NNDX308",
+    C.GRAD_CLIP_TOO_SMALL,
+    "warning",
+    "Gradient clipping shrinks almost every step",
+    detects="Over at least 5 clipped steps, the median ratio of the gradient norm after clipping to "
+    "before is under 0.1 and at least 80% of the steps are clipped.",
+    why="Clipping is a guard against rare spikes; a threshold below the typical gradient norm turns "
+    "every step into a tiny one, like a far too low learning rate.",
+    fix="Set max_norm near a high percentile of healthy-step gradient norms (nndx.fix.suggest_clip_norm).",
+)
+def grad_clip_too_small(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None:
+        return None
+    clipped = [
+        p
+        for p in loop.grad_norm_history
+        if p.after_clip is not None and math.isfinite(p.before_clip) and p.before_clip > 0
+    ]
+    if len(clipped) < 5:
+        return None
+    ratios = [p.after_clip / p.before_clip for p in clipped]
+    share = sum(1 for r in ratios if r < 0.999) / len(ratios)
+    if median(ratios) >= 0.1 or share < 0.8:
+        return None
+    return Hit(
+        symptom=f"clipping scales gradients by a median {median(ratios):.3g}",
+        evidence={
+            "median_clip_ratio": median(ratios),
+            "clipped_share": share,
+            "median_norm_before": median([p.before_clip for p in clipped]),
+            "median_norm_after": median([p.after_clip for p in clipped]),
+        },
+        score=1.0 + min(3.0, -math.log10(max(median(ratios), 1e-12))),
+    )
+
+
+@rule(
+    "NNDX309",
+    C.SILENT_DATA_LOSS,
+    "warning",
+    "Some input batches arrive all zeros",
+    detects="Recorded input-batch norms that are exactly 0 while others are not; error from 10% of "
+    "the batches.",
+    why="A zeroed batch (a failed decode, a mask applied twice, a collate bug) trains the model on "
+    "nothing and biases it toward the label distribution.",
+    fix="Find where the batch is zeroed in the data pipeline (decode errors swallowed, a transform "
+    "returning zeros); assert non-zero inputs in the loader.",
+)
+def zero_batches(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or len(loop.input_norm_history) < 5:
+        return None
+    norms = [p.value for p in loop.input_norm_history]
+    zero_steps = [p.step for p in loop.input_norm_history if p.value == 0.0]
+    if not zero_steps or len(zero_steps) == len(norms):
+        return None
+    share = len(zero_steps) / len(norms)
+    return Hit(
+        symptom=f"{len(zero_steps)} of {len(norms)} input batches are all zeros",
+        evidence={"zero_batches": len(zero_steps), "batches": len(norms), "first_zero_step": zero_steps[0]},
+        severity="error" if share >= 0.1 else "warning",
+        score=1.0 + share,
+        step=zero_steps[0],
+    )
+
+
+@rule(
+    "NNDX310",
+    C.DDP_DESYNC,
+    "error",
+    "Data-parallel replicas drifted apart",
+    detects="Steps where the parameter checksums of the ranks differed.",
+    why="Replicas that disagree train different models: gradients were not all-reduced on some steps "
+    "(the DDP wrapper bypassed, e.g. calling model.module directly) or parameters changed outside it.",
+    fix="Always run the forward through the DDP-wrapped model; do not modify parameters on one rank "
+    "only; broadcast buffers.",
+)
+def ddp_desync(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or not loop.desync_steps:
+        return None
+    return Hit(
+        symptom=f"rank parameters differ at {len(loop.desync_steps)} checked steps",
+        evidence={
+            "world_size": loop.world_size,
+            "desync_steps": len(loop.desync_steps),
+            "first_desync_step": min(loop.desync_steps),
+            "max_desync": loop.max_desync,
+        },
+        score=2.0,
+        step=min(loop.desync_steps),
+    )
+
+
+@rule(
+    "NNDX311",
+    C.BATCH_TOO_SMALL,
+    "warning",
+    "Tiny batches make the loss noisy",
+    detects="A batch of at most 4 samples at the loss together with step-to-step loss swings over 20% "
+    "of the initial loss.",
+    why="Gradient noise grows as the batch shrinks; steps point in nearly random directions.",
+    fix="Increase the batch size (or accumulate gradients over several micro-batches), and lower the LR "
+    "if the batch must stay small.",
+)
+def batch_too_small(report: DiagnosticReport) -> Hit | None:
+    sizes = [c.output_shape[0] for c in loss_calls(report) if c.output_shape]
+    curve = Curve(train_curve(report))
+    if not sizes or max(sizes) > 4 or curve.n < 10 or curve.relative_noise <= 0.2:
+        return None
+    return Hit(
+        symptom=f"batch size {max(sizes)} with loss swings of {curve.relative_noise:.0%} of its start",
+        evidence={"batch_size": max(sizes), "relative_noise": curve.relative_noise},
+        score=1.0 + curve.relative_noise,
+    )
+
+
+# --------------------------------------------------------------------------- at the loss
+
+
+@rule(
+    "NNDX312",
+    C.SHAPE_BROADCAST,
+    "error",
+    "Output and target shapes broadcast silently in the loss",
+    detects="A regression loss (MSE, L1, SmoothL1, Huber) whose output and target shapes differ, e.g. a "
+    "[N, 1] output against a [N] target.",
+    why="Broadcasting turns [N,1] - [N] into an [N,N] matrix: the loss compares every output with every "
+    "target, training converges to the mean and nothing errors.",
+    fix="Make the shapes equal: output.squeeze(-1) or target.unsqueeze(-1) / target.view_as(output).",
+)
+def shape_broadcast(report: DiagnosticReport) -> list[Hit]:
+    hits = []
+    for call in loss_calls(report):
+        if call.loss_type in REGRESSION_LOSSES and call.target_shape is not None:
+            if list(call.output_shape) != list(call.target_shape):
+                hits.append(
+                    Hit(
+                        symptom=f"{call.loss_type} on output {call.output_shape} vs target {call.target_shape}",
+                        evidence={
+                            "loss_type": call.loss_type,
+                            "output_shape": [str(d) for d in call.output_shape],
+                            "target_shape": [str(d) for d in call.target_shape],
+                        },
+                        score=3.0,
+                    )
+                )
+    return hits[:1]
+
+
+def _is_float(dtype: str | None) -> bool:
+    return dtype is not None and ("float" in dtype or "double" in dtype or "half" in dtype)
+
+
+def _is_int(dtype: str | None) -> bool:
+    return dtype is not None and ("int" in dtype or "long" in dtype or "uint8" in dtype)
+
+
+@rule(
+    "NNDX313",
+    C.LABEL_DTYPE,
+    "error",
+    "Labels of the wrong dtype or encoding for the loss",
+    detects="Float class-index targets (one value per sample) to CrossEntropyLoss/NLLLoss, integer targets "
+    "to BCE losses, or classification labels stored as integral floats (0.0, 1.0, 2.0) for a "
+    "CrossEntropy model (warning).",
+    why="CrossEntropyLoss reads float targets as class probabilities and integer ones as indices; "
+    "passing the wrong kind either errors or silently computes a different loss.",
+    fix="Class indices: y.long() of shape [N]; BCE targets: y.float() of the output's shape; soft labels: "
+    "float of shape [N, C].",
+)
+def label_dtype(report: DiagnosticReport) -> Hit | None:
+    for call in loss_calls(report):
+        if call.target_dtype is None:
+            continue
+        one_per_sample = call.target_shape is not None and len(call.target_shape) == 1
+        if call.loss_type in CE_LOSSES and _is_float(call.target_dtype) and one_per_sample:
+            reason = f"float targets {call.target_dtype} of shape {call.target_shape} to {call.loss_type}"
+        elif call.loss_type in ("BCELoss", "BCEWithLogitsLoss") and _is_int(call.target_dtype):
+            reason = f"integer targets {call.target_dtype} to {call.loss_type}"
+        else:
+            continue
+        return Hit(
+            symptom=reason,
+            evidence={"loss_type": call.loss_type, "target_dtype": call.target_dtype, "target_shape": [str(d) for d in call.target_shape or []]},
+            score=3.0,
+        )
+    train = report.data.train if report.data is not None else None
+    types = {c.loss_type for c in loss_calls(report)}
+    if train is not None and train.label_kind == "float_integral" and types & CE_LOSSES:
+        return Hit(
+            symptom=f"class labels stored as {train.label_dtype} for {', '.join(sorted(types & CE_LOSSES))}",
+            evidence={"label_dtype": train.label_dtype, "label_kind": train.label_kind},
+            severity="warning",
+            score=1.0,
+        )
+    return None
+
+
+@rule(
+    "NNDX314",
+    C.DOUBLE_SOFTMAX,
+    "error",
+    "Softmax/sigmoid applied before a loss that applies its own",
+    detects="CrossEntropyLoss given outputs whose rows already sum to one, BCEWithLogitsLoss given "
+    "outputs all inside [0, 1] from a model ending in Sigmoid, or a model whose last activation is "
+    "Softmax trained with CrossEntropyLoss.",
+    why="CrossEntropyLoss applies log_softmax itself; a second softmax squashes the logits into [0, 1], "
+    "so gradients shrink and the loss stalls far above its minimum.",
+    fix="Remove the final Softmax/Sigmoid from the model and pass raw logits; apply softmax only when "
+    "reporting probabilities.",
+)
+def double_softmax(report: DiagnosticReport) -> Hit | None:
+    output_activation = report.model.output_activation if report.model is not None else None
+    for call in loss_calls(report):
+        if call.loss_type == "CrossEntropyLoss" and (call.output_rows_sum_to_one or output_activation == "Softmax"):
+            return Hit(
+                symptom="CrossEntropyLoss received probabilities, not logits",
+                evidence={
+                    "loss_type": call.loss_type,
+                    "output_rows_sum_to_one": call.output_rows_sum_to_one,
+                    "output_min": call.output_min,
+                    "output_max": call.output_max,
+                    "model_output_activation": output_activation,
+                },
+                score=3.0,
+            )
+        if (
+            call.loss_type == "BCEWithLogitsLoss"
+            and output_activation == "Sigmoid"
+            and call.output_min is not None
+            and call.output_max is not None
+            and call.output_min >= 0.0
+            and call.output_max <= 1.0
+        ):
+            return Hit(
+                symptom="BCEWithLogitsLoss received sigmoid outputs, not logits",
+                evidence={
+                    "loss_type": call.loss_type,
+                    "output_min": call.output_min,
+                    "output_max": call.output_max,
+                    "model_output_activation": output_activation,
+                },
+                score=3.0,
+            )
+    return None
+
+
+@rule(
+    "NNDX315",
+    C.WRONG_LOSS,
+    "error",
+    "The loss does not fit the task or the outputs",
+    detects="A regression loss (MSE/L1) on class-index targets or a multi-column output against one "
+    "target per sample; NLLLoss on non-negative outputs (probabilities, not log-probabilities); a "
+    "regression loss on a task the report marks as classification (warning).",
+    why="MSE on class indices treats class 7 as 'closer' to 8 than to 1 and gives weak gradients; NLLLoss "
+    "on probabilities maximises p instead of log p.",
+    fix="Classification: CrossEntropyLoss on logits with long class indices. NLLLoss only after "
+    "log_softmax.",
+)
+def wrong_loss(report: DiagnosticReport) -> Hit | None:
+    for call in loss_calls(report):
+        evidence = {
+            "loss_type": call.loss_type,
+            "output_shape": [str(d) for d in call.output_shape],
+            "target_shape": [str(d) for d in call.target_shape or []],
+            "target_dtype": call.target_dtype,
+        }
+        if call.loss_type in REGRESSION_LOSSES:
+            many_columns = len(call.output_shape) == 2 and call.output_shape[1] > 1
+            one_target = call.target_shape is not None and len(call.target_shape) == 1
+            if _is_int(call.target_dtype) or (many_columns and one_target):
+                return Hit(symptom=f"{call.loss_type} on class labels", evidence=evidence, score=3.0)
+        if call.loss_type == "NLLLoss" and call.output_min is not None and call.output_min >= 0.0:
+            return Hit(
+                symptom="NLLLoss on non-negative outputs (probabilities, not log-probabilities)",
+                evidence=evidence | {"output_min": call.output_min},
+                score=3.0,
+            )
+    types = {c.loss_type for c in loss_calls(report)}
+    if is_classification(report) is True and report.task == "classification" and types and types <= REGRESSION_LOSSES:
+        return Hit(
+            symptom=f"{', '.join(sorted(types))} on a classification task",
+            evidence={"task": report.task, "loss_types": sorted(types)},
+            severity="warning",
+            score=1.0,
+        )
+    return None

@@ -1,0 +1,389 @@
+"""Loss-curve rules (NNDX1xx): what the train/val loss history shows.
+
+Every threshold is relative to the curve itself — its initial level and its own
+minibatch noise — so a loss of scale 1e4 and one of scale 1e-2 are judged alike, and a
+healthy noisy decreasing curve never reads as oscillation.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import median
+
+from nndx.report import CauseCode as C
+from nndx.report import DiagnosticReport
+from nndx.rules._series import Curve, finite, num_classes, train_curve, window
+from nndx.rules.engine import Hit, rule
+
+# Causes that make a loss stop moving; the symptom rules below cite them when present.
+NO_LEARNING_CAUSES = (
+    C.OPTIMIZER_NOT_CONNECTED,
+    C.DETACHED_GRAPH,
+    C.FROZEN_PARAMETERS,
+    C.DEAD_RELU,
+    C.SATURATED_ACTIVATIONS,
+    C.BAD_INIT,
+    C.MISSING_ZERO_GRAD,
+    C.LR_SCHEDULE_MISUSE,
+    C.GRAD_CLIP_TOO_SMALL,
+    C.LABELS_MISALIGNED,
+    C.LABEL_NOISE,
+    C.DOUBLE_SOFTMAX,
+    C.WRONG_OUTPUT_ACTIVATION,
+    C.WRONG_LOSS,
+    C.SHAPE_BROADCAST,
+    C.LABEL_DTYPE,
+    C.UNNORMALIZED_INPUTS,
+    C.UNNORMALIZED_TARGETS,
+    C.SILENT_DATA_LOSS,
+    C.BROKEN_BACKWARD,
+    C.MISSING_ACTIVATION,
+)
+DIVERGENCE_CAUSES = (
+    C.MISSING_ZERO_GRAD,
+    C.GRAD_ACCUM_SCALING,
+    C.UNNORMALIZED_INPUTS,
+    C.UNNORMALIZED_TARGETS,
+    C.BAD_INIT,
+)
+NONFINITE_CAUSES = (C.NAN_IN_DATA, C.LOG_OF_ZERO, C.DIVISION_BY_ZERO, C.NUMERICAL_OVERFLOW)
+
+
+def _first_nonfinite(report: DiagnosticReport) -> tuple[int, int, float] | None:
+    """(index, step, value) of the first non-finite train loss."""
+    for i, point in enumerate(train_curve(report)):
+        if not math.isfinite(point.value):
+            return i, point.step, point.value
+    return None
+
+
+@rule(
+    "NNDX101",
+    C.LOG_OF_ZERO,
+    "error",
+    "Loss is NaN/Inf from the first steps",
+    detects="A train loss that is NaN or infinite at one of the first two recorded steps, before any "
+    "update could have pushed the weights out of range.",
+    why="At step 0 the learning rate has not acted yet, so the non-finite value comes from the data or "
+    "the forward pass: log of 0 (unclamped probabilities), exp overflow, a division by a zero std, or "
+    "NaN already in the inputs.",
+    fix="Check the inputs for NaN/Inf; clamp probabilities before log (or use log_softmax / "
+    "CrossEntropyLoss on logits); add eps to divisions; subtract the max before exp.",
+    explained_by=NONFINITE_CAUSES + (C.BAD_INIT, C.UNNORMALIZED_INPUTS),
+)
+def nonfinite_from_start(report: DiagnosticReport) -> Hit | None:
+    first = _first_nonfinite(report)
+    if first is None or first[0] > 1:
+        return None
+    index, step, value = first
+    return Hit(
+        symptom=f"train loss is {value} at step {step}, recorded point {index}",
+        evidence={"first_nonfinite_step": step, "first_nonfinite_index": index, "loss": value},
+        score=2.0,
+        step=step,
+        next_probe="nan_origin (names the first module whose output is non-finite) and check_data",
+    )
+
+
+@rule(
+    "NNDX102",
+    C.LR_TOO_HIGH,
+    "error",
+    "Loss became NaN/Inf after training started",
+    detects="A train loss that is finite for several recorded steps and then NaN or infinite.",
+    why="When the first steps are finite the forward pass can compute the loss; the weights were then "
+    "pushed out of range — most often by a learning rate too high or gradients that explode.",
+    fix="Lower the learning rate (10x), add gradient clipping (clip_grad_norm_), check for exploding "
+    "gradients; if the NaN coincides with one batch, check that batch for NaN/Inf.",
+    explained_by=(C.LR_TOO_HIGH,) + DIVERGENCE_CAUSES + NONFINITE_CAUSES,
+)
+def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
+    first = _first_nonfinite(report)
+    if first is None or first[0] <= 1:
+        return None
+    index, step, value = first
+    before = finite([p.value for p in train_curve(report)[:index]])
+    rose = before[-1] > before[0] if len(before) >= 2 else False
+    return Hit(
+        symptom=f"train loss finite for {index} recorded steps, then {value} at step {step}"
+        + (" after rising" if rose else ""),
+        evidence={
+            "first_nonfinite_step": step,
+            "finite_points_before": index,
+            "loss_at_start": before[0],
+            "last_finite_loss": before[-1],
+            "loss": value,
+        },
+        score=2.0 + (1.0 if rose else 0.0),
+        step=step,
+        next_probe="lr_range (compare the used LR with diverged_at_lr) and nan_origin",
+    )
+
+
+@rule(
+    "NNDX103",
+    C.LR_TOO_LOW,
+    "warning",
+    "Loss is not decreasing",
+    detects="A train loss whose last tenth is within 5% of its first tenth (medians) over at least "
+    "10 recorded steps, with no accuracy gain either. Judged relative to the initial loss, so the "
+    "rule does not depend on the loss's scale.",
+    why="A loss that does not move means no useful update reaches the weights: the LR is far too "
+    "low (or too high and bouncing), units are dead, the optimizer is not connected, or the data "
+    "and labels do not match.",
+    fix="Run the LR range test and train at its suggestion; check that the optimizer holds the "
+    "model's parameters, that gradients reach every layer, and that labels belong to their inputs.",
+    explained_by=NO_LEARNING_CAUSES + (C.LR_TOO_HIGH, C.VANISHING_GRADIENTS),
+)
+def not_decreasing(report: DiagnosticReport) -> Hit | None:
+    points = train_curve(report)
+    curve = Curve(points)
+    if curve.n < 10 or len(curve.values) < len(points):  # NaN curves have their own rules
+        return None
+    if curve.progress >= 0.05:
+        return None
+    accuracies = [p.accuracy for p in points if p.accuracy is not None and math.isfinite(p.accuracy)]
+    if len(accuracies) >= 6:
+        w = window(len(accuracies))
+        if median(accuracies[-w:]) - median(accuracies[:w]) > 0.05:
+            return None
+    frozen = curve.noise == 0.0 and curve.start == curve.end
+    return Hit(
+        symptom="train loss did not change at all" if frozen else "train loss is not decreasing",
+        evidence={
+            "loss_start": curve.start,
+            "loss_end": curve.end,
+            "relative_progress": curve.progress,
+            "relative_noise": curve.relative_noise,
+            "points": curve.n,
+        },
+        score=1.0 + (1.0 if frozen else 0.0) + max(0.0, -curve.progress),
+        next_probe="lr_range and overfit_one_batch",
+    )
+
+
+@rule(
+    "NNDX104",
+    C.LR_TOO_HIGH,
+    "warning",
+    "Loss is oscillating or diverging",
+    detects="A train loss that jumps above twice its initial level, or whose step-to-step swings "
+    "(around a running median) exceed 25% of the initial loss while it makes under 50% progress.",
+    why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
+    "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
+    fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
+    explained_by=(C.LR_TOO_HIGH, C.BATCH_TOO_SMALL) + DIVERGENCE_CAUSES,
+)
+def oscillating(report: DiagnosticReport) -> Hit | None:
+    curve = Curve(train_curve(report))
+    if curve.n < 10 or curve.start <= 0:
+        return None
+    after = curve.values[window(curve.n) :]
+    spikes = sum(1 for v in after if v > 2.0 * curve.start)
+    swinging = curve.relative_noise > 0.25 and curve.progress < 0.5
+    if spikes < 2 and not swinging:
+        return None
+    return Hit(
+        symptom="train loss is diverging" if spikes >= 2 else "train loss is oscillating",
+        evidence={
+            "loss_start": curve.start,
+            "loss_max": max(curve.values),
+            "points_above_2x_start": spikes,
+            "relative_noise": curve.relative_noise,
+            "relative_progress": curve.progress,
+        },
+        score=1.0 + min(5.0, curve.relative_noise + spikes / max(1, len(after))),
+        next_probe="lr_range",
+    )
+
+
+def _lr_decays(report: DiagnosticReport) -> bool:
+    if report.loop is None or len(report.loop.lr_history) < 2:
+        return False
+    firsts = [max(finite(p.lrs) or [0.0]) for p in sorted(report.loop.lr_history, key=lambda p: p.step)]
+    return min(firsts) < 0.5 * firsts[0]
+
+
+@rule(
+    "NNDX105",
+    C.NO_LR_SCHEDULE,
+    "info",
+    "Loss decreased, then plateaued at a constant learning rate",
+    detects="A train loss that fell by over 30% in its first half and moved less than 2% of its "
+    "initial level over its second half, while the learning rate never decayed.",
+    why="A plateau at a constant LR often means the step is too large to settle into the minimum; "
+    "a decay usually buys another drop. A noisy task also plateaus legitimately, so this is context, "
+    "not an alarm.",
+    fix="Add a schedule (ReduceLROnPlateau, cosine or step decay stepped per epoch).",
+)
+def plateau(report: DiagnosticReport) -> Hit | None:
+    curve = Curve(train_curve(report))
+    if curve.n < 20 or _lr_decays(report):
+        return None
+    first_half = curve.values[: curve.n // 2]
+    first_half_progress = (curve.start - median(first_half[-window(len(first_half)) :])) / curve.scale
+    if first_half_progress < 0.3 or abs(curve.second_half_progress()) >= 0.02:
+        return None
+    if curve.end < 0.05 * curve.start:  # converged, nothing left to gain
+        return None
+    return Hit(
+        symptom="train loss plateaued after decreasing",
+        evidence={
+            "loss_start": curve.start,
+            "loss_end": curve.end,
+            "first_half_progress": first_half_progress,
+            "second_half_progress": curve.second_half_progress(),
+        },
+        score=first_half_progress,
+    )
+
+
+@rule(
+    "NNDX106",
+    C.VANISHING_GRADIENTS,
+    "warning",
+    "Loss stuck at ln(num_classes): the model predicts uniformly",
+    detects="A classification loss that stays within 5% of ln(C), the loss of a uniform prediction "
+    "over C classes, from start to end of at least 10 recorded steps.",
+    why="The output layer produces (nearly) constant logits: no usable gradient reaches the layers "
+    "that decide the output — dead units, vanishing gradients, a disconnected optimizer — or the "
+    "labels are unlearnable.",
+    fix="Check the output layer and the gradients flowing to it (layer statistics); check for dead "
+    "ReLUs and that the optimizer holds the parameters; then check label alignment.",
+    explained_by=NO_LEARNING_CAUSES + (C.VANISHING_GRADIENTS, C.LR_TOO_LOW),
+)
+def stuck_at_chance(report: DiagnosticReport) -> Hit | None:
+    classes = num_classes(report)
+    curve = Curve(train_curve(report))
+    if classes is None or classes < 2 or curve.n < 10 or len(curve.values) < curve.n:
+        return None
+    chance = math.log(classes)
+    near = lambda v: abs(v - chance) <= 0.05 * chance  # noqa: E731
+    if not (near(curve.end) and near(curve.start)):
+        return None
+    return Hit(
+        symptom=f"train loss stays at ln({classes}) = {chance:.4f}",
+        evidence={"num_classes": classes, "ln_num_classes": chance, "loss_start": curve.start, "loss_end": curve.end},
+        score=2.0 - abs(curve.end - chance) / chance,
+        next_probe="hooks (layer statistics: dead units, gradient flow) and label_alignment",
+    )
+
+
+def _val_turn(report: DiagnosticReport) -> tuple[Curve, Curve, float, int] | None:
+    """(train, val, val minimum, index of the minimum) when both curves are usable."""
+    train = Curve(train_curve(report))
+    val_points = train_curve(report, "val")
+    val = Curve(val_points)
+    if train.n < 5 or val.n < 5 or len(val.values) < len(val_points):
+        return None
+    smooth = val.smooth
+    best = min(range(len(smooth)), key=lambda i: (smooth[i], i))
+    return train, val, smooth[best], best
+
+
+@rule(
+    "NNDX107",
+    C.OVERFITTING,
+    "warning",
+    "Validation loss rises while train loss falls (overfitting)",
+    detects="A validation loss whose smoothed curve bottomed out and then rose by over 10% of its "
+    "minimum (and by more than its noise) while the train loss kept falling.",
+    why="The model fits the training set's noise instead of the signal; every further epoch makes "
+    "it worse on new data.",
+    fix="Stop early at the validation minimum; add weight decay, dropout or augmentation; get more "
+    "data; use a smaller model.",
+    explained_by=(C.DATA_LEAKAGE, C.LABELS_MISALIGNED, C.LABEL_NOISE, C.DUPLICATE_SAMPLES),
+)
+def overfitting(report: DiagnosticReport) -> Hit | None:
+    turn = _val_turn(report)
+    if turn is None:
+        return None
+    train, val, val_min, best = turn
+    rise = val.end - val_min
+    if best >= val.n - window(val.n) or rise <= 0.1 * abs(val_min) or rise <= 2 * val.noise:
+        return None
+    if train.second_half_progress() <= 0:
+        return None
+    return Hit(
+        symptom="validation loss rose after its minimum while train loss kept falling",
+        evidence={
+            "val_min": val_min,
+            "val_min_step": val.points[best].step,
+            "val_end": val.end,
+            "train_end": train.end,
+            "relative_rise": rise / max(abs(val_min), 1e-12),
+        },
+        score=rise / max(abs(val_min), 1e-12),
+        step=val.points[best].step,
+    )
+
+
+@rule(
+    "NNDX108",
+    C.UNDERFITTING,
+    "info",
+    "Train and validation loss both plateaued high (underfitting?)",
+    detects="Train and validation losses that agree within 20% and both stopped improving over the "
+    "second half while still above half the initial loss.",
+    why="A model too small or too constrained stops at a high loss on both splits; a task with noisy "
+    "labels does too, so this is context until overfit_one_batch says whether the model can fit.",
+    fix="Try a bigger model or longer training, reduce regularisation; run overfit_one_batch to tell "
+    "capacity from a noisy task.",
+    explained_by=NO_LEARNING_CAUSES,
+)
+def underfitting(report: DiagnosticReport) -> Hit | None:
+    turn = _val_turn(report)
+    if turn is None:
+        return None
+    train, val, _, _ = turn
+    if train.end <= 0.5 * train.start or abs(train.second_half_progress()) >= 0.05:
+        return None
+    if abs(val.end - train.end) > 0.2 * abs(train.end):
+        return None
+    return Hit(
+        symptom="train and validation loss both plateaued high",
+        evidence={"train_start": train.start, "train_end": train.end, "val_end": val.end},
+        score=train.end / train.scale,
+        next_probe="overfit_one_batch",
+    )
+
+
+def _accuracies(report: DiagnosticReport, split: str) -> list[float]:
+    return [
+        p.accuracy for p in train_curve(report, split) if p.accuracy is not None and math.isfinite(p.accuracy)
+    ]
+
+
+@rule(
+    "NNDX109",
+    C.LABELS_MISALIGNED,
+    "warning",
+    "Validation accuracy stays at chance",
+    detects="A validation accuracy within 0.05 (absolute) plus a quarter of the chance level of 1/C "
+    "at the end of training, over at least 5 recorded points — with train accuracy at chance too, "
+    "or rising well above it (memorisation).",
+    why="A model that never beats chance on held-out data learned nothing that transfers: labels that "
+    "do not belong to their inputs, or a model that does not learn at all.",
+    fix="Check that inputs and labels are shuffled together and indexed the same way; run the "
+    "label-alignment probe; check that gradients reach the weights.",
+    explained_by=NO_LEARNING_CAUSES,
+)
+def val_at_chance(report: DiagnosticReport) -> Hit | None:
+    classes = num_classes(report)
+    val = _accuracies(report, "val")
+    if classes is None or classes < 2 or len(val) < 5:
+        return None
+    chance = 1.0 / classes
+    tolerance = 0.05 + 0.25 * chance
+    val_end = median(val[-window(len(val)) :])
+    if abs(val_end - chance) > tolerance:
+        return None
+    train = _accuracies(report, "train")
+    train_end = median(train[-window(len(train)) :]) if len(train) >= 3 else None
+    return Hit(
+        symptom="validation accuracy at chance"
+        + ("" if train_end is None else f" while train accuracy is {train_end:.3f}"),
+        evidence={"chance_accuracy": chance, "val_accuracy_end": val_end, "train_accuracy_end": train_end},
+        score=1.0 + (0.0 if train_end is None else max(0.0, train_end - chance)),
+        next_probe="label_alignment",
+    )

@@ -1,0 +1,120 @@
+"""Model rules (NNDX4xx): the static model summary against the loss that trains it."""
+
+from __future__ import annotations
+
+from nndx.report import CauseCode as C
+from nndx.report import DiagnosticReport
+from nndx.rules._series import Curve, loss_calls, train_curve
+from nndx.rules.engine import Hit, rule
+
+LINEAR_TYPES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear", "LazyLinear"}
+# Layers that keep a stack linear: anything affine or that only reshapes/masks.
+PASS_THROUGH_TYPES = {
+    "Dropout",
+    "Dropout1d",
+    "Dropout2d",
+    "Dropout3d",
+    "AlphaDropout",
+    "Flatten",
+    "Unflatten",
+    "Identity",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "BatchNorm3d",
+    "LayerNorm",
+    "GroupNorm",
+}
+CE_LOSSES = {"CrossEntropyLoss", "NLLLoss"}
+
+
+@rule(
+    "NNDX401",
+    C.MISSING_ACTIVATION,
+    "warning",
+    "Stacked linear layers with no non-linearity between them",
+    detects="Two Linear/Conv layers in forward order with only affine or reshaping layers (dropout, "
+    "flatten, normalisation) between them. When the model has no activation module at all the forward "
+    "may use functional activations (F.relu), which the summary cannot see: then it warns only if the "
+    "loss is not moving, and is info otherwise.",
+    why="A composition of linear maps is one linear map: the extra layers add parameters but no "
+    "capacity, and the model cannot fit a non-linear task.",
+    fix="Insert an activation (nn.ReLU(), nn.GELU()) between the layers.",
+)
+def missing_activation(report: DiagnosticReport) -> Hit | None:
+    model = report.model
+    if model is None or len(model.layers) < 2:
+        return None
+    previous = None
+    pairs = []
+    for layer in model.layers:
+        if layer.type in LINEAR_TYPES:
+            if previous is not None:
+                pairs.append((previous.name, layer.name))
+            previous = layer
+        elif layer.type not in PASS_THROUGH_TYPES:
+            previous = None
+    if not pairs:
+        return None
+    evidence = {"linear_pairs": [f"{a} -> {b}" for a, b in pairs], "activation_modules": len(model.activations)}
+    if model.activations:
+        return Hit(symptom=f"no activation between {pairs[0][0]} and {pairs[0][1]}", evidence=evidence, score=2.0)
+    curve = Curve(train_curve(report))
+    stalled = curve.n >= 10 and curve.progress < 0.5
+    return Hit(
+        symptom="the model has no activation module; its linear layers may compose to one linear map",
+        evidence=evidence | {"loss_relative_progress": curve.progress if curve.n >= 10 else None},
+        severity="warning" if stalled else "info",
+        score=1.5 if stalled else 0.5,
+        next_probe="overfit_one_batch on a non-linear batch; check the forward for functional activations",
+    )
+
+
+@rule(
+    "NNDX402",
+    C.WRONG_OUTPUT_ACTIVATION,
+    "error",
+    "The last activation cannot produce the targets",
+    detects="CrossEntropyLoss over a single output unit (the loss is always 0); a model ending in "
+    "ReLU or Sigmoid trained with CrossEntropyLoss (logits clipped to >= 0 or squashed to [0, 1]); a "
+    "model ending in ReLU/Sigmoid/Tanh regressing targets outside that activation's range.",
+    why="The output layer then cannot express what the loss asks for: the loss is constant or stalls "
+    "above its minimum.",
+    fix="End classifiers with a plain Linear producing C >= 2 logits (or 1 logit with BCEWithLogitsLoss); "
+    "end regressors with a plain Linear, and normalise the targets.",
+)
+def wrong_output_activation(report: DiagnosticReport) -> Hit | None:
+    model = report.model
+    output_activation = model.output_activation if model is not None else None
+    for call in loss_calls(report):
+        if call.loss_type in CE_LOSSES and len(call.output_shape) >= 2 and call.output_shape[1] == 1:
+            return Hit(
+                symptom=f"{call.loss_type} over a single output unit: the softmax of one logit is always 1",
+                evidence={"loss_type": call.loss_type, "output_shape": [str(d) for d in call.output_shape]},
+                score=3.0,
+            )
+        if call.loss_type == "CrossEntropyLoss" and output_activation in ("ReLU", "Sigmoid"):
+            return Hit(
+                symptom=f"a model ending in {output_activation} trained with CrossEntropyLoss",
+                evidence={
+                    "loss_type": call.loss_type,
+                    "output_activation": output_activation,
+                    "output_min": call.output_min,
+                    "output_max": call.output_max,
+                },
+                score=2.0,
+            )
+    train = report.data.train if report.data is not None else None
+    bounds = {"ReLU": (0.0, None), "Sigmoid": (0.0, 1.0), "Tanh": (-1.0, 1.0)}
+    if output_activation in bounds and train is not None and train.label_kind == "float_continuous":
+        low, high = bounds[output_activation]
+        mean, std = train.target_mean, train.target_std
+        if mean is not None and std is not None:
+            below = low is not None and mean - std < low
+            above = high is not None and mean + std > high
+            if below or above:
+                return Hit(
+                    symptom=f"targets of mean {mean:.3g} ± {std:.3g} through a final {output_activation}",
+                    evidence={"output_activation": output_activation, "target_mean": mean, "target_std": std},
+                    score=2.0,
+                )
+    return None

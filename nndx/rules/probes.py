@@ -1,0 +1,326 @@
+"""Probe rules (NNDX6xx): what the active probes measured on a copy of the model."""
+
+from __future__ import annotations
+
+import math
+
+from nndx.report import CauseCode as C
+from nndx.report import DiagnosticReport, NanOriginResult
+from nndx.rules._series import finite, loss_is_moving, used_lr
+from nndx.rules.loss import NO_LEARNING_CAUSES
+from nndx.rules.engine import Hit, rule
+
+
+def _probe(report: DiagnosticReport, name: str):
+    return getattr(report.probes, name) if report.probes is not None else None
+
+
+@rule(
+    "NNDX601",
+    C.WRONG_LOSS,
+    "error",
+    "The model cannot overfit a single batch",
+    detects="The overfit-one-batch probe failed: with its own correct loop and many steps on one batch "
+    "the loss did not fall to a small share of its start (or accuracy did not reach 100%).",
+    why="Any working model/loss pair memorises one batch. Failing means a bug between the output and "
+    "the loss (wrong loss, double softmax, mismatched shapes or label dtype) or in the model (dead "
+    "units, detached or frozen layers, a broken backward) — not the learning rate of your own loop.",
+    fix="Check the loss matches the outputs (logits to CrossEntropyLoss, long labels, equal shapes), then "
+    "the gradient flow (hooks probe) and the gradient check.",
+    explained_by=NO_LEARNING_CAUSES,
+)
+def overfit_failed(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "overfit_one_batch")
+    if result is None or result.status != "failed":
+        return None
+    ratio = None
+    if result.initial_loss and result.final_loss is not None and result.initial_loss != 0:
+        ratio = result.final_loss / result.initial_loss
+    return Hit(
+        symptom=f"overfit_one_batch failed after {result.steps} steps",
+        evidence={
+            "steps": result.steps,
+            "lr": result.lr,
+            "initial_loss": result.initial_loss,
+            "final_loss": result.final_loss,
+            "final_to_initial": ratio,
+            "final_accuracy": result.final_accuracy,
+        },
+        score=2.0,
+        next_probe="grad_check and hooks (gradient flow per layer)",
+    )
+
+
+def _lr_range(report: DiagnosticReport):
+    result = _probe(report, "lr_range")
+    if result is None or result.status not in ("passed", "failed"):
+        return None
+    return result
+
+
+@rule(
+    "NNDX602",
+    C.LR_TOO_HIGH,
+    "warning",
+    "The learning rate used is above where the LR range test diverged",
+    detects="The LR of the user's optimizer at its first step is at or above the LR where the range "
+    "test's loss diverged, or over 30x the suggested LR. Error when the loss also misbehaves; info when "
+    "the train loss is decreasing anyway.",
+    why="Beyond the divergence point each step overshoots the minimum.",
+    fix="Use the suggested LR of the range test (steepest descent) or min_over_10_lr.",
+)
+def lr_above_range(report: DiagnosticReport) -> Hit | None:
+    result, lr = _lr_range(report), used_lr(report)
+    if result is None or lr is None or lr <= 0:
+        return None
+    suggestions = finite([v for v in (result.suggested_lr, result.min_over_10_lr) if v is not None])
+    diverged = result.diverged_at_lr is not None and math.isfinite(result.diverged_at_lr) and lr >= result.diverged_at_lr
+    too_far = bool(suggestions) and lr > 30 * max(suggestions)
+    if not (diverged or too_far):
+        return None
+    moving = loss_is_moving(report)
+    return Hit(
+        symptom=f"lr {lr:.3g} is " + (f"above the divergence point {result.diverged_at_lr:.3g}" if diverged else "over 30x the suggestion"),
+        evidence={
+            "used_lr": lr,
+            "suggested_lr": result.suggested_lr,
+            "min_over_10_lr": result.min_over_10_lr,
+            "diverged_at_lr": result.diverged_at_lr,
+        },
+        severity="info" if moving else ("error" if moving is False and diverged else "warning"),
+        score=1.0 + (2.0 if diverged else 0.0),
+    )
+
+
+@rule(
+    "NNDX603",
+    C.LR_TOO_LOW,
+    "warning",
+    "The learning rate used is far below the LR range test's suggestion",
+    detects="The LR of the user's optimizer is under 1/100 of both the suggested LR and min_over_10_lr, "
+    "and the train loss is not clearly decreasing (info when it is).",
+    why="Steps that small need orders of magnitude more of them; the loss looks stuck.",
+    fix="Raise the LR toward the suggestion (steepest descent of the range test).",
+)
+def lr_below_range(report: DiagnosticReport) -> Hit | None:
+    result, lr = _lr_range(report), used_lr(report)
+    if result is None or lr is None or lr <= 0:
+        return None
+    suggestions = finite([v for v in (result.suggested_lr, result.min_over_10_lr) if v is not None and v > 0])
+    if not suggestions or lr >= min(suggestions) / 100:
+        return None
+    moving = loss_is_moving(report)
+    return Hit(
+        symptom=f"lr {lr:.3g} is {min(suggestions) / lr:.0f}x below the range test's suggestion",
+        evidence={"used_lr": lr, "suggested_lr": result.suggested_lr, "min_over_10_lr": result.min_over_10_lr},
+        severity="info" if moving else "warning",
+        score=1.0 + min(3.0, math.log10(min(suggestions) / lr) - 2),
+    )
+
+
+@rule(
+    "NNDX604",
+    C.BROKEN_BACKWARD,
+    "error",
+    "Autograd gradients disagree with finite differences",
+    detects="The gradient check failed: at least one parameter tensor's relative error is at the 'bug' "
+    "level (over 1e-3 in float64).",
+    why="A custom autograd.Function with a wrong backward trains on wrong gradients; nothing errors.",
+    fix="Fix the backward of the named parameter's custom Function (transposes and scale factors are "
+    "the usual suspects); re-run the gradient check.",
+)
+def broken_backward(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "grad_check")
+    if result is None or result.status != "failed":
+        return None
+    bad = [p for p in result.parameters if p.status == "bug"]
+    return Hit(
+        symptom="gradient check failed" + (f" for {', '.join(p.name for p in bad[:5])}" if bad else ""),
+        evidence={
+            "max_relative_error": result.max_relative_error,
+            "parameters": [p.name for p in bad],
+            "relative_errors": [p.relative_error for p in bad],
+            "mode": result.mode,
+        },
+        score=3.0,
+    )
+
+
+def _origin(report: DiagnosticReport) -> NanOriginResult | None:
+    result = _probe(report, "nan_origin")
+    if result is None or result.status not in ("passed", "failed"):
+        return None
+    return result
+
+
+_ORIGIN_WORDS = {
+    C.LOG_OF_ZERO: ("log",),
+    C.NUMERICAL_OVERFLOW: ("exp", "softmax", "softplus", "pow", "cosh", "sinh"),
+    C.DIVISION_BY_ZERO: ("div", "norm", "standard", "scale", "whiten", "recip"),
+}
+
+
+def _origin_code(result: NanOriginResult) -> C | None:
+    """The cause the first non-finite module's type and name point to."""
+    text = f"{result.forward_module_type or ''} {result.forward_module or ''}".lower()
+    if not text.strip():
+        return None
+    for code, words in _ORIGIN_WORDS.items():  # log first: LogSoftmax is a log, not an exp
+        if any(word in text for word in words):
+            return code
+    return None
+
+
+def _origin_hit(report: DiagnosticReport, code: C) -> Hit | None:
+    result = _origin(report)
+    if result is None or result.input_nonfinite_count:
+        return None
+    if _origin_code(result) == code:
+        return Hit(
+            symptom=f"first non-finite output at {result.forward_module} ({result.forward_module_type})",
+            evidence={
+                "forward_module": result.forward_module,
+                "forward_module_type": result.forward_module_type,
+                "backward_module": result.backward_module,
+                "loss_finite": result.loss_finite,
+            },
+            score=3.0,
+        )
+    return None
+
+
+@rule(
+    "NNDX605",
+    C.LOG_OF_ZERO,
+    "error",
+    "NaN/Inf first produced by a log (or by the loss itself)",
+    detects="The nan_origin probe's first non-finite module is a log (its type or name says so), or every "
+    "module's output is finite with finite inputs but the loss is not — a log of 0 inside the loss.",
+    why="log(0) = -inf and log(x<0) = NaN; probabilities that reach exactly 0 (a softmax that "
+    "underflows, a clamp missing) produce them.",
+    fix="Work in log space (log_softmax, CrossEntropyLoss on logits, BCEWithLogitsLoss) or clamp: "
+    "torch.log(p.clamp_min(1e-12)).",
+)
+def nan_from_log(report: DiagnosticReport) -> Hit | None:
+    hit = _origin_hit(report, C.LOG_OF_ZERO)
+    if hit is not None:
+        return hit
+    result = _origin(report)
+    if result is None or result.input_nonfinite_count or result.forward_module or result.loss_finite is not False:
+        return None
+    return Hit(
+        symptom="every module's output is finite but the loss is not",
+        evidence={"forward_module": None, "loss_finite": False, "backward_module": result.backward_module},
+        score=2.0,
+        next_probe="inspect the loss function for log/division without eps",
+    )
+
+
+@rule(
+    "NNDX606",
+    C.NUMERICAL_OVERFLOW,
+    "error",
+    "NaN/Inf first produced by exp/softmax overflow",
+    detects="The nan_origin probe's first non-finite module is an exp, softmax or similar.",
+    why="exp(x) overflows float32 for x > 88; a hand-written softmax without the max-subtraction trick "
+    "returns inf/inf = NaN.",
+    fix="Subtract the row max before exp (or use torch.softmax / log_softmax, which do).",
+)
+def nan_from_exp(report: DiagnosticReport) -> Hit | None:
+    return _origin_hit(report, C.NUMERICAL_OVERFLOW)
+
+
+@rule(
+    "NNDX607",
+    C.DIVISION_BY_ZERO,
+    "error",
+    "NaN/Inf first produced by a division or normalisation",
+    detects="The nan_origin probe's first non-finite module divides or normalises (its type or name says "
+    "so).",
+    why="A normalisation by a std or norm that is 0 (a constant feature, an all-zero row) gives inf or "
+    "0/0 = NaN.",
+    fix="Add eps to the denominator: x / (x.std() + 1e-8); drop constant features.",
+)
+def nan_from_division(report: DiagnosticReport) -> Hit | None:
+    return _origin_hit(report, C.DIVISION_BY_ZERO)
+
+
+@rule(
+    "NNDX608",
+    C.EXPLODING_GRADIENTS,
+    "warning",
+    "NaN/Inf first produced by a weighted layer",
+    detects="The nan_origin probe's first non-finite module is neither a log, an exp nor a division (for "
+    "instance a Linear whose weights overflowed).",
+    why="With finite inputs, a layer whose output overflows has weights that grew out of range — the "
+    "trace of exploding gradients or a too-high LR.",
+    fix="Lower the learning rate, clip gradients, and check the gradient-norm history.",
+    explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.BAD_INIT, C.UNNORMALIZED_INPUTS),
+)
+def nan_from_layer(report: DiagnosticReport) -> Hit | None:
+    result = _origin(report)
+    if result is None or result.input_nonfinite_count or not result.forward_module or _origin_code(result):
+        return None
+    return Hit(
+        symptom=f"first non-finite output at {result.forward_module} ({result.forward_module_type})",
+        evidence={"forward_module": result.forward_module, "forward_module_type": result.forward_module_type},
+        score=1.5,
+    )
+
+
+@rule(
+    "NNDX609",
+    C.EVAL_MODE_FORGOTTEN,
+    "warning",
+    "Same batch, different outputs: dropout/batch-norm active",
+    detects="The eval-mode probe ran the same batch twice and got different outputs: with the model in "
+    "train mode during evaluation (warning), or in eval mode (error — a dropout that ignores "
+    "model.eval(), e.g. F.dropout(x, training=True)).",
+    why="Evaluation must be deterministic; active dropout or batch statistics make metrics noisy and "
+    "wrong.",
+    fix="Call model.eval() before evaluating; in custom modules pass training=self.training to "
+    "F.dropout.",
+)
+def eval_mode_probe(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "eval_mode")
+    if result is None or result.status != "failed":
+        return None
+    return Hit(
+        symptom="two forwards of the same batch differ"
+        + (" although the model is in eval mode" if result.training is False else ""),
+        evidence={
+            "training": result.training,
+            "max_abs_diff": result.max_abs_diff,
+            "has_dropout": result.has_dropout,
+            "has_batchnorm": result.has_batchnorm,
+        },
+        severity="error" if result.training is False else "warning",
+        score=2.0 if result.training is False else 1.0,
+    )
+
+
+@rule(
+    "NNDX610",
+    C.LABELS_MISALIGNED,
+    "error",
+    "Labels do not belong to their inputs",
+    detects="The label-alignment probe: a small model trained on the real labels is not better on held-out "
+    "data than one trained on permuted labels.",
+    why="Labels shuffled separately from their inputs, or offset by one, look like valid data but carry "
+    "no signal; the network memorises them (so overfit-one-batch passes) and generalises at chance.",
+    fix="Shuffle inputs and labels together (one permutation, or a Dataset returning (x, y) pairs); check "
+    "indexing and joins.",
+)
+def labels_misaligned(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "label_alignment")
+    if result is None or result.status != "failed":
+        return None
+    return Hit(
+        symptom="held-out accuracy on real labels is no better than on permuted labels",
+        evidence={
+            "real_accuracy": result.real_accuracy,
+            "permuted_accuracy": result.permuted_accuracy,
+            "chance_accuracy": result.chance_accuracy,
+        },
+        score=3.0,
+    )
