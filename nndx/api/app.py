@@ -47,6 +47,12 @@ async def _http_error(request: Request, exc: StarletteHTTPException):  # type: i
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The nndx service. ``settings`` default to :meth:`Settings.from_env`."""
     settings = settings or Settings.from_env()
+    try:  # read NNDX_LLM_* now, so a bad LLM setting stops start-up instead of each explain
+        from nndx.prompts import LLMSettings
+
+        llm_settings = LLMSettings.from_env()
+    except ImportError:
+        llm_settings = None
     store = ReportStore(settings.database_url)
 
     @asynccontextmanager
@@ -61,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.llm_settings = llm_settings
     app.state.store = store
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel
 
 from nndx.api.auth import get_scope
@@ -177,13 +177,14 @@ def read_checklist(stored: StoredReport = Depends(get_report), prompts: Any = De
     summary="Explain the report: the configured LLM, or rule-only",
 )
 def explain_report(
+    request: Request,
     offline: bool = Query(False, description="rule-only explanation, no LLM call"),
     stored: StoredReport = Depends(get_report),
     prompts: Any = Depends(get_prompts),
 ) -> Response:
     report = DiagnosticReport.model_validate_json(stored.report_json)
     diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
-    explanation = prompts.explain(report, diagnosis, offline=offline)
+    explanation = prompts.explain(report, diagnosis, offline=offline, settings=request.app.state.llm_settings)
     return json_response(explanation)
 
 
