@@ -488,10 +488,10 @@ def _expand(per_feature: np.ndarray, ndim: int) -> np.ndarray:
 def _canonical(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Rows as contiguous values of ``dtype`` with -0.0 turned into 0.0, so that rows of
     equal values have equal bytes."""
-    rows = rows.astype(dtype, copy=False)
-    if rows.dtype.kind == "f":
-        return rows + rows.dtype.type(0)  # a contiguous copy; -0.0 + 0.0 == +0.0
-    return np.ascontiguousarray(rows)
+    if np.dtype(dtype).kind == "f":
+        # a new C-ordered array (never the caller's); -0.0 + 0.0 == +0.0
+        return np.add(rows, np.dtype(dtype).type(0), dtype=dtype, order="C")
+    return np.ascontiguousarray(rows, dtype=dtype)
 
 
 def _hash_multipliers(row_bytes: int) -> np.ndarray:

@@ -1,0 +1,291 @@
+"""check_data on a deliberately damaged copy of scikit-learn's digits, and on edge cases.
+
+Each damage must show in its own field, and the clean (standardised, shuffled, split,
+constant pixels dropped) copy must set none of them.
+"""
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import nndx.collector.data as data_module
+from nndx.collector.data import check_data
+from nndx.report import DataStats, DiagnosticReport
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """(x_train, y_train, x_test, y_test, x_raw, y_raw): clean standardised split + raw data."""
+    bunch = load_digits()
+    x_raw, y_raw = bunch.data, bunch.target
+    order = np.random.default_rng(0).permutation(len(x_raw))
+    x, y = x_raw[order], y_raw[order]
+    n_train = 1350
+    x_train, x_test = x[:n_train], x[n_train:]
+    keep = x_train.std(axis=0) > 0  # the always-blank border pixels carry nothing
+    mean, std = x_train[:, keep].mean(axis=0), x_train[:, keep].std(axis=0)
+    x_train = ((x_train[:, keep] - mean) / std).astype(np.float32)
+    x_test = ((x_test[:, keep] - mean) / std).astype(np.float32)
+    return x_train, y[:n_train], x_test, y[n_train:], x_raw, y_raw
+
+
+def damage_fields(stats: DataStats) -> list[str]:
+    """Every field that reports a data problem, for the clean-copy check."""
+    found = []
+    if stats.train_test_overlap:
+        found.append("train_test_overlap")
+    for split_name in ("train", "test"):
+        split = getattr(stats, split_name)
+        if split is None:
+            continue
+        checks = {
+            "input_nan_count": split.input_nan_count > 0,
+            "input_inf_count": split.input_inf_count > 0,
+            "label_nan_count": split.label_nan_count > 0,
+            "raw_range": split.raw_range is not None,
+            "duplicate_count": split.duplicate_count > 0,
+            "missing_classes": bool(split.missing_classes),
+            "imbalance_ratio": split.imbalance_ratio is None or split.imbalance_ratio > 10,
+            "input_mean": abs(split.input_mean) > 0.5,
+            "input_std": not 0.5 < split.input_std < 2,
+            "label_kind": split.label_kind != "class_index",
+            "zero_sample_fraction": split.zero_sample_fraction > 0,
+            "label_runs_fraction": split.label_runs_fraction is None or split.label_runs_fraction > 0.5,
+        }
+        if split_name == "train":  # a small test split may have pixels (nearly) blank by chance
+            checks["constant_features"] = bool(split.constant_features)
+            checks["feature_scale_ratio"] = split.feature_scale_ratio is None or split.feature_scale_ratio > 10
+        found += [f"{split_name}.{name}" for name, bad in checks.items() if bad]
+    return found
+
+
+def test_clean_digits_set_no_damage_field(digits):
+    x_train, y_train, x_test, y_test, _, _ = digits
+    stats = check_data(x_train, y_train, x_test=x_test, y_test=y_test, num_classes=10)
+    assert damage_fields(stats) == []
+    assert stats.train.n_samples == 1350 and stats.train.checked_samples == 1350 and not stats.train.sampled
+    assert stats.train.input_shape == [61] and stats.train.input_dtype == "float32"
+    assert stats.train.class_counts == {str(c): int((y_train == c).sum()) for c in range(10)}
+    assert stats.train.label_runs_fraction == pytest.approx(np.mean(y_train[1:] == y_train[:-1]))
+
+
+def test_nans_counted_in_inputs_and_labels(digits):
+    x_train, y_train, x_test, y_test, _, _ = digits
+    x = x_train.copy()
+    x[[3, 10, 20], [5, 6, 7]] = np.nan
+    x[40, 0] = np.inf
+    y = y_train.astype(np.float64)
+    y[[1, 2]] = np.nan
+    stats = check_data(x, y, x_test=x_test, y_test=y_test, task="classification")
+    assert stats.train.input_nan_count == 3 and stats.train.input_inf_count == 1
+    assert stats.train.label_nan_count == 2
+    # statistics skip non-finite values instead of becoming NaN themselves
+    assert math.isfinite(stats.train.input_mean) and math.isfinite(stats.train.feature_stds[5])
+    assert stats.train.feature_means[5] == pytest.approx(np.nanmean(x[:, 5]), abs=1e-5)
+
+
+def test_duplicate_rows_counted_exactly(digits):
+    x_train, y_train, *_ = digits
+    repeats = np.random.default_rng(1).choice(len(x_train), size=50, replace=False)
+    x = np.concatenate([x_train, x_train[repeats], x_train[repeats[:5]]])
+    y = np.concatenate([y_train, y_train[repeats], y_train[repeats[:5]]])
+    stats = check_data(x, y)
+    assert stats.train.duplicate_count == 55
+    assert stats.train.duplicate_fraction == pytest.approx(55 / len(x))
+
+
+def test_leaked_test_rows_found(digits):
+    x_train, y_train, x_test, y_test, _, _ = digits
+    leaked = x_test.copy()
+    leaked[:30] = x_train[100:130]
+    stats = check_data(x_train, y_train, x_test=leaked, y_test=y_test)
+    assert stats.train_test_overlap == 30
+    assert stats.train_test_overlap_fraction == pytest.approx(30 / len(leaked))
+    # float64 test rows equal to float32 train rows are still the same samples
+    stats64 = check_data(x_train, y_train, x_test=leaked.astype(np.float64), y_test=y_test)
+    assert stats64.train_test_overlap == 30
+
+
+def test_raw_scale_detected(digits):
+    *_, x_raw, y_raw = digits
+    stats = check_data(x_raw, y_raw)
+    assert stats.train.raw_range == "0-16"
+    assert stats.train.input_max == 16 and stats.train.input_mean > 4
+    assert stats.train.constant_features == [0, 32, 39]  # blank border pixels
+    assert stats.train.feature_scale_ratio > 10
+    pixels = (np.random.default_rng(0).random((64, 3, 8, 8)) * 255).round().astype(np.uint8)
+    assert check_data(pixels).train.raw_range == "0-255"
+    assert check_data(pixels / 255.0).train.raw_range is None
+
+
+def test_removed_class_recorded_as_missing(digits):
+    x_train, y_train, x_test, y_test, _, _ = digits
+    keep = y_train != 3
+    stats = check_data(x_train[keep], y_train[keep], x_test=x_test, y_test=y_test)
+    assert stats.train.missing_classes == ["3"]
+    assert stats.train.class_counts["3"] == 0 and stats.train.imbalance_ratio == math.inf
+    assert stats.test.missing_classes == []
+    # the top class removed from both splits: only num_classes can tell
+    top = y_train != 9
+    top_test = y_test != 9
+    assert check_data(x_train[top], y_train[top]).train.missing_classes == []
+    stats = check_data(x_train[top], y_train[top], x_test=x_test[top_test], y_test=y_test[top_test], num_classes=10)
+    assert stats.train.missing_classes == ["9"] and stats.test.missing_classes == ["9"]
+    assert stats.expected_num_classes == 10
+    # infinite ratio survives the JSON round trip
+    report = DiagnosticReport(data=stats)
+    assert DiagnosticReport.model_validate_json(report.model_dump_json()).data.train.imbalance_ratio == math.inf
+
+
+def test_imbalance_ratio(digits):
+    x_train, y_train, *_ = digits
+    keep = (y_train != 1) | (np.cumsum(y_train == 1) <= 5)  # 5 samples of class 1 left
+    stats = check_data(x_train[keep], y_train[keep])
+    counts = stats.train.class_counts
+    assert counts["1"] == 5
+    assert stats.train.imbalance_ratio == pytest.approx(max(counts.values()) / 5)
+    assert stats.train.imbalance_ratio > 10
+
+
+def test_sorted_by_class_gives_label_runs_near_one(digits):
+    x_train, y_train, *_ = digits
+    order = np.argsort(y_train, kind="stable")
+    stats = check_data(x_train[order], y_train[order])
+    assert stats.train.label_runs_fraction > 0.99
+    assert check_data(x_train, y_train).train.label_runs_fraction < 0.2
+
+
+def test_label_encodings(digits):
+    x_train, y_train, *_ = digits
+    assert check_data(x_train, y_train).train.label_kind == "class_index"
+    floats = check_data(x_train, y_train.astype(np.float32)).train
+    assert floats.label_kind == "float_integral" and floats.label_dtype == "float32"
+    assert floats.class_counts["0"] == int((y_train == 0).sum())  # still read as classes
+    one_hot = check_data(x_train, np.eye(10, dtype=np.float32)[y_train]).train
+    assert one_hot.label_kind == "one_hot" and one_hot.class_counts == check_data(x_train, y_train).train.class_counts
+    tensor = check_data(torch.from_numpy(x_train), torch.from_numpy(y_train).float()).train
+    assert tensor.label_dtype == "float32" and tensor.input_dtype == "float32"
+
+
+def test_regression_targets():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((500, 4)).astype(np.float32)
+    y = 1000 + 50 * rng.standard_normal(500)
+    stats = check_data(x, y).train
+    assert stats.label_kind == "float_continuous"
+    assert stats.target_mean == pytest.approx(y.mean()) and stats.target_std == pytest.approx(y.std())
+    assert stats.class_counts == {} and stats.imbalance_ratio is None and stats.label_runs_fraction is None
+    # integral targets with many values are a regression too
+    counts = check_data(x, rng.integers(0, 1000, 500).astype(np.float64)).train
+    assert counts.label_kind == "float_integral" and counts.target_mean is not None and counts.class_counts == {}
+
+
+def test_feature_statistics_match_numpy_across_chunks(monkeypatch):
+    monkeypatch.setattr(data_module, "CHUNK_ELEMENTS", 700)  # many chunks of 100 rows
+    rng = np.random.default_rng(0)
+    scales = np.array([1e-3, 1.0, 1e3, 5.0, 0.0])
+    x = (rng.standard_normal((1234, 5)) * scales + 1e4).astype(np.float64)
+    stats = check_data(x).train
+    np.testing.assert_allclose(stats.feature_means, x.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(stats.feature_stds, x.std(axis=0), rtol=1e-6, atol=1e-9)
+    assert stats.input_std == pytest.approx(x.std(), rel=1e-9)
+    assert stats.constant_features == [4]
+    assert stats.feature_scale_ratio == pytest.approx(x[:, 2].std() / x[:, 0].std(), rel=1e-6)
+
+
+def test_images_are_measured_per_channel():
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((40, 3, 5, 5)).astype(np.float32)
+    images[:, 1] = images[:, 1] * 10 + 7
+    stats = check_data(images).train
+    assert len(stats.feature_means) == 3
+    assert stats.feature_means[1] == pytest.approx(images[:, 1].mean(), abs=1e-4)
+    assert stats.feature_stds[1] == pytest.approx(images[:, 1].std(), rel=1e-4)
+    assert stats.input_shape == [3, 5, 5]
+
+
+def test_zero_samples_and_signed_zero():
+    x = np.ones((10, 3), dtype=np.float32)
+    x[[2, 5]] = 0.0
+    x[5] = -0.0  # equal to 0.0, so row 5 repeats row 2
+    stats = check_data(x).train
+    assert stats.zero_sample_fraction == pytest.approx(0.2)
+    assert stats.duplicate_count == 8  # 7 more ones-rows, 1 more zero-row
+
+
+def test_hash_collisions_are_confirmed_byte_for_byte(monkeypatch):
+    monkeypatch.setattr(data_module, "_row_hashes", lambda rows, multipliers: np.zeros(rows.shape[0], np.uint64))
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    x[9] = x[0]
+    test = np.stack([x[3], [100.0, 101.0]])
+    stats = check_data(x, x_test=test)
+    assert stats.train.duplicate_count == 1
+    assert stats.train_test_overlap == 1
+
+
+class _DigitsDataset(Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        torch.rand(1)  # an "augmentation" that draws from the global RNG
+        return self.x[i], int(self.y[i])
+
+
+def test_dataset_sampled_with_bound_and_rng_untouched(digits):
+    x_train, y_train, *_ = digits
+    dataset = _DigitsDataset(x_train, y_train)
+    torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    stats = check_data(dataset, max_samples=300, progress=False)
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert random.getstate() == py_state and np.array_equal(np.random.get_state()[1], np_state)
+    assert stats.train.sampled and stats.train.n_samples == 1350 and stats.train.checked_samples == 300
+    assert sum(stats.train.class_counts.values()) == 300
+    assert stats.train.label_dtype == "int64" and stats.train.label_kind == "class_index"
+    full = check_data(dataset, max_samples=5000, progress=False).train
+    assert not full.sampled and full.checked_samples == 1350
+    assert full.class_counts == check_data(x_train, y_train).train.class_counts
+
+
+def test_dataloader_sees_the_loader_order(digits):
+    x_train, y_train, *_ = digits
+    order = np.argsort(y_train, kind="stable")
+    dataset = TensorDataset(torch.from_numpy(x_train[order]), torch.from_numpy(y_train[order]))
+    state = torch.get_rng_state()
+    unshuffled = check_data(DataLoader(dataset, batch_size=64), max_samples=500, progress=False).train
+    shuffled = check_data(DataLoader(dataset, batch_size=64, shuffle=True), max_samples=500, progress=False).train
+    assert torch.equal(torch.get_rng_state(), state)
+    assert unshuffled.checked_samples == 500 and unshuffled.sampled
+    assert unshuffled.label_runs_fraction > 0.95 and shuffled.label_runs_fraction < 0.3
+
+
+def test_progress_written_to_stderr_when_asked(digits, capsys):
+    x_train, y_train, *_ = digits
+    check_data(_DigitsDataset(x_train, y_train), max_samples=100, progress=True)
+    assert "100/100" in capsys.readouterr().err
+    check_data(_DigitsDataset(x_train, y_train), max_samples=100, progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_bad_input_raises_clear_errors():
+    x = np.zeros((10, 3))
+    with pytest.raises(ValueError, match="one label per input"):
+        check_data(x, np.zeros(9))
+    with pytest.raises(ValueError, match="empty"):
+        check_data(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="shape"):
+        check_data(x, x_test=np.zeros((4, 2)))
+    with pytest.raises(TypeError, match="numeric"):
+        check_data(np.array([["a"], ["b"]]))
+    with pytest.raises(ValueError, match="task"):
+        check_data(x, task="segmentation")
+    with pytest.raises(ValueError, match="labels inside"):
+        check_data(TensorDataset(torch.zeros(4, 2)), np.zeros(4))
