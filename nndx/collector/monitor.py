@@ -53,8 +53,9 @@ Counting conventions (what the rules read):
 - ``loop.no_grad_forwards_in_train_mode`` counts forwards of the model run with grad
   disabled (``torch.no_grad`` / ``inference_mode``) while ``model.training`` is True,
   only when the model has dropout or batch-norm (where train mode changes the output).
-- ``loop.grad_norm_history[i].after_clip`` is set only on steps where the gradients
-  changed between the end of backward and ``optimizer.step()``.
+- ``loop.grad_norm_history[i].after_clip`` is set only on steps where the gradient
+  norm changed between the end of backward and ``optimizer.step()`` (clipping that
+  bit, or unscaling by a GradScaler).
 
 Memory: python floats only, O(layers + parameter tensors) per recorded step and a few
 floats per step; no activation-sized tensor outlives the step that made it. Histories
@@ -665,7 +666,8 @@ class Monitor:
             has_batchnorm=self._has_batchnorm,
             lr_history=[LRPoint(step=s, lrs=list(lrs)) for s, lrs in self._lr.values()],
             grad_norm_history=[
-                GradNormPoint(step=s, before_clip=b, after_clip=a) for s, b, a in self._grad_norm.values()
+                GradNormPoint(step=s, before_clip=b, after_clip=None if _same_norm(a, b) else a)
+                for s, b, a in self._grad_norm.values()
             ],
             input_norm_history=[ScalarPoint(step=s, value=v) for s, v in self._input_norm.values()],
             loss_calls=[LossCall(**entry) for entry in self._loss_calls.values()],
@@ -699,6 +701,12 @@ class Monitor:
             loop=self._loop_stats(),
             errors=list(self._errors),
         )
+
+
+def _same_norm(after: float | None, before: float) -> bool:
+    # clip_grad_norm_ rescales in place even when under its threshold (by 1.0): a
+    # changed gradient whose norm did not change was not clipped
+    return after is None or after == before or abs(after - before) <= 1e-6 * abs(before)
 
 
 def _layer_nonfinite(stats: LayerStats) -> bool:

@@ -1,0 +1,504 @@
+"""The Monitor in small real training loops: each loop bug is seen in the report, and
+the same model trained correctly shows none of it."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import nndx
+from nndx.collector import monitor as monitor_module
+from nndx.collector.monitor import Monitor, TrainingFailure, _History, watch
+from nndx.report import CauseCode, DiagnosticReport, Finding
+
+STEPS = 6
+
+
+def make_model(dropout: bool = False) -> nn.Sequential:
+    torch.manual_seed(0)
+    layers = [nn.Linear(8, 16), nn.ReLU()]
+    if dropout:
+        layers.append(nn.Dropout(0.5))
+    layers.append(nn.Linear(16, 3))
+    return nn.Sequential(*layers)
+
+
+def batch(n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def train(model, optimizer, mon, steps=STEPS, *, zero_grad=True, loss_fn=None, clip=None, x=None, y=None):
+    """A correct loop unless told otherwise."""
+    x0, y0 = batch()
+    x = x0 if x is None else x
+    y = y0 if y is None else y
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    for _ in range(steps):
+        if zero_grad:
+            optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        mon.log(loss)
+    return mon.report()
+
+
+def monitored(model=None, lr=0.1, **options):
+    model = model or make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    return model, optimizer, Monitor(model, optimizer, **options)
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def hook_count(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    return (
+        sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+        + sum(len(p._backward_hooks or {}) for p in model.parameters())
+        + len(optimizer._optimizer_step_pre_hooks)
+        + len(optimizer._optimizer_step_post_hooks)
+        + ("zero_grad" in optimizer.__dict__)
+        + ("zero_grad" in model.__dict__)
+    )
+
+
+def test_hooks_removed_on_exit_and_training_is_bit_identical():
+    bare = make_model(dropout=True)
+    watched = copy.deepcopy(bare)
+    bare_opt = torch.optim.Adam(bare.parameters(), lr=1e-2)
+    watched_opt = torch.optim.Adam(watched.parameters(), lr=1e-2)
+    x, y = batch()
+    torch.manual_seed(5)
+    for _ in range(STEPS):
+        bare_opt.zero_grad()
+        nn.functional.cross_entropy(bare(x), y).backward()
+        nn.utils.clip_grad_norm_(bare.parameters(), 0.5)
+        bare_opt.step()
+    torch.manual_seed(5)
+    with Monitor(watched, watched_opt, every=1, loss_fn=nn.CrossEntropyLoss()) as mon:
+        assert hook_count(watched, watched_opt) > 0
+        for _ in range(STEPS):
+            watched_opt.zero_grad()
+            loss = mon.loss_fn(watched(x), y)
+            loss.backward()
+            nn.utils.clip_grad_norm_(watched.parameters(), 0.5)
+            watched_opt.step()
+            mon.log(loss)
+    assert hook_count(watched, watched_opt) == 0
+    assert mon.closed
+    for (name, a), b in zip(bare.state_dict().items(), watched.state_dict().values()):
+        assert torch.equal(a, b), name
+    sa, sb = bare_opt.state_dict()["state"], watched_opt.state_dict()["state"]
+    assert all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
+    # the class methods are back, not a stale wrapper
+    assert watched_opt.zero_grad.__func__ is torch.optim.Adam.zero_grad
+    assert watched.zero_grad.__func__ is nn.Module.zero_grad
+
+
+def test_monitor_leaves_rng_untouched():
+    model, opt, mon = monitored(every=1, loss_fn=nn.CrossEntropyLoss())
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    train(model, opt, mon, loss_fn=mon.loss_fn)
+    mon.close()
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_watch_is_a_started_monitor_and_close_is_idempotent():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = watch(model, opt, every=2)
+    assert isinstance(mon, Monitor) and hook_count(model, opt) > 0
+    report = train(model, opt, mon, steps=3)
+    mon.close()
+    mon.close()
+    assert hook_count(model, opt) == 0
+    assert report.loop.steps == 3
+    assert mon.report().run.finished_at is not None
+    assert nndx.Monitor is Monitor and nndx.watch is watch and nndx.TrainingFailure is TrainingFailure
+
+
+def test_bad_arguments_are_clear_errors():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="nn.Module"):
+        Monitor(object(), opt)
+    with pytest.raises(TypeError, match="Optimizer"):
+        Monitor(model, object())
+    with pytest.raises(ValueError, match="every"):
+        Monitor(model, opt, every=0)
+    with pytest.raises(ValueError, match="stop_on"):
+        Monitor(model, opt, stop_on="sometimes")
+    assert hook_count(model, opt) == 0  # nothing attached by a failed construction
+    with Monitor(model, opt) as mon:
+        with pytest.raises(ValueError, match="scalar"):
+            mon.log(torch.ones(3))
+        with pytest.raises(TypeError, match="number"):
+            mon.log("low")
+        with pytest.raises(ValueError, match="split"):
+            mon.log(1.0, split="")
+
+
+def test_a_failing_hook_is_recorded_and_training_goes_on(monkeypatch):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("snapshot exploded")
+
+    monkeypatch.setattr(monitor_module, "snapshot_parameters", broken)
+    model, opt, mon = monitored(every=1)
+    report = train(model, opt, mon)
+    mon.close()
+    assert report.loop.steps == STEPS  # the loop ran to the end
+    assert report.errors and report.errors[0].source == "monitor.step_pre"
+    assert "snapshot exploded" in report.errors[0].message
+
+
+# ---------------------------------------------------------------- counting: steps, backward, zero_grad
+
+
+def test_correct_loop_counts_one_backward_and_one_reset_per_step():
+    model, opt, mon = monitored()
+    loop = train(model, opt, mon).loop
+    assert (loop.steps, loop.backward_calls, loop.zero_grad_calls, loop.forward_calls) == (STEPS,) * 4
+    assert loop.params_not_in_optimizer == [] and loop.optimizer_params_not_in_model == 0
+    assert loop.params_grad_none == [] and loop.frozen_params == []
+    assert loop.no_grad_forwards_in_train_mode == 0
+    assert all(p.after_clip is None for p in loop.grad_norm_history)
+    assert len(loop.grad_norm_history) == STEPS
+    mon.close()
+
+
+def test_missing_zero_grad_counts_no_reset():
+    model, opt, mon = monitored()
+    loop = train(model, opt, mon, zero_grad=False).loop
+    assert loop.steps == STEPS and loop.backward_calls == STEPS
+    assert loop.zero_grad_calls == 0
+    # the gradients really accumulated: the global norm grows step over step
+    norms = [p.before_clip for p in loop.grad_norm_history]
+    assert norms[-1] > 2 * norms[0]
+    mon.close()
+
+
+def test_deliberate_accumulation_k4_is_told_apart():
+    model, opt, mon = monitored()
+    x, y = batch()
+    for _ in range(3):
+        opt.zero_grad()
+        for micro in range(4):
+            (nn.functional.cross_entropy(model(x[micro::4]), y[micro::4]) / 4).backward()
+        opt.step()
+    loop = mon.report().loop
+    mon.close()
+    assert loop.steps == 3 and loop.backward_calls == 12 and loop.zero_grad_calls == 3
+    assert loop.backward_calls / loop.zero_grad_calls == 4
+
+
+@pytest.mark.parametrize("reset", ["set_to_none", "zero_"])
+def test_gradients_reset_by_hand_count_as_resets(reset):
+    model, opt, mon = monitored()
+    x, y = batch()
+    for _ in range(STEPS):
+        for p in model.parameters():
+            if reset == "set_to_none":
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    loop = mon.report().loop
+    mon.close()
+    # the first reset happens before any gradient exists and cannot be seen
+    assert loop.zero_grad_calls == STEPS - 1
+
+
+def test_optimizer_and_model_zero_grad_in_one_step_count_once():
+    model, opt, mon = monitored()
+    x, y = batch()
+    for _ in range(STEPS):
+        opt.zero_grad()
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert mon.report().loop.zero_grad_calls == STEPS
+    mon.close()
+
+
+# ---------------------------------------------------------------- parameters: optimizer, grads, frozen
+
+
+def test_optimizer_over_another_models_parameters():
+    model = make_model()
+    other = make_model()
+    opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        loop = train(model, opt, mon).loop
+    assert loop.params_not_in_optimizer == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert loop.optimizer_params_not_in_model == 4
+
+
+class Branchy(nn.Module):
+    def __init__(self, detach: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk = nn.Linear(8, 16)
+        self.side = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 3)
+        self.unused = nn.Linear(16, 3)
+        self.detach = detach
+
+    def forward(self, x):
+        side = self.side(x)
+        if self.detach:
+            side = side.detach()
+        return self.head(torch.relu(self.trunk(x) + side))
+
+
+def test_detached_branch_and_unused_parameters_have_grad_none():
+    model = Branchy(detach=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        loop = train(model, opt, mon).loop
+    assert loop.params_grad_none == ["side.weight", "side.bias", "unused.weight", "unused.bias"]
+
+
+def test_attached_branch_has_no_grad_none():
+    model = Branchy(detach=False)
+    del model.unused
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        loop = train(model, opt, mon).loop
+    assert loop.params_grad_none == []
+
+
+def test_frozen_parameters_listed():
+    model = make_model()
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    with Monitor(model, opt) as mon:
+        loop = train(model, opt, mon).loop
+    assert loop.frozen_params == ["0.weight", "0.bias"]
+    assert loop.params_not_in_optimizer == []  # frozen parameters are not "trainable"
+    assert loop.trainable_param_count == 16 * 3 + 3
+
+
+# ---------------------------------------------------------------- eval in train mode
+
+
+def evaluate(model, mon, context):
+    x, _ = batch()
+    with context():
+        model(x)
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_evaluation_in_train_mode_with_dropout_is_counted(context):
+    model, opt, mon = monitored(make_model(dropout=True))
+    train(model, opt, mon, steps=2)
+    evaluate(model, mon, context)  # forgot model.eval()
+    evaluate(model, mon, context)
+    loop = mon.report().loop
+    mon.close()
+    assert loop.no_grad_forwards_in_train_mode == 2 and loop.has_dropout
+
+
+def test_evaluation_in_eval_mode_or_without_dropout_is_not_counted():
+    model, opt, mon = monitored(make_model(dropout=True))
+    train(model, opt, mon, steps=2)
+    model.eval()
+    evaluate(model, mon, torch.no_grad)
+    model.train()
+    assert mon.report().loop.no_grad_forwards_in_train_mode == 0
+    mon.close()
+    model, opt, mon = monitored(make_model(dropout=False))
+    train(model, opt, mon, steps=2)
+    evaluate(model, mon, torch.no_grad)  # train mode, but nothing in the model cares
+    loop = mon.report().loop
+    mon.close()
+    assert loop.no_grad_forwards_in_train_mode == 0 and not loop.has_dropout
+
+
+# ---------------------------------------------------------------- LR, clipping, inputs
+
+
+def test_lr_history_shows_a_scheduler_collapsing_the_lr():
+    model, opt, mon = monitored(lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)  # stepped per batch
+    x, y = batch()
+    for _ in range(STEPS):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        scheduler.step()
+    lrs = [p.lrs[0] for p in mon.report().loop.lr_history]
+    mon.close()
+    assert lrs[0] == pytest.approx(0.1) and lrs[-1] == pytest.approx(0.1 * 0.1 ** (STEPS - 1))
+    model, opt, mon = monitored(lr=0.1)
+    healthy = [p.lrs[0] for p in train(model, opt, mon).loop.lr_history]
+    mon.close()
+    assert healthy == [pytest.approx(0.1)] * STEPS
+
+
+def test_lr_of_each_param_group_recorded():
+    model = make_model()
+    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1}, {"params": model[2].parameters(), "lr": 0.01}])
+    with Monitor(model, opt) as mon:
+        loop = train(model, opt, mon, steps=2).loop
+    assert [p.lrs for p in loop.lr_history] == [[0.1, 0.01], [0.1, 0.01]]
+
+
+def test_user_clipping_seen_as_norm_before_and_after():
+    model, opt, mon = monitored()
+    loop = train(model, opt, mon, clip=0.01).loop
+    mon.close()
+    assert all(p.after_clip is not None for p in loop.grad_norm_history)
+    assert all(p.after_clip == pytest.approx(0.01, rel=1e-3) for p in loop.grad_norm_history)
+    assert all(p.before_clip > 0.05 for p in loop.grad_norm_history)
+    # clipping with a threshold that is never reached changes nothing and is not reported
+    model, opt, mon = monitored()
+    loop = train(model, opt, mon, clip=1e6).loop
+    mon.close()
+    assert all(p.after_clip is None for p in loop.grad_norm_history)
+
+
+def test_zero_batches_show_in_the_input_norm_history():
+    model, opt, mon = monitored()
+    x, y = batch()
+    for step in range(STEPS):
+        opt.zero_grad()
+        inputs = torch.zeros_like(x) if step % 2 else x
+        nn.functional.cross_entropy(model(inputs), y).backward()
+        opt.step()
+    norms = [p.value for p in mon.report().loop.input_norm_history]
+    mon.close()
+    assert [n == 0.0 for n in norms] == [False, True] * (STEPS // 2)
+    assert all(n > 1 for n in norms[::2])
+
+
+# ---------------------------------------------------------------- the loss function
+
+
+def loss_calls(loss_fn, output_transform=lambda out: out, target_transform=lambda y: y, out_features=3):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, out_features))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batch()
+    with Monitor(model, opt, loss_fn=loss_fn) as mon:
+        for _ in range(3):
+            opt.zero_grad()
+            mon.loss_fn(output_transform(model(x)), target_transform(y)).backward()
+            opt.step()
+    return mon.report().loop.loss_calls
+
+
+def test_mse_with_n1_output_against_n_target_is_recorded():
+    with pytest.warns(UserWarning):  # torch warns once, and training still goes on silently
+        (call,) = loss_calls(nn.MSELoss(), target_transform=lambda y: y.float(), out_features=1)
+    assert call.loss_type == "MSELoss" and call.output_shape == [32, 1] and call.target_shape == [32]
+    assert call.calls == 3
+    (healthy,) = loss_calls(nn.MSELoss(), lambda out: out.squeeze(1), lambda y: y.float(), out_features=1)
+    assert healthy.output_shape == healthy.target_shape == [32]
+
+
+def test_float_targets_to_cross_entropy_are_recorded():
+    (call,) = loss_calls(nn.CrossEntropyLoss(), target_transform=lambda y: nn.functional.one_hot(y, 3).float())
+    assert call.target_dtype == "float32" and call.target_shape == [32, 3]
+    (healthy,) = loss_calls(nn.CrossEntropyLoss())
+    assert healthy.target_dtype == "int64" and healthy.target_shape == [32]
+
+
+def test_softmax_before_cross_entropy_looks_like_probabilities():
+    (call,) = loss_calls(nn.CrossEntropyLoss(), lambda out: out.softmax(dim=1))
+    assert call.output_rows_sum_to_one is True
+    assert 0.0 <= call.output_min and call.output_max <= 1.0
+    (healthy,) = loss_calls(nn.CrossEntropyLoss())
+    assert healthy.output_rows_sum_to_one is False
+
+
+def test_functional_loss_named_like_its_module():
+    (call,) = loss_calls(nn.functional.cross_entropy)
+    assert call.loss_type == "CrossEntropyLoss"
+
+
+# ---------------------------------------------------------------- losses, layers, parameters
+
+
+def test_losses_per_split_with_nonfinite_kept_and_json_round_trip():
+    model, opt, mon = monitored()
+    train(model, opt, mon, steps=3)
+    mon.log(torch.tensor(0.5), split="val", accuracy=torch.tensor(0.75))
+    mon.log(float("nan"))
+    mon.log(torch.tensor(float("inf")), split="val", accuracy=0.1)
+    report = mon.report()
+    mon.close()
+    train_losses = report.loss_history["train"]
+    assert [p.step for p in train_losses] == [0, 1, 2, 2]
+    assert all(math.isfinite(p.value) for p in train_losses[:3]) and math.isnan(train_losses[3].value)
+    val = report.loss_history["val"]
+    assert [(p.step, p.value, p.accuracy) for p in val[:1]] == [(2, 0.5, 0.75)]
+    assert math.isinf(val[1].value)
+    back = DiagnosticReport.model_validate_json(report.model_dump_json())
+    assert math.isnan(back.loss_history["train"][3].value) and math.isinf(back.loss_history["val"][1].value)
+    assert back.loop == report.loop
+
+
+def test_layer_and_parameter_statistics_every_n_steps():
+    class WithSpare(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = make_model()
+            self.spare = nn.Linear(2, 2)  # never runs and is in no optimizer: no grad, no update
+
+        def forward(self, x):
+            return self.net(x)
+
+    model = WithSpare()
+    opt = torch.optim.SGD(model.net.parameters(), lr=0.1)
+    with Monitor(model, opt, every=3) as mon:
+        report = train(model, opt, mon, steps=7)
+    assert sorted({s.step for s in report.layers}) == [0, 3, 6]
+    assert {s.name for s in report.layers} == {"net.0", "net.1", "net.2"}  # spare never ran
+    assert all(s.activation is not None and s.gradient is not None for s in report.layers)
+    by_name = {p.name: p for p in report.parameters if p.step == 3}
+    assert by_name["net.0.weight"].update_ratio > 0 and by_name["net.0.weight"].grad_norm > 0
+    assert by_name["spare.weight"].update_ratio == 0 and by_name["spare.weight"].grad_norm is None
+    assert report.model.layers and report.model.last_layer == "Linear"
+    assert report.run.torch_version == torch.__version__ and report.run.dtype == "float32"
+
+
+def test_history_is_bounded_evenly_spread_and_keeps_nan():
+    history = _History(capacity=16)
+    for i in range(1000):
+        history.append(i, pinned=(i == 333))
+    values = history.values()
+    assert len(values) <= 16 + 2 + 1
+    assert values[0] == 0 and values[-1] == 999 and 333 in values
+    regular = [v for v in values[:-1] if v != 333]
+    gaps = {b - a for a, b in zip(regular, regular[1:])}
+    assert len(gaps) == 1  # one stride: evenly spread
+    small = _History(capacity=16)
+    for i in range(10):
+        small.append(i)
+    assert small.values() == list(range(10))  # nothing dropped below capacity
+
+
+def test_long_runs_keep_bounded_histories():
+    model, opt, mon = monitored(every=1, history_size=8, layer_history_size=4)
+    report = train(model, opt, mon, steps=40)
+    mon.close()
+    loop = report.loop
+    assert len(loop.lr_history) <= 10 and loop.lr_history[0].step == 0 and loop.lr_history[-1].step == 39
+    assert len(report.loss_history["train"]) <= 10
+    assert len({s.step for s in report.layers}) <= 6
+    assert loop.steps == 40
+
+
+def test_training_failure_carries_findings():
+    finding = Finding(rule_id="X1", code=CauseCode.LR_TOO_HIGH, severity="error", title="t", symptom="s", fix="f", step=4)
+    error = TrainingFailure([finding])
+    assert error.finding is finding and "LR_TOO_HIGH at step 4" in str(error)
