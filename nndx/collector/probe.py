@@ -1,0 +1,239 @@
+"""``nndx.probe``: run the active probes on a copy and collect one DiagnosticReport.
+
+How to use::
+
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer)
+    report = nndx.probe(model, (x, y), loss_fn, probes=["grad_check", "nan_origin"],
+                        grad_check={"mode": "elementwise"}, overfit_one_batch={"steps": 50})
+    nndx.diagnose(report)
+
+Every probe works on a copy of the model with the random state restored, so the
+user's model, optimizer and RNG are exactly as before (tested). A probe that raises
+(a dtype or device mismatch, an in-place op that breaks autograd...) becomes an
+``ErrorRecord`` in ``report.errors`` and that probe's result has status ``error``: the
+others still run, and the caller's process never crashes because of nndx.
+
+Per-probe options go in a keyword argument named after the probe, as a dict of the
+probe function's keyword arguments (see ``PROBES``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+from torch import nn
+
+from nndx.collector._common import (
+    Batch,
+    LossFn,
+    forward,
+    infer_task,
+    num_classes,
+    optimizer_coverage,
+    preserved_rng,
+    split_batch,
+    working_copy,
+)
+from nndx.collector.eval_mode import eval_mode_consistency
+from nndx.collector.gradcheck import grad_check
+from nndx.collector.hooks import hook_statistics
+from nndx.collector.lr_range import lr_range_test
+from nndx.collector.nan_origin import nan_origin
+from nndx.collector.overfit import overfit_one_batch
+from nndx.collector.stats import DROPOUT_TYPES, summarize_model
+from nndx.report import (
+    DiagnosticReport,
+    ErrorRecord,
+    EvalModeResult,
+    GradCheckResult,
+    LoopStats,
+    LRRangeResult,
+    NanOriginResult,
+    OverfitResult,
+    Probes,
+    RunInfo,
+)
+
+# probe name -> (result model, how to run it). Cheap probes first.
+PROBES: dict[str, tuple[type | None, Callable[..., Any]]] = {
+    "hooks": (None, lambda m, b, f, opt, **kw: hook_statistics(m, b, f, optimizer=opt, **kw)),
+    "nan_origin": (NanOriginResult, lambda m, b, f, opt, **kw: nan_origin(m, b, f, **kw)),
+    "eval_mode": (EvalModeResult, lambda m, b, f, opt, **kw: eval_mode_consistency(m, b, **kw)),
+    "grad_check": (GradCheckResult, lambda m, b, f, opt, **kw: grad_check(m, b, f, **kw)),
+    "overfit_one_batch": (OverfitResult, lambda m, b, f, opt, **kw: overfit_one_batch(m, b, f, **kw)),
+    "lr_range": (LRRangeResult, lambda m, b, f, opt, **kw: lr_range_test(m, b, f, optimizer=opt, **kw)),
+}
+MAX_MESSAGE = 2000
+
+
+def probe(
+    model: nn.Module,
+    batch: Batch,
+    loss_fn: LossFn,
+    *,
+    probes: Sequence[str] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    monitor: Any = None,
+    data: Sequence[Any] | None = None,
+    progress: bool = False,
+    **options: dict[str, Any],
+) -> DiagnosticReport:
+    """Run the selected probes (all of ``PROBES`` by default) and return the report.
+
+    ``optimizer`` is never stepped: it is checked for parameters it does not hold
+    (``report.loop.params_not_in_optimizer``) and copied for the probes whose numbers
+    depend on it (update/weight ratio, LR range). ``monitor`` is a
+    :class:`nndx.collector.monitor.Monitor` whose ``report()`` is merged in; ``data`` is
+    ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data`.
+    """
+    selected = _select(probes)
+    unknown = set(options) - set(PROBES)
+    if unknown:
+        raise TypeError(f"unknown probe options {sorted(unknown)}; options are keyed by probe name: {list(PROBES)}")
+    say = _progress_printer(progress)
+    report = DiagnosticReport(run=_run_info(model), errors=[])
+    results: dict[str, Any] = {}
+
+    def record_error(source: str, exc: Exception) -> str:
+        message = f"{exc}"[:MAX_MESSAGE]
+        report.errors.append(ErrorRecord(source=source, type=type(exc).__name__, message=message))
+        return message
+
+    _describe(report, model, batch, loss_fn, optimizer, record_error)
+    for i, name in enumerate(selected, start=1):
+        result_type, run = PROBES[name]
+        say(f"[{i}/{len(selected)}] {name} ...")
+        started = time.perf_counter()
+        try:
+            outcome = run(model, batch, loss_fn, optimizer, **options.get(name, {}))
+        except Exception as exc:  # noqa: BLE001 - a crash is evidence, never the user's crash
+            message = record_error(name, exc)
+            if result_type is not None:
+                results[name] = result_type(status="error", message=f"{type(exc).__name__}: {message}")
+            say(f"[{i}/{len(selected)}] {name} error: {type(exc).__name__}: {message[:200]}")
+            continue
+        if name == "hooks":
+            report.layers, report.parameters, report.model = outcome.layers, outcome.parameters, outcome.model
+            status = "done"
+        else:
+            results[name] = outcome
+            status = outcome.status
+        say(f"[{i}/{len(selected)}] {name} {status} ({time.perf_counter() - started:.1f}s)")
+    if results:
+        report.probes = Probes(**results)
+    if monitor is not None:
+        try:
+            _merge_monitor(report, monitor.report())
+        except Exception as exc:  # noqa: BLE001
+            record_error("monitor", exc)
+    if data is not None:
+        say("data checks ...")
+        try:
+            report.data = _check_data(data, report)
+        except Exception as exc:  # noqa: BLE001
+            record_error("data", exc)
+    report.run.finished_at = datetime.now(timezone.utc)
+    return report
+
+
+def _select(probes: Sequence[str] | str | None) -> list[str]:
+    if probes is None:
+        return list(PROBES)
+    if isinstance(probes, str):
+        probes = [probes]
+    unknown = [p for p in probes if p not in PROBES]
+    if unknown:
+        raise ValueError(f"unknown probes {unknown}; choose from {list(PROBES)}")
+    return [p for p in PROBES if p in probes]  # run in the cheap-first order, once each
+
+
+def _progress_printer(enabled: bool) -> Callable[[str], None]:
+    def say(text: str) -> None:
+        if enabled:
+            print(f"nndx: {text}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _run_info(model: nn.Module) -> RunInfo:
+    first = next(model.parameters(), None)
+    return RunInfo(
+        started_at=datetime.now(timezone.utc),
+        torch_version=torch.__version__,
+        device=str(first.device) if first is not None else "cpu",
+        dtype=str(first.dtype).removeprefix("torch.") if first is not None else None,
+        seed=torch.initial_seed(),
+    )
+
+
+def _describe(report: DiagnosticReport, model: nn.Module, batch: Batch, loss_fn: LossFn,
+              optimizer: torch.optim.Optimizer | None, record_error: Callable[[str, Exception], str]) -> None:  # fmt: skip
+    """Static facts: model summary, task, classes, optimizer coverage. Each may fail alone."""
+    try:
+        report.model = summarize_model(model)
+        frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+        loop = LoopStats(
+            trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
+            frozen_params=frozen,
+            has_dropout=any(isinstance(m, DROPOUT_TYPES) for m in model.modules()),
+            has_batchnorm=any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()),
+        )
+        if optimizer is not None:
+            loop.params_not_in_optimizer, loop.optimizer_params_not_in_model = optimizer_coverage(model, optimizer)
+        report.loop = loop
+    except Exception as exc:  # noqa: BLE001
+        record_error("model", exc)
+    try:
+        inputs, targets = split_batch(batch)
+        report.task = infer_task(loss_fn, targets)
+        with preserved_rng(), torch.no_grad():
+            output = forward(working_copy(model), inputs)
+        report.num_classes = num_classes(loss_fn, output) if report.task == "classification" else None
+    except Exception as exc:  # noqa: BLE001
+        record_error("describe", exc)
+
+
+def _union(first: Iterable[str], second: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys([*first, *second]))
+
+
+def _merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
+    """Fold a Monitor's report in: its loop, loss history and recorded steps are what the
+    training run saw; the probes' own static facts fill what it left out."""
+    if watched.loop is not None:
+        loop = watched.loop
+        if report.loop is not None:
+            loop = loop.model_copy(update={
+                "params_not_in_optimizer": _union(loop.params_not_in_optimizer, report.loop.params_not_in_optimizer),
+                "frozen_params": _union(loop.frozen_params, report.loop.frozen_params),
+                "has_dropout": loop.has_dropout or report.loop.has_dropout,
+                "has_batchnorm": loop.has_batchnorm or report.loop.has_batchnorm,
+                "trainable_param_count": loop.trainable_param_count or report.loop.trainable_param_count,
+            })  # fmt: skip
+        report.loop = loop
+    for split, points in watched.loss_history.items():
+        report.loss_history.setdefault(split, []).extend(points)
+    report.layers = report.layers + watched.layers
+    report.parameters = report.parameters + watched.parameters
+    report.errors.extend(watched.errors)
+    report.model = report.model or watched.model
+    report.task = report.task or watched.task
+    report.num_classes = report.num_classes if report.num_classes is not None else watched.num_classes
+    if watched.run is not None and report.run is not None:
+        report.run.name = report.run.name or watched.run.name
+        report.run.project = report.run.project or watched.run.project
+        report.run.started_at = watched.run.started_at or report.run.started_at
+
+
+def _check_data(data: Sequence[Any], report: DiagnosticReport) -> Any:
+    if not isinstance(data, (tuple, list)) or len(data) not in (2, 4):
+        raise TypeError("data must be (X_train, y_train) or (X_train, y_train, X_val, y_val)")
+    from nndx.collector.data import check_data  # the data engineer's module; imported lazily
+
+    x_val, y_val = (data[2], data[3]) if len(data) == 4 else (None, None)
+    return check_data(data[0], data[1], x_test=x_val, y_test=y_val, task=report.task, num_classes=report.num_classes)

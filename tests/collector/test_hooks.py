@@ -1,0 +1,58 @@
+import pytest
+import torch
+from _probe_models import assert_untouched, batch, dead_relu_mlp, mlp, snapshot
+from torch import nn
+
+from nndx.collector.hooks import hook_statistics
+
+
+def test_healthy_layers_parameters_and_summary_in_forward_order():
+    model, (x, y) = mlp(dropout=0.2), batch()
+    stats = hook_statistics(model, (x, y), nn.CrossEntropyLoss())
+    assert [s.name for s in stats.layers] == ["0", "1", "3", "4", "5"]  # dropout has no stats
+    assert all(s.gradient is not None and s.gradient.norm > 0 for s in stats.layers)
+    assert stats.layers[1].activation.dead_unit_fraction < 0.2
+    assert [p.name for p in stats.parameters] == [n for n, _ in model.named_parameters()]
+    assert all(p.grad_norm > 0 and 0 < p.update_ratio < 0.1 for p in stats.parameters)
+    assert [layer.name for layer in stats.model.layers] == ["0", "1", "2", "3", "4", "5"]
+    assert stats.model.has_dropout and stats.model.last_layer == "Linear"
+    assert "Adam" in stats.optimizer
+
+
+def test_dead_relu_units_from_negative_bias():
+    stats = hook_statistics(dead_relu_mlp(), batch(), nn.CrossEntropyLoss())
+    relu = {s.name: s for s in stats.layers}["1"]
+    assert relu.activation.dead_unit_fraction == 1.0
+
+
+def test_update_ratio_reflects_the_users_learning_rate():
+    ratios = {}
+    for lr in (10.0, 0.01):
+        model = mlp()
+        stats = hook_statistics(model, batch(), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=lr))
+        assert "copy of the user's SGD" in stats.optimizer
+        ratios[lr] = stats.parameters
+    assert max(p.update_ratio for p in ratios[10.0]) > 0.3 > 0.03 > max(p.update_ratio for p in ratios[0.01])
+    for big, small in zip(ratios[10.0], ratios[0.01]):  # plain SGD: ‖Δw‖ = lr·‖g‖ exactly
+        assert big.update_ratio * big.weight_norm / (small.update_ratio * small.weight_norm) == pytest.approx(1000, rel=1e-3)
+
+
+def test_optimizer_over_another_model_uses_a_fresh_optimizer_and_steps_nothing():
+    model, other = mlp(), mlp(seed=5)
+    optimizer = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    before, before_other = snapshot(model, optimizer), snapshot(other)
+    stats = hook_statistics(model, batch(), nn.CrossEntropyLoss(), optimizer=optimizer)
+    assert "fresh SGD" in stats.optimizer
+    assert all(p.update_ratio > 0 for p in stats.parameters)
+    assert_untouched(before, model, optimizer)
+    assert_untouched(before_other, other)
+
+
+def test_users_model_optimizer_rng_and_grads_untouched():
+    model, (x, y) = mlp(batchnorm=True, dropout=0.3), batch()
+    optimizer = torch.optim.Adam(model.parameters())
+    nn.CrossEntropyLoss()(model(x), y).backward()  # a stale .grad and Adam state to keep
+    optimizer.step()
+    before = snapshot(model, optimizer)
+    hook_statistics(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer)
+    assert_untouched(before, model, optimizer)
