@@ -34,8 +34,9 @@ class Explanation(BaseModel):
     attempts: int = Field(0, ge=0, description="HTTP requests made to the LLM endpoint")
 
 
-def _rule_only(diagnosis: Diagnosis, reason: str, attempts: int = 0) -> Explanation:
-    return Explanation(text=render_explanation(diagnosis, reason), source="rules", reason=reason, attempts=attempts)
+def _rule_only(report: DiagnosticReport, diagnosis: Diagnosis, reason: str, attempts: int = 0) -> Explanation:
+    text = render_explanation(diagnosis, reason, report)
+    return Explanation(text=text, source="rules", reason=reason, attempts=attempts)
 
 
 def explain(
@@ -53,14 +54,14 @@ def explain(
     diagnosis = resolve_diagnosis(report, diagnosis)
     assert diagnosis is not None
     if offline:
-        return _rule_only(diagnosis, "offline mode was requested")
+        return _rule_only(report, diagnosis, "offline mode was requested")
     settings = settings if settings is not None else LLMSettings.from_env()
     if not settings.base_url:
-        return _rule_only(diagnosis, f"no LLM endpoint is configured ({ENV_BASE_URL} is not set)")
+        return _rule_only(report, diagnosis, f"no LLM endpoint is configured ({ENV_BASE_URL} is not set)")
     if not settings.model:
-        return _rule_only(diagnosis, f"no LLM model is configured ({ENV_MODEL} is not set)")
+        return _rule_only(report, diagnosis, f"no LLM model is configured ({ENV_MODEL} is not set)")
     try:
         text, attempts = complete(render_prompt(report, diagnosis), settings)
     except LLMUnavailable as exc:
-        return _rule_only(diagnosis, exc.reason, exc.attempts)
+        return _rule_only(report, diagnosis, exc.reason, exc.attempts)
     return Explanation(text=text, source="llm", model=settings.model, attempts=attempts)

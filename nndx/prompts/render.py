@@ -170,9 +170,10 @@ def render_prompt(report: DiagnosticReport | None = None, diagnosis: Diagnosis |
     return render(report, diagnosis)[PROMPT_FILE]
 
 
-def render_explanation(diagnosis: Diagnosis, reason: str) -> str:
-    """The rule-only explanation of a diagnosis, saying why the LLM was not used."""
-    _check_types(None, diagnosis)
+def render_explanation(diagnosis: Diagnosis, reason: str, report: DiagnosticReport | None = None) -> str:
+    """The rule-only explanation of a diagnosis, saying why the LLM was not used; with
+    the report, it also names the evidence that was not measured."""
+    _check_types(report, diagnosis)
     alarms = [f for f in diagnosis.findings if SEVERITY_ORDER[f.severity] >= SEVERITY_ORDER["warning"]]
     root = next((f for f in alarms if f.explained_by is None), alarms[0] if alarms else None)
     explained = [f for f in alarms if root is not None and f is not root and f.explained_by == root.rule_id]
@@ -184,6 +185,7 @@ def render_explanation(diagnosis: Diagnosis, reason: str) -> str:
         "explained": explained,
         "others": others,
         "context": [f for f in diagnosis.findings if f not in alarms],
+        "missing": _missing_evidence(report) if report is not None else [],
     }
     return _ENV.get_template("explanation.md.j2").render(context)
 

@@ -29,9 +29,10 @@ CASES = {
 
 def rendered(case: str) -> dict[str, str]:
     make_report, make_diagnosis = CASES[case]
-    files = render(make_report(), make_diagnosis())
-    if make_diagnosis() is not None:
-        files["explanation-offline.md"] = render_explanation(make_diagnosis(), "offline mode was requested")
+    report, diagnosis = make_report(), make_diagnosis()
+    files = render(report, diagnosis)
+    if diagnosis is not None:
+        files["explanation-offline.md"] = render_explanation(diagnosis, "offline mode was requested", report)
     return files
 
 
