@@ -46,8 +46,8 @@ class Curve:
     """Scale-aware summary of a loss curve (finite values only).
 
     ``start`` and ``end`` are medians of the first and last windows; ``noise`` is the
-    spread of the residual around a running median over the second half, so ordinary
-    minibatch noise is measured rather than mistaken for a trend or an oscillation.
+    step-to-step spread over the second half, so ordinary minibatch noise is measured
+    rather than mistaken for a trend, and judged against the initial level.
     """
 
     def __init__(self, points: list[LossPoint]):
@@ -56,15 +56,22 @@ class Curve:
         n = len(self.values)
         self.n = n
         if n < 2:
-            self.start = self.end = self.noise = 0.0
+            self.start = self.end = self.noise = self.multiplicative_noise = 0.0
+            self.smooth = list(self.values)
             return
         w = window(n)
         self.start = median(self.values[:w])
         self.end = median(self.values[-w:])
         smooth = trend(self.values)
-        residual = [v - s for v, s in zip(self.values, smooth)]
-        self.noise = std(residual[n // 2 :])
         self.smooth = smooth
+        # Step-to-step differences see noise and oscillation alike (a running median
+        # cannot see a period-2 bounce) while a smooth trend adds almost nothing to them;
+        # for independent noise std(diff) = sqrt(2) * sigma.
+        diffs = [b - a for a, b in zip(self.values, self.values[1:])]
+        self.noise = std(diffs[n // 2 :]) / math.sqrt(2)
+        # minibatch noise is roughly multiplicative: measure it relative to the local level
+        relative = [d / s for d, s in zip(diffs, smooth) if s > 0]
+        self.multiplicative_noise = std(relative) / math.sqrt(2)
 
     @property
     def scale(self) -> float:

@@ -250,9 +250,12 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
     if steps:
         first = [s for s in steps[0] if s.activation is not None and math.isfinite(s.activation.std)]
         if len(first) >= 2 and first[0].activation.std > 0:
+            upstream_dead = False  # a layer fed by dead units is constant because of them
             for layer in first[:-1]:
                 act = layer.activation
-                if act.std == 0.0 and act.unit_count >= 2 and layer.type not in RELU_TYPES:
+                if act.dead_unit_fraction >= 0.9 and layer.type in RELU_TYPES:
+                    upstream_dead = True
+                if act.std == 0.0 and act.unit_count >= 2 and layer.type not in RELU_TYPES and not upstream_dead:
                     hits.append(
                         Hit(
                             symptom=f"{layer.name} outputs the same value for every sample and unit",

@@ -36,8 +36,9 @@ def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
     evidence: dict[str, float] = {}
     if len(values) > 2 and math.isfinite(values[0]) and not all(math.isfinite(v) for v in values):
         evidence["nonfinite_loss_points"] = sum(1 for v in values if not math.isfinite(v))
-    if curve.n >= 10 and curve.start > 0 and max(curve.values) > 2 * curve.start:
-        evidence["loss_max_over_start"] = max(curve.values) / curve.start
+    late = curve.values[curve.n // 2 :]
+    if curve.n >= 10 and curve.start > 0 and sum(1 for v in late if v > 2 * curve.start) >= 2:
+        evidence["loss_max_over_start"] = max(late) / curve.start
     ratios = [p.update_ratio for p in report.parameters if p.update_ratio is not None and len(p.shape) >= 2]
     if ratios and median([r if math.isfinite(r) else math.inf for r in ratios]) > 0.1:
         evidence["median_update_ratio"] = median([r if math.isfinite(r) else math.inf for r in ratios])
@@ -385,7 +386,7 @@ def ddp_desync(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Tiny batches make the loss noisy",
     detects="A batch of at most 4 samples at the loss together with step-to-step loss swings over 20% "
-    "of the initial loss.",
+    "of the local loss level.",
     why="Gradient noise grows as the batch shrinks; steps point in nearly random directions.",
     fix="Increase the batch size (or accumulate gradients over several micro-batches), and lower the LR "
     "if the batch must stay small.",
@@ -393,12 +394,12 @@ def ddp_desync(report: DiagnosticReport) -> Hit | None:
 def batch_too_small(report: DiagnosticReport) -> Hit | None:
     sizes = [c.output_shape[0] for c in loss_calls(report) if c.output_shape]
     curve = Curve(train_curve(report))
-    if not sizes or max(sizes) > 4 or curve.n < 10 or curve.relative_noise <= 0.2:
+    if not sizes or max(sizes) > 4 or curve.n < 10 or curve.multiplicative_noise <= 0.2:
         return None
     return Hit(
-        symptom=f"batch size {max(sizes)} with loss swings of {curve.relative_noise:.0%} of its start",
-        evidence={"batch_size": max(sizes), "relative_noise": curve.relative_noise},
-        score=1.0 + curve.relative_noise,
+        symptom=f"batch size {max(sizes)} with step-to-step loss swings of {curve.multiplicative_noise:.0%}",
+        evidence={"batch_size": max(sizes), "relative_swing": curve.multiplicative_noise},
+        score=1.0 + curve.multiplicative_noise,
     )
 
 

@@ -167,8 +167,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     C.LR_TOO_HIGH,
     "warning",
     "Loss is oscillating or diverging",
-    detects="A train loss that jumps above twice its initial level, or whose step-to-step swings "
-    "(around a running median) exceed 25% of the initial loss while it makes under 50% progress.",
+    detects="A train loss that is above twice its initial level at least twice in its second half, or "
+    "whose step-to-step swings "
+    "exceed 25% of the initial loss while it makes under 50% progress.",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -178,7 +179,7 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     curve = Curve(train_curve(report))
     if curve.n < 10 or curve.start <= 0:
         return None
-    after = curve.values[window(curve.n) :]
+    after = curve.values[curve.n // 2 :]
     spikes = sum(1 for v in after if v > 2.0 * curve.start)
     swinging = curve.relative_noise > 0.25 and curve.progress < 0.5
     if spikes < 2 and not swinging:

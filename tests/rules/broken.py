@@ -1,0 +1,264 @@
+"""One broken report per rule id: the healthy MLP run with exactly one thing wrong."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from nndx.report import (
+    DataStats,
+    DiagnosticReport,
+    ErrorRecord,
+    EvalModeResult,
+    GradCheckParam,
+    GradCheckResult,
+    GradNormPoint,
+    LabelAlignmentResult,
+    LayerInfo,
+    LossCall,
+    LRPoint,
+    LRRangeResult,
+    NanOriginResult,
+    OverfitResult,
+    ScalarPoint,
+)
+
+from .reports import (
+    act,
+    flat,
+    healthy_data,
+    healthy_loop,
+    healthy_mlp,
+    healthy_probes,
+    healthy_split,
+    mlp_layers,
+    mlp_model,
+    mlp_params,
+    noisy_decreasing,
+    points,
+    with_loop,
+)
+
+BASE = healthy_mlp()
+
+
+def update(**changes) -> DiagnosticReport:
+    return BASE.model_copy(update=changes)
+
+
+def train(values, accuracies=None) -> dict:
+    return {"loss_history": {"train": points(values, accuracies)}}
+
+
+def loss_call(**fields) -> LossCall:
+    base = dict(loss_type="CrossEntropyLoss", output_shape=[32, 10], target_shape=[32], target_dtype="torch.int64", output_min=-3.0, output_max=3.0, output_rows_sum_to_one=False)
+    base.update(fields)
+    return LossCall(**base)
+
+
+def calls(*c: LossCall) -> DiagnosticReport:
+    return with_loop(BASE, loss_calls=list(c))
+
+
+def probe(**probes) -> DiagnosticReport:
+    return update(probes=healthy_probes(**probes))
+
+
+def error(message: str, type_: str = "RuntimeError") -> DiagnosticReport:
+    return update(errors=[ErrorRecord(source="overfit_one_batch", type=type_, message=message)])
+
+
+def dead_layers() -> DiagnosticReport:
+    return update(layers=mlp_layers(dead=0.95))
+
+
+def saturated_layers() -> DiagnosticReport:
+    layers = [l.model_copy(update={"type": "Tanh", "activation": act(mean=0.0, std=0.99, zero=0.0, dead=0.0, sat=0.8)}) if l.type == "ReLU" else l for l in BASE.layers]
+    return update(layers=layers)
+
+
+def nan_after() -> DiagnosticReport:
+    values = noisy_decreasing(0, n=60)[:30] + [v * 3 for v in noisy_decreasing(1, n=60)[:10]] + [math.nan] * 20
+    return update(**train(values))
+
+
+def diverging() -> DiagnosticReport:
+    values = [2.3, 2.1, 2.5, 4.0, 3.1, 8.0, 2.9, 12.0, 5.0, 20.0, 7.0, 15.0, 30.0, 9.0, 40.0]
+    return update(**train(values))
+
+
+def decrease_then_plateau() -> DiagnosticReport:
+    values = [2.3 * math.exp(-i / 10) + 0.8 for i in range(50)] + [0.8 + 0.002 * ((-1) ** i) for i in range(100)]
+    return update(**train(values))
+
+
+def overfit() -> DiagnosticReport:
+    val = [2.2, 1.6, 1.2, 1.0, 0.95, 1.0, 1.1, 1.25, 1.4, 1.55, 1.7, 1.85, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7]
+    return update(loss_history={"train": points(noisy_decreasing(0, end=0.01, noise=0.02)), "val": points(val, every=10)})
+
+
+def underfit() -> DiagnosticReport:
+    tr = [2.3 - 0.5 * (1 - math.exp(-i / 10)) for i in range(100)]
+    val = [2.3 - 0.5 * (1 - math.exp(-i / 2)) for i in range(20)]
+    return update(loss_history={"train": points(tr), "val": points(val, every=5)})
+
+
+def val_chance() -> DiagnosticReport:
+    tr = noisy_decreasing(0)
+    return update(
+        loss_history={
+            "train": points(tr, [min(0.99, 0.1 + 0.9 * (1 - v / 2.3)) for v in tr]),
+            "val": points([2.3 + 0.05 * i for i in range(20)], [0.1 + 0.01 * ((-1) ** i) for i in range(20)], every=10),
+        }
+    )
+
+
+def exploding() -> DiagnosticReport:
+    history = [GradNormPoint(step=i, before_clip=1.0 * (1.1**i)) for i in range(100)]
+    return with_loop(BASE, grad_norm_history=history)
+
+
+def vanishing() -> DiagnosticReport:
+    return update(layers=mlp_layers(grads=(1e-9, 1e-5, 0.1)))
+
+
+def big_updates() -> DiagnosticReport:
+    return update(parameters=mlp_params(ratio=0.8))
+
+
+def tiny_updates() -> DiagnosticReport:
+    return update(parameters=mlp_params(ratio=1e-7), **train(flat(0, level=1.9)))
+
+
+def bad_init() -> DiagnosticReport:
+    params = [p.model_copy(update={"weight_norm": 0.0}) if p.name == "2.weight" else p for p in BASE.parameters]
+    return update(parameters=params)
+
+
+def no_zero_grad() -> DiagnosticReport:
+    return with_loop(BASE, zero_grad_calls=0)
+
+
+def accum_unscaled() -> DiagnosticReport:
+    r = with_loop(BASE, steps=50, backward_calls=200, zero_grad_calls=50)
+    return r.model_copy(update={"parameters": mlp_params(ratio=0.5)})
+
+
+def not_in_optimizer() -> DiagnosticReport:
+    return with_loop(BASE, params_not_in_optimizer=["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"])
+
+
+def detached() -> DiagnosticReport:
+    return with_loop(BASE, params_grad_none=["0.weight", "0.bias", "2.weight", "2.bias"])
+
+
+def all_frozen() -> DiagnosticReport:
+    r = with_loop(BASE, frozen_params=["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"], trainable_param_count=0)
+    return r.model_copy(update={"model": mlp_model(trainable_param_count=0), **train(flat(1, level=2.3))})
+
+
+def eval_in_train_mode() -> DiagnosticReport:
+    return with_loop(BASE, has_dropout=True, no_grad_forwards_in_train_mode=20)
+
+
+def per_batch_step_lr() -> DiagnosticReport:
+    return with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[0.1 * 0.1 ** (i // 10)]) for i in range(100)])
+
+
+def tight_clip() -> DiagnosticReport:
+    return with_loop(BASE, grad_norm_history=[GradNormPoint(step=i, before_clip=5.0, after_clip=0.01) for i in range(50)])
+
+
+def zero_batches() -> DiagnosticReport:
+    norms = [ScalarPoint(step=i, value=0.0 if i % 4 == 0 else 28.0) for i in range(40)]
+    return with_loop(BASE, input_norm_history=norms)
+
+
+def desync() -> DiagnosticReport:
+    return with_loop(BASE, world_size=2, desync_steps=[100, 200], max_desync=0.3)
+
+
+def tiny_batch() -> DiagnosticReport:
+    r = with_loop(BASE, loss_calls=[loss_call(output_shape=[2, 10], target_shape=[2])])
+    return r.model_copy(update=train(noisy_decreasing(0, noise=0.6)))
+
+
+def nan_origin(module: str | None, type_: str | None, inputs: int = 0, loss_finite: bool | None = False) -> DiagnosticReport:
+    return probe(nan_origin=NanOriginResult(status="failed", forward_module=module, forward_module_type=type_, input_nonfinite_count=inputs, loss_finite=loss_finite))
+
+
+def missing_activation() -> DiagnosticReport:
+    layers = [
+        LayerInfo(name="0", type="Linear"),
+        LayerInfo(name="1", type="ReLU"),
+        LayerInfo(name="2", type="Linear"),
+        LayerInfo(name="3", type="Linear"),
+    ]
+    return update(model=mlp_model(layers=layers, activations=["ReLU"]))
+
+
+BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
+    "NNDX101": lambda: update(**train([math.inf] + noisy_decreasing(0)[1:])),
+    "NNDX102": nan_after,
+    "NNDX103": lambda: update(**train(flat(0))),
+    "NNDX104": diverging,
+    "NNDX105": decrease_then_plateau,
+    "NNDX106": lambda: update(**train(flat(0, level=math.log(10)))),
+    "NNDX107": overfit,
+    "NNDX108": underfit,
+    "NNDX109": val_chance,
+    "NNDX201": dead_layers,
+    "NNDX202": saturated_layers,
+    "NNDX203": vanishing,
+    "NNDX204": exploding,
+    "NNDX205": big_updates,
+    "NNDX206": tiny_updates,
+    "NNDX207": bad_init,
+    "NNDX301": no_zero_grad,
+    "NNDX302": accum_unscaled,
+    "NNDX303": not_in_optimizer,
+    "NNDX304": detached,
+    "NNDX305": all_frozen,
+    "NNDX306": eval_in_train_mode,
+    "NNDX307": per_batch_step_lr,
+    "NNDX308": tight_clip,
+    "NNDX309": zero_batches,
+    "NNDX310": desync,
+    "NNDX311": tiny_batch,
+    "NNDX312": lambda: calls(loss_call(loss_type="MSELoss", output_shape=[32, 1], target_shape=[32], target_dtype="torch.float32")).model_copy(update={"task": "regression"}),
+    "NNDX313": lambda: calls(loss_call(target_dtype="torch.float32")),
+    "NNDX314": lambda: calls(loss_call(output_min=0.0, output_max=0.9, output_rows_sum_to_one=True)),
+    "NNDX315": lambda: calls(loss_call(loss_type="MSELoss", target_dtype="torch.int64")),
+    "NNDX401": missing_activation,
+    "NNDX402": lambda: calls(loss_call(output_shape=[32, 1], target_shape=[32])),
+    "NNDX501": lambda: update(data=healthy_data(train=healthy_split(input_nan_count=12))),
+    "NNDX502": lambda: update(data=healthy_data(train_test_overlap=60, train_test_overlap_fraction=0.2)),
+    "NNDX503": lambda: update(data=healthy_data(train=healthy_split(duplicate_count=500, duplicate_fraction=0.33))),
+    "NNDX504": lambda: update(data=healthy_data(train=healthy_split(class_counts={"0": 1400, "1": 100}, imbalance_ratio=14.0), expected_num_classes=2)),
+    "NNDX505": lambda: update(data=healthy_data(train=healthy_split(input_mean=33.0, input_std=78.0, input_max=255.0, raw_range="0-255"))),
+    "NNDX506": lambda: update(task="regression", data=DataStats(train=healthy_split(label_kind="float_continuous", class_counts={}, target_mean=250000.0, target_std=80000.0))),
+    "NNDX507": lambda: update(data=healthy_data(train=healthy_split(class_counts={str(c): 150 for c in range(9)}))),
+    "NNDX508": lambda: update(data=healthy_data(train=healthy_split(label_runs_fraction=0.99))),
+    "NNDX509": lambda: update(data=healthy_data(train=healthy_split(zero_sample_fraction=0.2))),
+    "NNDX601": lambda: probe(overfit_one_batch=OverfitResult(status="failed", task="classification", steps=200, initial_loss=2.3, final_loss=2.1)),
+    "NNDX602": lambda: update(loop=healthy_loop(lr=10.0), **train(flat(0))),
+    "NNDX603": lambda: update(loop=healthy_loop(lr=1e-7), **train(flat(0))),
+    "NNDX604": lambda: probe(grad_check=GradCheckResult(status="failed", max_relative_error=0.4, parameters=[GradCheckParam(name="fc.weight", relative_error=0.4, status="bug")])),
+    "NNDX605": lambda: nan_origin("log_probs", "SafeLog"),
+    "NNDX606": lambda: nan_origin("act", "NaiveSoftmax"),
+    "NNDX607": lambda: nan_origin("norm", "Normalize"),
+    "NNDX608": lambda: nan_origin("fc2", "Linear"),
+    "NNDX609": lambda: probe(eval_mode=EvalModeResult(status="failed", training=False, has_dropout=True, max_abs_diff=0.4)),
+    "NNDX610": lambda: probe(label_alignment=LabelAlignmentResult(status="failed", real_accuracy=0.11, permuted_accuracy=0.1, chance_accuracy=0.1, steps=100)),
+    "NNDX701": lambda: error("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"),
+    "NNDX702": lambda: error("one of the variables needed for gradient computation has been modified by an inplace operation: [torch.FloatTensor [3]]"),
+    "NNDX703": lambda: error("expected target dtype to be Long or Byte, but got Float"),
+    "NNDX704": lambda: error("Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed)."),
+    "NNDX705": lambda: error("Target size (torch.Size([4])) must be the same as input size (torch.Size([4, 1]))", "ValueError"),
+    "NNDX706": lambda: error("mat1 and mat2 shapes cannot be multiplied (4x6 and 5x3)"),
+    "NNDX707": lambda: error("element 0 of tensors does not require grad and does not have a grad_fn"),
+    "NNDX708": lambda: error("all elements of input should be between 0 and 1"),
+    "NNDX709": lambda: error("Function 'LogBackward0' returned nan values in its 0th output."),
+    "NNDX710": lambda: error("Function 'DivBackward0' returned nan values in its 1th output."),
+    "NNDX711": lambda: error("Function 'ExpBackward0' returned nan values in its 0th output."),
+}

@@ -1,0 +1,81 @@
+"""Loss-curve rules against the defects of the lesson's check_loss_health: oscillation
+must not fire on noisy healthy curves, and "not decreasing" must be scale-aware."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nndx.report import CauseCode, DiagnosticReport
+from nndx.rules import diagnose
+
+from .reports import flat, noisy_decreasing, plateau_curve, points
+
+
+def _ids(values, **fields) -> set[str]:
+    report = DiagnosticReport(loss_history={"train": points(values)}, **fields)
+    return {f.rule_id for f in diagnose(report).findings}
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("noise", [0.02, 0.1, 0.25])
+def test_noisy_healthy_curves_raise_nothing(seed, noise):
+    values = noisy_decreasing(seed, n=150, noise=noise)
+    assert _ids(values) == set()
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e4])
+def test_not_decreasing_is_scale_aware(scale):
+    stuck = [scale * v for v in flat(1, level=1.0, noise=0.01)]
+    falling = [scale * v for v in noisy_decreasing(1, start=1.0, end=0.5, noise=0.05)]
+    assert "NNDX103" in _ids(stuck)
+    assert "NNDX103" not in _ids(falling)
+
+
+def test_slow_but_real_progress_is_not_stuck():
+    values = [2.0 - 0.002 * i for i in range(100)]  # 10% over the run
+    assert "NNDX103" not in _ids(values)
+
+
+def test_oscillation_fires_on_large_swings_without_progress():
+    values = [2.3 + (1.2 if i % 2 else -1.0) for i in range(60)]
+    assert "NNDX104" in _ids(values)
+
+
+def test_nan_immediately_and_after_k_steps_point_to_different_causes():
+    immediate = DiagnosticReport(loss_history={"train": points([math.nan] * 20)})
+    later = DiagnosticReport(loss_history={"train": points(noisy_decreasing(0, n=40)[:20] + [math.inf] * 5)})
+    first = {f.rule_id: f for f in diagnose(immediate).findings}
+    second = {f.rule_id: f for f in diagnose(later).findings}
+    assert set(first) == {"NNDX101"} and first["NNDX101"].code is CauseCode.LOG_OF_ZERO
+    assert "NNDX102" in second and second["NNDX102"].code is CauseCode.LR_TOO_HIGH
+    assert second["NNDX102"].step == 20
+
+
+def test_stuck_at_ln_c_needs_the_class_count_and_uses_it():
+    values = flat(2, level=math.log(5), noise=0.002)
+    assert "NNDX106" not in _ids(values)
+    assert "NNDX106" in _ids(values, num_classes=5)
+    assert "NNDX106" not in _ids(values, num_classes=10)  # ln 10 != ln 5
+
+
+def test_plateau_after_decrease_is_info_only():
+    values = [2.0 * math.exp(-i / 8) + 0.7 for i in range(40)] + flat(3, n=60, level=0.7, noise=0.003)
+    report = DiagnosticReport(loss_history={"train": points(values)})
+    plateau = [f for f in diagnose(report).findings if f.rule_id == "NNDX105"]
+    assert plateau and plateau[0].severity == "info"
+
+
+def test_noisy_task_plateau_is_not_an_alarm():
+    report = DiagnosticReport(num_classes=2, loss_history={"train": points(plateau_curve(9))})
+    assert diagnose(report).healthy
+
+
+def test_overfitting_needs_train_still_falling():
+    val = [1.0, 0.8, 0.7, 0.65, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2]
+    falling = {"train": points(noisy_decreasing(0, n=100, end=0.05, noise=0.02)), "val": points(val, every=10)}
+    assert "NNDX107" in {f.rule_id for f in diagnose(DiagnosticReport(loss_history=falling)).findings}
+    healthy_val = [1.0, 0.8, 0.7, 0.65, 0.62, 0.6, 0.6, 0.59, 0.6, 0.59]
+    fine = {"train": falling["train"], "val": points(healthy_val, every=10)}
+    assert "NNDX107" not in {f.rule_id for f in diagnose(DiagnosticReport(loss_history=fine)).findings}

@@ -1,0 +1,122 @@
+"""The engine: registry metadata, determinism, no torch, ranking and root causes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from nndx.report import SEVERITY_ORDER, CauseCode, DiagnosticReport, Finding
+from nndx.rules import REGISTRY, diagnose, get_rule, rank, rules
+from nndx.rules.engine import can_explain
+
+from . import lesson
+from .broken import BROKEN
+from .reports import healthy_mlp
+
+
+def test_every_rule_has_stable_id_and_docs():
+    assert len(rules()) >= 50
+    for each in rules():
+        assert re.fullmatch(r"NNDX\d{3}", each.id)
+        assert isinstance(each.code, CauseCode)
+        assert each.severity in SEVERITY_ORDER
+        for text in (each.title, each.detects, each.why, each.fix):
+            assert len(text) > 15, (each.id, text)
+        assert each.id in each.docs() and each.fix in each.docs()
+
+
+def test_get_rule_is_case_insensitive_and_names_unknown_ids():
+    assert get_rule("nndx301").id == "NNDX301"
+    with pytest.raises(KeyError, match="NNDX999"):
+        get_rule("NNDX999")
+
+
+def test_diagnose_is_byte_for_byte_deterministic():
+    for build in (lesson.lr_10, lesson.dead_relu_bias, lesson.missing_zero_grad, healthy_mlp):
+        report = build()
+        again = DiagnosticReport.model_validate_json(report.model_dump_json())
+        assert diagnose(report).model_dump_json() == diagnose(again).model_dump_json()
+
+
+def test_diagnose_rejects_a_dict_with_a_clear_error():
+    with pytest.raises(TypeError, match="DiagnosticReport"):
+        diagnose({"loop": {}})  # type: ignore[arg-type]
+
+
+def test_empty_report_is_diagnosable_and_healthy():
+    diagnosis = diagnose(DiagnosticReport())
+    assert diagnosis.findings == [] and diagnosis.rules_run == len(REGISTRY)
+
+
+def test_rules_do_not_import_torch():
+    code = (
+        "import sys, nndx.rules as r; from nndx.report import DiagnosticReport;"
+        "r.diagnose(DiagnosticReport.model_validate_json(sys.stdin.read()));"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=lesson.lr_10().model_dump_json(), capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_explanation_links_are_acyclic():
+    """Edges cause -> symptom over all rules; a cycle would make the root ambiguous."""
+    graph = {
+        a.id: [b.id for b in rules() if can_explain(a.id, b.id, a.code, b.code)] for a in rules()
+    }
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph[node]:
+            assert state.get(nxt) != 1, f"cycle: {path + [node, nxt]}"
+            if nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = 2
+
+    for node in graph:
+        if node not in state:
+            visit(node, [])
+
+
+def _finding(rule_id: str, severity: str = "warning", score: float = 1.0) -> Finding:
+    rule = REGISTRY[rule_id]
+    return Finding(rule_id=rule_id, code=rule.code, severity=severity, title=rule.title, symptom="s", fix="f", score=score)
+
+
+def test_rank_orders_by_severity_then_score():
+    ordered = rank([_finding("NNDX503", "warning", 0.2), _finding("NNDX501", "error", 1.0), _finding("NNDX504", "warning", 2.0)])
+    assert [f.rule_id for f in ordered] == ["NNDX501", "NNDX504", "NNDX503"]
+
+
+def test_root_ranks_first_takes_symptom_severity_and_symptom_cites_it():
+    # exploding gradients (error) explained by a missing zero_grad finding given here as a warning
+    ordered = rank([_finding("NNDX204", "error", 5.0), _finding("NNDX301", "warning", 1.0)])
+    assert [f.rule_id for f in ordered] == ["NNDX301", "NNDX204"]
+    assert ordered[0].severity == "error" and ordered[0].explained_by is None
+    assert ordered[1].explained_by == "NNDX301"
+
+
+def test_symptoms_with_the_same_code_do_not_explain_each_other():
+    ordered = rank([_finding("NNDX102", "error", 3.0), _finding("NNDX104", "warning", 2.0)])
+    assert all(f.explained_by is None for f in ordered)
+
+
+def test_chains_resolve_to_the_root():
+    # oscillation -> explained by update ratio (LR_TOO_HIGH) -> explained by missing zero_grad
+    ordered = rank([_finding("NNDX104"), _finding("NNDX205"), _finding("NNDX301", "error")])
+    by_id = {f.rule_id: f for f in ordered}
+    assert by_id["NNDX205"].explained_by == "NNDX301"
+    assert by_id["NNDX104"].explained_by == "NNDX301"
+    assert ordered[0].rule_id == "NNDX301"
+
+
+def test_evidence_is_numbers_from_the_report():
+    finding = next(f for f in diagnose(BROKEN["NNDX201"]()).findings if f.rule_id == "NNDX201")
+    assert finding.evidence["dead_unit_fraction"] == pytest.approx(0.95)
+    json.loads(diagnose(lesson.lr_10()).model_dump_json())  # NaN evidence stays valid JSON
