@@ -1,0 +1,81 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+
+from nndx.collector.label_alignment import label_alignment
+
+STEPS = 100  # the probe's budget in these tests; enough for digits and XOR
+
+
+@pytest.fixture(scope="module")
+def digits():
+    bunch = load_digits()
+    return bunch.data, bunch.target
+
+
+@pytest.mark.slow
+def test_real_labels_pass_and_shuffled_labels_fail(digits):
+    x, y = digits
+    aligned = label_alignment(x, y, steps=STEPS)
+    assert aligned.status == "passed", aligned.message
+    assert aligned.real_accuracy > 0.8 and aligned.permuted_accuracy < 0.25
+    assert aligned.chance_accuracy == pytest.approx(0.1) and aligned.steps == STEPS
+
+    shuffled = label_alignment(x, np.random.default_rng(1).permutation(y), steps=STEPS)
+    assert shuffled.status == "failed", shuffled.message
+    assert shuffled.real_accuracy < 0.25
+    assert "do not belong" in shuffled.message
+
+
+def test_nonlinear_but_aligned_labels_pass():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((600, 2))
+    y = ((x[:, 0] > 0) ^ (x[:, 1] > 0)).astype(np.int64)  # XOR: no linear model fits it
+    result = label_alignment(x, y, steps=STEPS)
+    assert result.status == "passed", result.message
+
+
+def test_global_rng_and_inputs_untouched(digits):
+    x, y = digits
+    x_tensor, y_tensor = torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
+    torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    threads = torch.get_num_threads()
+    first = label_alignment(x_tensor, y_tensor, steps=20, seed=3)
+    assert torch.get_num_threads() == threads
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert random.getstate() == py_state and np.array_equal(np.random.get_state()[1], np_state)
+    assert torch.equal(x_tensor, torch.from_numpy(x)) and torch.equal(y_tensor, torch.from_numpy(y))
+    again = label_alignment(x_tensor, y_tensor, steps=20, seed=3)
+    assert (first.real_accuracy, first.permuted_accuracy) == (again.real_accuracy, again.permuted_accuracy)
+
+
+def test_encodings_and_non_finite_rows(digits):
+    x, y = digits
+    one_hot = label_alignment(x, np.eye(10)[y], steps=STEPS)
+    assert one_hot.status == "passed"
+    x_nan = x.astype(np.float64)
+    x_nan[:7, 3] = np.nan
+    floats = label_alignment(x_nan, y.astype(np.float32), steps=STEPS)
+    assert floats.status == "passed" and "7 rows with non-finite" in floats.message
+
+
+def test_skipped_when_it_cannot_judge(digits):
+    x, y = digits
+    regression = label_alignment(x, x[:, 20] / 16 + 0.01, steps=STEPS)
+    assert regression.status == "skipped" and "regression" in regression.message
+    assert regression.real_accuracy is None
+    tiny = label_alignment(x[:30], y[:30], steps=STEPS)
+    assert tiny.status == "skipped" and "30 usable samples" in tiny.message
+    single = label_alignment(x, np.zeros(len(x), dtype=np.int64), steps=STEPS)
+    assert single.status == "skipped" and "one class" in single.message
+
+
+def test_bad_input_raises(digits):
+    x, y = digits
+    with pytest.raises(ValueError, match="one label per input"):
+        label_alignment(x, y[:-1])
+    with pytest.raises(ValueError, match="steps"):
+        label_alignment(x, y, steps=0)
