@@ -1,0 +1,99 @@
+import numpy as np
+import pytest
+import torch
+from _probe_models import assert_untouched, batch, custom_backward_mlp, mlp, snapshot, single_thread  # noqa: F401
+from torch import nn
+
+from nndx.collector.gradcheck import grad_check, grad_check_arrays
+
+
+def test_healthy_model_passes_with_few_forwards_and_no_localisation():
+    result = grad_check(custom_backward_mlp(None), batch(), nn.CrossEntropyLoss(), directions=3)
+    assert result.status == "passed" and result.mode == "directional"
+    assert result.max_relative_error < 1e-5
+    assert result.forward_passes == 1 + 2 * 3
+    assert result.parameters == []
+
+
+@pytest.mark.parametrize("bug", ["transposed", "scaled", "far_element"])
+def test_planted_wrong_backward_is_caught_and_named(bug):
+    result = grad_check(custom_backward_mlp(bug), batch(), nn.CrossEntropyLoss())
+    assert result.status == "failed"
+    by_name = {p.name: p for p in result.parameters}
+    assert by_name["2.weight"].status == "bug"
+    assert [n for n, p in by_name.items() if p.status != "ok"] == ["2.weight"]
+    assert "2.weight" in result.message
+
+
+def test_elementwise_mode_samples_across_the_tensor_and_reports_the_worst_index():
+    healthy = grad_check(custom_backward_mlp(None), batch(), nn.CrossEntropyLoss(), mode="elementwise")
+    assert healthy.status == "passed" and all(p.status == "ok" for p in healthy.parameters)
+    broken = grad_check(custom_backward_mlp("transposed"), batch(), nn.CrossEntropyLoss(), mode="elementwise",
+                        elements_per_tensor=8)  # fmt: skip
+    weight = {p.name: p for p in broken.parameters}["2.weight"]
+    assert broken.status == "failed" and weight.status == "bug"
+    assert len(weight.worst_index) == 2 and weight.worst_index[0] != weight.worst_index[1]  # off-diagonal
+    # 6 tensors, up to 8 elements each, 2 forwards per element, plus the backward's forward
+    assert broken.forward_passes == 1 + 2 * (8 + 8 + 8 + 8 + 8 + 3)
+
+
+def test_dropout_made_deterministic_per_evaluation():
+    # without a fixed seed per evaluation, two dropout masks would make L(w±εv) differ wildly
+    model = mlp(dropout=0.5, batchnorm=True)
+    result = grad_check(model, batch(), nn.CrossEntropyLoss())
+    assert result.status == "passed", result
+
+
+def test_zero_gradient_parameters_are_not_false_alarms():
+    model = mlp()
+    with torch.no_grad():
+        model[0].bias.fill_(-50.0)  # dead first layer: many exact-zero gradients
+    result = grad_check(model, batch(), nn.CrossEntropyLoss(), mode="elementwise")
+    assert result.status == "passed", result.parameters
+
+
+def test_model_float32_untouched_and_rng_restored():
+    model = custom_backward_mlp("scaled")
+    before = snapshot(model)
+    grad_check(model, batch(), nn.CrossEntropyLoss())
+    assert_untouched(before, model)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def quadratic_problem(bug: bool):
+    rng = np.random.default_rng(0)
+    params = {"a": rng.normal(size=(4, 3)), "b": rng.normal(size=5)}
+    original = {n: v.copy() for n, v in params.items()}
+
+    def loss(p):
+        return float((p["a"] ** 2).sum() * 0.5 + np.sin(p["b"]).sum())
+
+    grads = {"a": params["a"].copy(), "b": np.cos(params["b"])}
+    if bug:
+        grads["b"] = grads["b"].copy()
+        grads["b"][4] *= -1
+    return params, original, loss, grads
+
+
+@pytest.mark.parametrize("mode", ["directional", "elementwise"])
+def test_framework_free_form(mode):
+    params, original, loss, grads = quadratic_problem(bug=False)
+    ok = grad_check_arrays(params, loss, grads, mode=mode)
+    assert ok.status == "passed"
+    params, original, loss, grads = quadratic_problem(bug=True)
+    bad = grad_check_arrays(params, loss, grads, mode=mode)
+    assert bad.status == "failed"
+    assert [p.name for p in bad.parameters if p.status == "bug"] == ["b"]
+    if mode == "elementwise":
+        assert {p.name: p for p in bad.parameters}["b"].worst_index == [4]
+    assert all(np.array_equal(params[n], original[n]) for n in params)  # arrays not modified
+
+
+def test_framework_free_form_rejects_mismatched_input():
+    params, _, loss, grads = quadratic_problem(bug=False)
+    with pytest.raises(ValueError, match="same names"):
+        grad_check_arrays(params, loss, {"a": grads["a"]})
+    with pytest.raises(ValueError, match="shape"):
+        grad_check_arrays(params, loss, {"a": grads["a"].T, "b": grads["b"]})
+    with pytest.raises(ValueError, match="mode"):
+        grad_check_arrays(params, loss, grads, mode="everything")

@@ -1,0 +1,54 @@
+import torch
+from _probe_models import Log, Sqrt, assert_untouched, batch, mlp, single_thread, snapshot  # noqa: F401
+from torch import nn
+
+from nndx.collector.nan_origin import nan_origin
+
+
+def test_healthy_model_everything_finite():
+    result = nan_origin(mlp(), batch(), nn.CrossEntropyLoss())
+    assert result.status == "passed" and result.loss_finite
+    assert result.forward_module is None and result.backward_module is None
+    assert result.input_nonfinite_count == 0
+
+
+def test_first_module_producing_nan_in_forward_is_named():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), Log(), nn.Linear(8, 3))  # log of negative values
+    result = nan_origin(model, batch(), nn.CrossEntropyLoss())
+    assert result.status == "failed" and not result.loss_finite
+    assert (result.forward_module, result.forward_module_type) == ("1", "Log")
+    assert result.input_nonfinite_count == 0
+
+
+def test_nested_module_named_not_its_container():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.ReLU(), nn.Linear(8, 8), Log()), nn.Linear(8, 3))
+    result = nan_origin(model, batch(), nn.CrossEntropyLoss())
+    assert result.forward_module == "1.2"
+
+
+def test_nan_in_inputs_counted_and_first_layer_named():
+    x, y = batch()
+    x[3, 2] = float("nan")
+    x[5, 0] = float("inf")
+    result = nan_origin(mlp(), (x, y), nn.CrossEntropyLoss())
+    assert result.status == "failed" and result.input_nonfinite_count == 2
+    assert result.forward_module == "0"
+
+
+def test_non_finite_gradient_in_backward_with_finite_forward():
+    torch.manual_seed(0)
+    # sqrt(0·z): forward finite, derivative inf·0 = NaN flowing into layer 0's output
+    model = nn.Sequential(nn.Linear(8, 8), Sqrt(), nn.Linear(8, 3))
+    result = nan_origin(model, batch(), nn.CrossEntropyLoss())
+    assert result.loss_finite and result.forward_module is None
+    assert result.status == "failed"
+    assert (result.backward_module, result.backward_module_type) == ("0", "Linear")
+
+
+def test_users_model_and_rng_untouched_and_hooks_removed():
+    model = mlp(batchnorm=True, dropout=0.3)
+    before = snapshot(model)
+    nan_origin(model, batch(), nn.CrossEntropyLoss())
+    assert_untouched(before, model)
