@@ -92,23 +92,28 @@ def _output_loss_evidence(report: DiagnosticReport) -> Measured | None:
     return Measured("; ".join(parts)) if parts else None
 
 
-def _initial_loss(report: DiagnosticReport) -> float | None:
+def _initial_loss(report: DiagnosticReport) -> tuple[str, float] | None:
+    """(what it is, value): the first training loss; without a loss history, the loss
+    before the overfit probe (the model's initial loss when probed before training)."""
+    train = report.loss_history.get("train")
+    if train:
+        return f"first training loss (step {train[0].step})", train[0].value
     overfit = report.probes.overfit_one_batch if report.probes else None
     if overfit is not None and overfit.initial_loss is not None:
-        return overfit.initial_loss
-    train = report.loss_history.get("train")
-    return train[0].value if train else None
+        return "loss before the overfit probe", overfit.initial_loss
+    return None
 
 
 def _init_evidence(report: DiagnosticReport) -> Measured | None:
-    loss = _initial_loss(report)
-    if loss is None:
+    initial = _initial_loss(report)
+    if initial is None:
         return None
-    text = f"initial loss {num(loss)}"
+    what, loss = initial
+    text = f"{what} {num(loss)}"
     if report.task == "classification" and report.num_classes and report.num_classes > 1:
         # A classifier that starts at uniform predictions has loss ln(C).
         text += f" (ln {report.num_classes} = {num(math.log(report.num_classes))})"
-    return Measured(text)
+    return Measured(text, failed=not math.isfinite(loss))
 
 
 def _hooks_evidence(report: DiagnosticReport) -> Measured | None:

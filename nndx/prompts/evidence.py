@@ -133,9 +133,14 @@ def _probe_numbers(probes: Probes) -> list[tuple[str, str, str, str | None]]:
         out.append(("LR range test", r.status, numbers, r.message))
     c = probes.grad_check
     if c:
-        worst = ", ".join(f"{p.name}: {num(p.relative_error)} ({p.status})" for p in c.parameters if p.status != "ok")
-        numbers = (f"{c.mode}, max relative error {num(c.max_relative_error)} over "
-                   f"{len(c.parameters)} tensors, eps {num(c.eps)}, {c.forward_passes} forwards")  # fmt: skip
+        bad = [p for p in c.parameters if p.status != "ok"]
+        worst = ", ".join(f"{p.name}: {num(p.relative_error)} ({p.status})" for p in bad[:3])
+        if len(bad) > 3:
+            worst += f" … ({len(bad)} in all)"
+        numbers = f"{c.mode}, max relative error {num(c.max_relative_error)}"
+        if c.parameters:
+            numbers += f" over {len(c.parameters)} tensors"
+        numbers += f", eps {num(c.eps)}, {c.forward_passes} forwards"
         out.append(("gradient check", c.status, numbers + (f"; not ok: {worst}" if worst else ""), c.message))
     n = probes.nan_origin
     if n:
@@ -155,7 +160,9 @@ def _probe_numbers(probes: Probes) -> list[tuple[str, str, str, str | None]]:
         numbers = (f"accuracy on real labels {num(a.real_accuracy)}, on permuted labels "
                    f"{num(a.permuted_accuracy)}, chance {num(a.chance_accuracy)}, {a.steps} steps")  # fmt: skip
         out.append(("label alignment", a.status, numbers, a.message))
-    return out
+    # A probe that errored or was skipped measured nothing: show no numbers for it.
+    return [(name, status, numbers if status in ("passed", "failed") else MISSING, message)
+            for name, status, numbers, message in out]  # fmt: skip
 
 
 def probe_table(report: DiagnosticReport) -> str:

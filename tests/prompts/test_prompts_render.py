@@ -96,6 +96,14 @@ def test_a_skipped_probe_is_not_run_not_passed():
     assert item.status == "not run" and item.detail == "probe skipped: no optimizer"
 
 
+def test_init_uses_the_first_training_loss_and_fails_a_non_finite_one():
+    probed = DiagnosticReport(probes=Probes(overfit_one_batch=OverfitResult(status="passed", initial_loss=0.001)))
+    assert items_by_key(probed, Diagnosis())["init"].detail == "loss before the overfit probe 0.001"
+    trained = probed.model_copy(update={"loss_history": {"train": [LossPoint(step=0, value=math.nan)]}})
+    item = items_by_key(trained, Diagnosis())["init"]
+    assert item.status == "failed" and item.detail == "first training loss (step 0) NaN"
+
+
 def test_uncovered_findings_are_listed_in_the_checklist(broken_report, broken_diagnosis):
     checklist = render(broken_report, broken_diagnosis)[CHECKLIST]
     other = checklist[checklist.index("## Other findings"):checklist.index("## Decision tree")]
