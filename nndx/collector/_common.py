@@ -59,9 +59,41 @@ def _numpy_state() -> Any:
 def working_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` the probe may train and mutate freely."""
     try:
-        return copy.deepcopy(model)
+        model_copy = copy.deepcopy(model)
     except Exception as exc:  # a model holding an open file, a lock, a generator...
         raise TypeError(f"cannot deep-copy the model to probe it safely ({type(exc).__name__}: {exc})") from exc
+    return detach_watchers(model_copy)
+
+
+def _is_nndx(fn: object) -> bool:
+    owner = getattr(fn, "__self__", None)
+    module = getattr(type(owner), "__module__", "") if owner is not None else getattr(fn, "__module__", "")
+    return isinstance(module, str) and module.startswith("nndx.")
+
+
+def detach_watchers(obj: nn.Module | torch.optim.Optimizer) -> nn.Module | torch.optim.Optimizer:
+    """Cut a deep copy loose from whatever watched the original.
+
+    ``deepcopy`` copies a module's hook dicts and an object's instance attributes, but
+    a function is copied by reference: a Monitor's hooks on the copy would count the
+    probe's forwards as the user's, and a method patched onto the instance (the
+    Monitor's ``zero_grad``) still calls the *original* object — a probe calling
+    ``zero_grad()`` on its copy would clear the user's gradients. So on a copy: nndx's
+    own hooks are removed, and instance attributes that shadow a method of the class
+    with a plain function are dropped (the class method is the copy's own). The user's
+    hooks (e.g. weight-norm pre-hooks) stay: they are part of the model."""
+    owners = list(obj.modules()) if isinstance(obj, nn.Module) else [obj]
+    for owner in owners:
+        for attr, value in list(vars(owner).items()):
+            if attr.endswith("hooks") and isinstance(value, dict):
+                for key in [k for k, fn in value.items() if _is_nndx(fn)]:
+                    del value[key]
+                    for flags in ("_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+                                  "_forward_hooks_always_called"):  # fmt: skip
+                        getattr(owner, flags, {}).pop(key, None)
+            elif callable(value) and not hasattr(value, "__self__") and callable(getattr(type(owner), attr, None)):
+                del vars(owner)[attr]
+    return obj
 
 
 def trainable_names(model: nn.Module) -> list[str]:
@@ -97,6 +129,8 @@ def copy_with_optimizer(
         if not missing:
             try:
                 model_copy, optimizer_copy = copy.deepcopy((model, optimizer))
+                detach_watchers(model_copy)
+                detach_watchers(optimizer_copy)
                 return model_copy, optimizer_copy, f"a copy of the user's {type(optimizer).__name__}"
             except Exception:  # noqa: BLE001 - fall through to a fresh optimizer
                 pass

@@ -1,9 +1,183 @@
-"""Sub-commands of this subpackage; see nndx/cli.py."""
+"""Sub-commands of the collector; see nndx/cli.py.
+
+- ``nndx probe MODULE:FACTORY [--out report.json] [--probes ...]``
+- ``nndx lr-find MODULE:FACTORY [--csv lr.csv] [--png lr.png]``
+- ``nndx lr-plot FILE.csv --png out.png``
+
+FACTORY is a function taking no arguments that returns ``(model, batch, loss_fn)`` —
+optionally a fourth item, the optimizer — or a dict with keys ``model``, ``batch``,
+``loss_fn`` and optionally ``optimizer`` and ``data``. MODULE is an importable module
+(``mypkg.debug``) or a path to a Python file (``scripts/debug.py``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+PROBE_NAMES = ("hooks", "nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range")
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit code 2."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add this subpackage's commands to the ``nndx`` parser."""
+    factory_help = ("MODULE:FACTORY — FACTORY() returns (model, batch, loss_fn[, optimizer]) or a dict with "
+                    "model, batch, loss_fn[, optimizer, data]; MODULE is a module name or a .py path")  # fmt: skip
+
+    p = subparsers.add_parser("probe", help="run the active probes on a model and write a report",
+                              description="Run nndx's active probes (on a copy of the model) and write the "
+                                          "DiagnosticReport as JSON.")  # fmt: skip
+    p.add_argument("factory", metavar="MODULE:FACTORY", help=factory_help)
+    p.add_argument("--out", default="report.json", help="where to write the report (default: report.json)")
+    p.add_argument("--probes", nargs="+", choices=PROBE_NAMES, metavar="PROBE",
+                   help=f"probes to run (default: all): {', '.join(PROBE_NAMES)}")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="no progress display on stderr")
+    p.set_defaults(handler=_probe)
+
+    lr = subparsers.add_parser("lr-find", help="run the learning-rate range test and print the suggestion",
+                               description="Sweep the learning rate on a copy of the model; print the "
+                                           "steepest-descent, valley and min/10 suggestions.")  # fmt: skip
+    lr.add_argument("factory", metavar="MODULE:FACTORY", help=factory_help)
+    lr.add_argument("--csv", help="write the sweep (lr, loss, smoothed) to this CSV file")
+    lr.add_argument("--png", help="plot the sweep to this PNG file (needs nndx[plot])")
+    lr.add_argument("--start-lr", type=float, default=1e-7, help="first learning rate (default 1e-7)")
+    lr.add_argument("--end-lr", type=float, default=10.0, help="last learning rate (default 10)")
+    lr.add_argument("--steps", type=int, default=100, help="number of steps of the sweep (default 100)")
+    lr.set_defaults(handler=_lr_find)
+
+    plot = subparsers.add_parser("lr-plot", help="plot a saved LR sweep CSV as PNG",
+                                 description="Plot a CSV written by `nndx lr-find --csv` and print its suggestions.")
+    plot.add_argument("csv", metavar="FILE.csv", help="CSV with columns lr,loss,smoothed")
+    plot.add_argument("--png", required=True, help="output PNG file")
+    plot.set_defaults(handler=_lr_plot)
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def _probe(args: argparse.Namespace) -> int:
+    return _guarded(_run_probe, args)
+
+
+def _lr_find(args: argparse.Namespace) -> int:
+    return _guarded(_run_lr_find, args)
+
+
+def _lr_plot(args: argparse.Namespace) -> int:
+    return _guarded(_run_lr_plot, args)
+
+
+def _guarded(fn: Any, args: argparse.Namespace) -> int:
+    try:
+        return fn(args)
+    except UsageError as exc:
+        print(f"nndx {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_probe(args: argparse.Namespace) -> int:
+    from nndx.collector.probe import probe
+
+    setup = load_factory(args.factory)
+    report = probe(setup["model"], setup["batch"], setup["loss_fn"], probes=args.probes,
+                   optimizer=setup.get("optimizer"), data=setup.get("data"), progress=not args.quiet)  # fmt: skip
+    out = Path(args.out)
+    out.write_text(report.model_dump_json(indent=2))
+    if not args.quiet:
+        probes = report.probes.model_dump(exclude_none=True) if report.probes else {}
+        for name, result in probes.items():
+            print(f"nndx: {name}: {result['status']}" + (f" — {result['message']}" if result.get("message") else ""),
+                  file=sys.stderr)  # fmt: skip
+        for error in report.errors:
+            print(f"nndx: error in {error.source}: {error.type}: {error.message[:200]}", file=sys.stderr)
+    print(out)
+    return 0
+
+
+def _run_lr_find(args: argparse.Namespace) -> int:
+    from nndx.collector.lr_range import lr_range_test
+
+    setup = load_factory(args.factory)
+    print(f"nndx: sweeping lr {args.start_lr:g} → {args.end_lr:g} over {args.steps} steps ...", file=sys.stderr)
+    try:
+        result = lr_range_test(setup["model"], setup["batch"], setup["loss_fn"], optimizer=setup.get("optimizer"),
+                               start_lr=args.start_lr, end_lr=args.end_lr, steps=args.steps)  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return _write_sweep(result, args.csv, args.png)
+
+
+def _run_lr_plot(args: argparse.Namespace) -> int:
+    from nndx.collector.lr_range import from_csv
+
+    try:
+        result = from_csv(args.csv)
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    return _write_sweep(result, None, args.png)
+
+
+def _write_sweep(result: Any, csv_path: str | None, png_path: str | None) -> int:
+    from nndx.collector.lr_range import plot, to_csv
+
+    if csv_path:
+        print(f"nndx: wrote {to_csv(result, csv_path)}", file=sys.stderr)
+    if png_path:
+        try:
+            print(f"nndx: wrote {plot(result, png_path)}", file=sys.stderr)
+        except ImportError as exc:
+            raise UsageError(str(exc)) from exc
+    if result.suggested_lr is None:
+        print(f"no suggestion: {result.message}")
+        return 1
+    print(f"suggested lr: {result.suggested_lr:.3g} (steepest descent); valley: {result.valley_lr:.3g}; "
+          f"min/10: {result.min_over_10_lr:.3g}")  # fmt: skip
+    return 0
+
+
+# --------------------------------------------------------------------------- factories
+
+
+def load_factory(spec: str) -> dict[str, Any]:
+    """Import ``MODULE:FACTORY``, call it, and return its parts as a dict."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"expected MODULE:FACTORY, got {spec!r}")
+    module = _import(module_name)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UsageError(f"{module_name} has no callable {attr!r}")
+    made = factory()
+    if isinstance(made, dict):
+        setup = dict(made)
+    elif isinstance(made, (tuple, list)) and len(made) in (3, 4):
+        setup = dict(zip(("model", "batch", "loss_fn", "optimizer"), made))
+    else:
+        raise UsageError(f"{spec}() must return (model, batch, loss_fn[, optimizer]) or a dict; "
+                         f"got {type(made).__name__}")  # fmt: skip
+    missing = [k for k in ("model", "batch", "loss_fn") if k not in setup]
+    if missing:
+        raise UsageError(f"{spec}() returned no {', '.join(missing)}")
+    return setup
+
+
+def _import(name: str) -> Any:
+    if name.endswith(".py") or "/" in name:
+        path = Path(name)
+        if not path.is_file():
+            raise UsageError(f"no such file: {path}")
+        spec = importlib.util.spec_from_file_location(f"_nndx_factory_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {name}: {exc}") from exc
