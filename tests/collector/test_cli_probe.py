@@ -1,0 +1,74 @@
+import csv
+
+import torch
+from _probe_models import batch, mlp, single_thread  # noqa: F401
+from torch import nn
+
+from nndx.cli import main
+from nndx.collector import cli as collector_cli
+from nndx.collector.probe import PROBES
+from nndx.report import DiagnosticReport
+
+
+def factory():
+    return mlp(), batch(), nn.CrossEntropyLoss()
+
+
+def dict_factory():
+    model = mlp()
+    return {"model": model, "batch": batch(), "loss_fn": nn.CrossEntropyLoss(),
+            "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}  # fmt: skip
+
+
+def not_a_setup():
+    return 42
+
+
+def test_probe_writes_report_with_progress(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    code = main(["probe", f"{__file__}:factory", "--out", str(out), "--probes", "nan_origin", "grad_check"])
+    assert code == 0
+    report = DiagnosticReport.model_validate_json(out.read_text())
+    assert report.probes.grad_check.status == "passed" and report.probes.overfit_one_batch is None
+    captured = capsys.readouterr()
+    assert "[2/2] grad_check" in captured.err and "grad_check: passed" in captured.err
+    assert captured.out.strip() == str(out)
+
+
+def test_probe_dict_factory_with_optimizer(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["probe", f"{__file__}:dict_factory", "--out", str(out), "--probes", "hooks", "--quiet"]) == 0
+    report = DiagnosticReport.model_validate_json(out.read_text())
+    assert report.layers and report.loop.params_not_in_optimizer == []
+
+
+def test_lr_find_writes_csv_png_and_prints_suggestion(tmp_path, capsys):
+    csv_path, png = tmp_path / "lr.csv", tmp_path / "lr.png"
+    code = main(["lr-find", f"{__file__}:factory", "--csv", str(csv_path), "--png", str(png), "--steps", "40"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("suggested lr: ") and "valley" in out
+    rows = list(csv.reader(csv_path.open()))
+    assert rows[0] == ["lr", "loss", "smoothed"] and len(rows) > 10
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # lr-plot re-reads the sweep and gives the same suggestion
+    png2 = tmp_path / "again.png"
+    assert main(["lr-plot", str(csv_path), "--png", str(png2)]) == 0
+    assert capsys.readouterr().out.split(";")[0] == out.split(";")[0]
+    assert png2.is_file()
+
+
+def test_bad_factories_and_files_are_usage_errors(tmp_path, capsys):
+    assert main(["probe", "no_colon_here"]) == 2
+    assert "MODULE:FACTORY" in capsys.readouterr().err
+    assert main(["probe", f"{__file__}:missing"]) == 2
+    assert "no callable 'missing'" in capsys.readouterr().err
+    assert main(["probe", f"{__file__}:not_a_setup"]) == 2
+    assert "must return" in capsys.readouterr().err
+    assert main(["probe", "nndx_no_such_module:f"]) == 2
+    assert "cannot import" in capsys.readouterr().err
+    assert main(["lr-plot", str(tmp_path / "missing.csv"), "--png", str(tmp_path / "x.png")]) == 2
+
+
+def test_cli_probe_names_match_the_probes():
+    assert collector_cli.PROBE_NAMES == tuple(PROBES)
