@@ -135,23 +135,23 @@ def is_classification(report: DiagnosticReport) -> bool | None:
     return None
 
 
+def layer_steps(report: DiagnosticReport) -> list[list[LayerStats]]:
+    """Layer statistics grouped by recorded step, in step order, one entry per layer.
+
+    A merged report can hold two entries for one layer at one step (the probes' hook
+    statistics, stamped step 0 and listed first, next to the Monitor's own step 0); the
+    later entry — the Monitor's, measured during training — is kept, in forward order.
+    """
+    by_step: dict[int, dict[str, LayerStats]] = {}
+    for s in report.layers:
+        by_step.setdefault(s.step if s.step is not None else 0, {})[s.name] = s
+    return [list(by_step[k].values()) for k in sorted(by_step)]
+
+
 def latest_layers(report: DiagnosticReport) -> list[LayerStats]:
     """Layer statistics of the last recorded step, in forward order."""
-    if not report.layers:
-        return []
-    steps = [s.step for s in report.layers if s.step is not None]
-    if not steps:
-        return list(report.layers)
-    last = max(steps)
-    return [s for s in report.layers if s.step == last]
-
-
-def layer_steps(report: DiagnosticReport) -> list[list[LayerStats]]:
-    """Layer statistics grouped by recorded step, in step order."""
-    by_step: dict[int, list[LayerStats]] = {}
-    for s in report.layers:
-        by_step.setdefault(s.step if s.step is not None else 0, []).append(s)
-    return [by_step[k] for k in sorted(by_step)]
+    steps = layer_steps(report)
+    return steps[-1] if steps else []
 
 
 def weight_params(report: DiagnosticReport) -> list[ParameterStats]:

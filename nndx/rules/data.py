@@ -199,8 +199,8 @@ def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
     C.LABEL_NOISE,
     "warning",
     "Labels collapsed: classes missing from the labels",
-    detects="A train split with a single label class (error) or fewer classes than the task expects "
-    "(warning).",
+    detects="A train split with a single label class (error), or classes the task expects (num_classes, "
+    "a gap in the label range, a class seen only in the test split) with no train sample (warning).",
     why="Preprocessing applied to the labels (a normalisation, a cast that truncates, a filter) can "
     "collapse them; a model cannot learn classes it never sees.",
     fix="Inspect the label pipeline (print torch.unique(y, return_counts=True)); do not transform labels "
@@ -220,11 +220,16 @@ def labels_collapsed(report: DiagnosticReport) -> Hit | None:
             severity="error",
             score=3.0,
         )
-    if expected is not None and observed < expected:
+    if train.missing_classes or (expected is not None and observed < expected):
+        missing = len(train.missing_classes) or (expected or 0) - observed
         return Hit(
-            symptom=f"{observed} of {expected} classes present in the train labels",
-            evidence={"observed_classes": observed, "expected_classes": expected},
-            score=1.0 + (expected - observed) / expected,
+            symptom=f"{missing} expected classes have no train sample",
+            evidence={
+                "observed_classes": observed,
+                "expected_classes": expected,
+                "missing_classes": train.missing_classes[:20],
+            },
+            score=1.0 + missing / max(1, observed + missing),
         )
     return None
 

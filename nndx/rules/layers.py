@@ -17,32 +17,32 @@ SATURATED_THRESHOLD = 0.5
 RELU_TYPES = {"ReLU", "ReLU6", "Hardtanh", "Threshold"}
 
 
-@rule(
-    "NNDX201",
-    C.DEAD_RELU,
-    "warning",
-    "Dead units: outputs zero for every sample",
-    detects="A layer where at least half of the units (features or channels) output exactly zero for "
-    "every sample of the batch, at the last recorded step; error from 90%. Uses dead_unit_fraction, "
-    "never zero_fraction: about half of a healthy ReLU layer's outputs are zero.",
-    why="A dead ReLU unit has zero gradient for every input and never recovers; with most units dead "
-    "the layer passes no signal and the loss stalls.",
-    fix="Use LeakyReLU/GELU, lower the learning rate, use Kaiming init and zero (not negative) biases; "
-    "nndx.fix.resurrect_dead_units re-initialises dead units.",
-)
-def dead_units(report: DiagnosticReport) -> list[Hit]:
+def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
+    """Layers with most units dead at the last recorded step; ``from_start`` selects those
+    already dead at the first recorded step (or with only one step recorded)."""
+    steps = layer_steps(report)
+    if not steps:
+        return []
+    first = {s.name: s for s in steps[0]}
     hits = []
-    for layer in latest_layers(report):
+    for layer in steps[-1]:
         act = layer.activation
         if act is None or act.unit_count < 2 or act.dead_unit_fraction < DEAD_THRESHOLD:
             continue
+        start = first.get(layer.name)
+        start_dead = start.activation.dead_unit_fraction if start is not None and start.activation else None
+        dead_at_start = len(steps) == 1 or start_dead is None or start_dead >= DEAD_THRESHOLD
+        if dead_at_start != from_start:
+            continue
         hits.append(
             Hit(
-                symptom=f"{act.dead_unit_fraction:.0%} of the units of {layer.name} are dead",
+                symptom=f"{act.dead_unit_fraction:.0%} of the units of {layer.name} are dead"
+                + ("" if from_start else f" (from {start_dead:.0%} at step {start.step})"),
                 evidence={
                     "layer": layer.name,
                     "layer_type": layer.type,
                     "dead_unit_fraction": act.dead_unit_fraction,
+                    "dead_unit_fraction_at_start": start_dead,
                     "unit_count": act.unit_count,
                     "zero_fraction": act.zero_fraction,
                 },
@@ -52,6 +52,42 @@ def dead_units(report: DiagnosticReport) -> list[Hit]:
             )
         )
     return hits
+
+
+@rule(
+    "NNDX201",
+    C.DEAD_RELU,
+    "warning",
+    "Dead units from the start: outputs zero for every sample",
+    detects="A layer where at least half of the units (features or channels) output exactly zero for "
+    "every sample of the batch at the last recorded step and already at the first; error from 90%. "
+    "Uses dead_unit_fraction, never zero_fraction: about half of a healthy ReLU layer's outputs are "
+    "zero.",
+    why="A dead ReLU unit has zero gradient for every input and never recovers; dead from the first step "
+    "means the initialisation (a negative bias, a bad scale) killed it, and with most units dead the "
+    "layer passes no signal and the loss stalls.",
+    fix="Use Kaiming init and zero (not negative) biases, or LeakyReLU/GELU; "
+    "nndx.fix.resurrect_dead_units re-initialises dead units.",
+)
+def dead_units(report: DiagnosticReport) -> list[Hit]:
+    return _dead_layers(report, from_start=True)
+
+
+@rule(
+    "NNDX208",
+    C.DEAD_RELU,
+    "warning",
+    "Units died during training",
+    detects="A layer with at least half of its units dead at the last recorded step that was mostly alive "
+    "at the first; error from 90%.",
+    why="Units die when an update pushes their pre-activation negative for every input — typically a "
+    "step far too large (high LR, accumulated gradients); once dead they never recover.",
+    fix="Lower the learning rate (and fix what makes updates too large), use LeakyReLU/GELU; "
+    "nndx.fix.resurrect_dead_units re-initialises dead units.",
+    explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.UNNORMALIZED_INPUTS),
+)
+def units_died(report: DiagnosticReport) -> list[Hit]:
+    return _dead_layers(report, from_start=False)
 
 
 @rule(

@@ -17,6 +17,7 @@ from nndx.rules.engine import Hit, rule
 
 # Causes that make a loss stop moving; the symptom rules below cite them when present.
 NO_LEARNING_CAUSES = (
+    C.LR_TOO_HIGH,
     C.OPTIMIZER_NOT_CONNECTED,
     C.DETACHED_GRAPH,
     C.FROZEN_PARAMETERS,
@@ -133,7 +134,7 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     "and labels do not match.",
     fix="Run the LR range test and train at its suggestion; check that the optimizer holds the "
     "model's parameters, that gradients reach every layer, and that labels belong to their inputs.",
-    explained_by=NO_LEARNING_CAUSES + (C.LR_TOO_HIGH, C.VANISHING_GRADIENTS),
+    explained_by=NO_LEARNING_CAUSES + (C.VANISHING_GRADIENTS,),
 )
 def not_decreasing(report: DiagnosticReport) -> Hit | None:
     points = train_curve(report)

@@ -123,8 +123,9 @@ def lr_below_range(report: DiagnosticReport) -> Hit | None:
     C.BROKEN_BACKWARD,
     "error",
     "Autograd gradients disagree with finite differences",
-    detects="The gradient check failed: at least one parameter tensor's relative error is at the 'bug' "
-    "level (over 1e-3 in float64).",
+    detects="The gradient check failed: at least one parameter tensor's relative error is finite and at "
+    "the 'bug' level (over 1e-3 in float64). Non-finite errors (a model whose weights are already "
+    "NaN) are no evidence about the backward and do not fire.",
     why="A custom autograd.Function with a wrong backward trains on wrong gradients; nothing errors.",
     fix="Fix the backward of the named parameter's custom Function (transposes and scale factors are "
     "the usual suspects); re-run the gradient check.",
@@ -134,6 +135,11 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
     if result is None or result.status != "failed":
         return None
     bad = [p for p in result.parameters if p.status == "bug"]
+    if bad and not any(math.isfinite(p.relative_error) for p in bad):
+        return None  # a NaN loss (weights already blown up) makes every comparison non-finite
+    if not bad and result.max_relative_error is not None and not math.isfinite(result.max_relative_error):
+        return None
+    bad = [p for p in bad if math.isfinite(p.relative_error)]
     return Hit(
         symptom="gradient check failed" + (f" for {', '.join(p.name for p in bad[:5])}" if bad else ""),
         evidence={
@@ -271,31 +277,39 @@ def nan_from_layer(report: DiagnosticReport) -> Hit | None:
 @rule(
     "NNDX609",
     C.EVAL_MODE_FORGOTTEN,
-    "warning",
-    "Same batch, different outputs: dropout/batch-norm active",
-    detects="The eval-mode probe ran the same batch twice and got different outputs: with the model in "
-    "train mode during evaluation (warning), or in eval mode (error — a dropout that ignores "
-    "model.eval(), e.g. F.dropout(x, training=True)).",
+    "error",
+    "Randomness that ignores model.eval()",
+    detects="The eval-mode probe ran the same batch twice with the model in eval mode and got different "
+    "outputs (eval_abs_diff over 1e-6): a dropout or random op that ignores eval mode, e.g. "
+    "F.dropout(x, training=True). When the probe only found the model in train mode (dropout or "
+    "batch statistics active), that is info: it is a bug only if you evaluate in that state, which "
+    "NNDX306 sees in your loop.",
     why="Evaluation must be deterministic; active dropout or batch statistics make metrics noisy and "
-    "wrong.",
-    fix="Call model.eval() before evaluating; in custom modules pass training=self.training to "
-    "F.dropout.",
+    "wrong, and no call to model.eval() can switch a functional dropout with training=True off.",
+    fix="In custom modules pass training=self.training to F.dropout (or use nn.Dropout); call "
+    "model.eval() before evaluating.",
 )
 def eval_mode_probe(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "eval_mode")
     if result is None or result.status != "failed":
         return None
+    evidence = {
+        "training": result.training,
+        "max_abs_diff": result.max_abs_diff,
+        "eval_abs_diff": result.eval_abs_diff,
+        "batch_dependence_diff": result.batch_dependence_diff,
+        "has_dropout": result.has_dropout,
+        "has_batchnorm": result.has_batchnorm,
+    }
+    ignores_eval = result.eval_abs_diff is not None and result.eval_abs_diff > 1e-6
+    if ignores_eval or result.training is False:
+        return Hit(symptom="two forwards of the same batch differ in eval mode", evidence=evidence, score=3.0)
     return Hit(
-        symptom="two forwards of the same batch differ"
-        + (" although the model is in eval mode" if result.training is False else ""),
-        evidence={
-            "training": result.training,
-            "max_abs_diff": result.max_abs_diff,
-            "has_dropout": result.has_dropout,
-            "has_batchnorm": result.has_batchnorm,
-        },
-        severity="error" if result.training is False else "warning",
-        score=2.0 if result.training is False else 1.0,
+        symptom="the model was in train mode when probed: evaluating now would be noisy",
+        evidence=evidence,
+        severity="info",
+        score=0.5,
+        next_probe="Monitor (counts no-grad forwards in train mode during your evaluation)",
     )
 
 

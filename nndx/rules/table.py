@@ -84,7 +84,7 @@ MASTER_TABLE: tuple[TableRow, ...] = (
         "Dead neurons",
         "Large negative biases, LR too high, poor init",
         "LeakyReLU, a lower LR, Kaiming init with zero biases",
-        ("NNDX201",),
+        ("NNDX201", "NNDX208"),
     ),
 )
 

@@ -266,7 +266,10 @@ def healthy_reports() -> dict[str, DiagnosticReport]:
         update={
             "model": cnn,
             "loop": base.loop.model_copy(update={"has_dropout": True, "has_batchnorm": True, "no_grad_forwards_in_train_mode": 0}),
-            "probes": healthy_probes(eval_mode=EvalModeResult(status="passed", training=False, has_dropout=True, has_batchnorm=True, max_abs_diff=0.0)),
+            # probed mid-training: the probe finds dropout active in train mode, which is fine
+            "probes": healthy_probes(
+                eval_mode=EvalModeResult(status="failed", training=True, has_dropout=True, has_batchnorm=True, max_abs_diff=0.3, eval_abs_diff=0.0)
+            ),
         }
     )
     # deliberate gradient accumulation: 4 backward per zero_grad, one zero_grad per step

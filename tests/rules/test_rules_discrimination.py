@@ -1,0 +1,75 @@
+"""Pairs a naive rule confuses: each bug next to the healthy run that looks like it."""
+
+from __future__ import annotations
+
+import math
+
+from nndx.report import GradCheckParam, GradCheckResult, GradNormPoint, LRPoint
+from nndx.rules import diagnose
+
+from .reports import healthy_mlp, healthy_probes, healthy_reports, mlp_layers, with_loop
+
+BASE = healthy_mlp()
+
+
+def _found(report) -> dict:
+    return {f.rule_id: f for f in diagnose(report).findings}
+
+
+def test_missing_zero_grad_vs_deliberate_accumulation():
+    assert "NNDX301" in _found(with_loop(BASE, zero_grad_calls=0))
+    assert "NNDX301" in _found(with_loop(BASE, zero_grad_calls=1))  # once, before the loop
+    every_tenth = _found(with_loop(BASE, zero_grad_calls=20))
+    assert every_tenth["NNDX301"].severity == "warning"
+    assert "NNDX301" not in _found(with_loop(BASE, steps=50, backward_calls=200, zero_grad_calls=50))
+
+
+def test_frozen_backbone_is_info_but_all_frozen_is_an_error():
+    backbone = _found(healthy_reports()["frozen_backbone"])["NNDX305"]
+    assert backbone.severity == "info"
+    from .broken import BROKEN
+
+    assert _found(BROKEN["NNDX305"]())["NNDX305"].severity == "error"
+
+
+def test_dead_units_use_dead_unit_fraction_not_zero_fraction():
+    many_zeros = BASE.model_copy(update={"layers": [l.model_copy(update={"activation": l.activation.model_copy(update={"zero_fraction": 0.7})}) if l.type == "ReLU" else l for l in BASE.layers]})
+    assert "NNDX201" not in _found(many_zeros)
+
+
+def test_schedule_per_batch_collapse_vs_one_cycle():
+    assert "NNDX307" not in _found(healthy_reports()["one_cycle"])
+    cosine_to_zero = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[0.1 * (1 + math.cos(math.pi * i / 199)) / 2]) for i in range(200)])
+    assert "NNDX307" not in _found(cosine_to_zero)
+    exponential_per_batch = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[0.1 * 0.9**i]) for i in range(200)])
+    assert "NNDX307" in _found(exponential_per_batch)
+
+
+def test_occasional_clipping_is_fine_constant_tiny_clipping_is_not():
+    assert "NNDX308" not in _found(healthy_reports()["occasional_clipping"])
+    tight = with_loop(BASE, grad_norm_history=[GradNormPoint(step=i, before_clip=2.0, after_clip=0.05) for i in range(40)])
+    assert "NNDX308" in _found(tight)
+
+
+def test_grad_check_on_a_nan_model_is_no_evidence_of_a_broken_backward():
+    nan_check = GradCheckResult(status="failed", max_relative_error=math.inf, parameters=[GradCheckParam(name="0.weight", relative_error=math.nan, status="bug")])
+    assert "NNDX604" not in _found(BASE.model_copy(update={"probes": healthy_probes(grad_check=nan_check)}))
+
+
+def test_units_that_died_in_training_are_explained_by_the_big_updates():
+    from .reports import mlp_params
+
+    died = BASE.model_copy(
+        update={"layers": mlp_layers(steps=(0, 50), dead=0.0) + mlp_layers(steps=(100,), dead=1.0), "parameters": mlp_params(ratio=0.5)}
+    )
+    found = _found(died)
+    assert "NNDX201" not in found
+    assert found["NNDX208"].explained_by == "NNDX205"
+
+
+def test_probe_statistics_stamped_step_0_do_not_hide_the_monitors_step_0():
+    # merged report: the probe's end-of-training hook stats (dead) first, then the Monitor's
+    probe_stats = mlp_layers(steps=(0,), dead=1.0)
+    monitor_stats = mlp_layers(steps=(0, 50), dead=0.0) + mlp_layers(steps=(100,), dead=1.0)
+    found = _found(BASE.model_copy(update={"layers": probe_stats + monitor_stats}))
+    assert "NNDX208" in found and "NNDX201" not in found
