@@ -58,4 +58,6 @@ def error_responses(*codes: int) -> dict[int | str, dict]:
         413: "request body over the limit",
         503: "a component the endpoint needs is unavailable",
     }
-    return {code: {"model": ErrorDetail, "description": meaning[code]} for code in codes}
+    # content spelled out: on HTML routes FastAPI would otherwise document errors as text/html
+    json_error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorDetail"}}}
+    return {code: {"model": ErrorDetail, "description": meaning[code], "content": json_error} for code in codes}

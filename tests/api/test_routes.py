@@ -156,3 +156,22 @@ def test_openapi_documents_every_endpoint_with_a_response_model(client):
         assert success.get("content"), (path, method)
     assert "text/markdown" in paths["/v1/reports/{report_id}/prompt"]["get"]["responses"]["200"]["content"]
     assert "404" in paths["/v1/reports/{report_id}"]["get"]["responses"]
+
+
+def test_a_rule_engine_failure_is_422_and_stores_nothing(make_app):
+    from fastapi.testclient import TestClient
+
+    from nndx.api.deps import get_diagnose
+
+    app = make_app()
+
+    def broken(report):
+        raise ValueError("rule crashed")
+
+    app.dependency_overrides[get_diagnose] = lambda: broken
+    client = TestClient(app)
+    for path in ("/v1/reports", "/v1/diagnose"):
+        response = client.post(path, content=make_report().model_dump_json(), headers=JSON)
+        assert response.status_code == 422
+        assert "ValueError: rule crashed" in response.json()["detail"][0]["msg"]
+    assert client.get("/v1/reports").json()["items"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
@@ -18,6 +19,7 @@ try:  # documents the explain answer once nndx.prompts provides its model
 except ImportError:
     Explanation = None  # type: ignore[assignment,misc]
 
+logger = logging.getLogger("nndx.api")
 router = APIRouter(prefix="/v1", tags=["reports"])
 
 MARKDOWN = {200: {"content": {"text/markdown": {"schema": {"type": "string"}}}, "description": "Markdown"}}
@@ -26,6 +28,24 @@ MARKDOWN = {200: {"content": {"text/markdown": {"schema": {"type": "string"}}}, 
 def json_response(model: BaseModel, status_code: int = 200) -> Response:
     """Serialise with pydantic, which writes NaN/Infinity as strings (FastAPI's encoder would not)."""
     return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
+def _diagnosed(diagnose: Diagnose, report: DiagnosticReport) -> Diagnosis:
+    """Run the rule engine; a report it cannot process is answered 422, not 500.
+
+    The report passed schema validation, so a failure here is an engine bug triggered by
+    unusual values: it is logged with its traceback for the operator, and the client
+    gets the exception's type and message (and keeps its report: nothing was stored).
+    """
+    try:
+        return diagnose(report)
+    except Exception as exc:
+        logger.exception("the rule engine failed on a report")
+        raise HTTPException(
+            422,
+            detail=[{"loc": ["body"], "msg": f"the rule engine could not diagnose this report: "
+                     f"{type(exc).__name__}: {str(exc)[:500]}", "type": "diagnosis_failed"}],
+        ) from None
 
 
 def _scoped(report: DiagnosticReport, scope: str | None) -> DiagnosticReport:
@@ -61,7 +81,7 @@ def create_report(
 ) -> Response:
     """Validate, diagnose and store the report; answered only after the commit."""
     report = _scoped(report, scope)
-    diagnosis = diagnose(report)
+    diagnosis = _diagnosed(diagnose, report)
     try:
         stored, created = store.add(report, diagnosis, idempotency_key=idempotency_key)
     except IdempotencyConflict as exc:
@@ -196,4 +216,4 @@ def explain_report(
     summary="Diagnose a report without storing it",
 )
 def diagnose_report(report: DiagnosticReport, diagnose: Diagnose = Depends(get_diagnose)) -> Response:
-    return json_response(diagnose(report))
+    return json_response(_diagnosed(diagnose, report))
