@@ -1,0 +1,161 @@
+"""The framework-neutral half of the Lightning and Hugging Face callbacks.
+
+A :class:`TrainingSession` does what both callbacks do — optionally run the preflight
+probes on one batch, attach a Monitor to the model and optimizer the framework built,
+take the losses the framework reports, and save ``nndx-report.json`` and
+``nndx-diagnosis.json`` at the end — so each callback only translates its framework's
+hooks into these calls.
+
+Nothing here may break the user's training: a preflight, a Monitor or a save that
+raises becomes an :class:`~nndx.report.ErrorRecord` in the saved report (a crash is
+evidence), and training goes on. The one exception that passes is the Monitor's own
+``TrainingFailure`` (``stop_on=...``), which exists to stop a doomed run.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from nndx.integrations._common import save_artifacts
+from nndx.report import DiagnosticReport, ErrorRecord
+
+logger = logging.getLogger("nndx")
+
+PREFLIGHT_PROBES = ("overfit_one_batch", "lr_range", "grad_check")
+
+
+def model_output_loss(output: Any, targets: Any = None) -> Any:
+    """The loss a model computed itself (``output.loss`` of a Hugging Face model given
+    labels, ``output["loss"]``, or the output when it already is the loss): the
+    ``loss_fn`` the probes call when the model owns its loss."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if loss is None and hasattr(output, "dim") and output.dim() == 0:
+        loss = output
+    if loss is None:
+        raise ValueError(
+            "the model's output holds no loss (no .loss / ['loss']); pass loss_fn=... to NndxCallback "
+            "or include the labels in the batch"
+        )
+    return loss
+
+
+def innermost_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer under framework wrappers (accelerate's AcceleratedOptimizer,
+    Lightning's LightningOptimizer): hooks on a wrapper never fire, because the wrapper
+    calls the inner optimizer's ``step``."""
+    seen = set()
+    while hasattr(optimizer, "optimizer") and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+class TrainingSession:
+    """One training run seen by a framework callback.
+
+    ``monitor_options`` go to :class:`~nndx.collector.monitor.Monitor` (e.g.
+    ``every=10``, ``stop_on="error"``); ``preflight_options`` to :func:`nndx.probe`,
+    keyed by probe name (e.g. ``{"overfit_one_batch": {"steps": 50}}``).
+    """
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        preflight: bool = False,
+        preflight_probes: Sequence[str] = PREFLIGHT_PROBES,
+        preflight_options: dict[str, dict[str, Any]] | None = None,
+        monitor_options: dict[str, Any] | None = None,
+        filename_prefix: str = "nndx",
+    ) -> None:
+        self.source = source
+        self.preflight = preflight
+        self.preflight_probes = list(preflight_probes)
+        self.preflight_options = dict(preflight_options or {})
+        self.monitor_options = dict(monitor_options or {})
+        self.filename_prefix = filename_prefix
+        self.monitor: Any = None
+        self.preflight_report: DiagnosticReport | None = None
+        self.errors: list[ErrorRecord] = []
+        self.report: DiagnosticReport | None = None
+        self.saved: tuple[Path, Path | None] | None = None
+
+    # -- recording what went wrong, without raising into the training loop
+    def record_error(self, what: str, exc: BaseException) -> None:
+        self.errors.append(ErrorRecord(source=f"{self.source}.{what}", type=type(exc).__name__, message=str(exc)[:2000]))
+        logger.warning("nndx %s: %s failed with %s: %s (recorded in the report; training continues)",
+                       self.source, what, type(exc).__name__, exc)  # fmt: skip
+
+    # -- the run
+    def run_preflight(self, model: Any, batch: Any, loss_fn: Callable[..., Any], optimizer: Any = None) -> None:
+        """Run the preflight probes once, on copies (the probes never touch the model,
+        optimizer or RNG). Call it before :meth:`attach`, so the Monitor's hooks do not
+        see the probes' forwards."""
+        if not self.preflight or self.preflight_report is not None:
+            return
+        try:
+            from nndx.collector.probe import probe
+
+            with warnings.catch_warnings():
+                # a copy has no trainer: Lightning warns on every self.log() the probes trigger
+                warnings.filterwarnings("ignore", message=r".*self\.log\(\)")
+                self.preflight_report = probe(
+                    model, batch, loss_fn, probes=self.preflight_probes, optimizer=optimizer, **self.preflight_options
+                )
+        except Exception as exc:  # noqa: BLE001 - a preflight never stops training
+            self.record_error("preflight", exc)
+
+    def attach(self, model: Any, optimizer: Any, *, name: str | None = None) -> None:
+        if self.monitor is not None:
+            return
+        try:
+            from nndx.collector.monitor import Monitor
+
+            options = {"name": name, **self.monitor_options}
+            self.monitor = Monitor(model, innermost_optimizer(optimizer), **options)
+        except Exception as exc:  # noqa: BLE001
+            self.record_error("monitor", exc)
+
+    def log(self, value: Any, split: str) -> None:
+        if self.monitor is None or value is None:
+            return
+        try:
+            self.monitor.log(value, split=split)
+        except Exception as exc:  # noqa: BLE001
+            self.record_error(f"log_{split}", exc)
+
+    def finish(self, directory: str | Path | None, *, failure: BaseException | None = None) -> DiagnosticReport:
+        """Close the Monitor, build the run's report (preflight + what the Monitor saw +
+        errors) and, with a directory, save it and its diagnosis there. Idempotent."""
+        if self.report is not None:
+            return self.report
+        if failure is not None:
+            self.record_error("training", failure)
+        report = self.preflight_report or DiagnosticReport()
+        if self.monitor is not None:
+            try:
+                self.monitor.close()
+                watched = self.monitor.report()
+                if self.preflight_report is None:
+                    report = watched
+                else:
+                    from nndx.collector.probe import _merge_monitor
+
+                    _merge_monitor(report, watched)
+            except Exception as exc:  # noqa: BLE001
+                self.record_error("report", exc)
+        report.errors = [*report.errors, *self.errors]
+        self.report = report
+        if directory is not None:
+            try:
+                self.saved = save_artifacts(report, directory, prefix=self.filename_prefix)
+                logger.info("nndx: saved %s", ", ".join(str(p) for p in self.saved if p is not None))
+            except Exception as exc:  # noqa: BLE001 - losing the report must not lose the run
+                self.record_error("save", exc)
+        return report

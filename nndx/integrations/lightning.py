@@ -1,0 +1,188 @@
+"""PyTorch Lightning: ``NndxCallback`` watches a ``Trainer.fit`` and saves nndx's report.
+
+How to use::
+
+    from nndx.integrations.lightning import NndxCallback
+
+    trainer = pl.Trainer(callbacks=[NndxCallback(every=10, preflight=True)])
+    trainer.fit(module, datamodule)
+    # trainer.log_dir / nndx-report.json and nndx-diagnosis.json
+
+What it does, hook by hook:
+
+- first training batch (``on_train_batch_start``): with ``preflight=True``, runs
+  :func:`nndx.probe` (overfit one batch, LR range test, gradient check) once on that
+  batch, on copies of the module and optimizer; then attaches a
+  :class:`~nndx.collector.monitor.Monitor` to the ``LightningModule`` and
+  ``trainer.optimizers[0]``. Attaching here rather than in ``on_fit_start`` keeps the
+  sanity-check validation out of the training statistics.
+- ``on_train_batch_end``: the training loss (``outputs["loss"]``).
+- ``on_validation_end``: the validation loss, ``trainer.callback_metrics[val_loss_key]``
+  (log it in ``validation_step`` with ``self.log("val_loss", loss)``).
+- ``on_fit_end`` / ``on_exception``: closes the Monitor and saves
+  ``nndx-report.json`` and ``nndx-diagnosis.json`` into ``save_dir``, else
+  ``trainer.log_dir`` (the logger's version directory, or ``default_root_dir``). A run
+  that crashed is saved too, with the exception in ``report.errors``.
+
+The probes need a loss of (model output, targets): pass ``loss_fn`` (e.g.
+``nn.CrossEntropyLoss()``) for a batch ``(x, y)`` and ``module(x)``. Without it they
+use the module's own ``training_step`` as the loss, which works for any batch but
+cannot run under manual optimization.
+
+Importing this module needs no Lightning; ``NndxCallback`` is built on first use from
+``pytorch_lightning`` (or the unified ``lightning`` package) and raises
+``MissingExtraError`` naming ``nndx[lightning]`` when neither is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from nndx.integrations._callback import PREFLIGHT_PROBES, TrainingSession, model_output_loss
+from nndx.integrations._common import MissingExtraError, require
+
+__all__ = ["NndxCallback"]
+
+
+class _LightningHooks:
+    """The callback's behaviour; combined with Lightning's ``Callback`` base in
+    :func:`_callback_class`, so that this module imports without Lightning."""
+
+    def __init__(
+        self,
+        *,
+        every: int = 1,
+        loss_fn: Callable[..., Any] | None = None,
+        preflight: bool = False,
+        preflight_probes: Sequence[str] = PREFLIGHT_PROBES,
+        preflight_options: dict[str, dict[str, Any]] | None = None,
+        val_loss_key: str = "val_loss",
+        save_dir: str | Path | None = None,
+        filename_prefix: str = "nndx",
+        **monitor_options: Any,
+    ) -> None:
+        super().__init__()
+        self.loss_fn = loss_fn
+        self.val_loss_key = val_loss_key
+        self.save_dir = save_dir
+        self._session_options = {
+            "source": "lightning",
+            "preflight": preflight,
+            "preflight_probes": preflight_probes,
+            "preflight_options": preflight_options,
+            "monitor_options": {"every": every, **monitor_options},
+            "filename_prefix": filename_prefix,
+        }
+        self.session: TrainingSession | None = None
+        self._started = False
+
+    @property
+    def report(self) -> Any:
+        """The last fit's DiagnosticReport (None before a fit has ended)."""
+        return self.session.report if self.session is not None else None
+
+    # -- Lightning hooks
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self.session = TrainingSession(**self._session_options)  # a fresh record per fit
+        self._started = False
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        session = self.session
+        if session is None or self._started:
+            return
+        self._started = True
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        if session.preflight:
+            if self.loss_fn is not None:
+                session.run_preflight(pl_module, batch, self.loss_fn, optimizer)
+            else:
+                session.run_preflight(training_step_view(pl_module), ((batch,), None), model_output_loss, optimizer)
+        if optimizer is None:
+            session.record_error("monitor", ValueError("the Trainer has no optimizer to watch"))
+            return
+        session.attach(pl_module, optimizer, name=type(pl_module).__name__)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.session is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if hasattr(loss, "numel") and loss.numel() == 1:
+            self.session.log(loss, "train")
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.session is None or trainer.sanity_checking:
+            return
+        self.session.log(trainer.callback_metrics.get(self.val_loss_key), "val")
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._finish(trainer)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._finish(trainer, failure=exception)
+
+    def _finish(self, trainer: Any, failure: BaseException | None = None) -> None:
+        if self.session is None or self.session.report is not None:
+            return
+        if self.save_dir is not None:
+            directory: Any = self.save_dir
+        elif failure is not None and trainer.world_size > 1:
+            # log_dir is a collective broadcast, which a failing process group may never finish
+            directory = trainer.default_root_dir
+        else:
+            directory = trainer.log_dir
+        self.session.finish(directory if trainer.is_global_zero else None, failure=failure)
+
+
+def training_step_view(pl_module: Any) -> Any:
+    """A torch module that *is* ``pl_module``'s layers and whose forward is its
+    ``training_step`` (returning the loss), so the probes can train and perturb it like
+    any model, on their own copies.
+
+    It shares, not copies, the module's parameter, buffer and sub-module dicts: parameter
+    names stay those the Monitor reports, and a deep copy of the view copies those dicts
+    once (one memo), together with the LightningModule it calls (whose ``__getstate__``
+    drops the trainer).
+    """
+    view = _training_step_view_class()()
+    view._parameters = pl_module._parameters
+    view._buffers = pl_module._buffers
+    view._modules = pl_module._modules
+    view.training = pl_module.training
+    object.__setattr__(view, "lightning_module", pl_module)  # not registered: no name prefix
+    return view
+
+
+@functools.cache
+def _training_step_view_class() -> type:
+    import torch
+
+    class TrainingStepView(torch.nn.Module):
+        def forward(self, batch: Any) -> Any:
+            return model_output_loss(self.lightning_module.training_step(batch, 0))
+
+    return TrainingStepView
+
+
+@functools.cache
+def _callback_class() -> type:
+    try:
+        base = require("pytorch_lightning", "lightning", "nndx's Lightning callback").Callback
+    except MissingExtraError:
+        try:
+            base = require("lightning.pytorch", "lightning", "nndx's Lightning callback").Callback
+        except MissingExtraError as exc:
+            raise MissingExtraError(
+                "nndx's Lightning callback needs PyTorch Lightning, which is not installed. "
+                "Install it with: pip install 'nndx[lightning]'"
+            ) from exc.__cause__
+    doc = "Lightning callback: watch a fit with nndx's Monitor and save its report (see nndx.integrations.lightning)."
+    return type("NndxCallback", (_LightningHooks, base), {"__module__": __name__, "__doc__": doc})
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NndxCallback":
+        return _callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,161 @@
+"""NndxCallback with real, tiny PyTorch Lightning runs on CPU."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from nndx.integrations.lightning import NndxCallback
+from nndx.report import Diagnosis, DiagnosticReport
+
+pytestmark = pytest.mark.slow
+
+SAMPLES, BATCH, EPOCHS = 64, 16, 2
+STEPS = SAMPLES // BATCH * EPOCHS
+
+
+class TinyClassifier(pl.LightningModule):
+    def __init__(self, dead_relu: bool = False, fail_at_step: int | None = None) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+        if dead_relu:  # every hidden unit's pre-activation is negative for every input
+            with torch.no_grad():
+                self.net[0].bias.fill_(-100.0)
+        self.fail_at_step = fail_at_step
+        self.train_losses: list[float] = []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        if self.fail_at_step is not None and self.global_step == self.fail_at_step:
+            raise RuntimeError("planted failure")
+        x, y = batch
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.train_losses.append(loss.item())
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def loaders() -> tuple[DataLoader, DataLoader]:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(SAMPLES, 4, generator=generator)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    data = TensorDataset(x, y)
+    return DataLoader(data, batch_size=BATCH, shuffle=True), DataLoader(data, batch_size=32)
+
+
+def fit(module: pl.LightningModule, callback, root, max_epochs: int = EPOCHS) -> pl.Trainer:
+    trainer = pl.Trainer(
+        max_epochs=max_epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root),
+        callbacks=[callback], num_sanity_val_steps=1, log_every_n_steps=1,
+    )  # fmt: skip
+    train, val = loaders()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's "few workers" / "small log interval" advice
+        trainer.fit(module, train, val)
+    return trainer
+
+
+def saved(root) -> tuple[DiagnosticReport, Diagnosis]:
+    report = DiagnosticReport.model_validate_json((root / "nndx-report.json").read_text())
+    diagnosis = Diagnosis.model_validate_json((root / "nndx-diagnosis.json").read_text())
+    return report, diagnosis
+
+
+def fast_preflight() -> dict:
+    return {"overfit_one_batch": {"steps": 60}, "lr_range": {"steps": 20}}
+
+
+def test_callback_records_the_fit_and_saves_report_and_diagnosis(tmp_path):
+    torch.manual_seed(0)
+    module = TinyClassifier()
+    callback = NndxCallback(every=2)
+    fit(module, callback, tmp_path)
+    report, diagnosis = saved(tmp_path)
+
+    assert report.loop.steps == STEPS and report.loop.backward_calls == STEPS
+    assert report.loop.zero_grad_calls >= STEPS  # Lightning resets gradients every step (and once more)
+    train = report.loss_history["train"]
+    assert [p.step for p in train] == list(range(STEPS))
+    assert [p.value for p in train] == pytest.approx(module.train_losses)  # not the sanity check's
+    assert len(report.loss_history["val"]) == EPOCHS  # sanity-check validation is left out
+    assert {layer.step for layer in report.layers} == set(range(0, STEPS, 2))
+    assert {p.name for p in report.parameters} == {n for n, _ in module.named_parameters()}
+    assert report.run.name == "TinyClassifier"
+    assert report.errors == []
+    assert callback.report is not None
+    assert [f.code.value for f in diagnosis.findings if f.severity != "info"] == []  # healthy: no alarm
+
+
+def test_dead_relu_module_is_diagnosed(tmp_path):
+    torch.manual_seed(0)
+    fit(TinyClassifier(dead_relu=True), NndxCallback(), tmp_path, max_epochs=1)
+    report, diagnosis = saved(tmp_path)
+
+    relu = [layer for layer in report.layers if layer.type == "ReLU"]
+    assert relu and all(layer.activation.dead_unit_fraction == 1.0 for layer in relu)
+    assert "DEAD_RELU" in {f.code.value for f in diagnosis.findings if f.severity != "info"}
+
+
+def test_preflight_runs_the_probes_and_leaves_training_unchanged(tmp_path):
+    torch.manual_seed(0)
+    plain = TinyClassifier()
+    fit(plain, NndxCallback(), tmp_path / "plain", max_epochs=1)
+    torch.manual_seed(0)
+    probed = TinyClassifier()
+    callback = NndxCallback(preflight=True, loss_fn=nn.CrossEntropyLoss(), preflight_options=fast_preflight())
+    fit(probed, callback, tmp_path / "probed", max_epochs=1)
+    report, _ = saved(tmp_path / "probed")
+
+    # the probes ran on copies with the RNG restored: training is bit-for-bit the same
+    assert probed.train_losses == plain.train_losses
+    for (name, a), (_, b) in zip(plain.state_dict().items(), probed.state_dict().items()):
+        assert torch.equal(a, b), name
+    probes = report.probes
+    assert probes.overfit_one_batch.status == "passed"
+    assert probes.lr_range.status in ("passed", "failed") and len(probes.lr_range.lrs) > 0
+    assert probes.grad_check.status == "passed"
+    assert report.loop.steps == SAMPLES // BATCH  # the Monitor saw the training, not the probes
+    assert report.errors == []
+
+
+def test_preflight_without_loss_fn_uses_training_step(tmp_path):
+    torch.manual_seed(0)
+    module = TinyClassifier()
+    # no loss_fn: no accuracy either, so overfitting is judged on the loss alone (1% of
+    # its start), which takes the probe's default number of steps
+    callback = NndxCallback(preflight=True, preflight_options={"lr_range": {"steps": 20}})
+    fit(module, callback, tmp_path, max_epochs=1)
+    report, _ = saved(tmp_path)
+
+    assert report.probes.grad_check.status == "passed"
+    # the view shares the module's dicts: parameter names are the module's own
+    assert {p.name for p in report.probes.grad_check.parameters} <= {n for n, _ in module.named_parameters()}
+    assert report.probes.overfit_one_batch.status == "passed", report.probes.overfit_one_batch.message
+    assert report.errors == []
+
+
+def test_a_crashing_fit_still_saves_what_was_seen(tmp_path):
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        fit(TinyClassifier(fail_at_step=3), NndxCallback(), tmp_path)
+    report, _ = saved(tmp_path)
+
+    assert report.loop.steps == 3
+    assert [(e.source, e.type, e.message) for e in report.errors] == [
+        ("lightning.training", "RuntimeError", "planted failure")
+    ]
