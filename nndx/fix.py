@@ -200,7 +200,9 @@ def resurrect_dead_units(model: nn.Module, batch: Any, *, seed: int = 0) -> Resu
     For each ReLU (``nn.ReLU``/``nn.ReLU6``) whose input is the output of an
     ``nn.Linear``/``nn.Conv*d``, the dead units' incoming weight rows get Kaiming-normal
     values (std ``sqrt(2 / fan_in)``) and their biases 0; live units stay bit-identical.
-    ReLUs fed by anything else (a BatchNorm, an addition) are listed in ``skipped``.
+    ReLUs fed by anything else (a BatchNorm, an addition, a transposed conv) are listed
+    in ``skipped``. Only ReLU *modules* are seen: a ``torch.relu``/``F.relu`` call inside
+    ``forward`` is invisible to hooks (then ``layers`` is empty and nothing changes).
 
     ``batch`` is the model input, or an ``(input, target)`` tuple/list whose first item
     is the input. The detection forward runs in eval mode without gradients (the
@@ -248,7 +250,10 @@ def _trace_relus(model: nn.Module, inputs: Any) -> list[tuple[str, str | None, n
 
     from nndx.collector.stats import CONV_TYPES, unit_dim
 
-    producers = (nn.Linear,) + CONV_TYPES
+    def is_producer(module: nn.Module) -> bool:
+        # a transposed conv stores its weight as (in, out, ...): its rows are not its units
+        return isinstance(module, nn.Linear) or (isinstance(module, CONV_TYPES) and not module.transposed)
+
     relu_types = (nn.ReLU, nn.ReLU6)
     names = {module: name for name, module in model.named_modules()}
     # keeps each output alive during the forward, so that no id() is reused
@@ -278,7 +283,7 @@ def _trace_relus(model: nn.Module, inputs: Any) -> list[tuple[str, str | None, n
     training = {module: module.training for module in model.modules()}
     try:
         for module in model.modules():
-            if isinstance(module, producers):
+            if is_producer(module):
                 handles.append(module.register_forward_hook(record_output))
             elif isinstance(module, relu_types):
                 handles.append(module.register_forward_hook(check_relu))

@@ -208,3 +208,8 @@ def test_conv_channels_and_unsupported_producers():
     assert conv.layer == "0" and conv.units == 8 and conv.reinitialized == list(range(6))
     assert result.skipped == ["4"]  # fed by BatchNorm, not a Linear/Conv
     assert result.dead_units_after == 0
+
+    transposed = nn.Sequential(nn.ConvTranspose2d(3, 4, 3), nn.ReLU())
+    before = transposed[0].weight.detach().clone()
+    result = resurrect_dead_units(transposed, torch.randn(2, 3, 5, 5))
+    assert result.skipped == ["1"] and torch.equal(transposed[0].weight, before)

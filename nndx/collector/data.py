@@ -20,7 +20,8 @@ What is measured, per split (see ``SplitStats``):
   inputs are integral and non-negative with a maximum of at least 10 (``"0-255"`` for raw
   pixels, ``"0-16"`` for the digits) — float data, or uint8; other integer dtypes are
   ids/tokens that cannot reach a Linear layer unconverted.
-- Labels: dtype and encoding (``label_kind``), class counts with the imbalance ratio,
+- Labels (one per sample: class indices, one-hot rows, float targets): dtype and
+  encoding (``label_kind``), class counts with the imbalance ratio,
   classes that are expected but absent (``num_classes``, a gap in the integer label range,
   or a class present only in the other split: their count is 0 and the ratio infinite),
   ``label_runs_fraction`` (1.0 when sorted by class, about 1/C when shuffled),
@@ -179,8 +180,8 @@ def _as_array(value: Any, what: str) -> tuple[np.ndarray, str]:
     if torch is not None and isinstance(value, torch.Tensor):
         dtype_name = str(value.dtype).removeprefix("torch.")
         tensor = value.detach().cpu()
-        if tensor.dtype in (torch.bfloat16,) or tensor.is_complex():
-            tensor = tensor.float() if not tensor.is_complex() else tensor
+        if tensor.dtype == torch.bfloat16:
+            tensor = tensor.float()  # numpy has no bfloat16
         array = tensor.numpy()
     else:
         array = np.asarray(value)
@@ -248,7 +249,7 @@ def _sample_torch_data(
             batched = False
         else:
             items = iter(source)
-            batched = kind == "DataLoader"
+            batched = kind == "DataLoader" and source.batch_size is not None
         for item in items:
             xi, yi = _split_item(item, name)
             xa, xd = _as_array(xi, f"{name} inputs")

@@ -265,6 +265,8 @@ def test_dataloader_sees_the_loader_order(digits):
     assert torch.equal(torch.get_rng_state(), state)
     assert unshuffled.checked_samples == 500 and unshuffled.sampled
     assert unshuffled.label_runs_fraction > 0.95 and shuffled.label_runs_fraction < 0.3
+    unbatched = check_data(DataLoader(dataset, batch_size=None), max_samples=50, progress=False).train
+    assert unbatched.checked_samples == 50 and unbatched.input_shape == [61]
 
 
 def test_progress_written_to_stderr_when_asked(digits, capsys):
