@@ -152,13 +152,13 @@ def render(report: DiagnosticReport | None = None, diagnosis: Diagnosis | None =
 
     With a report and no diagnosis, the diagnosis is ``nndx.rules.diagnose(report)``.
     With neither, the generic versions (every checklist item "not run"). A diagnosis
-    without a report renders the generic evidence sections and the given findings are
-    ignored: findings without their evidence would be claims without support.
+    without its report is a ``ValueError``: findings without their evidence would be
+    claims without support.
     """
     _check_types(report, diagnosis)
+    if report is None and diagnosis is not None:
+        raise ValueError("render() got a diagnosis without its report; pass both, or neither for the generic files")
     diagnosis = resolve_diagnosis(report, diagnosis)
-    if report is None:
-        diagnosis = None
     return {
         PROMPT_FILE: _ENV.get_template(f"{PROMPT_FILE}.j2").render(_prompt_context(report, diagnosis)),
         CHECKLIST_FILE: _ENV.get_template(f"{CHECKLIST_FILE}.j2").render(_checklist_context(report, diagnosis)),

@@ -196,6 +196,7 @@ def test_settings_from_the_environment():
         ("NNDX_LLM_TIMEOUT", "soon", "NNDX_LLM_TIMEOUT must be a number"),
         ("NNDX_LLM_TIMEOUT", "-1", "positive"),
         ("NNDX_LLM_TIMEOUT", "nan", "positive"),
+        ("NNDX_LLM_TIMEOUT", "1e300", "at most a day"),
         ("NNDX_LLM_BASE_URL", "localhost:8000", "must start with http"),
         ("NNDX_LLM_STREAM", "maybe", "NNDX_LLM_STREAM"),
     ],

@@ -146,6 +146,8 @@ def test_wrong_types_are_clear_errors(broken_report):
         render({"run": None})
     with pytest.raises(TypeError, match="Diagnosis"):
         render(broken_report, {"findings": []})
+    with pytest.raises(ValueError, match="without its report"):
+        render(None, Diagnosis())
 
 
 def test_report_without_diagnosis_uses_the_rule_engine(broken_report):
