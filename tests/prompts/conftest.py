@@ -26,3 +26,10 @@ def broken_report() -> DiagnosticReport:
 @pytest.fixture
 def broken_diagnosis() -> Diagnosis:
     return make_broken_diagnosis()
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_for_loopback(monkeypatch):
+    """httpx honours *_PROXY variables; the local test server must be reached directly."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)

@@ -49,3 +49,11 @@ def test_rendered_files_match_the_goldens(case):
     for name, text in files.items():
         path = folder / name
         assert text == path.read_text(encoding="utf-8"), f"{path} differs (NNDX_UPDATE_GOLDEN=1 to accept)"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rendered_files_are_tidy_markdown(case):
+    for name, text in rendered(case).items():
+        assert text.endswith("\n") and not text.endswith("\n\n"), name
+        assert "\n\n\n" not in text, f"{name} has a double blank line"
+        assert [line for line in text.split("\n") if line != line.rstrip()] == [], f"{name} has trailing spaces"
