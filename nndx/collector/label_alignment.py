@@ -20,7 +20,10 @@ With aligned labels the real-label model is far better; with misaligned labels b
 at chance. The score is *balanced* accuracy (the mean of per-class recalls, chance =
 1/C), so a majority-class predictor does not look like learning on imbalanced data.
 ``failed`` means the real-label score does not beat the permuted one by more than three
-standard errors of the difference (at least 0.02).
+standard errors of the difference (at least 0.02). With only hundreds of samples the
+margin is wide (0.13 for 250 held-out samples of two classes), so a weak but real signal
+can fall inside it: read ``real_accuracy`` against ``chance_accuracy`` before blaming the
+labels.
 
 The probe works on a copy of the data, seeds its own ``torch.Generator`` and numpy
 generator, and leaves the global RNGs untouched. Inputs are standardised internally
