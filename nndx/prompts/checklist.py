@@ -148,7 +148,8 @@ def _zero_grad_evidence(report: DiagnosticReport) -> Measured | None:
     loop = report.loop
     if loop is None or loop.steps == 0:
         return None
-    return Measured(f"zero_grad {loop.zero_grad_calls} calls for {loop.steps} optimizer steps, {loop.backward_calls} backward calls")
+    return Measured(f"zero_grad {loop.zero_grad_calls} calls for {loop.steps} optimizer steps, "
+                    f"{loop.backward_calls} backward calls")
 
 
 def _eval_evidence(report: DiagnosticReport) -> Measured | None:
@@ -193,7 +194,8 @@ def _validation_evidence(report: DiagnosticReport) -> Measured | None:
 
 
 ITEMS: tuple[_ItemSpec, ...] = (
-    _ItemSpec("data", "Data checked: no NaN/Inf, inputs normalised, no duplicates or train/test leakage, classes balanced",
+    _ItemSpec("data",
+              "Data checked: no NaN/Inf, inputs normalised, no duplicates or train/test leakage, classes balanced",
               "nndx.check_data(x, y, x_test=..., y_test=...)",
               _codes("NAN_IN_DATA", "UNNORMALIZED_INPUTS", "UNNORMALIZED_TARGETS", "DATA_LEAKAGE",
                      "DUPLICATE_SAMPLES", "CLASS_IMBALANCE", "UNSHUFFLED_DATA", "SILENT_DATA_LOSS",
@@ -203,7 +205,8 @@ ITEMS: tuple[_ItemSpec, ...] = (
               "label-alignment probe: train briefly on real and on permuted labels",
               _codes("LABELS_MISALIGNED", "LABEL_NOISE"), probe="label alignment"),
     _ItemSpec("output_loss", "Output layer, loss and label encoding match the task",
-              "raw logits into CrossEntropyLoss with int64 class indices; no softmax before it; output and target shapes equal for regression",
+              "raw logits into CrossEntropyLoss with int64 class indices; no softmax before it; "
+              "output and target shapes equal for regression",
               _codes("WRONG_OUTPUT_ACTIVATION", "WRONG_LOSS", "DOUBLE_SOFTMAX", "LABEL_DTYPE", "SHAPE_BROADCAST"),
               evidence=_output_loss_evidence),
     _ItemSpec("init", "Initialisation sane: initial loss near ln(classes), non-linearities between layers",

@@ -23,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Render prompt-nn-debugger.md and skill-debug-checklist.md from a report "
         "(diagnosed by the rule engine), or their generic versions when no report is given.",
     )
-    render.add_argument("report", nargs="?", help="a DiagnosticReport JSON file ('-' for stdin); omit for generic files")
+    render.add_argument(
+        "report", nargs="?", help="a DiagnosticReport JSON file ('-' for stdin); omit for the generic files"
+    )
     render.add_argument("--out", default="outputs", help="folder to write the files into (default: outputs/)")
     render.set_defaults(handler=_render)
 
@@ -37,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     explain.add_argument("report", help="a DiagnosticReport JSON file ('-' for stdin)")
     explain.add_argument("--offline", action="store_true", help="never call the LLM: rule-only explanation")
-    explain.add_argument("--json", action="store_true", help="print the Explanation as JSON (text, source, reason, model)")
+    explain.add_argument(
+        "--json", action="store_true", help="print the Explanation as JSON (text, source, reason, model)"
+    )
     explain.set_defaults(handler=_explain)
 
 

@@ -153,7 +153,8 @@ def _probe_numbers(probes: Probes) -> list[tuple[str, str, str, str | None]]:
     e = probes.eval_mode
     if e:
         numbers = (f"model.training {num(e.training)}, dropout {num(e.has_dropout)}, "
-                   f"batchnorm {num(e.has_batchnorm)}, max diff between two forwards {num(e.max_abs_diff)}")  # fmt: skip
+                   f"batchnorm {num(e.has_batchnorm)}, "
+                   f"max diff between two forwards {num(e.max_abs_diff)}")  # fmt: skip
         out.append(("eval mode", e.status, numbers, e.message))
     a = probes.label_alignment
     if a:
@@ -252,10 +253,12 @@ def loop_table(report: DiagnosticReport) -> str:
         rows.append(["grad norm before clip (first / max / last)",
                      f"{num(before[0])} / {num(max(before, key=_nan_high))} / {num(before[-1])}"])  # fmt: skip
         if clipped:
-            rows.append(["clipped steps", f"{len(clipped)} of {len(before)}, last after clip {num(clipped[-1].after_clip)}"])
+            rows.append(["clipped steps",
+                         f"{len(clipped)} of {len(before)}, last after clip {num(clipped[-1].after_clip)}"])
     if loop.input_norm_history:
         norms = [p.value for p in loop.input_norm_history]
-        rows.append(["input norm (first / min / last)", f"{num(norms[0])} / {num(min(norms, key=_nan_low))} / {num(norms[-1])}"])
+        rows.append(["input norm (first / min / last)",
+                     f"{num(norms[0])} / {num(min(norms, key=_nan_low))} / {num(norms[-1])}"])
     if loop.world_size > 1:
         rows.append(["world size", str(loop.world_size)])
         rows.append(["desynchronised steps", f"{len(loop.desync_steps)} (max difference {num(loop.max_desync)})"])

@@ -240,7 +240,10 @@ class _Call:
         s = self.settings
         if retry.retry_after is not None and retry.retry_after > s.max_retry_after:
             raise LLMUnavailable(f"{retry.reason}, Retry-After {retry.retry_after:g}s is too long to wait")
-        delay = retry.retry_after if retry.retry_after is not None else min(s.backoff_max, s.backoff_base * 2 ** (attempt - 1))
+        if retry.retry_after is not None:
+            delay = retry.retry_after
+        else:
+            delay = min(s.backoff_max, s.backoff_base * 2 ** (attempt - 1))
         if time.monotonic() + delay >= self.deadline:
             raise LLMUnavailable(f"{retry.reason}; no time left to retry within the {s.timeout:g}s deadline")
         return delay

@@ -45,7 +45,9 @@ class LLMSettings(BaseModel):
     base_url: str | None = None
     model: str | None = None
     api_key: SecretStr | None = None
-    timeout: float = Field(60.0, gt=0, le=86400, allow_inf_nan=False, description="total deadline in seconds, retries included")
+    timeout: float = Field(
+        60.0, gt=0, le=86400, allow_inf_nan=False, description="total deadline in seconds, retries included"
+    )
     stream: bool = False
     max_attempts: int = Field(4, ge=1, description="first try plus retries on 429/5xx")
     backoff_base: float = Field(0.5, ge=0, description="first retry delay; doubles each retry")
@@ -71,7 +73,9 @@ class LLMSettings(BaseModel):
             except ValueError:
                 raise SettingsError(f"{ENV_TIMEOUT} must be a number of seconds, got {raw_timeout!r}") from None
             if not math.isfinite(timeout) or not 0 < timeout <= 86400:
-                raise SettingsError(f"{ENV_TIMEOUT} must be a positive number of seconds (at most a day), got {raw_timeout!r}")
+                raise SettingsError(
+                    f"{ENV_TIMEOUT} must be a positive number of seconds (at most a day), got {raw_timeout!r}"
+                )
         raw_stream = env.get(ENV_STREAM, "").strip().lower()
         if raw_stream not in _TRUE | _FALSE:
             raise SettingsError(f"{ENV_STREAM} must be 1/true or 0/false, got {raw_stream!r}")

@@ -133,7 +133,8 @@ def make_broken_report() -> DiagnosticReport:
         probes=Probes(
             overfit_one_batch=OverfitResult(status="failed", steps=200, lr=1.0, initial_loss=2.3026,
                                             final_loss=math.nan, losses=[2.3026, 51.2, math.inf, math.nan]),
-            grad_check=GradCheckResult(status="error", message="RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation"),
+            grad_check=GradCheckResult(status="error", message="RuntimeError: one of the variables needed for "
+                                       "gradient computation has been modified by an inplace operation"),
         ),
         loop=LoopStats(steps=140, backward_calls=140, zero_grad_calls=0, forward_calls=140,
                        lr_history=[LRPoint(step=0, lrs=[1.0])]),
