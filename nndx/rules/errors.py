@@ -40,6 +40,7 @@ ERROR_TABLE: tuple[tuple[str, C, str, tuple[str, ...], str, str], ...] = (
             "expected cuda",
             "expected object of device type",
             "found at least two devices",
+            "is not on the expected device",
             "should be the same or input should be a mkldnn tensor",
             r"input type \(torch\.floattensor\) and weight type \(torch\.cuda",
             r"input type \(torch\.cuda",
@@ -159,6 +160,15 @@ ERROR_TABLE: tuple[tuple[str, C, str, tuple[str, ...], str, str], ...] = (
 )
 
 
+# Errors that are the direct consequence of a finding another rule makes: every
+# parameter frozen makes backward fail with "does not require grad";
+# A target index out of bounds is what CrossEntropyLoss over a single output unit gives.
+ERROR_EXPLAINED_BY: dict[str, tuple[C, ...]] = {
+    "NNDX707": (C.FROZEN_PARAMETERS,),
+    "NNDX703": (C.WRONG_OUTPUT_ACTIVATION,),
+}
+
+
 def _matcher(phrases: tuple[str, ...]):
     def check(report: DiagnosticReport) -> Hit | None:
         for source, type_, message in recorded_errors(report):
@@ -188,6 +198,7 @@ def _register() -> None:
                 fix=fix,
                 family="errors",
                 check=_matcher(phrases),
+                explained_by=ERROR_EXPLAINED_BY.get(rule_id, ()),
             )
         )
 

@@ -539,8 +539,8 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
     C.WRONG_LOSS,
     "error",
     "The loss does not fit the task or the outputs",
-    detects="A regression loss (MSE/L1) on class-index targets or a multi-column output against one "
-    "target per sample; NLLLoss on non-negative outputs (probabilities, not log-probabilities); a "
+    detects="A regression loss (MSE/L1) on class-index targets, on labels the data checks found to be "
+    "class indices or one-hot rows, or a multi-column output against one target per sample; NLLLoss on non-negative outputs (probabilities, not log-probabilities); a "
     "regression loss on a task the report marks as classification (warning).",
     why="MSE on class indices treats class 7 as 'closer' to 8 than to 1 and gives weak gradients; NLLLoss "
     "on probabilities maximises p instead of log p.",
@@ -567,6 +567,13 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
                 score=3.0,
             )
     types = {c.loss_type for c in loss_calls(report)}
+    train = report.data.train if report.data is not None else None
+    if train is not None and train.label_kind in ("class_index", "one_hot") and types and types <= REGRESSION_LOSSES:
+        return Hit(
+            symptom=f"{', '.join(sorted(types))} on {train.label_kind.replace('_', ' ')} labels",
+            evidence={"label_kind": train.label_kind, "label_dtype": train.label_dtype, "loss_types": sorted(types)},
+            score=2.5,
+        )
     if is_classification(report) is True and report.task == "classification" and types and types <= REGRESSION_LOSSES:
         return Hit(
             symptom=f"{', '.join(sorted(types))} on a classification task",

@@ -118,3 +118,44 @@ def wrong_output_activation(report: DiagnosticReport) -> Hit | None:
                     score=2.0,
                 )
     return None
+
+
+@rule(
+    "NNDX403",
+    C.UNDERFITTING,
+    "warning",
+    "A hidden layer narrower than the task needs",
+    detects="A classifier with a hidden Linear/Conv layer whose output is narrower than the number of "
+    "classes (or a single unit), while the train loss kept over half its initial level or the model "
+    "could not overfit one batch; info when training still progresses.",
+    why="A bottleneck that narrow caps what the layers after it can separate: the model underfits "
+    "however long it trains.",
+    fix="Widen the narrow layer (at least as many units as classes, usually far more).",
+)
+def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
+    model = report.model
+    classes = report.num_classes
+    if model is None or report.task != "classification" or not classes or len(model.layers) < 2:
+        return None
+    linear = [layer for layer in model.layers if layer.type in LINEAR_TYPES and layer.output_shape]
+    hidden = linear[:-1]
+    narrow = [layer for layer in hidden if len(layer.output_shape) >= 2 and layer.output_shape[1] < max(2, classes)]
+    if not narrow:
+        return None
+    width = min(layer.output_shape[1] for layer in narrow)
+    curve = Curve(train_curve(report))
+    overfit = report.probes.overfit_one_batch if report.probes is not None else None
+    stalled = (curve.n >= 10 and curve.end > 0.5 * curve.start) or (overfit is not None and overfit.status == "failed")
+    return Hit(
+        symptom=f"hidden layer {narrow[0].name} has {width} units for {classes} classes",
+        evidence={
+            "layer": narrow[0].name,
+            "width": width,
+            "num_classes": classes,
+            "loss_start": curve.start if curve.n else None,
+            "loss_end": curve.end if curve.n else None,
+            "overfit_status": overfit.status if overfit is not None else None,
+        },
+        severity="warning" if stalled else "info",
+        score=2.0 if stalled else 0.5,
+    )

@@ -27,7 +27,7 @@ def _probe(report: DiagnosticReport, name: str):
     "units, detached or frozen layers, a broken backward) — not the learning rate of your own loop.",
     fix="Check the loss matches the outputs (logits to CrossEntropyLoss, long labels, equal shapes), then "
     "the gradient flow (hooks probe) and the gradient check.",
-    explained_by=NO_LEARNING_CAUSES,
+    explained_by=NO_LEARNING_CAUSES + (C.UNDERFITTING,),
 )
 def overfit_failed(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "overfit_one_batch")

@@ -48,7 +48,7 @@ MASTER_TABLE: tuple[TableRow, ...] = (
         "Train and validation loss both high",
         "Underfitting: model too small or too constrained, or no non-linearity",
         "Bigger model, train longer, less regularisation; check that it can overfit one batch",
-        ("NNDX108", "NNDX401", "NNDX601"),
+        ("NNDX108", "NNDX403", "NNDX401", "NNDX601"),
     ),
     TableRow(
         "Train and validation accuracy at chance",

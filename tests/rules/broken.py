@@ -201,6 +201,15 @@ def missing_activation() -> DiagnosticReport:
     return update(model=mlp_model(layers=layers, activations=["ReLU"]))
 
 
+def narrow_model() -> DiagnosticReport:
+    layers = [
+        LayerInfo(name="0", type="Linear", output_shape=[32, 2]),
+        LayerInfo(name="1", type="ReLU", output_shape=[32, 2]),
+        LayerInfo(name="2", type="Linear", output_shape=[32, 10]),
+    ]
+    return update(model=mlp_model(layers=layers), **train(flat(4, level=1.9)))
+
+
 BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX101": lambda: update(**train([math.inf] + noisy_decreasing(0)[1:])),
     "NNDX102": nan_after,
@@ -236,6 +245,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX315": lambda: calls(loss_call(loss_type="MSELoss", target_dtype="torch.int64")),
     "NNDX401": missing_activation,
     "NNDX402": lambda: calls(loss_call(output_shape=[32, 1], target_shape=[32])),
+    "NNDX403": narrow_model,
     "NNDX501": lambda: update(data=healthy_data(train=healthy_split(input_nan_count=12))),
     "NNDX502": lambda: update(data=healthy_data(train_test_overlap=60, train_test_overlap_fraction=0.2)),
     "NNDX503": lambda: update(data=healthy_data(train=healthy_split(duplicate_count=500, duplicate_fraction=0.33))),
