@@ -291,3 +291,19 @@ def test_bad_input_raises_clear_errors():
         check_data(x, task="segmentation")
     with pytest.raises(ValueError, match="labels inside"):
         check_data(TensorDataset(torch.zeros(4, 2)), np.zeros(4))
+
+
+@pytest.mark.slow
+def test_damaged_digits_example_finds_every_damage(capsys):
+    """End to end: check_data + label alignment + the rules, on examples/damaged_digits.py."""
+    import pathlib
+    import runpy
+
+    example = pathlib.Path(__file__).parents[2] / "examples" / "damaged_digits.py"
+    main = runpy.run_path(str(example), run_name="damaged_digits")["main"]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models; thread hand-offs dominate on a busy machine
+    try:
+        assert main() == 0, capsys.readouterr().out
+    finally:
+        torch.set_num_threads(previous)
