@@ -12,10 +12,12 @@ import math
 from collections.abc import Sequence
 
 from nndx.report import DiagnosticReport, Finding, LayerStats, LossPoint, ParameterStats, Probes, SplitStats
-from nndx.prompts.markdown import MISSING, cell, num, table, value_text
+from nndx.prompts.markdown import MISSING, fence, num, table, value_text
 
 MAX_LAYER_ROWS = 60
 MAX_NAMES = 8
+MAX_ERRORS = 20
+MAX_MESSAGE_CHARS = 2000
 
 
 def names_text(names: Sequence[str]) -> str:
@@ -327,9 +329,16 @@ def data_table(report: DiagnosticReport) -> str:
     return table(["statistic"] + [name for name, _ in splits], rows)
 
 
-def error_blocks(report: DiagnosticReport) -> list[dict[str, str]]:
-    """Caught exceptions: source and type as cell text, the message for a fence."""
-    return [{"source": cell(e.source), "type": cell(e.type), "message": e.message} for e in report.errors]
+def error_entries(report: DiagnosticReport) -> list[dict[str, str]]:
+    """Caught exceptions (the first ``MAX_ERRORS``), each message fenced and cut to
+    ``MAX_MESSAGE_CHARS``: a traceback is evidence, a megabyte of it only fills the prompt."""
+    entries = []
+    for error in report.errors[:MAX_ERRORS]:
+        message = error.message
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + f"\n… ({len(error.message)} characters in all)"
+        entries.append({"source": error.source, "type": error.type, "message_block": fence(message)})
+    return entries
 
 
 def evidence_table(finding: Finding) -> str:

@@ -20,7 +20,7 @@ import jinja2
 from markupsafe import Markup
 
 from nndx.prompts import checklist, evidence
-from nndx.prompts.markdown import MISSING, cell, fence, num
+from nndx.prompts.markdown import MISSING, cell, num
 from nndx.report import SEVERITY_ORDER, Diagnosis, DiagnosticReport, Finding
 
 PROMPT_FILE = "prompt-nn-debugger.md"
@@ -108,7 +108,7 @@ def _missing_evidence(report: DiagnosticReport) -> list[str]:
 
 def _prompt_context(report: DiagnosticReport | None, diagnosis: Diagnosis | None) -> dict[str, Any]:
     if report is None:
-        return {"generic": True, "errors": [], "findings": [], "missing": [], "parameter_table": ""}
+        return {"generic": True, "errors": [], "errors_hidden": 0, "findings": [], "missing": [], "parameter_table": ""}
     diagnosis = diagnosis or Diagnosis()
     return {
         "generic": False,
@@ -122,9 +122,8 @@ def _prompt_context(report: DiagnosticReport | None, diagnosis: Diagnosis | None
         "layer_table": _safe(evidence.layer_table(report)),
         "parameter_table": _safe(evidence.parameter_table(report)),
         "probe_table": _safe(evidence.probe_table(report)),
-        "errors": [
-            {"source": e.source, "type": e.type, "message_block": Markup(fence(e.message))} for e in report.errors
-        ],
+        "errors": [{**entry, "message_block": Markup(entry["message_block"])} for entry in evidence.error_entries(report)],
+        "errors_hidden": max(0, len(report.errors) - evidence.MAX_ERRORS),
         "findings": _finding_views(diagnosis.findings),
         "healthy": diagnosis.healthy,
         "rules_run": diagnosis.rules_run,

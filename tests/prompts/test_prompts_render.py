@@ -155,3 +155,14 @@ def test_report_without_diagnosis_uses_the_rule_engine(broken_report):
 
     assert render(broken_report) == render(broken_report, diagnose(broken_report))
     assert render(broken_report) != render(broken_report, Diagnosis())
+
+
+def test_many_long_errors_are_capped():
+    from nndx.prompts.evidence import MAX_ERRORS, MAX_MESSAGE_CHARS
+    from nndx.report import ErrorRecord
+
+    errors = [ErrorRecord(source=f"probe{i}", type="RuntimeError", message="x" * 5000) for i in range(MAX_ERRORS + 5)]
+    prompt = render(DiagnosticReport(errors=errors), Diagnosis())[PROMPT]
+    assert "probe19 raised RuntimeError" in prompt and "probe20" not in prompt
+    assert "(5 more errors not shown.)" in prompt
+    assert "x" * MAX_MESSAGE_CHARS + "\n… (5000 characters in all)" in prompt and "x" * (MAX_MESSAGE_CHARS + 1) not in prompt
