@@ -43,7 +43,6 @@ class HookStatistics(NamedTuple):
     layers: list[LayerStats]
     parameters: list[ParameterStats]
     model: ModelSummary
-    loss: float
     optimizer: str  # which optimizer took the step, in words
 
 
@@ -80,4 +79,4 @@ def hook_statistics(
         before = snapshot_parameters(model_copy)
         opt.step()
         parameters = parameter_stats(model_copy, before, step)
-    return HookStatistics(layers, parameters, summarize_model(model, order), float(loss.detach()), note)
+    return HookStatistics(layers, parameters, summarize_model(model, order), note)

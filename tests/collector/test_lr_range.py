@@ -87,6 +87,20 @@ def test_bad_csv_and_missing_matplotlib_say_why(tmp_path, monkeypatch):
         plot(analyse([1e-3, 1e-2, 1e-1], [1.0, 0.5, 0.2], [1.0, 0.5, 0.2]), tmp_path / "x.png")
 
 
+def test_sweep_over_several_batches_cycles_through_them():
+    batches = [batch(seed=s) for s in range(3)]
+    seen = []
+
+    class Recording(nn.Module):
+        def forward(self, output, target):
+            seen.append(target)
+            return nn.functional.cross_entropy(output, target)
+
+    result = lr_range_test(mlp(), batches[0], Recording(), batches=batches, steps=7, end_lr=1e-3)
+    assert len(result.lrs) == 7
+    assert [next(i for i, b in enumerate(batches) if torch.equal(b[1], t)) for t in seen] == [0, 1, 2, 0, 1, 2, 0]
+
+
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="start_lr"):
         sweep(start_lr=1.0, end_lr=0.1)
