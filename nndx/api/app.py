@@ -65,6 +65,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="Stores, diagnoses, renders and explains neural-network training reports.",
         lifespan=lifespan,
+        # one schema per model, in validation mode: the request body of POST /v1/reports
+        # refers to the DiagnosticReport component that GET /v1/reports/{id} also uses
+        separate_input_output_schemas=False,
     )
     app.state.settings = settings
     app.state.llm_settings = llm_settings

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -94,6 +95,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 MAX_LIMIT = 200
+MAX_BATCH = 64  # reports per group-commit transaction
 
 
 class StorageError(RuntimeError):
@@ -214,12 +216,27 @@ def _max_severity(diagnosis: Diagnosis) -> str | None:
     return max((f.severity for f in diagnosis.findings), key=SEVERITY_ORDER.__getitem__)
 
 
+@dataclass(eq=False)
+class _PendingAdd:
+    """One add waiting for its commit (see ``ReportStore._commit``)."""
+
+    stored: StoredReport
+    idempotency_key: str | None
+    ready: threading.Event = field(default_factory=threading.Event)
+    leads: bool = False
+    result: tuple[StoredReport, bool] | None = None
+    error: BaseException | None = None
+
+
 class ReportStore:
     """Add, get and list immutable reports. Safe to share between threads."""
 
     def __init__(self, database_url: str) -> None:
         self.engine = create_store_engine(database_url)
         migrate(self.engine)
+        self._lock = threading.Lock()
+        self._queue: list[_PendingAdd] = []
+        self._writing = False
 
     def close(self) -> None:
         self.engine.dispose()
@@ -250,35 +267,94 @@ class ReportStore:
             report_json=report.model_dump_json(),
             diagnosis_json=diagnosis.model_dump_json(),
         )
+        return self._commit(_PendingAdd(stored, idempotency_key))
+
+    # ------------------------------------------------------------------ group commit
+
+    def _commit(self, pending: _PendingAdd) -> tuple[StoredReport, bool]:
+        """Wait until ``pending`` is committed, writing a batch when it is our turn.
+
+        Group commit: the request that finds no writer active leads, writes every add
+        queued so far in one transaction (one fsync), then hands the lead to the oldest
+        add still queued. No request writes more than one batch, and none is answered
+        before the transaction holding its report has committed.
+        """
+        with self._lock:
+            self._queue.append(pending)
+            leads = not self._writing
+            self._writing = True
+        if not leads:
+            pending.ready.wait()
+            leads = pending.leads
+        if leads:
+            self._write_batch()
+        if pending.error is not None:
+            raise pending.error
+        assert pending.result is not None
+        return pending.result
+
+    def _write_batch(self) -> None:
+        with self._lock:
+            batch, self._queue[:] = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+        try:
+            try:
+                with self.engine.begin() as conn:
+                    results = [self._insert(conn, item) for item in batch]
+                for item, result in zip(batch, results):
+                    item.result = result
+            except IntegrityError:
+                # an idempotency key seen before: write the batch one by one to isolate it
+                for item in batch:
+                    self._write_one(item)
+            except Exception as exc:  # noqa: BLE001 - every waiter gets the failure
+                for item in batch:
+                    item.error = exc
+        finally:
+            with self._lock:
+                successor = self._queue[0] if self._queue else None
+                self._writing = successor is not None
+            for item in batch:
+                item.ready.set()
+            if successor is not None:
+                successor.leads = True
+                successor.ready.set()
+
+    def _write_one(self, item: _PendingAdd) -> None:
         try:
             with self.engine.begin() as conn:
-                seq = conn.execute(
-                    insert(reports_table).values(
-                        id=stored.id,
-                        created_at=stored.created_at,
-                        project=stored.project,
-                        run_name=stored.run_name,
-                        top_cause=stored.top_cause,
-                        severity_max=stored.severity_max,
-                        idempotency_key=idempotency_key,
-                        report_json=stored.report_json,
-                        diagnosis_json=stored.diagnosis_json,
-                    )
-                ).inserted_primary_key[0]
-                if stored.cause_codes:
-                    conn.execute(
-                        insert(report_causes_table),
-                        [{"report_seq": seq, "code": code} for code in stored.cause_codes],
-                    )
-        except IntegrityError:
-            if idempotency_key is None:
-                raise
-            existing = self._get_where(reports_table.c.idempotency_key == idempotency_key)
+                item.result = self._insert(conn, item)
+        except IntegrityError as exc:
+            key = item.idempotency_key
+            existing = None if key is None else self._get_where(reports_table.c.idempotency_key == key)
             if existing is None:
-                raise
-            if existing.project != project:
-                raise IdempotencyConflict("idempotency key already used by another project") from None
-            return existing, False
+                item.error = exc
+            elif existing.project != item.stored.project:
+                item.error = IdempotencyConflict("idempotency key already used by another project")
+            else:
+                item.result = (existing, False)
+        except Exception as exc:  # noqa: BLE001 - reported to the waiting request
+            item.error = exc
+
+    @staticmethod
+    def _insert(conn: Connection, item: _PendingAdd) -> tuple[StoredReport, bool]:
+        stored = item.stored
+        seq = conn.execute(
+            insert(reports_table).values(
+                id=stored.id,
+                created_at=stored.created_at,
+                project=stored.project,
+                run_name=stored.run_name,
+                top_cause=stored.top_cause,
+                severity_max=stored.severity_max,
+                idempotency_key=item.idempotency_key,
+                report_json=stored.report_json,
+                diagnosis_json=stored.diagnosis_json,
+            )
+        ).inserted_primary_key[0]
+        if stored.cause_codes:
+            conn.execute(
+                insert(report_causes_table), [{"report_seq": seq, "code": code} for code in stored.cause_codes]
+            )
         return stored, True
 
     def get(self, report_id: str, *, scope: str | None = None) -> StoredReport | None:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, R
 from pydantic import BaseModel
 
 from nndx.api.auth import get_scope
-from nndx.api.deps import Diagnose, get_diagnose, get_prompts, get_report, get_store
+from nndx.api.deps import REPORT_BODY_OPENAPI, Diagnose, get_diagnose, get_prompts, get_report, get_store, report_body
 from nndx.api.models import ReportCreated, ReportList, ReportSummary, error_responses
 from nndx.api.storage import MAX_LIMIT, IdempotencyConflict, InvalidCursor, ReportStore, StoredReport
 from nndx.report import CauseCode, Diagnosis, DiagnosticReport, RunInfo
@@ -69,9 +69,10 @@ def _scoped(report: DiagnosticReport, scope: str | None) -> DiagnosticReport:
     responses={200: {"model": ReportCreated, "description": "already stored under this Idempotency-Key"}}
     | error_responses(401, 403, 409, 413, 503),
     summary="Store a report and diagnose it",
+    openapi_extra=REPORT_BODY_OPENAPI,
 )
 def create_report(
-    report: DiagnosticReport,
+    report: DiagnosticReport = Depends(report_body),
     idempotency_key: str | None = Header(
         None, max_length=128, description="client-chosen key; a retry with the same key stores nothing new"
     ),
@@ -214,6 +215,9 @@ def explain_report(
     responses=error_responses(401, 413, 503),
     dependencies=[Depends(get_scope)],
     summary="Diagnose a report without storing it",
+    openapi_extra=REPORT_BODY_OPENAPI,
 )
-def diagnose_report(report: DiagnosticReport, diagnose: Diagnose = Depends(get_diagnose)) -> Response:
+def diagnose_report(
+    report: DiagnosticReport = Depends(report_body), diagnose: Diagnose = Depends(get_diagnose)
+) -> Response:
     return json_response(_diagnosed(diagnose, report))
