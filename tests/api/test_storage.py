@@ -142,3 +142,47 @@ def test_concurrent_writers_lose_nothing(store):
     assert errors == []
     assert store.count() == 40
     assert len({r.run_name for r in store.list(limit=200).items}) == 40
+
+
+def test_group_commit_isolates_a_repeated_key_and_stores_the_rest(store):
+    """Concurrent adds share transactions; one whose idempotency key is already stored
+    must not take the others of its batch down with it."""
+    report = make_report(name="first")
+    original, _ = store.add(report, fake_diagnosis(report), idempotency_key="repeat")
+    results: dict[int, tuple] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def write(worker: int) -> None:
+        try:
+            start.wait()
+            key = "repeat" if worker == 0 else f"key-{worker}"
+            r = make_report(name=f"w{worker}")
+            results[worker] = store.add(r, fake_diagnosis(r), idempotency_key=key)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert results[0] == (original, False)
+    assert all(results[w][1] for w in range(1, 8))
+    assert store.count() == 8
+    assert {r.run_name for r in store.list().items} == {"first", *(f"w{w}" for w in range(1, 8))}
+
+
+def test_a_failed_commit_reaches_every_waiting_add(tmp_path):
+    store = ReportStore(f"sqlite:///{tmp_path / 's.sqlite3'}")
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(text("DROP TABLE report_causes"))
+        report = make_report(name="dead_relu")
+        with pytest.raises(Exception, match="report_causes"):
+            store.add(report, fake_diagnosis(report))
+        assert store.count() == 0  # rolled back as a whole
+        assert not store._writing and store._queue == []  # the next add can lead again
+    finally:
+        store.close()
