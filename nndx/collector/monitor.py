@@ -29,7 +29,9 @@ What is measured, and when:
 - Every ``every`` steps (the "recorded" steps): per-layer activation and gradient
   statistics (:class:`~nndx.collector.stats.LayerRecorder`) and per-parameter weight
   norm, gradient norm and update/weight ratio (a snapshot before ``optimizer.step()``,
-  compared after it and released).
+  compared after it and released). To stay within a few percent of a step on a CPU,
+  layer statistics come from the leading samples of the batch (``max_elements``, 65,536
+  elements by default) and update ratios from a strided sample of each parameter.
 - At ``report()``: trainable parameters in no optimizer group, optimizer parameters
   that are not the model's, trainable parameters whose ``.grad`` stayed None through
   every backward, parameters with ``requires_grad=False``.
@@ -230,7 +232,11 @@ class Monitor:
     the group to use (default: the world); ``on_finding`` — called with each new live
     finding; ``stop_on`` — "warning" or "error": raise :class:`TrainingFailure` from
     ``optimizer.step()`` when a live finding of that severity fires; ``alert_every`` —
-    steps between live rule evaluations (default: ``max(every, 10)``; 0 disables them).
+    steps between live rule evaluations (default: ``max(every, 10)``; 0 disables them);
+    ``max_elements`` — layer statistics from the leading samples of each batch that fit
+    in this many elements, update ratios from this many strided elements of each
+    parameter (None: everything, at a cost that grows with activation size; see
+    :mod:`nndx.collector.stats`).
     """
 
     def __init__(
@@ -249,6 +255,7 @@ class Monitor:
         on_finding: Callable[[Finding], None] | None = None,
         stop_on: str | None = None,
         alert_every: int | None = None,
+        max_elements: int | None = 65536,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -268,6 +275,7 @@ class Monitor:
         self.name = name
         self.project = project
         self.checksum_every = checksum_every
+        self.max_elements = max_elements
         self.on_finding = on_finding
         self.stop_on = stop_on
         self.alert_every = max(every, 10) if alert_every is None else int(alert_every)
@@ -317,7 +325,7 @@ class Monitor:
 
         self.started_at = datetime.now(timezone.utc)
         self.finished_at: datetime | None = None
-        self._recorder = LayerRecorder(model)
+        self._recorder = LayerRecorder(model, max_elements=max_elements)
         self._handles: list[Any] = []
         self._patched: list[tuple[object, str, Any]] = []
         self.loss_fn = self._wrap_loss(loss_fn) if loss_fn is not None else None
@@ -512,7 +520,7 @@ class Monitor:
                 after = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
             self._defer(self._grad_norm, (step, self._grad_norm_at_backward, after))
         if self._recorder.recording:
-            self._snapshot = snapshot_parameters(self.model)
+            self._snapshot = snapshot_parameters(self.model, self.max_elements)
 
     def _on_step_post_guarded(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         try:
@@ -525,7 +533,7 @@ class Monitor:
         step = self.steps
         if self._recorder.recording:
             layers = self._recorder.finish_step()
-            params = parameter_stats(self.model, self._snapshot, step) if self._snapshot is not None else []
+            params = parameter_stats(self.model, self._snapshot, step, self.max_elements) if self._snapshot is not None else []
             self._snapshot = None
             if layers or params:
                 pinned = any(_layer_nonfinite(s) for s in layers) or any(

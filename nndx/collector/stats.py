@@ -22,6 +22,14 @@ Why it is built this way:
 - Dead units: a unit (a feature of a Linear/sequence output, a channel of a conv
   output) that is exactly zero for every sample of the batch. Zero *elements* are ~50%
   on every healthy ReLU layer and prove nothing.
+- ``max_elements`` (LayerRecorder, snapshot_parameters, parameter_stats; default None =
+  everything): on a CPU the cost of a recorded step is the passes over each tensor, so
+  a watcher that records often (the Monitor) computes layer statistics on the leading
+  samples of the batch that fit in ``max_elements`` (at least one sample; a view, no
+  copy), and update/weight ratios on an evenly strided sample of each parameter's
+  elements. Means, extremes and dead units of a shuffled batch's first samples stand for
+  the batch; a NaN confined to later samples is missed there (the loss and the global
+  gradient norm still show it).
 """
 
 from __future__ import annotations
@@ -107,12 +115,34 @@ def _first_tensor(output: object) -> torch.Tensor | None:
     return None
 
 
+def leading_samples(x: torch.Tensor, max_elements: int | None) -> torch.Tensor:
+    """The first samples (axis 0) of a batch that fit in ``max_elements``, at least one;
+    ``x`` itself when it fits or ``max_elements`` is None. A view, never a copy."""
+    if max_elements is None or x.dim() < 2 or x.numel() <= max_elements or x.shape[0] < 2:
+        return x
+    per_sample = max(x[0].numel(), 1)
+    return x[: max(1, max_elements // per_sample)]
+
+
+def flat_sample(t: torch.Tensor, max_elements: int | None) -> torch.Tensor:
+    """An evenly strided sample of at most ``max_elements`` of ``t``'s elements, flat;
+    the same elements for every tensor of that shape. All of ``t`` when None."""
+    flat = t.detach().reshape(-1)
+    if max_elements is None or flat.numel() <= max_elements:
+        return flat
+    return flat[:: -(-flat.numel() // max_elements)]
+
+
 def activation_stats_tensor(
-    output: torch.Tensor, unit_axis: int, bounds: tuple[float, float] | None = None
+    output: torch.Tensor,
+    unit_axis: int,
+    bounds: tuple[float, float] | None = None,
+    max_elements: int | None = None,
 ) -> torch.Tensor:
     """All activation statistics of ``output`` as one float64 tensor on its device
-    (order: ``_ACT_FIELDS``). Saturated fraction is -1 when ``bounds`` is None."""
-    x = output.detach()
+    (order: ``_ACT_FIELDS``). Saturated fraction is -1 when ``bounds`` is None.
+    ``max_elements``: see the module docstring."""
+    x = leading_samples(output.detach(), max_elements)
     if x.dim() == 0:
         x = x.reshape(1, 1)
     elif x.dim() == 1:
@@ -136,9 +166,10 @@ def activation_stats_tensor(
     ]).double()
 
 
-def gradient_stats_tensor(grad: torch.Tensor) -> torch.Tensor:
-    """abs-mean, abs-max, L2 norm and non-finite count of ``grad`` as one tensor."""
-    g = grad.detach().float()
+def gradient_stats_tensor(grad: torch.Tensor, max_elements: int | None = None) -> torch.Tensor:
+    """abs-mean, abs-max, L2 norm and non-finite count of ``grad`` as one tensor.
+    With ``max_elements``, of the leading samples only (the norm then of those)."""
+    g = leading_samples(grad.detach(), max_elements).float()
     g_abs = g.abs()
     return torch.stack([
         g_abs.mean(), g_abs.max(), torch.linalg.vector_norm(g), (~torch.isfinite(g)).sum().float(),
@@ -168,8 +199,14 @@ class LayerRecorder:
     stay attached for a whole training run. Leaves the model as it found it on
     ``detach()``."""
 
-    def __init__(self, model: nn.Module, modules: Iterable[tuple[str, nn.Module]] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        modules: Iterable[tuple[str, nn.Module]] | None = None,
+        max_elements: int | None = None,
+    ) -> None:
         self.model = model
+        self.max_elements = max_elements
         self.modules = list(modules) if modules is not None else watched_modules(model)
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._recording = False
@@ -263,7 +300,7 @@ class LayerRecorder:
             if name not in self._activations:
                 self._order.append(name)
             # a module called twice in one step (weight sharing): the last call wins
-            self._activations[name] = activation_stats_tensor(out, unit_dim(module, out), bounds)
+            self._activations[name] = activation_stats_tensor(out, unit_dim(module, out), bounds, self.max_elements)
             if out.requires_grad:
                 out.register_hook(self._gradient_hook(name))
 
@@ -272,21 +309,27 @@ class LayerRecorder:
     def _gradient_hook(self, name: str):
         def hook(grad: torch.Tensor) -> None:
             if self._recording or name not in self._gradients:
-                self._gradients[name] = gradient_stats_tensor(grad)
+                self._gradients[name] = gradient_stats_tensor(grad, self.max_elements)
 
         return hook
 
 
-def snapshot_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Detached copies of trainable parameters, to measure an optimizer step's update."""
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+def snapshot_parameters(model: nn.Module, max_elements: int | None = None) -> dict[str, torch.Tensor]:
+    """Detached flat copies of trainable parameters (or of an evenly strided sample of
+    at most ``max_elements`` of each), to measure an optimizer step's update."""
+    return {n: flat_sample(p, max_elements).clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def parameter_stats(
-    model: nn.Module, before: dict[str, torch.Tensor] | None = None, step: int | None = None
+    model: nn.Module,
+    before: dict[str, torch.Tensor] | None = None,
+    step: int | None = None,
+    max_elements: int | None = None,
 ) -> list[ParameterStats]:
     """Weight norm, grad norm and (given a snapshot from before the step) the
-    update/weight ratio ‖Δw‖/‖w‖ of every parameter, fetched with one sync."""
+    update/weight ratio ‖Δw‖/‖w‖ of every parameter, fetched with one sync. Pass the
+    ``max_elements`` the snapshot was taken with: the ratio is then measured on the
+    same sampled elements."""
     named = list(model.named_parameters())
     if not named:
         return []
@@ -296,7 +339,9 @@ def parameter_stats(
         weight_norm = torch.linalg.vector_norm(w.float())
         grad_norm = torch.linalg.vector_norm(p.grad.detach().float()) if p.grad is not None else weight_norm.new_tensor(-1.0)
         if before is not None and n in before:
-            update = torch.linalg.vector_norm((w - before[n]).float()) / weight_norm.clamp_min(1e-12)
+            now = flat_sample(w, max_elements)
+            scale = weight_norm if now.numel() == w.numel() else torch.linalg.vector_norm(now.float())
+            update = torch.linalg.vector_norm((now - before[n].reshape(-1)).float()) / scale.clamp_min(1e-12)
         else:
             update = weight_norm.new_tensor(-1.0)
         rows.append(torch.stack([weight_norm, grad_norm, update]).to(named[0][1].device))

@@ -1,0 +1,191 @@
+"""Overhead of the Monitor on a training step, beside the lesson's NetworkDebugger.
+
+Not a test: prints tables of ratios measured in one run. Every configuration trains
+its own copy of the same model (same initial weights, same batch); the configurations
+take turns step by step (interleaved, rotating the order each round), so load on a
+shared machine drifts across all of them alike; each ratio is a median step time over
+the bare step's median.
+
+    .venv/bin/python bench/overhead.py              # full run (a few minutes on 2 loaded cores)
+    .venv/bin/python bench/overhead.py --steps 10   # quicker, noisier
+    .venv/bin/python bench/overhead.py --device cuda
+
+Step = forward + loss + backward + Adam step (+ ``mon.log(loss)`` when monitored).
+Targets (CPU): Monitor <= 1.05x at every=1, <= 1.01x at every=10.
+
+Memory: a small MLP is trained 1,000 steps under each configuration; "retained" is
+what tracemalloc sees still allocated by Python afterwards (the monitor's floats and
+report records), plus the bytes of tensors that stayed alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import statistics
+import sys
+import time
+import tracemalloc
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from network_debugger import NetworkDebugger  # noqa: E402
+
+from nndx.collector.monitor import Monitor  # noqa: E402
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(784, 1024), nn.ReLU(),
+        nn.Linear(1024, 1024), nn.ReLU(),
+        nn.Linear(1024, 1024), nn.ReLU(),
+        nn.Linear(1024, 10),
+    )
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(128 * 4 * 4, 10),
+    )
+
+
+class Setup:
+    """One configuration: its own model copy, optimizer and (maybe) watcher."""
+
+    def __init__(self, name: str, model: nn.Module, attach: Callable | None, device: str) -> None:
+        self.name = name
+        self.model = model.to(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        self.watcher = attach(self.model, self.optimizer) if attach else None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        if isinstance(self.watcher, Monitor):
+            self.watcher.log(loss)
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+
+
+CONFIGS: dict[str, Callable | None] = {
+    "bare": None,
+    "monitor every=1": lambda m, o: Monitor(m, o, every=1, alert_every=0),
+    "monitor every=10": lambda m, o: Monitor(m, o, every=10, alert_every=0),
+    "monitor every=10 + alerts": lambda m, o: Monitor(m, o, every=10),
+    "NetworkDebugger (lesson)": lambda m, o: NetworkDebugger(m).register_hooks(),
+}
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_steps(make_model: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor,
+               steps: int, warmup: int, device: str) -> dict[str, float]:
+    torch.manual_seed(0)
+    base = make_model()
+    setups = [Setup(name, copy.deepcopy(base), attach, device) for name, attach in CONFIGS.items()]
+    x, y = x.to(device), y.to(device)
+    times: dict[str, list[float]] = defaultdict(list)
+    for round_index in range(warmup + steps):
+        shift = round_index % len(setups)
+        for setup in setups[shift:] + setups[:shift]:
+            sync(device)
+            start = time.perf_counter()
+            setup.step(x, y)
+            sync(device)
+            if round_index >= warmup:
+                times[setup.name].append(time.perf_counter() - start)
+    for setup in setups:
+        setup.close()
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def retained_memory(config: str, steps: int = 1000) -> tuple[int, int, str]:
+    """Python bytes and tensor bytes still held after ``steps`` steps of a small MLP."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    gc.collect()
+    tensors_before = {id(t) for t in gc.get_objects() if isinstance(t, torch.Tensor)}
+    tracemalloc.start()
+    setup = Setup(config, model, CONFIGS[config], "cpu")
+    baseline = tracemalloc.get_traced_memory()[0]
+    for _ in range(steps):
+        setup.step(x, y)
+    setup.optimizer.zero_grad()
+    gc.collect()
+    python_bytes = tracemalloc.get_traced_memory()[0] - baseline
+    tracemalloc.stop()
+    params = {id(p) for p in model.parameters()} | {id(s) for st in setup.optimizer.state.values() for s in st.values()}
+    alive = [t for t in gc.get_objects() if isinstance(t, torch.Tensor)
+             and id(t) not in tensors_before and id(t) not in params]
+    tensor_bytes = sum(t.numel() * t.element_size() for t in alive)
+    detail = ""
+    watcher = setup.watcher
+    if isinstance(watcher, Monitor):
+        report = watcher.report()
+        detail = (f"{len(report.loss_history['train'])} losses, {len(report.loop.lr_history)} LR points, "
+                  f"{len({s.step for s in report.layers})} recorded steps kept")
+    elif isinstance(watcher, NetworkDebugger):
+        detail = f"{sum(len(v) for v in watcher.activation_history.values())} activation records"
+    setup.close()
+    return python_bytes, tensor_bytes, detail
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=25, help="timed steps per configuration and model")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--no-memory", action="store_true", help="skip the 1,000-step memory measurement")
+    args = parser.parse_args()
+    generator = torch.Generator().manual_seed(0)
+    workloads = {
+        "MLP 784-1024x3-10, batch 256": (mlp, torch.randn(256, 784, generator=generator), torch.randint(0, 10, (256,), generator=generator)),
+        "3-conv CNN 3x32x32, batch 128": (cnn, torch.randn(128, 3, 32, 32, generator=generator), torch.randint(0, 10, (128,), generator=generator)),
+    }
+    print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, "
+          f"{args.steps} timed steps per configuration, interleaved")
+    results = {}
+    for label, (make, x, y) in workloads.items():
+        print(f"timing {label} ...", file=sys.stderr, flush=True)
+        results[label] = time_steps(make, x, y, args.steps, args.warmup, args.device)
+    names = list(CONFIGS)
+    print()
+    print("| workload | bare step (ms) | " + " | ".join(names[1:]) + " |")
+    print("|---|---|" + "---|" * (len(names) - 1))
+    for label, medians in results.items():
+        bare = medians["bare"]
+        ratios = " | ".join(f"{medians[n] / bare:.3f}x" for n in names[1:])
+        print(f"| {label} | {bare * 1e3:.1f} | {ratios} |")
+    if args.no_memory:
+        return
+    print()
+    print("Retained after 1,000 steps of an MLP 64-128-128-10 (batch 32):")
+    print()
+    print("| configuration | python bytes | tensor bytes | kept |")
+    print("|---|---|---|---|")
+    for name in names:
+        print(f"memory: {name} ...", file=sys.stderr, flush=True)
+        python_bytes, tensor_bytes, detail = retained_memory(name)
+        print(f"| {name} | {python_bytes:,} | {tensor_bytes:,} | {detail} |")
+
+
+if __name__ == "__main__":
+    main()
