@@ -109,15 +109,17 @@ def duplicates(report: DiagnosticReport) -> list[Hit]:
     why="The model can score high accuracy by predicting the majority class; minority classes get few "
     "gradient signals.",
     fix="Use class weights in the loss or a weighted sampler; report per-class metrics, not accuracy.",
+    explained_by=(C.LABEL_NOISE,),
 )
 def class_imbalance(report: DiagnosticReport) -> Hit | None:
     train = report.data.train if report.data is not None else None
     if train is None:
         return None
     ratio = train.imbalance_ratio
-    if ratio is None and len(train.class_counts) >= 2 and min(train.class_counts.values()) > 0:
-        ratio = max(train.class_counts.values()) / min(train.class_counts.values())
-    if ratio is None or not ratio > 10:
+    present = [count for count in train.class_counts.values() if count > 0]
+    if (ratio is None or not math.isfinite(ratio)) and len(present) >= 2:
+        ratio = max(present) / min(present)  # missing classes are NNDX507's business
+    if ratio is None or not math.isfinite(ratio) or not ratio > 10:
         return None
     return Hit(
         symptom=f"largest class {ratio:.1f}x the smallest",

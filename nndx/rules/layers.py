@@ -27,7 +27,7 @@ def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
     hits = []
     for layer in steps[-1]:
         act = layer.activation
-        if act is None or act.unit_count < 2 or act.dead_unit_fraction < DEAD_THRESHOLD:
+        if layer.type not in RELU_TYPES or act is None or act.unit_count < 2 or act.dead_unit_fraction < DEAD_THRESHOLD:
             continue
         start = first.get(layer.name)
         start_dead = start.activation.dead_unit_fraction if start is not None and start.activation else None
@@ -59,8 +59,9 @@ def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
     C.DEAD_RELU,
     "warning",
     "Dead units from the start: outputs zero for every sample",
-    detects="A layer where at least half of the units (features or channels) output exactly zero for "
-    "every sample of the batch at the last recorded step and already at the first; error from 90%. "
+    detects="A ReLU-family layer where at least half of the units (features or channels) output exactly "
+    "zero for every sample of the batch at the last recorded step and already at the first; error from "
+    "90%. "
     "Uses dead_unit_fraction, never zero_fraction: about half of a healthy ReLU layer's outputs are "
     "zero.",
     why="A dead ReLU unit has zero gradient for every input and never recovers; dead from the first step "
@@ -68,6 +69,7 @@ def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
     "layer passes no signal and the loss stalls.",
     fix="Use Kaiming init and zero (not negative) biases, or LeakyReLU/GELU; "
     "nndx.fix.resurrect_dead_units re-initialises dead units.",
+    explained_by=(C.BAD_INIT, C.UNNORMALIZED_INPUTS),
 )
 def dead_units(report: DiagnosticReport) -> list[Hit]:
     return _dead_layers(report, from_start=True)
@@ -78,8 +80,8 @@ def dead_units(report: DiagnosticReport) -> list[Hit]:
     C.DEAD_RELU,
     "warning",
     "Units died during training",
-    detects="A layer with at least half of its units dead at the last recorded step that was mostly alive "
-    "at the first; error from 90%.",
+    detects="A ReLU-family layer with at least half of its units dead at the last recorded step that was "
+    "mostly alive at the first; error from 90%.",
     why="Units die when an update pushes their pre-activation negative for every input — typically a "
     "step far too large (high LR, accumulated gradients); once dead they never recover.",
     fix="Lower the learning rate (and fix what makes updates too large), use LeakyReLU/GELU; "
@@ -202,11 +204,15 @@ def exploding(report: DiagnosticReport) -> Hit | None:
 
 
 def _median_update_ratio(report: DiagnosticReport) -> tuple[float, int] | None:
-    """Median update/weight ratio over weight matrices and recorded steps (non-finite = inf)."""
+    """Median update/weight ratio over weight matrices and recorded steps.
+
+    Finite ratios when there are any: once the weights are NaN every later ratio is NaN,
+    and the steps before say how large the updates were. Only non-finite: inf."""
     ratios = [p.update_ratio for p in weight_params(report) if p.update_ratio is not None]
     if not ratios:
         return None
-    return median([r if not math.isnan(r) else math.inf for r in ratios]), len(ratios)
+    finite_ratios = finite(ratios)
+    return (median(finite_ratios) if finite_ratios else math.inf), len(ratios)
 
 
 @rule(
@@ -214,12 +220,14 @@ def _median_update_ratio(report: DiagnosticReport) -> tuple[float, int] | None:
     C.LR_TOO_HIGH,
     "warning",
     "Updates far larger than ~1e-3 of the weights",
-    detects="A median update/weight ratio ‖Δw‖/‖w‖ over the weight matrices and recorded steps above "
-    "0.1 (healthy training sits near 1e-3); error from 1.0 or when it is non-finite.",
+    detects="A median update/weight ratio ‖Δw‖/‖w‖ over the weight matrices and recorded steps (finite "
+    "ones, when there are any) above 0.1 (healthy training sits near 1e-3); error from 1.0 or when "
+    "every ratio is non-finite.",
     why="Each step then rewrites a large share of every weight: the optimiser overshoots and the loss "
     "oscillates or diverges.",
     fix="Lower the learning rate until the ratio is near 1e-3 (run the LR range test).",
-    explained_by=(C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING),
+    # NaN gradients from the data or the forward pass make non-finite updates too
+    explained_by=(C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING) + (C.NAN_IN_DATA, C.LOG_OF_ZERO, C.DIVISION_BY_ZERO, C.NUMERICAL_OVERFLOW),
 )
 def update_ratio_high(report: DiagnosticReport) -> Hit | None:
     found = _median_update_ratio(report)

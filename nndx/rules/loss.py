@@ -18,6 +18,7 @@ from nndx.rules.engine import Hit, rule
 # Causes that make a loss stop moving; the symptom rules below cite them when present.
 NO_LEARNING_CAUSES = (
     C.LR_TOO_HIGH,
+    C.LR_TOO_LOW,
     C.OPTIMIZER_NOT_CONNECTED,
     C.DETACHED_GRAPH,
     C.FROZEN_PARAMETERS,
@@ -211,8 +212,9 @@ def _lr_decays(report: DiagnosticReport) -> bool:
     C.NO_LR_SCHEDULE,
     "info",
     "Loss decreased, then plateaued at a constant learning rate",
-    detects="A train loss that fell by over 30% in its first half and moved less than 2% of its "
-    "initial level over its second half, while the learning rate never decayed.",
+    detects="A train loss that fell by over 30% in its first half and, over its second half, moved less "
+    "than 2% of its initial level or a twentieth of the first half's drop, while the learning rate "
+    "never decayed.",
     why="A plateau at a constant LR often means the step is too large to settle into the minimum; "
     "a decay usually buys another drop. A noisy task also plateaus legitimately, so this is context, "
     "not an alarm.",
@@ -224,7 +226,7 @@ def plateau(report: DiagnosticReport) -> Hit | None:
         return None
     first_half = curve.values[: curve.n // 2]
     first_half_progress = (curve.start - median(first_half[-window(len(first_half)) :])) / curve.scale
-    if first_half_progress < 0.3 or abs(curve.second_half_progress()) >= 0.02:
+    if first_half_progress < 0.3 or abs(curve.second_half_progress()) >= max(0.02, 0.05 * first_half_progress):
         return None
     if curve.end < 0.05 * curve.start:  # converged, nothing left to gain
         return None
@@ -252,7 +254,7 @@ def plateau(report: DiagnosticReport) -> Hit | None:
     "labels are unlearnable.",
     fix="Check the output layer and the gradients flowing to it (layer statistics); check for dead "
     "ReLUs and that the optimizer holds the parameters; then check label alignment.",
-    explained_by=NO_LEARNING_CAUSES + (C.VANISHING_GRADIENTS, C.LR_TOO_LOW),
+    explained_by=NO_LEARNING_CAUSES + (C.VANISHING_GRADIENTS,),
 )
 def stuck_at_chance(report: DiagnosticReport) -> Hit | None:
     classes = num_classes(report)
@@ -368,7 +370,7 @@ def _accuracies(report: DiagnosticReport, split: str) -> list[float]:
     "do not belong to their inputs, or a model that does not learn at all.",
     fix="Check that inputs and labels are shuffled together and indexed the same way; run the "
     "label-alignment probe; check that gradients reach the weights.",
-    explained_by=NO_LEARNING_CAUSES,
+    explained_by=NO_LEARNING_CAUSES + (C.UNDERFITTING,),
 )
 def val_at_chance(report: DiagnosticReport) -> Hit | None:
     classes = num_classes(report)

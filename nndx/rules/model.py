@@ -120,6 +120,23 @@ def wrong_output_activation(report: DiagnosticReport) -> Hit | None:
     return None
 
 
+def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
+    """(layer, output units) of the weighted layers in order: from the weight shapes
+    ([out, in, ...]) of the parameters, else from the recorded output shapes."""
+    seen: dict[str, int] = {}
+    for param in report.parameters:
+        if param.name.endswith("weight") and len(param.shape) >= 2:
+            seen.setdefault(param.name.rsplit(".", 1)[0], param.shape[0])
+    if seen:
+        return list(seen.items())
+    model = report.model
+    return [
+        (layer.name, layer.output_shape[1])
+        for layer in (model.layers if model is not None else [])
+        if layer.type in LINEAR_TYPES and layer.output_shape and len(layer.output_shape) >= 2
+    ]
+
+
 @rule(
     "NNDX403",
     C.UNDERFITTING,
@@ -137,19 +154,18 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     classes = report.num_classes
     if model is None or report.task != "classification" or not classes or len(model.layers) < 2:
         return None
-    linear = [layer for layer in model.layers if layer.type in LINEAR_TYPES and layer.output_shape]
-    hidden = linear[:-1]
-    narrow = [layer for layer in hidden if len(layer.output_shape) >= 2 and layer.output_shape[1] < max(2, classes)]
+    widths = _layer_widths(report)
+    narrow = [(name, width) for name, width in widths[:-1] if width < max(2, classes)]
     if not narrow:
         return None
-    width = min(layer.output_shape[1] for layer in narrow)
+    width = min(w for _, w in narrow)
     curve = Curve(train_curve(report))
     overfit = report.probes.overfit_one_batch if report.probes is not None else None
     stalled = (curve.n >= 10 and curve.end > 0.5 * curve.start) or (overfit is not None and overfit.status == "failed")
     return Hit(
-        symptom=f"hidden layer {narrow[0].name} has {width} units for {classes} classes",
+        symptom=f"hidden layer {narrow[0][0]} has {width} units for {classes} classes",
         evidence={
-            "layer": narrow[0].name,
+            "layer": narrow[0][0],
             "width": width,
             "num_classes": classes,
             "loss_start": curve.start if curve.n else None,

@@ -33,6 +33,8 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "overfit_one_batch")
     if result is None or result.status != "failed":
         return None
+    if result.initial_loss is not None and not math.isfinite(result.initial_loss):
+        return None  # the model already produces NaN: the NaN rules say why, this adds nothing
     ratio = None
     if result.initial_loss and result.final_loss is not None and result.initial_loss != 0:
         ratio = result.final_loss / result.initial_loss
@@ -52,8 +54,15 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
 
 
 def _lr_range(report: DiagnosticReport):
+    """The LR range result when it says something: a sweep that diverged at its very first
+    LR started from a broken (NaN) model and measured nothing about the LR."""
     result = _probe(report, "lr_range")
     if result is None or result.status not in ("passed", "failed"):
+        return None
+    first = result.lrs[0] if result.lrs else None
+    if result.diverged_at_lr is not None and first is not None and result.diverged_at_lr <= first:
+        return None
+    if result.min_loss is not None and not math.isfinite(result.min_loss):
         return None
     return result
 
@@ -118,28 +127,42 @@ def lr_below_range(report: DiagnosticReport) -> Hit | None:
     )
 
 
+# Finite differences across a ReLU kink disagree with autograd by up to a few percent;
+# a wrong backward (a transposed or scaled gradient) is off by tens of percent.
+KINK_ERROR = 0.05
+
+
 @rule(
     "NNDX604",
     C.BROKEN_BACKWARD,
     "error",
     "Autograd gradients disagree with finite differences",
     detects="The gradient check failed: at least one parameter tensor's relative error is finite and at "
-    "the 'bug' level (over 1e-3 in float64). Non-finite errors (a model whose weights are already "
-    "NaN) are no evidence about the backward and do not fire.",
+    "the 'bug' level (over 1e-3 in float64). Errors under 5% are info only (finite differences across "
+    "ReLU kinks reach that); non-finite errors (weights already NaN) are no evidence and do not fire.",
     why="A custom autograd.Function with a wrong backward trains on wrong gradients; nothing errors.",
     fix="Fix the backward of the named parameter's custom Function (transposes and scale factors are "
     "the usual suspects); re-run the gradient check.",
+    # a detached or frozen tensor has autograd gradient 0 where finite differences see a slope
+    explained_by=(C.DETACHED_GRAPH, C.FROZEN_PARAMETERS),
 )
 def broken_backward(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "grad_check")
     if result is None or result.status != "failed":
         return None
-    bad = [p for p in result.parameters if p.status == "bug"]
-    if bad and not any(math.isfinite(p.relative_error) for p in bad):
-        return None  # a NaN loss (weights already blown up) makes every comparison non-finite
-    if not bad and result.max_relative_error is not None and not math.isfinite(result.max_relative_error):
-        return None
-    bad = [p for p in bad if math.isfinite(p.relative_error)]
+    # Non-finite errors come from a NaN loss (weights already blown up), not from the
+    # backward; errors under KINK_ERROR are what finite differences across ReLU kinks give.
+    bad = [p for p in result.parameters if p.status == "bug" and math.isfinite(p.relative_error)]
+    if not result.parameters and result.max_relative_error is not None:
+        error = result.max_relative_error
+        if not math.isfinite(error):
+            return None
+        worst = error
+    else:
+        if not bad:
+            return None
+        worst = max(p.relative_error for p in bad)
+    kink_level = worst < KINK_ERROR
     return Hit(
         symptom="gradient check failed" + (f" for {', '.join(p.name for p in bad[:5])}" if bad else ""),
         evidence={
@@ -148,7 +171,9 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
             "relative_errors": [p.relative_error for p in bad],
             "mode": result.mode,
         },
-        score=3.0,
+        severity="info" if kink_level else None,
+        score=1.0 if kink_level else 3.0,
+        next_probe="grad_check in elementwise mode, away from ReLU kinks" if kink_level else None,
     )
 
 
@@ -324,6 +349,8 @@ def eval_mode_probe(report: DiagnosticReport) -> Hit | None:
     "no signal; the network memorises them (so overfit-one-batch passes) and generalises at chance.",
     fix="Shuffle inputs and labels together (one permutation, or a Dataset returning (x, y) pairs); check "
     "indexing and joins.",
+    # balanced accuracy of a briefly trained model says little when a class has few samples
+    explained_by=(C.CLASS_IMBALANCE,),
 )
 def labels_misaligned(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "label_alignment")

@@ -207,7 +207,7 @@ def narrow_model() -> DiagnosticReport:
         LayerInfo(name="1", type="ReLU", output_shape=[32, 2]),
         LayerInfo(name="2", type="Linear", output_shape=[32, 10]),
     ]
-    return update(model=mlp_model(layers=layers), **train(flat(4, level=1.9)))
+    return update(model=mlp_model(layers=layers), parameters=[], **train(flat(4, level=1.9)))
 
 
 BROKEN: dict[str, Callable[[], DiagnosticReport]] = {

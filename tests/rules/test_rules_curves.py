@@ -20,9 +20,12 @@ def _ids(values, **fields) -> set[str]:
 
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("noise", [0.02, 0.1, 0.25])
-def test_noisy_healthy_curves_raise_nothing(seed, noise):
+def test_noisy_healthy_curves_raise_no_alarm(seed, noise):
     values = noisy_decreasing(seed, n=150, noise=noise)
-    assert _ids(values) == set()
+    diagnosis = diagnose(DiagnosticReport(loss_history={"train": points(values)}))
+    assert diagnosis.healthy
+    # a converged curve may read as a plateau (info, context); never as oscillation or stuck
+    assert {f.rule_id for f in diagnosis.findings} <= {"NNDX105"}
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 1e4])

@@ -73,3 +73,24 @@ def test_probe_statistics_stamped_step_0_do_not_hide_the_monitors_step_0():
     monitor_stats = mlp_layers(steps=(0, 50), dead=0.0) + mlp_layers(steps=(100,), dead=1.0)
     found = _found(BASE.model_copy(update={"layers": probe_stats + monitor_stats}))
     assert "NNDX208" in found and "NNDX201" not in found
+
+
+def test_bottleneck_width_comes_from_the_weight_shapes():
+    from nndx.report import ParameterStats
+
+    from .reports import flat, points
+
+    narrow = [
+        ParameterStats(name="0.weight", shape=[1, 2], weight_norm=1.0),
+        ParameterStats(name="2.weight", shape=[3, 1], weight_norm=1.0),
+    ]
+    stalled = {"train": points(flat(5, level=1.0))}
+    report = BASE.model_copy(update={"num_classes": 3, "parameters": narrow, "loss_history": stalled})
+    assert _found(report)["NNDX403"].evidence["width"] == 1
+    assert "NNDX403" not in _found(BASE)  # 64-unit hidden layers for 10 classes
+
+
+def test_grad_check_errors_at_relu_kink_level_are_info():
+    kinks = GradCheckResult(status="failed", max_relative_error=0.012, parameters=[GradCheckParam(name="0.bias", relative_error=0.012, status="bug")])
+    finding = _found(BASE.model_copy(update={"probes": healthy_probes(grad_check=kinks)}))["NNDX604"]
+    assert finding.severity == "info"
