@@ -159,3 +159,15 @@ def test_a_crashing_fit_still_saves_what_was_seen(tmp_path):
     assert [(e.source, e.type, e.message) for e in report.errors] == [
         ("lightning.training", "RuntimeError", "planted failure")
     ]
+
+
+@pytest.mark.xfail(
+    reason="known gap in the Monitor: it reads the global gradient norm in optimizer.step's pre-hook, which "
+    "Lightning's closure-based step (forward and backward run inside optimizer.step) fires before backward",
+    strict=False,
+)
+def test_global_grad_norm_is_recorded_under_lightnings_closure_step(tmp_path):
+    torch.manual_seed(0)
+    fit(TinyClassifier(), NndxCallback(), tmp_path, max_epochs=1)
+    report, _ = saved(tmp_path)
+    assert len(report.loop.grad_norm_history) == SAMPLES // BATCH
