@@ -266,6 +266,16 @@ class LossCall(Schema):
     calls: Count = 1
 
 
+class LiveFinding(Schema):
+    """A finding raised while training ran (Monitor live alerts): when it first fired."""
+
+    rule_id: str
+    code: str = Field(description="a CauseCode value")
+    severity: Literal["info", "warning", "error"]
+    title: str
+    step: Count = Field(description="training step at which the finding first fired (time to detection)")
+
+
 class LoopStats(Schema):
     steps: Count = Field(0, description="optimizer.step() calls")
     backward_calls: Count = 0
@@ -286,6 +296,9 @@ class LoopStats(Schema):
     world_size: Count = 1
     desync_steps: list[int] = Field(default_factory=list, description="steps where rank parameter checksums differed")
     max_desync: Float | None = None
+    live_findings: list[LiveFinding] = Field(
+        default_factory=list, description="findings the Monitor's live rule evaluation raised, in firing order"
+    )
 
 
 # --------------------------------------------------------------------------- data
