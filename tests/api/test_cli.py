@@ -53,8 +53,15 @@ def test_serve_creates_the_database_serves_and_stops_cleanly(tmp_path):
     assert "token auth" in stderr and "Traceback" not in stderr
 
 
-def test_serve_refuses_a_bad_setting_with_a_message():
-    process = nndx("serve", "--port", "1", env={"NNDX_MAX_BODY_BYTES": "lots"})
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 2
-    assert "NNDX_MAX_BODY_BYTES" in stderr and "Traceback" not in stderr
+@pytest.mark.parametrize(
+    "variable, value",
+    [("NNDX_MAX_BODY_BYTES", "lots"), ("NNDX_TOKENS", "no-project"), ("NNDX_DATABASE_URL", "nonsense://")],
+)
+def test_serve_refuses_a_bad_setting_with_a_message(monkeypatch, capsys, variable, value):
+    from nndx.cli import build_parser
+
+    monkeypatch.setenv(variable, value)
+    args = build_parser().parse_args(["serve", "--port", "1"])
+    assert args.handler(args) == 2  # before uvicorn starts
+    err = capsys.readouterr().err
+    assert err.startswith("nndx serve: ") and "Traceback" not in err
