@@ -46,11 +46,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     from nndx.api.settings import Settings
     from nndx.api.storage import ReportStore
+    from nndx.prompts import LLMSettings
 
     if args.database_url:
         os.environ["NNDX_DATABASE_URL"] = args.database_url  # workers read the environment
     try:
         settings = Settings.from_env()
+        LLMSettings.from_env()  # the workers read NNDX_LLM_* too: fail here, once, clearly
         # create and migrate once here, so workers never race on a fresh database
         ReportStore(settings.database_url).close()
     except Exception as exc:  # a bad URL or setting: say so, without a traceback

@@ -55,7 +55,8 @@ def test_serve_creates_the_database_serves_and_stops_cleanly(tmp_path):
 
 @pytest.mark.parametrize(
     "variable, value",
-    [("NNDX_MAX_BODY_BYTES", "lots"), ("NNDX_TOKENS", "no-project"), ("NNDX_DATABASE_URL", "nonsense://")],
+    [("NNDX_MAX_BODY_BYTES", "lots"), ("NNDX_TOKENS", "no-project"), ("NNDX_DATABASE_URL", "nonsense://"),
+     ("NNDX_LLM_TIMEOUT", "soon")],
 )
 def test_serve_refuses_a_bad_setting_with_a_message(monkeypatch, capsys, variable, value):
     from nndx.cli import build_parser

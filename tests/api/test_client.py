@@ -112,3 +112,14 @@ def test_push_command_exit_codes(live_server, tmp_path, capsys):
 def test_bad_url_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="http://"):
         submit(make_report(), "localhost:8000", spool_dir=tmp_path)
+
+
+def test_spool_defaults_to_the_environment_and_ignores_partial_writes(tmp_path, monkeypatch):
+    from nndx.client import default_spool_dir
+
+    monkeypatch.setenv("NNDX_SPOOL_DIR", str(tmp_path / "env-spool"))
+    assert default_spool_dir() == tmp_path / "env-spool"
+    path = spool(b"{}", "abc")
+    assert path == tmp_path / "env-spool" / "abc.json" and path.read_bytes() == b"{}"
+    (tmp_path / "env-spool" / ".half.json.tmp").write_bytes(b'{"run": ')  # a write cut short
+    assert spooled_files() == [path]
