@@ -218,8 +218,14 @@ def _merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
         report.loop = loop
     for split, points in watched.loss_history.items():
         report.loss_history.setdefault(split, []).extend(points)
-    report.layers = report.layers + watched.layers
-    report.parameters = report.parameters + watched.parameters
+    # the probe measured the model as it is now, after the monitored steps: stamp its
+    # records with the next step so they neither collide with nor precede the loop's
+    seen = [r.step for r in (*watched.layers, *watched.parameters) if r.step is not None]
+    now = max([watched.loop.steps if watched.loop else 0, *(s + 1 for s in seen)])
+    probed = [r.model_copy(update={"step": now}) for r in report.layers]
+    probed_params = [r.model_copy(update={"step": now}) for r in report.parameters]
+    report.layers = watched.layers + probed
+    report.parameters = watched.parameters + probed_params
     report.errors.extend(watched.errors)
     report.model = report.model or watched.model
     report.task = report.task or watched.task

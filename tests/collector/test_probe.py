@@ -129,7 +129,9 @@ def test_monitor_report_merged_and_monitor_not_polluted_by_probes():
     assert (after.loop.forward_calls, after.loop.steps, after.loop.zero_grad_calls) == (
         watched.loop.forward_calls, watched.loop.steps, watched.loop.zero_grad_calls)
     assert report.loop.steps == 3 and len(report.loss_history["train"]) == 3
-    assert len(report.layers) > len(watched.layers)  # the probe's step and the monitor's
+    assert report.layers[: len(watched.layers)] == watched.layers
+    probe_steps = {s.step for s in report.layers[len(watched.layers):]} | {p.step for p in report.parameters[len(watched.parameters):]}
+    assert probe_steps == {3}  # after the monitor's steps 0-2, not colliding with them
 
 
 class FakeMonitor:
