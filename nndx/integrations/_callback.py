@@ -87,10 +87,12 @@ class TrainingSession:
         self.saved: tuple[Path, Path | None] | None = None
 
     # -- recording what went wrong, without raising into the training loop
-    def record_error(self, what: str, exc: BaseException) -> None:
-        self.errors.append(ErrorRecord(source=f"{self.source}.{what}", type=type(exc).__name__, message=str(exc)[:2000]))
+    def record_error(self, what: str, exc: BaseException) -> ErrorRecord:
+        record = ErrorRecord(source=f"{self.source}.{what}", type=type(exc).__name__, message=str(exc)[:2000])
+        self.errors.append(record)
         logger.warning("nndx %s: %s failed with %s: %s (recorded in the report; training continues)",
                        self.source, what, type(exc).__name__, exc)  # fmt: skip
+        return record
 
     # -- the run
     def run_preflight(self, model: Any, batch: Any, loss_fn: Callable[..., Any], optimizer: Any = None) -> None:
@@ -153,9 +155,28 @@ class TrainingSession:
         report.errors = [*report.errors, *self.errors]
         self.report = report
         if directory is not None:
-            try:
-                self.saved = save_artifacts(report, directory, prefix=self.filename_prefix)
-                logger.info("nndx: saved %s", ", ".join(str(p) for p in self.saved if p is not None))
-            except Exception as exc:  # noqa: BLE001 - losing the report must not lose the run
-                self.record_error("save", exc)
+            self.save(directory)
         return report
+
+    def export(self, sinks: Sequence[Any]) -> None:
+        """Write the finished report's series to ``sinks`` (e.g. the framework's own
+        TensorBoard writer); a sink that raises is recorded in the report."""
+        if self.report is None:
+            raise RuntimeError("export() needs a finished run: call finish() first")
+        from nndx.integrations import export_report
+
+        for sink in sinks:
+            try:
+                export_report(sink, self.report)
+            except Exception as exc:  # noqa: BLE001
+                self.report.errors.append(self.record_error(f"export:{type(sink).__name__}", exc))
+
+    def save(self, directory: str | Path) -> None:
+        """Save the finished report and its diagnosis into ``directory``."""
+        if self.report is None:
+            raise RuntimeError("save() needs a finished run: call finish() first")
+        try:
+            self.saved = save_artifacts(self.report, directory, prefix=self.filename_prefix)
+            logger.info("nndx: saved %s", ", ".join(str(p) for p in self.saved if p is not None))
+        except Exception as exc:  # noqa: BLE001 - losing the report must not lose the run
+            self.record_error("save", exc)

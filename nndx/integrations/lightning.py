@@ -22,7 +22,9 @@ What it does, hook by hook:
 - ``on_fit_end`` / ``on_exception``: closes the Monitor and saves
   ``nndx-report.json`` and ``nndx-diagnosis.json`` into ``save_dir``, else
   ``trainer.log_dir`` (the logger's version directory, or ``default_root_dir``). A run
-  that crashed is saved too, with the exception in ``report.errors``.
+  that crashed is saved too, with the exception in ``report.errors``. With
+  ``log_to_logger=True`` the report's series (see :mod:`nndx.integrations`) are also
+  written to the Trainer's own TensorBoard or W&B logger, under ``nndx/``.
 
 The probes need a loss of (model output, targets): pass ``loss_fn`` (e.g.
 ``nn.CrossEntropyLoss()``) for a batch ``(x, y)`` and ``module(x)``. Without it they
@@ -37,6 +39,7 @@ Importing this module needs no Lightning; ``NndxCallback`` is built on first use
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,8 @@ from nndx.integrations._callback import PREFLIGHT_PROBES, TrainingSession, model
 from nndx.integrations._common import MissingExtraError, require
 
 __all__ = ["NndxCallback"]
+
+logger = logging.getLogger("nndx")
 
 
 class _LightningHooks:
@@ -62,10 +67,12 @@ class _LightningHooks:
         val_loss_key: str = "val_loss",
         save_dir: str | Path | None = None,
         filename_prefix: str = "nndx",
+        log_to_logger: bool = False,
         **monitor_options: Any,
     ) -> None:
         super().__init__()
         self.loss_fn = loss_fn
+        self.log_to_logger = log_to_logger
         self.val_loss_key = val_loss_key
         self.save_dir = save_dir
         self._session_options = {
@@ -78,6 +85,7 @@ class _LightningHooks:
         }
         self.session: TrainingSession | None = None
         self._started = False
+        self._warned_no_val_loss = False
 
     @property
     def report(self) -> Any:
@@ -88,6 +96,7 @@ class _LightningHooks:
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self.session = TrainingSession(**self._session_options)  # a fresh record per fit
         self._started = False
+        self._warned_no_val_loss = False
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         session = self.session
@@ -115,7 +124,13 @@ class _LightningHooks:
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.session is None or trainer.sanity_checking:
             return
-        self.session.log(trainer.callback_metrics.get(self.val_loss_key), "val")
+        value = trainer.callback_metrics.get(self.val_loss_key)
+        if value is None and not self._warned_no_val_loss:
+            self._warned_no_val_loss = True
+            logger.warning("nndx: no %r in trainer.callback_metrics (logged: %s); the report will have no "
+                           "validation loss — pass NndxCallback(val_loss_key=...)",
+                           self.val_loss_key, sorted(trainer.callback_metrics))  # fmt: skip
+        self.session.log(value, "val")
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._finish(trainer)
@@ -133,7 +148,31 @@ class _LightningHooks:
             directory = trainer.default_root_dir
         else:
             directory = trainer.log_dir
-        self.session.finish(directory if trainer.is_global_zero else None, failure=failure)
+        self.session.finish(None, failure=failure)
+        if not trainer.is_global_zero:
+            return
+        if self.log_to_logger:
+            self.session.export(self._logger_sinks(trainer))
+        self.session.save(directory)
+
+    def _logger_sinks(self, trainer: Any) -> list[Any]:
+        """Sinks over the Trainer's own TensorBoard / W&B loggers' experiments."""
+        from nndx.integrations import make_sinks
+
+        sinks: list[Any] = []
+        for lightning_logger in trainer.loggers:
+            try:
+                experiment = lightning_logger.experiment
+                if hasattr(experiment, "add_scalar"):
+                    sinks += make_sinks(tensorboard=experiment)
+                elif hasattr(experiment, "define_metric"):
+                    sinks += make_sinks(wandb=experiment)
+            except Exception as exc:  # noqa: BLE001
+                self.session.report.errors.append(self.session.record_error("export", exc))
+        if not sinks:
+            error = ValueError("log_to_logger=True, but the Trainer has no TensorBoard or W&B logger")
+            self.session.report.errors.append(self.session.record_error("export", error))
+        return sinks
 
 
 def training_step_view(pl_module: Any) -> Any:

@@ -57,9 +57,9 @@ def loaders() -> tuple[DataLoader, DataLoader]:
     return DataLoader(data, batch_size=BATCH, shuffle=True), DataLoader(data, batch_size=32)
 
 
-def fit(module: pl.LightningModule, callback, root, max_epochs: int = EPOCHS) -> pl.Trainer:
+def fit(module: pl.LightningModule, callback, root, max_epochs: int = EPOCHS, logger=False) -> pl.Trainer:
     trainer = pl.Trainer(
-        max_epochs=max_epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        max_epochs=max_epochs, accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root),
         callbacks=[callback], num_sanity_val_steps=1, log_every_n_steps=1,
     )  # fmt: skip
@@ -159,6 +159,46 @@ def test_a_crashing_fit_still_saves_what_was_seen(tmp_path):
     assert [(e.source, e.type, e.message) for e in report.errors] == [
         ("lightning.training", "RuntimeError", "planted failure")
     ]
+
+
+def test_log_to_logger_writes_the_series_to_the_trainers_tensorboard(tmp_path):
+    from pytorch_lightning.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing import event_accumulator
+
+    torch.manual_seed(0)
+    module = TinyClassifier()
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="tb")
+    fit(module, NndxCallback(every=2, log_to_logger=True), tmp_path, max_epochs=1, logger=logger)
+
+    run_dir = tmp_path / "tb" / "version_0"
+    report, _ = saved(run_dir)  # trainer.log_dir is the logger's version directory
+    events = event_accumulator.EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    nndx_loss = {e.step: e.value for e in events.Scalars("nndx/loss/train")}
+    assert nndx_loss == {p.step: pytest.approx(p.value) for p in report.loss_history["train"]}
+    assert len(nndx_loss) == SAMPLES // BATCH
+    assert "train_loss" in events.Tags()["scalars"]  # next to Lightning's own series
+    assert {e.step for e in events.Scalars("nndx/dead_unit_fraction/net.1")} == {0, 2}
+    assert report.errors == []
+
+
+def test_log_to_logger_without_a_logger_says_so(tmp_path):
+    torch.manual_seed(0)
+    fit(TinyClassifier(), NndxCallback(log_to_logger=True), tmp_path, max_epochs=1)
+    report, _ = saved(tmp_path)
+    assert [(e.source, e.message) for e in report.errors] == [
+        ("lightning.export", "log_to_logger=True, but the Trainer has no TensorBoard or W&B logger")
+    ]
+
+
+def test_a_missing_val_loss_key_is_warned_about_once(tmp_path, caplog):
+    torch.manual_seed(0)
+    with caplog.at_level("WARNING", logger="nndx"):
+        fit(TinyClassifier(), NndxCallback(val_loss_key="valid/loss"), tmp_path)
+    report, _ = saved(tmp_path)
+    assert "val" not in report.loss_history
+    warnings_about_it = [r for r in caplog.records if "valid/loss" in r.getMessage()]
+    assert len(warnings_about_it) == 1 and "val_loss" in warnings_about_it[0].getMessage()  # what was logged
 
 
 @pytest.mark.xfail(
