@@ -11,7 +11,9 @@ Every probe works on a copy of the model with the random state restored, so the
 user's model, optimizer and RNG are exactly as before (tested). A probe that raises
 (a dtype or device mismatch, an in-place op that breaks autograd...) becomes an
 ``ErrorRecord`` in ``report.errors`` and that probe's result has status ``error``: the
-others still run, and the caller's process never crashes because of nndx.
+others still run, and the caller's process never crashes because of nndx. Warnings
+raised while a probe runs (a loss broadcasting mismatched shapes) are recorded the same
+way, once each, with the warning category as ``type``.
 
 Per-probe options go in a keyword argument named after the probe, as a dict of the
 probe function's keyword arguments (see ``PROBES``).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -69,6 +72,9 @@ PROBES: dict[str, tuple[type | None, Callable[..., Any]]] = {
     "lr_range": (LRRangeResult, lambda m, b, f, opt, **kw: lr_range_test(m, b, f, optimizer=opt, **kw)),
 }
 MAX_MESSAGE = 2000
+MAX_WARNINGS = 20
+# library housekeeping, not evidence about the user's training
+IGNORED_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning, ImportWarning, ResourceWarning)
 
 
 def probe(
@@ -104,13 +110,30 @@ def probe(
         report.errors.append(ErrorRecord(source=source, type=type(exc).__name__, message=message))
         return message
 
+    warned: set[tuple[str, str]] = set()
+
+    def record_warnings(source: str, caught: list[warnings.WarningMessage]) -> None:
+        """A warning raised inside the model or loss is evidence too ("Using a target size
+        that is different to the input size" is a silent broadcast); each is kept once."""
+        for w in caught:
+            key = (w.category.__name__, str(w.message))
+            if issubclass(w.category, IGNORED_WARNINGS) or key in warned or len(warned) >= MAX_WARNINGS:
+                continue
+            warned.add(key)
+            report.errors.append(ErrorRecord(source=source, type=key[0], message=key[1][:MAX_MESSAGE]))
+
     _describe(report, model, batch, loss_fn, optimizer, record_error)
     for i, name in enumerate(selected, start=1):
         result_type, run = PROBES[name]
         say(f"[{i}/{len(selected)}] {name} ...")
         started = time.perf_counter()
         try:
-            outcome = run(model, batch, loss_fn, optimizer, **options.get(name, {}))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    outcome = run(model, batch, loss_fn, optimizer, **options.get(name, {}))
+                finally:
+                    record_warnings(name, caught)
         except Exception as exc:  # noqa: BLE001 - a crash is evidence, never the user's crash
             message = record_error(name, exc)
             if result_type is not None:

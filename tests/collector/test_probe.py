@@ -168,3 +168,12 @@ def test_progress_on_stderr(capsys):
     run(mlp(), probes=["nan_origin", "grad_check"], progress=True)
     err = capsys.readouterr().err
     assert "[1/2] nan_origin" in err and "[2/2] grad_check passed" in err
+
+
+def test_loss_warnings_recorded_once_as_evidence():
+    x, _ = batch()
+    target = x.sum(dim=1)  # shape (16,), the model outputs (16, 1): MSELoss broadcasts to (16, 16)
+    report = nndx.probe(mlp(out=1), (x, target), nn.MSELoss(), probes=["hooks", "overfit_one_batch"], **FAST)
+    shape_warnings = [e for e in report.errors if "target size" in e.message]
+    assert len(shape_warnings) == 1 and shape_warnings[0].type == "UserWarning"
+    assert shape_warnings[0].source == "hooks"
