@@ -139,9 +139,51 @@ class Server:
                 self.kill()
 
 
+class RawHTTPConnection:
+    """A minimal keep-alive HTTP/1.1 client for the load phase. httpx costs ~2 ms of CPU
+    per request here — CPU taken from the server on the same two cores — this ~0.2 ms."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        try:
+            self.writer.write(head + body)
+            await self.writer.drain()
+            status = int((await self.reader.readline()).split()[1])
+            length, close = 0, False
+            while (line := await self.reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+                elif name.lower() == "connection" and "close" in value.lower():
+                    close = True
+            content = await self.reader.readexactly(length)
+        except (OSError, IndexError, ValueError, asyncio.IncompleteReadError):
+            self.close()
+            raise ConnectionError("connection lost") from None
+        if close:
+            self.close()
+        return status, content
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
 async def load(url: str, bodies: list[bytes], concurrency: int, kill_after: int | None = None,
                on_kill=None, time_limit_s: float = 120.0):
     """POST ``bodies`` with ``concurrency`` clients; returns ({index: id}, latencies, seconds, errors)."""
+    import json
+
+    port = int(url.rsplit(":", 1)[1])
     acknowledged: dict[int, str] = {}
     latencies: list[float] = []
     errors = 0
@@ -149,8 +191,9 @@ async def load(url: str, bodies: list[bytes], concurrency: int, kill_after: int 
     killed = False
     deadline = time.monotonic() + time_limit_s
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client() -> None:
         nonlocal next_index, errors, killed
+        connection = RawHTTPConnection("127.0.0.1", port)
         while next_index < len(bodies) and time.monotonic() < deadline:
             index = next_index
             next_index += 1
@@ -159,22 +202,20 @@ async def load(url: str, bodies: list[bytes], concurrency: int, kill_after: int 
                 on_kill()
             start = time.perf_counter()
             try:
-                response = await http.post(f"{url}/v1/reports", content=bodies[index], headers=JSON)
-            except httpx.TransportError:
+                status, content = await connection.post("/v1/reports", bodies[index])
+            except ConnectionError:
                 errors += 1
                 continue
-            if response.status_code == 201:
+            if status == 201:
                 latencies.append(time.perf_counter() - start)
-                acknowledged[index] = response.json()["id"]
+                acknowledged[index] = json.loads(content)["id"]
             else:
                 errors += 1
+        connection.close()
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=30) as http:
-        started = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return acknowledged, latencies, elapsed, errors
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return acknowledged, latencies, time.perf_counter() - started, errors
 
 
 async def verify(url: str, acknowledged: dict[int, str], bodies: list[bytes], concurrency: int) -> tuple[int, int]:
