@@ -57,10 +57,13 @@ class Curve:
         self.n = n
         if n < 2:
             self.start = self.end = self.noise = self.multiplicative_noise = 0.0
+            self.initial = self.values[0] if self.values else 0.0
             self.smooth = list(self.values)
             return
         w = window(n)
         self.start = median(self.values[:w])
+        # the very first value: a blow-up later in the first window cannot inflate it
+        self.initial = self.values[0]
         self.end = median(self.values[-w:])
         smooth = trend(self.values)
         self.smooth = smooth

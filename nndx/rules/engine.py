@@ -174,16 +174,18 @@ def _key(finding: Finding) -> tuple:
     return (-SEVERITY_ORDER[finding.severity], -score, finding.rule_id, finding.symptom)
 
 
-def can_explain(cause_rule: str, symptom_rule: str, cause_code: CauseCode, symptom_code: CauseCode) -> bool:
+def can_explain(cause_rule: str, symptom_rule: str) -> bool:
     """Whether a finding of ``cause_rule`` explains one of ``symptom_rule``.
 
-    Two symptoms that cite each other's code (NaN after k steps and oscillation, both
-    pointing at LR_TOO_HIGH) explain nothing about each other: only a rule the symptom
-    cannot explain back may be its cause, which keeps the links acyclic (tested).
+    The symptom rule names the cause codes that explain it. Two symptoms that cite each
+    other's code (NaN after k steps and oscillation, both pointing at LR_TOO_HIGH)
+    explain nothing about each other: only a rule the symptom cannot explain back may
+    be its cause, which keeps the links acyclic (tested over the whole registry).
     """
     if cause_rule == symptom_rule or cause_rule not in REGISTRY or symptom_rule not in REGISTRY:
         return False
-    return cause_code in REGISTRY[symptom_rule].explained_by and symptom_code not in REGISTRY[cause_rule].explained_by
+    cause, symptom = REGISTRY[cause_rule], REGISTRY[symptom_rule]
+    return cause.code in symptom.explained_by and symptom.code not in cause.explained_by
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
@@ -192,7 +194,7 @@ def rank(findings: list[Finding]) -> list[Finding]:
     direct: dict[int, int] = {}
     for i, symptom in enumerate(ordered):
         for j, candidate in enumerate(ordered):  # best-ranked explainer wins
-            if j != i and can_explain(candidate.rule_id, symptom.rule_id, candidate.code, symptom.code):
+            if j != i and can_explain(candidate.rule_id, symptom.rule_id):
                 direct[i] = j
                 break
 

@@ -206,13 +206,16 @@ def exploding(report: DiagnosticReport) -> Hit | None:
 def _median_update_ratio(report: DiagnosticReport) -> tuple[float, int] | None:
     """Median update/weight ratio over weight matrices and recorded steps.
 
-    Finite ratios when there are any: once the weights are NaN every later ratio is NaN,
-    and the steps before say how large the updates were. Only non-finite: inf."""
+    Finite non-zero ratios when there are any: once the weights are NaN every later ratio
+    is NaN, and the steps before say how large the updates were. Only non-finite: inf."""
     ratios = [p.update_ratio for p in weight_params(report) if p.update_ratio is not None]
-    if not ratios:
-        return None
-    finite_ratios = finite(ratios)
-    return (median(finite_ratios) if finite_ratios else math.inf), len(ratios)
+    # a ratio of exactly 0 is a step with no gradient for that tensor (dead or frozen units):
+    # no evidence about the step size, so it does not pull the median down
+    moved = [r for r in ratios if r != 0.0]
+    if not moved:
+        return (0.0, len(ratios)) if ratios else None
+    finite_ratios = finite(moved)
+    return (median(finite_ratios) if finite_ratios else math.inf), len(moved)
 
 
 @rule(

@@ -127,8 +127,8 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     C.LR_TOO_LOW,
     "warning",
     "Loss is not decreasing",
-    detects="A train loss whose last tenth is within 5% of its first tenth (medians) over at least "
-    "10 recorded steps, with no accuracy gain either. Judged relative to the initial loss, so the "
+    detects="A train loss whose last tenth (median) is within 5% of its first tenth, or over 10% above "
+    "its very first value, over at least 10 recorded steps, with no accuracy gain either. Judged relative to the initial loss, so the "
     "rule does not depend on the loss's scale.",
     why="A loss that does not move means no useful update reaches the weights: the LR is far too "
     "low (or too high and bouncing), units are dead, the optimizer is not connected, or the data "
@@ -142,7 +142,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     curve = Curve(points)
     if curve.n < 10 or len(curve.values) < len(points):  # NaN curves have their own rules
         return None
-    if curve.progress >= 0.05:
+    # ended clearly above its very first value (after a blow-up, say) counts as not decreasing
+    from_initial = (curve.initial - curve.end) / max(abs(curve.initial), 1e-12)
+    if curve.progress >= 0.05 and from_initial >= -0.1:
         return None
     accuracies = [p.accuracy for p in points if p.accuracy is not None and math.isfinite(p.accuracy)]
     if len(accuracies) >= 6:
@@ -153,13 +155,14 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     return Hit(
         symptom="train loss did not change at all" if frozen else "train loss is not decreasing",
         evidence={
+            "loss_initial": curve.initial,
             "loss_start": curve.start,
             "loss_end": curve.end,
-            "relative_progress": curve.progress,
+            "relative_progress": min(curve.progress, from_initial),
             "relative_noise": curve.relative_noise,
             "points": curve.n,
         },
-        score=1.0 + (1.0 if frozen else 0.0) + max(0.0, -curve.progress),
+        score=1.0 + (1.0 if frozen else 0.0) + min(3.0, max(0.0, -min(curve.progress, from_initial))),
         next_probe="lr_range and overfit_one_batch",
     )
 
@@ -169,8 +172,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     C.LR_TOO_HIGH,
     "warning",
     "Loss is oscillating or diverging",
-    detects="A train loss that is above twice its initial level at least twice in its second half, or "
-    "whose step-to-step swings "
+    detects="A train loss that jumps above 10x its first values, or is above twice its initial level at "
+    "least twice in its second half, or whose step-to-step swings "
     "exceed 25% of the initial loss while it makes under 50% progress.",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
@@ -183,19 +186,23 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
         return None
     after = curve.values[curve.n // 2 :]
     spikes = sum(1 for v in after if v > 2.0 * curve.start)
+    # a jump to 10x the first values: healthy noise never does that, an overshoot does
+    blow_ups = sum(1 for v in curve.values[1:] if curve.initial > 0 and v > 10.0 * curve.initial)
     swinging = curve.relative_noise > 0.25 and curve.progress < 0.5
-    if spikes < 2 and not swinging:
+    if spikes < 2 and not swinging and not blow_ups:
         return None
     return Hit(
-        symptom="train loss is diverging" if spikes >= 2 else "train loss is oscillating",
+        symptom="train loss is diverging" if spikes >= 2 or blow_ups else "train loss is oscillating",
         evidence={
+            "loss_initial": curve.initial,
             "loss_start": curve.start,
             "loss_max": max(curve.values),
+            "points_above_10x_initial": blow_ups,
             "points_above_2x_start": spikes,
             "relative_noise": curve.relative_noise,
             "relative_progress": curve.progress,
         },
-        score=1.0 + min(5.0, curve.relative_noise + spikes / max(1, len(after))),
+        score=1.0 + min(5.0, curve.relative_noise + (spikes + blow_ups) / max(1, len(after))),
         next_probe="lr_range",
     )
 
@@ -219,6 +226,7 @@ def _lr_decays(report: DiagnosticReport) -> bool:
     "a decay usually buys another drop. A noisy task also plateaus legitimately, so this is context, "
     "not an alarm.",
     fix="Add a schedule (ReduceLROnPlateau, cosine or step decay stepped per epoch).",
+    explained_by=(C.LR_TOO_HIGH,),
 )
 def plateau(report: DiagnosticReport) -> Hit | None:
     curve = Curve(train_curve(report))

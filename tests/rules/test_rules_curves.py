@@ -82,3 +82,10 @@ def test_overfitting_needs_train_still_falling():
     healthy_val = [1.0, 0.8, 0.7, 0.65, 0.62, 0.6, 0.6, 0.59, 0.6, 0.59]
     fine = {"train": falling["train"], "val": points(healthy_val, every=10)}
     assert "NNDX107" not in {f.rule_id for f in diagnose(DiagnosticReport(loss_history=fine)).findings}
+
+
+def test_early_blow_up_then_collapse_is_divergence():
+    # lr=10 without momentum: the loss jumps 1000x, then the dead network sits above its start
+    values = [1.35, 350.0, 6900.0, 2.4] + flat(6, n=56, level=1.85, noise=0.1)
+    found = {f.rule_id for f in diagnose(DiagnosticReport(loss_history={"train": points(values)})).findings}
+    assert {"NNDX104", "NNDX103"} <= found

@@ -94,3 +94,11 @@ def test_grad_check_errors_at_relu_kink_level_are_info():
     kinks = GradCheckResult(status="failed", max_relative_error=0.012, parameters=[GradCheckParam(name="0.bias", relative_error=0.012, status="bug")])
     finding = _found(BASE.model_copy(update={"probes": healthy_probes(grad_check=kinks)}))["NNDX604"]
     assert finding.severity == "info"
+
+
+def test_steps_without_gradient_do_not_hide_huge_updates():
+    from .reports import mlp_params
+
+    huge = mlp_params(steps=(0, 5), ratio=0.9)
+    no_gradient = [p.model_copy(update={"update_ratio": 0.0}) for p in mlp_params(steps=(10, 15, 20, 25, 30))]
+    assert "NNDX205" in _found(BASE.model_copy(update={"parameters": huge + no_gradient}))
