@@ -43,13 +43,13 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
     with preserved_rng(), torch.no_grad():
         model_copy = working_copy(model)
         first, second = _outputs(model_copy, inputs), _outputs(model_copy, inputs)
-        diff = _max_abs_diff(first, second)
+        diff = _max_abs_diff(first, second) or 0.0
         half = _first_half(inputs)
         batch_diff = None
         if half is not None:
             batch_diff = _max_abs_diff(_first_rows(first, _batch_size(half)), _outputs(model_copy, half))
         model_copy.eval()
-        eval_diff = _max_abs_diff(_outputs(model_copy, inputs), _outputs(model_copy, inputs))
+        eval_diff = _max_abs_diff(_outputs(model_copy, inputs), _outputs(model_copy, inputs)) or 0.0
     mode = "train" if training else "eval"
     if eval_diff > TOLERANCE:
         status, message = "failed", (f"outputs differ by {eval_diff:.3g} between two forwards even in eval mode: "
@@ -71,9 +71,11 @@ def _outputs(model: nn.Module, inputs: object) -> list[torch.Tensor]:
     return [t.detach().float() for t in iter_tensors(forward(model, inputs)) if t.is_floating_point()]
 
 
-def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float | None:
+    """Largest absolute difference, or None when the outputs cannot be lined up (an
+    output that is not batch-first, whose first half is not the half batch's output)."""
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
-        return float("inf")
+        return None
     diffs = [float((x - y).abs().max()) for x, y in zip(a, b) if x.numel()]
     return max(diffs, default=0.0)
 

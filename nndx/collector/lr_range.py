@@ -17,7 +17,8 @@ none is right for every model:
 - ``min_over_10_lr``: the lr of the minimum smoothed loss, divided by 10.
 
 The copy uses a copy of the user's optimizer when it holds the model's parameters (the
-suggestion is specific to the optimizer), else nndx's own Adam. The user's model,
+suggestion is specific to the optimizer), else nndx's own Adam; every param group gets
+the same swept lr (per-group lr ratios are not kept). The user's model,
 optimizer and RNG state are untouched. With a single batch the same batch is reused
 each step; pass ``batches`` (e.g. a DataLoader) to sweep over real data.
 """

@@ -50,3 +50,19 @@ def test_batchnorm_running_stats_and_rng_of_the_user_untouched():
     eval_mode_consistency(model, batch())
     assert_untouched(before, model)
     assert model.training
+
+
+class SequenceFirst(nn.Module):
+    """Takes (batch, features), returns (time, batch, features): not batch-first."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.linear(x).unsqueeze(0).expand(4, -1, -1)
+
+
+def test_output_not_batch_first_is_not_a_false_alarm():
+    result = eval_mode_consistency(SequenceFirst(), batch())
+    assert result.status == "passed" and result.batch_dependence_diff is None
