@@ -16,11 +16,13 @@ raised while a probe runs (a loss broadcasting mismatched shapes) are recorded t
 way, once each, with the warning category as ``type``.
 
 Per-probe options go in a keyword argument named after the probe, as a dict of the
-probe function's keyword arguments (see ``PROBES``).
+probe function's keyword arguments (see ``PROBES``); an unknown one is a TypeError
+before anything runs.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 import warnings
@@ -62,14 +64,16 @@ from nndx.report import (
     RunInfo,
 )
 
-# probe name -> (result model, how to run it). Cheap probes first.
+# probe name -> (result model, probe function). Cheap probes first. Each function takes
+# (model, batch[, loss_fn]) and keyword options; those with an ``optimizer`` keyword get
+# the user's optimizer.
 PROBES: dict[str, tuple[type | None, Callable[..., Any]]] = {
-    "hooks": (None, lambda m, b, f, opt, **kw: hook_statistics(m, b, f, optimizer=opt, **kw)),
-    "nan_origin": (NanOriginResult, lambda m, b, f, opt, **kw: nan_origin(m, b, f, **kw)),
-    "eval_mode": (EvalModeResult, lambda m, b, f, opt, **kw: eval_mode_consistency(m, b, **kw)),
-    "grad_check": (GradCheckResult, lambda m, b, f, opt, **kw: grad_check(m, b, f, **kw)),
-    "overfit_one_batch": (OverfitResult, lambda m, b, f, opt, **kw: overfit_one_batch(m, b, f, **kw)),
-    "lr_range": (LRRangeResult, lambda m, b, f, opt, **kw: lr_range_test(m, b, f, optimizer=opt, **kw)),
+    "hooks": (None, hook_statistics),
+    "nan_origin": (NanOriginResult, nan_origin),
+    "eval_mode": (EvalModeResult, eval_mode_consistency),
+    "grad_check": (GradCheckResult, grad_check),
+    "overfit_one_batch": (OverfitResult, overfit_one_batch),
+    "lr_range": (LRRangeResult, lr_range_test),
 }
 MAX_MESSAGE = 2000
 MAX_WARNINGS = 20
@@ -98,9 +102,7 @@ def probe(
     ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data`.
     """
     selected = _select(probes)
-    unknown = set(options) - set(PROBES)
-    if unknown:
-        raise TypeError(f"unknown probe options {sorted(unknown)}; options are keyed by probe name: {list(PROBES)}")
+    _check_options(options)
     say = _progress_printer(progress)
     report = DiagnosticReport(run=_run_info(model), errors=[])
     results: dict[str, Any] = {}
@@ -131,7 +133,7 @@ def probe(
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    outcome = run(model, batch, loss_fn, optimizer, **options.get(name, {}))
+                    outcome = _call(run, model, batch, loss_fn, optimizer, options.get(name, {}))
                 finally:
                     record_warnings(name, caught)
         except Exception as exc:  # noqa: BLE001 - a crash is evidence, never the user's crash
@@ -162,6 +164,32 @@ def probe(
             record_error("data", exc)
     report.run.finished_at = datetime.now(timezone.utc)
     return report
+
+
+def _options_of(fn: Callable[..., Any]) -> list[str]:
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "optimizer"]  # fmt: skip
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """Fail before anything runs: a misspelt option must not become a probe 'error'."""
+    for name, given in options.items():
+        if name not in PROBES:
+            raise TypeError(f"unknown probe options {name!r}; options are keyed by probe name: {list(PROBES)}")
+        if not isinstance(given, dict):
+            raise TypeError(f"options for {name} must be a dict of keyword arguments, got {type(given).__name__}")
+        allowed = _options_of(PROBES[name][1])
+        wrong = sorted(set(given) - set(allowed))
+        if wrong:
+            raise TypeError(f"{name} has no option(s) {wrong}; it takes {allowed}")
+
+
+def _call(fn: Callable[..., Any], model: nn.Module, batch: Batch, loss_fn: LossFn,
+          optimizer: torch.optim.Optimizer | None, options: dict[str, Any]) -> Any:  # fmt: skip
+    parameters = inspect.signature(fn).parameters
+    args = (model, batch, loss_fn) if "loss_fn" in parameters else (model, batch)
+    kwargs = {**options, **({"optimizer": optimizer} if "optimizer" in parameters else {})}
+    return fn(*args, **kwargs)
 
 
 def _select(probes: Sequence[str] | str | None) -> list[str]:

@@ -56,6 +56,10 @@ def test_probe_selection_and_option_errors():
         run(mlp(), probes=["overfit"])
     with pytest.raises(TypeError, match="unknown probe options"):
         nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), steps=3)
+    with pytest.raises(TypeError, match=r"grad_check has no option\(s\) \['epsilon'\]"):
+        nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), grad_check={"epsilon": 1e-6})
+    with pytest.raises(TypeError, match="must be a dict"):
+        nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), lr_range=5)
     assert list(probe_module.PROBES) == ALL
 
 
