@@ -1,4 +1,3 @@
-import torch
 from _probe_models import assert_untouched, batch, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from _probe_models import assert_untouched, batch, custom_backward_mlp, mlp, snapshot, single_thread  # noqa: F401
+from _probe_models import assert_untouched, batch, custom_backward_mlp, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
 from nndx.collector.gradcheck import grad_check, grad_check_arrays

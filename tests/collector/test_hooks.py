@@ -1,6 +1,6 @@
 import pytest
 import torch
-from _probe_models import assert_untouched, batch, dead_relu_mlp, mlp, snapshot, single_thread  # noqa: F401
+from _probe_models import assert_untouched, batch, dead_relu_mlp, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
 from nndx.collector.hooks import hook_statistics

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from _probe_models import Log, assert_untouched, batch, dead_relu_mlp, mlp, snapshot, single_thread  # noqa: F401
+from _probe_models import Log, assert_untouched, batch, dead_relu_mlp, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
 from nndx.collector.overfit import overfit_one_batch
