@@ -37,7 +37,8 @@ def test_probe_writes_report_with_progress(tmp_path, capsys):
 
 def test_probe_dict_factory_with_optimizer(tmp_path):
     out = tmp_path / "r.json"
-    assert main(["probe", f"{__file__}:dict_factory", "--out", str(out), "--probes", "hooks", "--quiet"]) == 0
+    # MODULE as an importable module name (pytest put this test's folder on sys.path)
+    assert main(["probe", f"{__name__}:dict_factory", "--out", str(out), "--probes", "hooks", "--quiet"]) == 0
     report = DiagnosticReport.model_validate_json(out.read_text())
     assert report.layers and report.loop.params_not_in_optimizer == []
 
