@@ -97,15 +97,19 @@ from nndx.collector.stats import (
     DROPOUT_TYPES,
     LayerRecorder,
     parameter_stats,
+    single_threaded,
     snapshot_parameters,
     summarize_model,
 )
 from nndx.report import (
+    ActivationStats,
     DiagnosticReport,
     ErrorRecord,
     Finding,
+    GradientStats,
     GradNormPoint,
     LayerStats,
+    LiveFinding,
     LossCall,
     LossPoint,
     LoopStats,
@@ -113,6 +117,7 @@ from nndx.report import (
     ParameterStats,
     RunInfo,
     ScalarPoint,
+    SEVERITY_ORDER,
 )
 
 logger = logging.getLogger("nndx")
@@ -120,6 +125,14 @@ logger = logging.getLogger("nndx")
 __all__ = ["Monitor", "TrainingFailure", "watch"]
 
 MAX_ERRORS = 20
+# Live alerts: the rules that need only what a running loop has shown so far, and
+# cannot be fooled by a run that is merely young — NaN/Inf loss (NNDX101/102), dead
+# units (NNDX201/208), exploding gradients (NNDX204), missing zero_grad (NNDX301),
+# optimizer not connected (NNDX303), LR collapsed by the schedule (NNDX307).
+LIVE_RULES = ("NNDX101", "NNDX102", "NNDX201", "NNDX204", "NNDX208", "NNDX301", "NNDX303", "NNDX307")
+LIVE_WINDOW = 256  # newest points of each history the live rules read
+LIVE_RECORDED_STEPS = 8  # newest recorded steps (plus the first) the live rules read
+_LOG_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 MAX_LOSS_SIGNATURES = 32
 _FLUSH_AT = 1024  # pending scalars fetched at the latest after this many
 
@@ -179,8 +192,10 @@ class _History:
             self._stride *= 2
             self._items = [t for t in self._items if t[0] % self._stride == 0 or t[2]]
 
-    def values(self) -> list[Any]:
-        out = [item for _, item, _ in self._items]
+    def values(self, newest: int | None = None) -> list[Any]:
+        """The kept points, oldest first (only the ``newest`` ones when given)."""
+        items = self._items if newest is None else self._items[-newest:]
+        out = [item for _, item, _ in items]
         if self._last is not None and (not self._items or self._items[-1][0] != self._last[0]):
             out.append(self._last[1])
         return out
@@ -306,7 +321,9 @@ class Monitor:
         self._desync_steps: list[int] = []
         self._max_desync: float | None = None
         self._last_checksum_step: int | None = None
-        self._findings: dict[tuple[str, str], Finding] = {}
+        self._findings: dict[str, Finding] = {}
+        self._live: list[LiveFinding] = []
+        self._live_rules: list[Any] | None = None
 
         # what the model is made of
         self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -459,7 +476,9 @@ class Monitor:
             return
         x = _first_float_tensor(args, kwargs)
         if x is not None:
-            self._defer(self._input_norm, (self.steps, torch.linalg.vector_norm(x.detach().float())))
+            with single_threaded(x.device):
+                norm = torch.linalg.vector_norm(x.detach().float())
+            self._defer(self._input_norm, (self.steps, norm))
 
     def _on_param_grad(self, grad: torch.Tensor) -> None:
         """Runs for each trainable parameter's gradient, before it is accumulated; only
@@ -493,7 +512,8 @@ class Monitor:
             for name in [n for n, p in self._never_grad.items() if p.grad is not None]:
                 del self._never_grad[name]
         if grads:
-            self._grad_norm_at_backward = torch.nn.utils.get_total_norm(grads)
+            with single_threaded(grads[0].device):
+                self._grad_norm_at_backward = torch.nn.utils.get_total_norm(grads)
             self._grad_versions = [(id(g), g._version) for g in grads]
         self._reference = next((p for _, p in self._params if p.grad is not None), None)
         self._remember_reference_grad()
@@ -517,7 +537,8 @@ class Monitor:
             after = None
             if [(id(g), g._version) for g in grads] != self._grad_versions:
                 # the user changed the gradients after backward: clipping (or unscaling)
-                after = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+                with single_threaded(grads[0].device if grads else "cpu"):
+                    after = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
             self._defer(self._grad_norm, (step, self._grad_norm_at_backward, after))
         if self._recorder.recording:
             self._snapshot = snapshot_parameters(self.model, self.max_elements)
@@ -540,7 +561,9 @@ class Monitor:
                     not math.isfinite(p.weight_norm) or (p.grad_norm is not None and not math.isfinite(p.grad_norm))
                     for p in params
                 )
-                self._recorded.append((layers, params), pinned=pinned)
+                self._recorded.append(
+                    (tuple(_pack_layer(s) for s in layers), tuple(_pack_parameter(p) for p in params)), pinned=pinned
+                )
                 if self._forward_order is None and layers:
                     self._forward_order = [s.name for s in layers]
         self.steps += 1
@@ -619,8 +642,76 @@ class Monitor:
     # ------------------------------------------------------------------ live alerts
 
     def _alert(self) -> None:
-        """Placeholder until live rule evaluation lands: nothing fires."""
-        return
+        """Every ``alert_every`` steps: evaluate the live rules, report each new finding
+        once (logging, ``on_finding``), and raise TrainingFailure when ``stop_on`` says."""
+        if not self.alert_every or self.steps % self.alert_every or self._live_rules == []:
+            return
+        new = self.check_now()
+        stopping = []
+        for finding in new:
+            logger.log(
+                _LOG_LEVEL[finding.severity],
+                "nndx: %s %s at step %d: %s (%s)",
+                finding.severity, finding.code.value, finding.step, finding.title, finding.symptom,
+            )
+            if self.on_finding is not None:
+                try:
+                    self.on_finding(finding)
+                except TrainingFailure:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the user's callback must not kill training
+                    self._record_error("on_finding", exc)
+            if self.stop_on is not None and SEVERITY_ORDER[finding.severity] >= SEVERITY_ORDER[self.stop_on]:
+                stopping.append(finding)
+        if stopping:
+            raise TrainingFailure(stopping)
+
+    def check_now(self) -> list[Finding]:
+        """Evaluate the live rules on what was seen so far; returns the findings that are
+        new since the last evaluation, each stamped with the step it first fired at.
+        (Called every ``alert_every`` steps; callable by hand, e.g. with alert_every=0.)"""
+        rules = self._load_live_rules()
+        if not rules:
+            return []
+        self._flush()
+        try:
+            partial = self._local_report(window=LIVE_WINDOW)
+        except Exception as exc:  # noqa: BLE001
+            self._record_error("live_report", exc)
+            return []
+        step = max(self.steps - 1, 0)
+        new = []
+        for rule in rules:
+            try:
+                findings = rule.run(partial)
+            except Exception as exc:  # noqa: BLE001 - a broken rule must not stop training
+                self._record_error(f"rule {rule.id}", exc)
+                continue
+            for finding in findings:
+                if finding.rule_id in self._findings:
+                    continue
+                finding = finding.model_copy(update={"step": step})
+                self._findings[finding.rule_id] = finding
+                self._live.append(LiveFinding(rule_id=finding.rule_id, code=finding.code.value,
+                                              severity=finding.severity, title=finding.title, step=step))
+                new.append(finding)
+        return new
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every live finding so far, in firing order (``.step``: when it first fired)."""
+        return list(self._findings.values())
+
+    def _load_live_rules(self) -> list[Any]:
+        if self._live_rules is None:
+            try:
+                from nndx.rules import REGISTRY
+            except Exception as exc:  # noqa: BLE001 - no rules, no alerts; the monitor still works
+                self._record_error("live_rules", exc)
+                self._live_rules = []
+            else:
+                self._live_rules = [REGISTRY[rule_id] for rule_id in LIVE_RULES if rule_id in REGISTRY]
+        return self._live_rules
 
     # ------------------------------------------------------------------ report
 
@@ -652,7 +743,7 @@ class Monitor:
         except (TypeError, ValueError):
             raise TypeError(f"{what} must be a number or a one-element tensor, got {type(value).__name__}") from None
 
-    def _loop_stats(self) -> LoopStats:
+    def _loop_stats(self, window: int | None = None) -> LoopStats:
         model_params = list(self.model.named_parameters())
         trainable = [(n, p) for n, p in model_params if p.requires_grad]
         optimizer_ids = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
@@ -672,23 +763,28 @@ class Monitor:
             no_grad_forwards_in_train_mode=self.no_grad_forwards_in_train_mode,
             has_dropout=self._has_dropout,
             has_batchnorm=self._has_batchnorm,
-            lr_history=[LRPoint(step=s, lrs=list(lrs)) for s, lrs in self._lr.values()],
+            lr_history=[LRPoint(step=s, lrs=list(lrs)) for s, lrs in self._lr.values(window)],
             grad_norm_history=[
                 GradNormPoint(step=s, before_clip=b, after_clip=None if _same_norm(a, b) else a)
-                for s, b, a in self._grad_norm.values()
+                for s, b, a in self._grad_norm.values(window)
             ],
-            input_norm_history=[ScalarPoint(step=s, value=v) for s, v in self._input_norm.values()],
+            input_norm_history=[ScalarPoint(step=s, value=v) for s, v in self._input_norm.values(window)],
             loss_calls=[LossCall(**entry) for entry in self._loss_calls.values()],
             world_size=self._world_size,
             desync_steps=list(self._desync_steps),
             max_desync=self._max_desync,
+            live_findings=list(self._live),
         )
 
-    def _local_report(self) -> DiagnosticReport:
+    def _local_report(self, window: int | None = None) -> DiagnosticReport:
+        """This rank's report; with ``window``, only the newest ``window`` points of each
+        history and the first and newest recorded steps (what live alerts read)."""
         first = next(self.model.parameters(), None)
         recorded = self._recorded.values()
-        layers: list[LayerStats] = [s for step_layers, _ in recorded for s in step_layers]
-        params: list[ParameterStats] = [p for _, step_params in recorded for p in step_params]
+        if window is not None and len(recorded) > LIVE_RECORDED_STEPS + 1:
+            recorded = recorded[:1] + recorded[-LIVE_RECORDED_STEPS:]
+        layers = [_unpack_layer(s) for step_layers, _ in recorded for s in step_layers]
+        params = [_unpack_parameter(p) for _, step_params in recorded for p in step_params]
         return DiagnosticReport(
             run=RunInfo(
                 name=self.name,
@@ -701,12 +797,12 @@ class Monitor:
             ),
             model=summarize_model(self.model, self._forward_order),
             loss_history={
-                split: [LossPoint(step=s, value=v, accuracy=a) for s, v, a in history.values()]
+                split: [LossPoint(step=s, value=v, accuracy=a) for s, v, a in history.values(window)]
                 for split, history in self._loss.items()
             },
             layers=layers,
             parameters=params,
-            loop=self._loop_stats(),
+            loop=self._loop_stats(window),
             errors=list(self._errors),
         )
 
@@ -715,6 +811,39 @@ def _same_norm(after: float | None, before: float) -> bool:
     # clip_grad_norm_ rescales in place even when under its threshold (by 1.0): a
     # changed gradient whose norm did not change was not clipped
     return after is None or after == before or abs(after - before) <= 1e-6 * abs(before)
+
+
+# Recorded steps are kept as tuples of python floats (a few hundred bytes a layer, a
+# fifth of the pydantic model) and turned into report models by report().
+_ACTIVATION_FIELDS = tuple(ActivationStats.model_fields)
+_GRADIENT_FIELDS = tuple(GradientStats.model_fields)
+
+
+def _pack_layer(s: LayerStats) -> tuple:
+    act = None if s.activation is None else tuple(getattr(s.activation, f) for f in _ACTIVATION_FIELDS)
+    grad = None if s.gradient is None else tuple(getattr(s.gradient, f) for f in _GRADIENT_FIELDS)
+    return (s.name, s.type, s.step, act, grad)
+
+
+def _unpack_layer(packed: tuple) -> LayerStats:
+    name, type_, step, act, grad = packed
+    return LayerStats(
+        name=name,
+        type=type_,
+        step=step,
+        activation=None if act is None else ActivationStats(**dict(zip(_ACTIVATION_FIELDS, act))),
+        gradient=None if grad is None else GradientStats(**dict(zip(_GRADIENT_FIELDS, grad))),
+    )
+
+
+def _pack_parameter(p: ParameterStats) -> tuple:
+    return (p.name, tuple(p.shape), p.step, p.requires_grad, p.weight_norm, p.grad_norm, p.update_ratio)
+
+
+def _unpack_parameter(packed: tuple) -> ParameterStats:
+    name, shape, step, requires_grad, weight_norm, grad_norm, update_ratio = packed
+    return ParameterStats(name=name, shape=list(shape), step=step, requires_grad=requires_grad,
+                          weight_norm=weight_norm, grad_norm=grad_norm, update_ratio=update_ratio)
 
 
 def _layer_nonfinite(stats: LayerStats) -> bool:
