@@ -42,6 +42,9 @@ def test_report_page_shows_findings_evidence_and_all_plots(client):
     for plot_id in ("loss", "lr_range", "gradient_flow", "dead_units", "activation_std"):
         assert f'data-plot="{plot_id}"' in page, plot_id
     assert "1 non-finite value not plotted" in page
+    # self-contained: no script, and no URL outside this service (SVG's xmlns is a name, not a fetch)
+    assert "<script" not in page
+    assert re.findall(r'(?:src|href)="(?!/)[^"]*"', page) == []
 
 
 def test_layer_and_run_names_with_script_render_inert(client):
