@@ -59,23 +59,9 @@ def _first_nonfinite(report: DiagnosticReport) -> tuple[int, int, float] | None:
     return None
 
 
-@rule(
-    "NNDX101",
-    C.LOG_OF_ZERO,
-    "error",
-    "Loss is NaN/Inf from the first steps",
-    detects="A train loss that is NaN or infinite at one of the first two recorded steps, before any "
-    "update could have pushed the weights out of range.",
-    why="At step 0 the learning rate has not acted yet, so the non-finite value comes from the data or "
-    "the forward pass: log of 0 (unclamped probabilities), exp overflow, a division by a zero std, or "
-    "NaN already in the inputs.",
-    fix="Check the inputs for NaN/Inf; clamp probabilities before log (or use log_softmax / "
-    "CrossEntropyLoss on logits); add eps to divisions; subtract the max before exp.",
-    explained_by=NONFINITE_CAUSES + (C.BAD_INIT, C.UNNORMALIZED_INPUTS),
-)
-def nonfinite_from_start(report: DiagnosticReport) -> Hit | None:
+def _nonfinite_from_start(report: DiagnosticReport, want_nan: bool) -> Hit | None:
     first = _first_nonfinite(report)
-    if first is None or first[0] > 1:
+    if first is None or first[0] > 1 or math.isnan(first[2]) != want_nan:
         return None
     index, step, value = first
     return Hit(
@@ -83,8 +69,45 @@ def nonfinite_from_start(report: DiagnosticReport) -> Hit | None:
         evidence={"first_nonfinite_step": step, "first_nonfinite_index": index, "loss": value},
         score=2.0,
         step=step,
-        next_probe="nan_origin (names the first module whose output is non-finite) and check_data",
+        next_probe="nan_origin on the model as initialised (names the first module whose output is "
+        "non-finite) and check_data",
     )
+
+
+@rule(
+    "NNDX101",
+    C.LOG_OF_ZERO,
+    "error",
+    "Loss is infinite from the first steps",
+    detects="A train loss that is +Inf or -Inf at one of the first two recorded steps, before any update "
+    "could have pushed the weights out of range.",
+    why="At step 0 the learning rate has not acted yet, so the infinity comes from the forward pass or "
+    "the loss: -log(0) = +Inf when a probability underflows to exactly 0 (unclamped softmax, a "
+    "hand-written cross-entropy), or an exp that overflows.",
+    fix="Compute the loss in log space (log_softmax, CrossEntropyLoss / BCEWithLogitsLoss on logits) or "
+    "clamp probabilities before log (p.clamp_min(1e-12)); subtract the max before exp.",
+    explained_by=NONFINITE_CAUSES + (C.BAD_INIT, C.UNNORMALIZED_INPUTS),
+)
+def infinite_from_start(report: DiagnosticReport) -> Hit | None:
+    return _nonfinite_from_start(report, want_nan=False)
+
+
+@rule(
+    "NNDX110",
+    C.NUMERICAL_OVERFLOW,
+    "error",
+    "Loss is NaN from the first steps",
+    detects="A train loss that is NaN at one of the first two recorded steps, before any update could "
+    "have pushed the weights out of range.",
+    why="NaN at step 0 comes from the data or the forward pass: inf/inf from an exp that overflowed (a "
+    "softmax without the max-subtraction trick), 0/0 from a division by a zero std, the log of a "
+    "negative number, or NaN already in the inputs.",
+    fix="Check the inputs for NaN; subtract the max before exp (or use torch.softmax / log_softmax); add "
+    "eps to every division and inside sqrt.",
+    explained_by=NONFINITE_CAUSES + (C.BAD_INIT, C.UNNORMALIZED_INPUTS),
+)
+def nan_from_start(report: DiagnosticReport) -> Hit | None:
+    return _nonfinite_from_start(report, want_nan=True)
 
 
 @rule(

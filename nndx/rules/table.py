@@ -24,7 +24,7 @@ MASTER_TABLE: tuple[TableRow, ...] = (
         "Loss is NaN or Inf",
         "Learning rate too high; log of 0; division by zero; overflow; NaN in the data",
         "Lower the LR, clamp/add eps before log and division, clip gradients, check the data for NaN",
-        ("NNDX101", "NNDX102", "NNDX501", "NNDX605", "NNDX606", "NNDX607", "NNDX709", "NNDX710", "NNDX711"),
+        ("NNDX101", "NNDX110", "NNDX102", "NNDX501", "NNDX605", "NNDX606", "NNDX607", "NNDX709", "NNDX710", "NNDX711"),
     ),
     TableRow(
         "Loss not decreasing",

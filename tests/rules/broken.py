@@ -212,6 +212,7 @@ def narrow_model() -> DiagnosticReport:
 
 BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX101": lambda: update(**train([math.inf] + noisy_decreasing(0)[1:])),
+    "NNDX110": lambda: update(**train([math.nan] * 30)),
     "NNDX102": nan_after,
     "NNDX103": lambda: update(**train(flat(0))),
     "NNDX104": diverging,

@@ -46,12 +46,17 @@ def test_oscillation_fires_on_large_swings_without_progress():
     assert "NNDX104" in _ids(values)
 
 
+def test_infinite_at_step_0_points_to_a_log_of_zero():
+    report = DiagnosticReport(loss_history={"train": points([math.inf] * 20)})
+    assert diagnose(report).top().code is CauseCode.LOG_OF_ZERO
+
+
 def test_nan_immediately_and_after_k_steps_point_to_different_causes():
     immediate = DiagnosticReport(loss_history={"train": points([math.nan] * 20)})
     later = DiagnosticReport(loss_history={"train": points(noisy_decreasing(0, n=40)[:20] + [math.inf] * 5)})
     first = {f.rule_id: f for f in diagnose(immediate).findings}
     second = {f.rule_id: f for f in diagnose(later).findings}
-    assert set(first) == {"NNDX101"} and first["NNDX101"].code is CauseCode.LOG_OF_ZERO
+    assert set(first) == {"NNDX110"} and first["NNDX110"].code is CauseCode.NUMERICAL_OVERFLOW
     assert "NNDX102" in second and second["NNDX102"].code is CauseCode.LR_TOO_HIGH
     assert second["NNDX102"].step == 20
 
