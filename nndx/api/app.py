@@ -21,6 +21,7 @@ from nndx.api.limits import BodyLimitMiddleware
 from nndx.api.routers import health, pages, reports
 from nndx.api.settings import Settings
 from nndx.api.storage import ReportStore
+from nndx.prompts import LLMSettings
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -47,12 +48,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException):  # type: i
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The nndx service. ``settings`` default to :meth:`Settings.from_env`."""
     settings = settings or Settings.from_env()
-    try:  # read NNDX_LLM_* now, so a bad LLM setting stops start-up instead of each explain
-        from nndx.prompts import LLMSettings
-
-        llm_settings = LLMSettings.from_env()
-    except ImportError:
-        llm_settings = None
+    # read NNDX_LLM_* now, so a bad LLM setting stops start-up instead of failing each explain
+    llm_settings = LLMSettings.from_env()
     store = ReportStore(settings.database_url)
 
     @asynccontextmanager

@@ -1,14 +1,8 @@
-"""FastAPI dependencies shared by the routers: the store, the rule engine, a report.
-
-The rule engine and the renderers are looked up here, at request time, so that the
-service starts (and lists and serves stored reports) even in a build without them;
-the endpoints that need them answer 503 with the reason instead.
-"""
+"""FastAPI dependencies shared by the routers: the store, the rule engine, a report."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +11,7 @@ from pydantic import ValidationError
 from nndx.api.auth import get_scope
 from nndx.api.storage import ReportStore, StoredReport
 from nndx.report import Diagnosis, DiagnosticReport
+from nndx.rules import diagnose
 
 Diagnose = Callable[[DiagnosticReport], Diagnosis]
 
@@ -26,23 +21,9 @@ def get_store(request: Request) -> ReportStore:
 
 
 def get_diagnose() -> Diagnose:
-    """``nndx.rules.diagnose``; tests may override this dependency."""
-    try:
-        from nndx.rules import diagnose
-    except ImportError as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=f"rule engine unavailable: {exc}") from None
+    """``nndx.rules.diagnose``, as a dependency so that tests of storage, filtering and
+    auth can swap in a stand-in whose findings they control."""
     return diagnose
-
-
-def get_prompts() -> Any:
-    """The ``nndx.prompts`` module (``render`` and ``explain``)."""
-    try:
-        import nndx.prompts as prompts
-
-        prompts.render, prompts.explain  # noqa: B018 - fail here, not mid-request
-    except (ImportError, AttributeError) as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=f"prompt rendering unavailable: {exc}") from None
-    return prompts
 
 
 def get_report(

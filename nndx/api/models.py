@@ -56,7 +56,7 @@ def error_responses(*codes: int) -> dict[int | str, dict]:
         404: "no such report (or not visible to this token)",
         409: "idempotency key already used by another project",
         413: "request body over the limit",
-        503: "a component the endpoint needs is unavailable",
+        503: "the database is unavailable",
     }
     # content spelled out: on HTML routes FastAPI would otherwise document errors as text/html
     json_error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorDetail"}}}

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
-
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel
 
 from nndx.api.auth import get_scope
-from nndx.api.deps import REPORT_BODY_OPENAPI, Diagnose, get_diagnose, get_prompts, get_report, get_store, report_body
+from nndx.api.deps import REPORT_BODY_OPENAPI, Diagnose, get_diagnose, get_report, get_store, report_body
 from nndx.api.models import ReportCreated, ReportList, ReportSummary, error_responses
 from nndx.api.storage import MAX_LIMIT, IdempotencyConflict, InvalidCursor, ReportStore, StoredReport
+from nndx.prompts import Explanation, explain, render
 from nndx.report import CauseCode, Diagnosis, DiagnosticReport, RunInfo
-
-try:  # documents the explain answer once nndx.prompts provides its model
-    from nndx.prompts import Explanation
-except ImportError:
-    Explanation = None  # type: ignore[assignment,misc]
 
 logger = logging.getLogger("nndx.api")
 router = APIRouter(prefix="/v1", tags=["reports"])
@@ -67,7 +61,7 @@ def _scoped(report: DiagnosticReport, scope: str | None) -> DiagnosticReport:
     status_code=201,
     response_model=ReportCreated,
     responses={200: {"model": ReportCreated, "description": "already stored under this Idempotency-Key"}}
-    | error_responses(401, 403, 409, 413, 503),
+    | error_responses(401, 403, 409, 413),
     summary="Store a report and diagnose it",
     openapi_extra=REPORT_BODY_OPENAPI,
 )
@@ -164,55 +158,54 @@ def read_diagnosis(stored: StoredReport = Depends(get_report)) -> Response:
     return Response(stored.diagnosis_json, media_type="application/json")
 
 
-def _render(stored: StoredReport, prompts: Any, name: str) -> Response:
+def _render(stored: StoredReport, name: str) -> Response:
     report = DiagnosticReport.model_validate_json(stored.report_json)
     diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
-    text = prompts.render(report=report, diagnosis=diagnosis)[name]
+    text = render(report=report, diagnosis=diagnosis)[name]
     return Response(text, media_type="text/markdown; charset=utf-8")
 
 
 @router.get(
     "/reports/{report_id}/prompt",
     response_class=Response,
-    responses=MARKDOWN | error_responses(401, 404, 503),
+    responses=MARKDOWN | error_responses(401, 404),
     summary="prompt-nn-debugger.md for this report",
 )
-def read_prompt(stored: StoredReport = Depends(get_report), prompts: Any = Depends(get_prompts)) -> Response:
-    return _render(stored, prompts, "prompt-nn-debugger.md")
+def read_prompt(stored: StoredReport = Depends(get_report)) -> Response:
+    return _render(stored, "prompt-nn-debugger.md")
 
 
 @router.get(
     "/reports/{report_id}/checklist",
     response_class=Response,
-    responses=MARKDOWN | error_responses(401, 404, 503),
+    responses=MARKDOWN | error_responses(401, 404),
     summary="skill-debug-checklist.md for this report",
 )
-def read_checklist(stored: StoredReport = Depends(get_report), prompts: Any = Depends(get_prompts)) -> Response:
-    return _render(stored, prompts, "skill-debug-checklist.md")
+def read_checklist(stored: StoredReport = Depends(get_report)) -> Response:
+    return _render(stored, "skill-debug-checklist.md")
 
 
 @router.post(
     "/reports/{report_id}/explain",
     response_model=Explanation,
-    responses=error_responses(401, 404, 503),
+    responses=error_responses(401, 404),
     summary="Explain the report: the configured LLM, or rule-only",
 )
 def explain_report(
     request: Request,
     offline: bool = Query(False, description="rule-only explanation, no LLM call"),
     stored: StoredReport = Depends(get_report),
-    prompts: Any = Depends(get_prompts),
 ) -> Response:
     report = DiagnosticReport.model_validate_json(stored.report_json)
     diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
-    explanation = prompts.explain(report, diagnosis, offline=offline, settings=request.app.state.llm_settings)
+    explanation = explain(report, diagnosis, offline=offline, settings=request.app.state.llm_settings)
     return json_response(explanation)
 
 
 @router.post(
     "/diagnose",
     response_model=Diagnosis,
-    responses=error_responses(401, 413, 503),
+    responses=error_responses(401, 413),
     dependencies=[Depends(get_scope)],
     summary="Diagnose a report without storing it",
     openapi_extra=REPORT_BODY_OPENAPI,
