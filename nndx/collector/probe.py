@@ -12,8 +12,8 @@ user's model, optimizer and RNG are exactly as before (tested). A probe that rai
 (a dtype or device mismatch, an in-place op that breaks autograd...) becomes an
 ``ErrorRecord`` in ``report.errors`` and that probe's result has status ``error``: the
 others still run, and the caller's process never crashes because of nndx. Warnings
-raised while a probe runs (a loss broadcasting mismatched shapes) are recorded the same
-way, once each, with the warning category as ``type``.
+torch raises while a probe runs (a loss broadcasting mismatched shapes) are recorded
+the same way, once each, with the warning category as ``type``.
 
 Per-probe options go in a keyword argument named after the probe, as a dict of the
 probe function's keyword arguments (see ``PROBES``); an unknown one is a TypeError
@@ -23,6 +23,7 @@ before anything runs.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import time
 import warnings
@@ -79,6 +80,7 @@ MAX_MESSAGE = 2000
 MAX_WARNINGS = 20
 # library housekeeping, not evidence about the user's training
 IGNORED_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning, ImportWarning, ResourceWarning)
+TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 def probe(
@@ -115,11 +117,14 @@ def probe(
     warned: set[tuple[str, str]] = set()
 
     def record_warnings(source: str, caught: list[warnings.WarningMessage]) -> None:
-        """A warning raised inside the model or loss is evidence too ("Using a target size
-        that is different to the input size" is a silent broadcast); each is kept once."""
+        """A warning torch raises inside the model or loss is evidence too ("Using a target
+        size that is different to the input size" is a silent broadcast); each is kept
+        once. Warnings of other libraries (a Lightning module's ``self.log`` outside a
+        Trainer) say nothing about the training and are left out."""
         for w in caught:
             key = (w.category.__name__, str(w.message))
-            if issubclass(w.category, IGNORED_WARNINGS) or key in warned or len(warned) >= MAX_WARNINGS:
+            if (issubclass(w.category, IGNORED_WARNINGS) or not str(w.filename).startswith(TORCH_DIR)
+                    or key in warned or len(warned) >= MAX_WARNINGS):  # fmt: skip
                 continue
             warned.add(key)
             report.errors.append(ErrorRecord(source=source, type=key[0], message=key[1][:MAX_MESSAGE]))

@@ -181,3 +181,20 @@ def test_loss_warnings_recorded_once_as_evidence():
     shape_warnings = [e for e in report.errors if "target size" in e.message]
     assert len(shape_warnings) == 1 and shape_warnings[0].type == "UserWarning"
     assert shape_warnings[0].source == "hooks"
+
+
+@pytest.mark.filterwarnings("ignore:self.log")  # the summary forward runs outside the probes' capture
+def test_warnings_of_other_code_are_not_evidence():
+    import warnings
+
+    class Chatty(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x):
+            warnings.warn("self.log() called outside a Trainer", UserWarning)  # e.g. a Lightning module
+            return self.net(x)
+
+    report = run(Chatty(), probes=["nan_origin", "grad_check"])
+    assert report.errors == []
