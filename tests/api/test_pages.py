@@ -35,6 +35,20 @@ def test_index_lists_recent_reports_with_their_top_cause(client):
     assert "dead_relu run" in rows[1] and "<code>DEAD_RELU</code>" in rows[1]
 
 
+def test_index_pages_back_through_older_reports(client, monkeypatch):
+    import nndx.api.routers.pages as pages
+
+    monkeypatch.setattr(pages, "INDEX_PAGE_SIZE", 2)
+    names = [f"run-{i}" for i in range(3)]
+    for name in names:
+        post(client, make_report(name=name))
+    first = client.get("/").text
+    assert "run-2" in first and "run-1" in first and "run-0" not in first
+    cursor = re.search(r'href="/\?cursor=([^"]+)"', first).group(1)
+    second = client.get(f"/?cursor={cursor}").text
+    assert "run-0" in second and "run-1" not in second and "older reports" not in second
+
+
 def test_report_page_shows_findings_evidence_and_all_plots(client):
     report_id = post(client, make_report(name="dead_relu", nan_at=5))
     page = client.get(f"/reports/{report_id}").text

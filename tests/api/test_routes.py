@@ -156,6 +156,11 @@ def test_openapi_documents_every_endpoint_with_a_response_model(client):
         assert success.get("content"), (path, method)
     assert "text/markdown" in paths["/v1/reports/{report_id}/prompt"]["get"]["responses"]["200"]["content"]
     assert "404" in paths["/v1/reports/{report_id}"]["get"]["responses"]
+    for path in ("/v1/reports", "/v1/diagnose"):  # bodies are validated from bytes, still documented
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": "#/components/schemas/DiagnosticReport"}
+        assert "422" in paths[path]["post"]["responses"]
+    assert "DiagnosticReport" in spec["components"]["schemas"]
 
 
 def test_a_rule_engine_failure_is_422_and_stores_nothing(make_app):

@@ -23,6 +23,7 @@ from nndx.api.storage import InvalidCursor, ReportStore, StoredReport
 from nndx.report import Diagnosis, DiagnosticReport
 
 router = APIRouter(tags=["pages"])
+INDEX_PAGE_SIZE = 50
 
 
 def format_evidence(value: Any) -> str:
@@ -55,7 +56,7 @@ def index(
     store: ReportStore = Depends(get_store),
 ) -> HTMLResponse:
     try:
-        page = store.list(scope=scope, limit=50, cursor=cursor)
+        page = store.list(scope=scope, limit=INDEX_PAGE_SIZE, cursor=cursor)
     except InvalidCursor as exc:
         raise HTTPException(
             422, detail=[{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]
