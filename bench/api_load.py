@@ -117,7 +117,7 @@ class Server:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=1, trust_env=False).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -232,7 +232,7 @@ async def verify(url: str, acknowledged: dict[int, str], bodies: list[bytes], co
             else:
                 different += 1
 
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as http:  # loopback: no proxy
         await asyncio.gather(*(reader(http, items[i::concurrency]) for i in range(concurrency)))
     return same, different
 
@@ -266,7 +266,7 @@ def main() -> int:
             p50, p99 = percentile(latencies, 50) * 1e3, percentile(latencies, 99) * 1e3
             print("verify phase ...", file=sys.stderr)
             same, different = asyncio.run(verify(server.url, acknowledged, bodies, args.concurrency))
-            listed = httpx.get(f"{server.url}/v1/reports", params={"limit": 1}).status_code
+            listed = httpx.get(f"{server.url}/v1/reports", params={"limit": 1}, trust_env=False).status_code
         finally:
             server.stop()
         rows += [

@@ -29,6 +29,14 @@ from nndx.report import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _direct_loopback(monkeypatch) -> None:
+    """The live-server tests talk to 127.0.0.1: a proxy from the environment (CI) must
+    not be asked to reach it. nndx.client itself honours proxies, as users expect."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def make_report(
     *, project: str | None = "vision", name: str | None = "run-1", layers: int = 4, nan_at: int | None = None
 ) -> DiagnosticReport:

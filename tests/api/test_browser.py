@@ -23,6 +23,7 @@ def chromium(*args: str, profile) -> subprocess.CompletedProcess:
     return subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
+         "--no-proxy-server",
          f"--user-data-dir={profile}", *args],
         capture_output=True, text=True, timeout=120, check=False,
     )
