@@ -1,0 +1,56 @@
+"""End to end on real (tiny) training runs: the Monitor and probes fill the report, the
+rules name the planted bug — and say nothing alarming about the same run done right."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import nndx  # noqa: E402
+from nndx.report import CauseCode  # noqa: E402
+
+
+def _train(lr: float = 0.05, bias: float | None = None, zero_grad: bool = True, steps: int = 40):
+    torch.manual_seed(0)
+    x = torch.randn(384, 20)
+    y = x[:, :4].argmax(1)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    if bias is not None:
+        nn.init.constant_(model[0].bias, bias)
+        nn.init.constant_(model[2].bias, bias)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    with nndx.Monitor(model, optimizer, every=5, loss_fn=loss_fn) as monitor:
+        for step in range(steps):
+            idx = torch.arange(step * 32, step * 32 + 32) % 384
+            if zero_grad:
+                optimizer.zero_grad()
+            loss = monitor.loss_fn(model(x[idx]), y[idx])
+            loss.backward()
+            optimizer.step()
+            monitor.log(loss)
+    report = nndx.probe(model, (x[:64], y[:64]), loss_fn, optimizer=optimizer, monitor=monitor, probes=["hooks", "nan_origin"])
+    return nndx.diagnose(report)
+
+
+def test_healthy_run_is_silent():
+    assert _train().healthy
+
+
+@pytest.mark.parametrize(
+    "options,expected",
+    [
+        ({"lr": 10.0}, CauseCode.LR_TOO_HIGH),
+        ({"bias": -5.0}, CauseCode.DEAD_RELU),
+        ({"zero_grad": False}, CauseCode.MISSING_ZERO_GRAD),
+    ],
+    ids=["lr_10", "dead_relu_bias", "missing_zero_grad"],
+)
+def test_lesson_bug_is_the_top_finding(options, expected):
+    diagnosis = _train(**options)
+    assert diagnosis.top().code is expected
+    assert diagnosis.top().explained_by is None
