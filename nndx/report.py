@@ -65,7 +65,7 @@ class RunInfo(Schema):
 class LayerInfo(Schema):
     name: str
     type: str
-    output_shape: list[int] | None = None
+    output_shape: list[Count] | None = None
     param_count: Count = 0
     trainable_param_count: Count = 0
 
@@ -138,7 +138,7 @@ class LayerStats(Schema):
 
 class ParameterStats(Schema):
     name: str
-    shape: list[int] = Field(default_factory=list)
+    shape: list[Count] = Field(default_factory=list)
     step: Count | None = None
     requires_grad: bool = True
     weight_norm: Float
@@ -184,7 +184,7 @@ class GradCheckParam(Schema):
     name: str
     relative_error: Float
     status: Literal["ok", "suspect", "bug"]
-    worst_index: list[int] | None = Field(None, description="element with the largest error (element-wise mode)")
+    worst_index: list[Count] | None = Field(None, description="element with the largest error (element-wise mode)")
 
 
 class GradCheckResult(ProbeResult):
@@ -256,8 +256,8 @@ class LossCall(Schema):
     """What reached the loss function, seen when the Monitor wraps ``loss_fn``."""
 
     loss_type: str
-    output_shape: list[int]
-    target_shape: list[int] | None = None
+    output_shape: list[Count]
+    target_shape: list[Count] | None = None
     output_dtype: str | None = None
     target_dtype: str | None = None
     output_min: Float | None = None
@@ -294,7 +294,7 @@ class LoopStats(Schema):
     input_norm_history: list[ScalarPoint] = Field(default_factory=list)
     loss_calls: list[LossCall] = Field(default_factory=list)
     world_size: Count = 1
-    desync_steps: list[int] = Field(default_factory=list, description="steps where rank parameter checksums differed")
+    desync_steps: list[Count] = Field(default_factory=list, description="steps where rank parameter checksums differed")
     max_desync: Float | None = None
     live_findings: list[LiveFinding] = Field(
         default_factory=list, description="findings the Monitor's live rule evaluation raised, in firing order"
@@ -309,7 +309,7 @@ class SplitStats(Schema):
 
     n_samples: Count = 0
     sampled: bool = Field(False, description="statistics from a bounded sample of a Dataset")
-    input_shape: list[int] = Field(default_factory=list, description="shape of one sample")
+    input_shape: list[Count] = Field(default_factory=list, description="shape of one sample")
     input_dtype: str | None = None
     input_mean: Float | None = None
     input_std: Float | None = None
@@ -318,7 +318,7 @@ class SplitStats(Schema):
     feature_means: list[Float] = Field(default_factory=list, description="per feature, or per channel for images")
     feature_stds: list[Float] = Field(default_factory=list)
     feature_scale_ratio: Float | None = Field(None, description="largest / smallest non-zero feature std")
-    constant_features: list[int] = Field(default_factory=list)
+    constant_features: list[Count] = Field(default_factory=list)
     raw_range: str | None = Field(None, description="e.g. '0-255' when inputs look like raw pixels")
     input_nan_count: Count = 0
     input_inf_count: Count = 0
