@@ -193,7 +193,8 @@ def _register() -> None:
                 code=code,
                 severity="error",
                 title=title,
-                detects="A recorded exception whose message matches: " + "; ".join(repr(p) for p in phrases) + ".",
+                detects="A recorded exception (report.errors, or a probe that ended in error) whose message "
+                "matches one of these patterns: " + "; ".join(f"/{p}/" for p in phrases) + ".",
                 why=why,
                 fix=fix,
                 family="errors",

@@ -71,7 +71,7 @@ def _lr_range(report: DiagnosticReport):
     "NNDX602",
     C.LR_TOO_HIGH,
     "warning",
-    "The learning rate used is above where the LR range test diverged",
+    "The learning rate used is beyond the LR range test's usable range",
     detects="The LR of the user's optimizer at its first step is at or above the LR where the range "
     "test's loss diverged, or over 30x the suggested LR. Error when the loss also misbehaves; info when "
     "the train loss is decreasing anyway.",
