@@ -102,3 +102,10 @@ def test_steps_without_gradient_do_not_hide_huge_updates():
     huge = mlp_params(steps=(0, 5), ratio=0.9)
     no_gradient = [p.model_copy(update={"update_ratio": 0.0}) for p in mlp_params(steps=(10, 15, 20, 25, 30))]
     assert "NNDX205" in _found(BASE.model_copy(update={"parameters": huge + no_gradient}))
+
+
+def test_a_converged_model_with_tiny_gradients_everywhere_is_not_vanishing():
+    from .reports import grad
+
+    tiny = [layer.model_copy(update={"gradient": grad(2e-7, abs_mean=5e-9)}) for layer in mlp_layers()]
+    assert "NNDX203" not in _found(BASE.model_copy(update={"layers": tiny}))
