@@ -65,10 +65,17 @@ def saved(directory) -> tuple[DiagnosticReport, Diagnosis]:
     return report, diagnosis
 
 
-def test_callback_records_a_trainer_run_and_saves_into_output_dir(tmp_path):
+@pytest.fixture(scope="module")
+def healthy_run(tmp_path_factory):
+    """One watched run of the tiny BERT, shared by the tests that only read it."""
+    output_dir = tmp_path_factory.mktemp("hf-healthy")
     callback = NndxCallback(every=2)
-    trainer = train(tiny_bert(), callback, tmp_path)
-    report, diagnosis = saved(tmp_path)
+    trainer = train(tiny_bert(), callback, output_dir)
+    return trainer, callback, *saved(output_dir)
+
+
+def test_callback_records_a_trainer_run_and_saves_into_output_dir(healthy_run):
+    trainer, callback, report, diagnosis = healthy_run
 
     assert report.loop.steps == STEPS and report.loop.backward_calls == STEPS
     assert report.loop.zero_grad_calls >= STEPS
@@ -78,12 +85,23 @@ def test_callback_records_a_trainer_run_and_saves_into_output_dir(tmp_path):
     evaluated = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry]
     assert [p.value for p in report.loss_history["val"]] == pytest.approx(evaluated) and len(evaluated) == 2
     assert {layer.step for layer in report.layers} == {0, 2, 4}
-    # the Trainer clips at max_grad_norm=1.0: the Monitor sees both norms
+    # the Monitor hooks the torch optimizer inside accelerate's wrapper, so it sees every step's norm
     assert len(report.loop.grad_norm_history) == STEPS
     assert report.model.param_count == sum(p.numel() for p in trainer.model.parameters())
     assert report.run.name == "BertForSequenceClassification"
     assert report.errors == []
+    assert callback.report == report
     assert diagnosis.rules_run > 0
+
+
+@pytest.mark.xfail(
+    reason="rules false alarm: MISSING_ACTIVATION fires on BERT (its GELUActivation is not one of "
+    "ACTIVATION_TYPES, and query/key/value are parallel Linears, not stacked ones)",
+    strict=False,
+)
+def test_a_healthy_bert_run_raises_no_alarm(healthy_run):
+    _, _, _, diagnosis = healthy_run
+    assert [f.code.value for f in diagnosis.findings if f.severity != "info"] == []
 
 
 def test_preflight_runs_on_the_first_samples_and_leaves_training_unchanged(tmp_path):
@@ -101,7 +119,7 @@ def test_preflight_runs_on_the_first_samples_and_leaves_training_unchanged(tmp_p
     assert probes.overfit_one_batch.losses[-1] < probes.overfit_one_batch.losses[0]
     assert len(probes.lr_range.lrs) > 0
     assert probes.grad_check.status == "passed", probes.grad_check.message
-    assert report.task == "classification" and report.num_classes is None  # the loss is the model's own
+    assert report.task == "classification"
     assert report.loop.steps == 3
     assert report.errors == []
 
