@@ -17,7 +17,6 @@ from nndx.report import (
     LayerInfo,
     LossCall,
     LRPoint,
-    LRRangeResult,
     NanOriginResult,
     OverfitResult,
     ScalarPoint,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
-from nndx.report import GradNormPoint, LRRangeResult, ParameterStats
+from nndx.report import DiagnosticReport, GradNormPoint, LayerStats, LRRangeResult, ParameterStats
 
 from .reports import act, grad, healthy_loop, healthy_mlp, healthy_probes, mlp_layers, points, with_loop
-from nndx.report import LayerStats, LRPoint
 
 
-def lr_10() -> "DiagnosticReport":  # noqa: F821
+def lr_10() -> DiagnosticReport:
     """SGD at lr=10: the loss bounces, gradients blow up, the loss turns NaN at step 24."""
     values = [2.3, 9.8, 4.1, 31.0, 7.5, 120.0, 15.0, 430.0, 60.0, 2100.0, 900.0, 8800.0] + [
         1e4 * 3**i for i in range(12)
@@ -44,7 +43,7 @@ def lr_10() -> "DiagnosticReport":  # noqa: F821
     )
 
 
-def dead_relu_bias() -> "DiagnosticReport":  # noqa: F821
+def dead_relu_bias() -> DiagnosticReport:
     """Every hidden bias initialised to -5: all ReLU units dead, loss stuck at ln(10)."""
     base = healthy_mlp()
     layers = []
@@ -70,7 +69,7 @@ def dead_relu_bias() -> "DiagnosticReport":  # noqa: F821
     )
 
 
-def missing_zero_grad() -> "DiagnosticReport":  # noqa: F821
+def missing_zero_grad() -> DiagnosticReport:
     """optimizer.zero_grad() never called: gradients and updates grow, the loss oscillates."""
     base = healthy_mlp()
     values = [2.3, 2.0, 1.8, 2.4, 1.5, 3.1, 1.9, 4.2, 2.2, 5.5, 1.7, 6.0, 3.3, 7.1, 2.5, 6.6, 4.0, 8.2, 3.1, 7.4]
