@@ -3,8 +3,10 @@
 Not a test: prints tables of ratios measured in one run. Every configuration trains
 its own copy of the same model (same initial weights, same batch); the configurations
 take turns step by step (interleaved, rotating the order each round), so load on a
-shared machine drifts across all of them alike; each ratio is a median step time over
-the bare step's median.
+shared machine drifts across all of them alike. Each round gives every configuration's
+step time over the bare step's time in that round; a ratio is the median over rounds.
+Two clocks: wall time (what the user waits) and process CPU time (the work done, all
+threads; less sensitive to other processes on a loaded machine).
 
     .venv/bin/python bench/overhead.py              # full run (a few minutes on 2 loaded cores)
     .venv/bin/python bench/overhead.py --steps 10   # quicker, noisier
@@ -27,7 +29,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections import defaultdict
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,24 +98,40 @@ def sync(device: str) -> None:
 
 
 def time_steps(make_model: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor,
-               steps: int, warmup: int, device: str) -> dict[str, float]:
+               steps: int, warmup: int, device: str) -> dict[str, dict[str, float]]:
+    """Per clock ("wall", "cpu"): the bare step's median seconds under "bare", and for
+    every other configuration the median over rounds of its time / the bare time."""
     torch.manual_seed(0)
     base = make_model()
     setups = [Setup(name, copy.deepcopy(base), attach, device) for name, attach in CONFIGS.items()]
     x, y = x.to(device), y.to(device)
-    times: dict[str, list[float]] = defaultdict(list)
+    rounds: list[dict[str, tuple[float, float]]] = []
     for round_index in range(warmup + steps):
         shift = round_index % len(setups)
+        measured = {}
         for setup in setups[shift:] + setups[:shift]:
             sync(device)
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             setup.step(x, y)
             sync(device)
-            if round_index >= warmup:
-                times[setup.name].append(time.perf_counter() - start)
+            measured[setup.name] = (time.perf_counter() - wall, time.process_time() - cpu)
+        if round_index >= warmup:
+            rounds.append(measured)
     for setup in setups:
         setup.close()
-    return {name: statistics.median(values) for name, values in times.items()}
+    out: dict[str, dict[str, float]] = {}
+    for clock, index in (("wall", 0), ("cpu", 1)):
+        out[clock] = {"bare": statistics.median(r["bare"][index] for r in rounds)}
+        for name in CONFIGS:
+            if name != "bare":
+                out[clock][name] = statistics.median(r[name][index] / max(r["bare"][index], 1e-9) for r in rounds)
+    return out
+
+
+def live_tensors() -> list[torch.Tensor]:
+    with warnings.catch_warnings():  # isinstance on some torch module proxies warns
+        warnings.simplefilter("ignore")
+        return [t for t in gc.get_objects() if isinstance(t, torch.Tensor)]
 
 
 def retained_memory(config: str, steps: int = 1000) -> tuple[int, int, str]:
@@ -122,7 +140,7 @@ def retained_memory(config: str, steps: int = 1000) -> tuple[int, int, str]:
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
     gc.collect()
-    tensors_before = {id(t) for t in gc.get_objects() if isinstance(t, torch.Tensor)}
+    tensors_before = {id(t) for t in live_tensors()}
     tracemalloc.start()
     setup = Setup(config, model, CONFIGS[config], "cpu")
     baseline = tracemalloc.get_traced_memory()[0]
@@ -133,8 +151,7 @@ def retained_memory(config: str, steps: int = 1000) -> tuple[int, int, str]:
     python_bytes = tracemalloc.get_traced_memory()[0] - baseline
     tracemalloc.stop()
     params = {id(p) for p in model.parameters()} | {id(s) for st in setup.optimizer.state.values() for s in st.values()}
-    alive = [t for t in gc.get_objects() if isinstance(t, torch.Tensor)
-             and id(t) not in tensors_before and id(t) not in params]
+    alive = [t for t in live_tensors() if id(t) not in tensors_before and id(t) not in params]
     tensor_bytes = sum(t.numel() * t.element_size() for t in alive)
     detail = ""
     watcher = setup.watcher
@@ -167,13 +184,16 @@ def main() -> None:
         print(f"timing {label} ...", file=sys.stderr, flush=True)
         results[label] = time_steps(make, x, y, args.steps, args.warmup, args.device)
     names = list(CONFIGS)
-    print()
-    print("| workload | bare step (ms) | " + " | ".join(names[1:]) + " |")
-    print("|---|---|" + "---|" * (len(names) - 1))
-    for label, medians in results.items():
-        bare = medians["bare"]
-        ratios = " | ".join(f"{medians[n] / bare:.3f}x" for n in names[1:])
-        print(f"| {label} | {bare * 1e3:.1f} | {ratios} |")
+    for clock, title in (("wall", "wall-clock time"), ("cpu", "process CPU time")):
+        print()
+        print(f"Step {title}, ratio to the bare step (median of per-round ratios):")
+        print()
+        print("| workload | bare step (ms) | " + " | ".join(names[1:]) + " |")
+        print("|---|---|" + "---|" * (len(names) - 1))
+        for label, by_clock in results.items():
+            medians = by_clock[clock]
+            ratios = " | ".join(f"{medians[n]:.3f}x" for n in names[1:])
+            print(f"| {label} | {medians['bare'] * 1e3:.1f} | {ratios} |")
     if args.no_memory:
         return
     print()

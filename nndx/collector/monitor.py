@@ -75,9 +75,21 @@ locally; every ``checksum_every`` steps the ranks compare a checksum of the para
 on every rank; rank 0 gets the merged report (see
 :func:`nndx.collector.distributed.merge_reports`), the other ranks their local report.
 
+Live alerts: every ``alert_every`` steps (default ``max(every, 10)``; 0 turns them off)
+the Monitor runs the rules that need only what a running loop has shown (``LIVE_RULES``:
+NaN/Inf loss, dead units, exploding gradients, missing ``zero_grad``, optimizer not
+connected, LR collapsed by the schedule) on the newest part of what it saw, and reports
+each *new* finding once: a log record on the ``"nndx"`` logger (warning or error),
+``on_finding(finding)``, and — with ``stop_on="error"`` (or ``"warning"``) — a
+:class:`TrainingFailure` raised out of ``optimizer.step()`` (that step is already
+applied). ``finding.step`` is the step it first fired at; ``report().loop.live_findings``
+keeps them all (time to detection). ``mon.findings`` lists them; ``mon.check_now()``
+evaluates on demand.
+
 The Monitor never changes the model, optimizer, gradients or RNG: training with it is
 bit-for-bit training without it. A hook that raises is recorded in ``report().errors``
-and training goes on.
+and training goes on. On a CPU its reductions run on one thread for the moment they
+take (see :func:`nndx.collector.stats.single_threaded`); the thread count is restored.
 """
 
 from __future__ import annotations
@@ -251,7 +263,10 @@ class Monitor:
     ``max_elements`` — layer statistics from the leading samples of each batch that fit
     in this many elements, update ratios from this many strided elements of each
     parameter (None: everything, at a cost that grows with activation size; see
-    :mod:`nndx.collector.stats`).
+    :mod:`nndx.collector.stats`); ``tensorboard`` (a ``SummaryWriter`` or log
+    directory) / ``wandb`` (a W&B run) — write each recorded step and logged loss there
+    live, histograms every ``histogram_every`` steps (extras ``nndx[tensorboard]`` /
+    ``nndx[wandb]``; see :mod:`nndx.integrations`).
     """
 
     def __init__(
@@ -271,6 +286,9 @@ class Monitor:
         stop_on: str | None = None,
         alert_every: int | None = None,
         max_elements: int | None = 65536,
+        tensorboard: Any = None,
+        wandb: Any = None,
+        histogram_every: int = 100,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -307,6 +325,7 @@ class Monitor:
         self._reset_since_backward = False
         self._in_backward_task: int | None = None
         self._backward_since_step = False
+        self._grad_norm_recorded = False
 
         # histories (raw tuples; pydantic models are built in report())
         self._loss: dict[str, _History] = {}
@@ -318,6 +337,11 @@ class Monitor:
         self._pending: list[tuple[_History, tuple]] = []
         self._loss_calls: dict[tuple, dict[str, Any]] = {}
         self._errors: list[ErrorRecord] = []
+        self._exporter: Any = None
+        if tensorboard is not None or wandb is not None:
+            from nndx.integrations import Exporter, make_sinks  # optional extras, imported only when used
+
+            self._exporter = Exporter(make_sinks(tensorboard=tensorboard, wandb=wandb), histogram_every=histogram_every)
         self._desync_steps: list[int] = []
         self._max_desync: float | None = None
         self._last_checksum_step: int | None = None
@@ -376,6 +400,8 @@ class Monitor:
                 owner.__dict__[attr] = previous
         self._patched.clear()
         self._recorder.detach()
+        if self._exporter:
+            self._exporter.close()
         self._snapshot = None
         self._flush()
         self.finished_at = datetime.now(timezone.utc)
@@ -447,6 +473,8 @@ class Monitor:
         if history is None:
             history = self._loss[split] = _History(self._history_size)
         self._defer(history, (step, value, acc))
+        if self._exporter:  # a live chart needs the value now: one host sync per logged loss
+            self._exporter.log_loss(step, split, float(value), None if acc is None else float(acc))
 
     def report(self) -> DiagnosticReport:
         """The report of everything seen so far (callable during and after training).
@@ -532,7 +560,8 @@ class Monitor:
     def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         step = self.steps
         self._defer(self._lr, (step, tuple(float(g["lr"]) for g in optimizer.param_groups)))
-        if self._backward_since_step and self._grad_norm_at_backward is not None:
+        self._grad_norm_recorded = self._backward_since_step and self._grad_norm_at_backward is not None
+        if self._grad_norm_recorded:
             grads = [p.grad for _, p in self._params if p.grad is not None]
             after = None
             if [(id(g), g._version) for g in grads] != self._grad_versions:
@@ -552,6 +581,10 @@ class Monitor:
 
     def _on_step_post(self) -> None:
         step = self.steps
+        if not self._grad_norm_recorded and self._backward_since_step and self._grad_norm_at_backward is not None:
+            # a closure step (LBFGS, Lightning): backward ran inside optimizer.step()
+            self._defer(self._grad_norm, (step, self._grad_norm_at_backward, None))
+        self._grad_norm_recorded = False
         if self._recorder.recording:
             layers = self._recorder.finish_step()
             params = parameter_stats(self.model, self._snapshot, step, self.max_elements) if self._snapshot is not None else []
@@ -566,6 +599,8 @@ class Monitor:
                 )
                 if self._forward_order is None and layers:
                     self._forward_order = [s.name for s in layers]
+                if self._exporter:
+                    self._export_step(step, layers, params)
         self.steps += 1
         self._backward_since_step = False
         if self._reference_grad is not None:
@@ -575,6 +610,13 @@ class Monitor:
             self._flush()
         if self._world_size > 1 and self.steps % self.checksum_every == 0:
             self._check_desync()
+
+    def _export_step(self, step: int, layers: list[LayerStats], params: list[ParameterStats]) -> None:
+        grad_norm = None
+        if self._backward_since_step and self._grad_norm_at_backward is not None:
+            grad_norm = float(self._grad_norm_at_backward)
+        lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self._exporter.log_stats(step, layers=layers, parameters=params, grad_norm=grad_norm, lrs=lrs, model=self.model)
 
     def _check_desync(self) -> None:
         if self._last_checksum_step == self.steps:
@@ -803,7 +845,7 @@ class Monitor:
             layers=layers,
             parameters=params,
             loop=self._loop_stats(window),
-            errors=list(self._errors),
+            errors=[*self._errors, *(self._exporter.errors if self._exporter is not None else [])],
         )
 
 

@@ -71,8 +71,10 @@ def hook_count(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 def test_hooks_removed_on_exit_and_training_is_bit_identical():
     bare = make_model(dropout=True)
     watched = copy.deepcopy(bare)
-    bare_opt = torch.optim.Adam(bare.parameters(), lr=1e-2)
-    watched_opt = torch.optim.Adam(watched.parameters(), lr=1e-2)
+    # SGD with momentum and weight decay: optimizer state to compare (Adam's first step
+    # imports torch._dynamo, ~10 s on a loaded machine)
+    bare_opt = torch.optim.SGD(bare.parameters(), lr=1e-2, momentum=0.9, weight_decay=1e-3)
+    watched_opt = torch.optim.SGD(watched.parameters(), lr=1e-2, momentum=0.9, weight_decay=1e-3)
     x, y = batch()
     torch.manual_seed(5)
     for _ in range(STEPS):
@@ -95,9 +97,9 @@ def test_hooks_removed_on_exit_and_training_is_bit_identical():
     for (name, a), b in zip(bare.state_dict().items(), watched.state_dict().values()):
         assert torch.equal(a, b), name
     sa, sb = bare_opt.state_dict()["state"], watched_opt.state_dict()["state"]
-    assert all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
+    assert sa and all(torch.equal(sa[k]["momentum_buffer"], sb[k]["momentum_buffer"]) for k in sa)
     # the class methods are back, not a stale wrapper
-    assert watched_opt.zero_grad.__func__ is torch.optim.Adam.zero_grad
+    assert watched_opt.zero_grad.__func__ is torch.optim.SGD.zero_grad
     assert watched.zero_grad.__func__ is nn.Module.zero_grad
 
 
@@ -502,3 +504,23 @@ def test_training_failure_carries_findings():
     finding = Finding(rule_id="X1", code=CauseCode.LR_TOO_HIGH, severity="error", title="t", symptom="s", fix="f", step=4)
     error = TrainingFailure([finding])
     assert error.finding is finding and "LR_TOO_HIGH at step 4" in str(error)
+
+
+def test_closure_step_backward_inside_optimizer_step_is_seen():
+    # LBFGS and Lightning run forward and backward inside optimizer.step(closure)
+    model, opt, mon = monitored()
+    x, y = batch()
+
+    def closure():
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    for _ in range(STEPS):
+        mon.log(opt.step(closure))
+    loop = mon.report().loop
+    mon.close()
+    assert (loop.steps, loop.backward_calls, loop.zero_grad_calls) == (STEPS,) * 3
+    assert [p.step for p in loop.grad_norm_history] == list(range(STEPS))
+    assert all(p.before_clip > 0 and p.after_clip is None for p in loop.grad_norm_history)
