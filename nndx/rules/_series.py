@@ -39,7 +39,8 @@ def std(values: list[float]) -> float:
     if len(values) < 2:
         return 0.0
     mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    # products, not **: float ** raises OverflowError near 1e308 where * gives inf
+    return math.sqrt(sum((v - mean) * (v - mean) for v in values) / (len(values) - 1))
 
 
 class Curve:

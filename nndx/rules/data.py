@@ -190,7 +190,7 @@ def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
     if not math.isfinite(scale) or scale <= 20:
         return None
     return Hit(
-        symptom=f"targets of mean {mean:.3g} and std {std:.3g}",
+        symptom=f"targets of mean {mean} and std {std}" if mean is None or std is None else f"targets of mean {mean:.3g} and std {std:.3g}",
         evidence={"target_mean": mean, "target_std": std},
         score=min(5.0, math.log10(scale)),
     )
