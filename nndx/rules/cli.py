@@ -2,6 +2,7 @@
 
     nndx rules                    list every rule (id, cause code, severity, title)
     nndx rules NNDX301            one rule's documentation
+    nndx rules --markdown         the rule reference as a Markdown table
     nndx diagnose REPORT.json     ranked findings with their evidence (--json for the Diagnosis)
     nndx check REPORT.json --fail-on warning    exit 1 when a finding at/above that severity exists
 
@@ -23,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``rules``, ``diagnose`` and ``check`` to the ``nndx`` parser."""
     rules = subparsers.add_parser("rules", help="list the diagnosis rules, or show one rule's docs")
     rules.add_argument("rule_id", nargs="?", help="a rule id such as NNDX301")
+    rules.add_argument("--markdown", action="store_true", help="print the rule reference as a Markdown table")
     rules.set_defaults(handler=_rules)
 
     diagnose = subparsers.add_parser("diagnose", help="diagnose a report.json: ranked findings with evidence")
@@ -49,6 +51,12 @@ def _rules(args: argparse.Namespace) -> int:
         except KeyError as error:
             print(f"nndx rules: {error.args[0]}", file=sys.stderr)
             return 2
+        return 0
+    if args.markdown:
+        print("| id | cause | severity | title | detects |\n|---|---|---|---|---|")
+        for each in rules():
+            detects = each.detects.replace("|", "\\|")
+            print(f"| {each.id} | {each.code.value} | {each.severity} | {each.title} | {detects} |")
         return 0
     for each in rules():
         print(f"{each.id}  {each.code.value:<24} {each.severity:<8} {each.title}")

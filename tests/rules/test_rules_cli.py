@@ -7,6 +7,7 @@ import json
 import pytest
 
 from nndx.cli import main
+from nndx.rules import rules
 
 from . import lesson
 from .reports import healthy_mlp
@@ -35,6 +36,9 @@ def test_rules_lists_and_shows_one(capsys):
     assert "dead_unit_fraction" in docs and "Why it matters" in docs
     assert main(["rules", "NNDX999"]) == 2
     assert "no rule" in capsys.readouterr().err
+    assert main(["rules", "--markdown"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| id |") and sum(line.startswith("| NNDX") for line in table) == len(rules())
 
 
 def test_diagnose_prints_ranked_findings_with_evidence(broken_file, capsys):
