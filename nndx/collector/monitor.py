@@ -368,7 +368,7 @@ class Monitor:
         self.finished_at: datetime | None = None
         self._recorder = LayerRecorder(model, max_elements=max_elements)
         self._handles: list[Any] = []
-        self._patched: list[tuple[object, str, Any]] = []
+        self._patched: list[tuple[object, str, Any, Any]] = []
         self.loss_fn = self._wrap_loss(loss_fn) if loss_fn is not None else None
         self._closed = False
         self._attach()
@@ -393,7 +393,12 @@ class Monitor:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for owner, attr, previous in reversed(self._patched):
+        for owner, attr, previous, wrapper in reversed(self._patched):
+            if owner.__dict__.get(attr) is not wrapper:
+                continue  # patched again over ours (another monitor): ours now passes through
+            # skip wrappers of monitors closed meanwhile (closed out of order)
+            while getattr(previous, "_nndx_monitor", None) is not None and previous._nndx_monitor.closed:
+                previous = previous._nndx_previous
             if previous is None:
                 owner.__dict__.pop(attr, None)
             else:
@@ -427,12 +432,15 @@ class Monitor:
 
         @functools.wraps(original)
         def zero_grad(*args: Any, **kwargs: Any) -> Any:
-            self._on_zero_grad()
+            if not self._closed:
+                self._on_zero_grad()
             return original(*args, **kwargs)
 
+        zero_grad._nndx_monitor = self  # type: ignore[attr-defined]
+        zero_grad._nndx_previous = previous  # type: ignore[attr-defined]
         # an instance attribute shadows the class method; close() deletes it again
         owner.__dict__["zero_grad"] = zero_grad
-        self._patched.append((owner, "zero_grad", previous))
+        self._patched.append((owner, "zero_grad", previous, zero_grad))
 
     def _guard(self, source: str, fn: Callable) -> Callable:
         """A hook that never breaks training: its exceptions become report errors."""

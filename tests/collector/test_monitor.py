@@ -524,3 +524,14 @@ def test_closure_step_backward_inside_optimizer_step_is_seen():
     assert (loop.steps, loop.backward_calls, loop.zero_grad_calls) == (STEPS,) * 3
     assert [p.step for p in loop.grad_norm_history] == list(range(STEPS))
     assert all(p.before_clip > 0 and p.after_clip is None for p in loop.grad_norm_history)
+
+
+def test_two_monitors_closed_out_of_order_leave_the_model_clean():
+    model, opt, first = monitored()
+    second = Monitor(model, opt)
+    train(model, opt, first, steps=2)
+    first.close()
+    train(model, opt, second, steps=2)
+    second.close()
+    assert hook_count(model, opt) == 0
+    assert second.report().loop.zero_grad_calls == 4 and first.report().loop.zero_grad_calls == 2
