@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nndx.integrations._common import save_artifacts
-from nndx.report import DiagnosticReport, ErrorRecord
+from nndx.report import SEVERITY_ORDER, DiagnosticReport, ErrorRecord, Finding
 
 logger = logging.getLogger("nndx")
 
@@ -60,8 +60,14 @@ class TrainingSession:
     """One training run seen by a framework callback.
 
     ``monitor_options`` go to :class:`~nndx.collector.monitor.Monitor` (e.g.
-    ``every=10``, ``stop_on="error"``); ``preflight_options`` to :func:`nndx.probe`,
-    keyed by probe name (e.g. ``{"overfit_one_batch": {"steps": 50}}``).
+    ``every=10``); ``preflight_options`` to :func:`nndx.probe`, keyed by probe name
+    (e.g. ``{"overfit_one_batch": {"steps": 50}}``).
+
+    ``stop_on`` ("warning" or "error") is not handed to the Monitor, whose
+    ``TrainingFailure`` would escape from inside ``optimizer.step()``: the session
+    collects the live findings of that severity instead, and the callback asks its
+    framework to stop gracefully when :meth:`should_stop` says so, so the run still
+    ends through its normal path and its report is saved.
     """
 
     def __init__(
@@ -79,6 +85,12 @@ class TrainingSession:
         self.preflight_probes = list(preflight_probes)
         self.preflight_options = dict(preflight_options or {})
         self.monitor_options = dict(monitor_options or {})
+        self.stop_on = self.monitor_options.pop("stop_on", None)
+        if self.stop_on not in (None, "warning", "error"):
+            raise ValueError(f"stop_on must be None, 'warning' or 'error', got {self.stop_on!r}")
+        self._user_on_finding = self.monitor_options.pop("on_finding", None)
+        self.stop_findings: list[Finding] = []
+        self._stop_recorded = False
         self.filename_prefix = filename_prefix
         self.monitor: Any = None
         self.preflight_report: DiagnosticReport | None = None
@@ -119,13 +131,34 @@ class TrainingSession:
         try:
             from nndx.collector.monitor import Monitor
 
-            options = {"name": name, **self.monitor_options}
+            options = {"name": name, **self.monitor_options, "on_finding": self._on_finding}
             self.monitor = Monitor(model, innermost_optimizer(optimizer), **options)
         except Exception as exc:  # noqa: BLE001
             self.record_error("monitor", exc)
 
+    def _on_finding(self, finding: Finding) -> None:
+        if self.stop_on is not None and SEVERITY_ORDER[finding.severity] >= SEVERITY_ORDER[self.stop_on]:
+            self.stop_findings.append(finding)
+        if self._user_on_finding is not None:
+            self._user_on_finding(finding)
+
+    def should_stop(self) -> bool:
+        """True once a live finding of severity ``stop_on`` or worse has fired. The first
+        time, the stop is recorded in the report (as the Monitor's TrainingFailure would
+        be) and logged."""
+        if not self.stop_findings:
+            return False
+        if not self._stop_recorded:
+            self._stop_recorded = True
+            from nndx.collector.monitor import TrainingFailure
+
+            failure = TrainingFailure(self.stop_findings)
+            self.errors.append(ErrorRecord(source=f"{self.source}.stop_on", type=type(failure).__name__, message=str(failure)))
+            logger.error("%s (stop_on=%r); asking the %s trainer to stop", failure, self.stop_on, self.source)
+        return True
+
     def log(self, value: Any, split: str) -> None:
-        if self.monitor is None or value is None:
+        if self.monitor is None or self.report is not None or value is None:
             return
         try:
             self.monitor.log(value, split=split)

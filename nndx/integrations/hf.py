@@ -19,7 +19,13 @@ What it does, event by event:
   the ``model`` and the torch optimizer inside the Trainer's (accelerate-wrapped)
   ``optimizer``.
 - ``on_log``: the training loss (``logs["loss"]``, averaged by the Trainer over
-  ``logging_steps``) and the evaluation loss (``logs["eval_loss"]``).
+  ``logging_steps``) and the evaluation loss (``logs["eval_loss"]``). The Trainer
+  replaces NaN/Inf training losses before logging them unless
+  ``TrainingArguments(logging_nan_inf_filter=False)``: set it to see them in the
+  report (the Monitor still sees non-finite gradients and activations either way).
+- ``on_step_end``: with ``stop_on="error"`` (or ``"warning"``), a live finding of that
+  severity sets ``control.should_training_stop``: the Trainer stops after the step and
+  still ends through ``on_train_end``, so the report is saved.
 - ``on_train_end``: closes the Monitor and saves ``nndx-report.json`` and
   ``nndx-diagnosis.json`` into ``save_dir``, else ``args.output_dir`` (main process only).
 
@@ -74,12 +80,12 @@ class _TrainerHooks:
             "monitor_options": {"every": every, **monitor_options},
             "filename_prefix": filename_prefix,
         }
-        self.session: TrainingSession | None = None
+        self.session = TrainingSession(**self._session_options)  # checks the options now, not mid-run
 
     @property
     def report(self) -> DiagnosticReport | None:
         """The last training run's DiagnosticReport (None before it has ended)."""
-        return self.session.report if self.session is not None else None
+        return self.session.report
 
     # -- TrainerCallback events
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -99,8 +105,12 @@ class _TrainerHooks:
             return
         session.attach(model, optimizer, name=type(model).__name__)
 
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.session.should_stop():
+            control.should_training_stop = True  # the Trainer's graceful stop: on_train_end still runs
+
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if self.session is None or not logs:
+        if not logs:
             return
         if "loss" in logs:
             self.session.log(logs["loss"], "train")
@@ -113,8 +123,6 @@ class _TrainerHooks:
 
     def finish(self, directory: str | Path | None) -> DiagnosticReport | None:
         """Close the Monitor and save the report into ``directory`` (None: do not save)."""
-        if self.session is None:
-            return None
         return self.session.finish(directory)
 
 

@@ -17,6 +17,9 @@ What it does, hook by hook:
   ``trainer.optimizers[0]``. Attaching here rather than in ``on_fit_start`` keeps the
   sanity-check validation out of the training statistics.
 - ``on_train_batch_end``: the training loss (``outputs["loss"]``).
+- ``on_train_batch_end`` also: with ``stop_on="error"`` (or ``"warning"``), a live
+  finding of that severity sets ``trainer.should_stop``, Lightning's graceful stop, so
+  the fit still ends through ``on_fit_end`` and its report is saved.
 - ``on_validation_end``: the validation loss, ``trainer.callback_metrics[val_loss_key]``
   (log it in ``validation_step`` with ``self.log("val_loss", loss)``).
 - ``on_fit_end`` / ``on_exception``: closes the Monitor and saves
@@ -83,24 +86,26 @@ class _LightningHooks:
             "monitor_options": {"every": every, **monitor_options},
             "filename_prefix": filename_prefix,
         }
-        self.session: TrainingSession | None = None
+        self.session = TrainingSession(**self._session_options)  # checks the options now, not mid-fit
+        self._fitting = False  # validate()/test() runs are not recorded
         self._started = False
         self._warned_no_val_loss = False
 
     @property
     def report(self) -> Any:
         """The last fit's DiagnosticReport (None before a fit has ended)."""
-        return self.session.report if self.session is not None else None
+        return self.session.report
 
     # -- Lightning hooks
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self.session = TrainingSession(**self._session_options)  # a fresh record per fit
+        self._fitting = True
         self._started = False
         self._warned_no_val_loss = False
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         session = self.session
-        if session is None or self._started:
+        if self._started or not self._fitting:
             return
         self._started = True
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
@@ -115,14 +120,14 @@ class _LightningHooks:
         session.attach(pl_module, optimizer, name=type(pl_module).__name__)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.session is None:
-            return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if hasattr(loss, "numel") and loss.numel() == 1:
             self.session.log(loss, "train")
+        if self.session.should_stop():
+            trainer.should_stop = True  # Lightning's graceful stop: on_fit_end still runs
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.session is None or trainer.sanity_checking:
+        if trainer.sanity_checking:
             return
         value = trainer.callback_metrics.get(self.val_loss_key)
         if value is None and not self._warned_no_val_loss:
@@ -139,8 +144,9 @@ class _LightningHooks:
         self._finish(trainer, failure=exception)
 
     def _finish(self, trainer: Any, failure: BaseException | None = None) -> None:
-        if self.session is None or self.session.report is not None:
+        if not self._fitting:
             return
+        self._fitting = False
         if self.save_dir is not None:
             directory: Any = self.save_dir
         elif failure is not None and trainer.world_size > 1:

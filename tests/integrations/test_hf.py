@@ -152,3 +152,17 @@ def test_first_batch_reads_samples_without_iterating_the_loader():
     assert batch["input_ids"].shape == (4, LENGTH) and torch.equal(batch["labels"], TokenData().labels[:4])
     with pytest.raises(ValueError, match="train_dataloader"):
         first_batch(None, 4, model)
+
+
+def test_stop_on_error_stops_the_trainer_gracefully_and_saves_the_report(tmp_path):
+    callback = NndxCallback(stop_on="error", alert_every=1)
+    # no clipping and an absurd learning rate: the weights overflow, gradients turn non-finite
+    trainer = train(tiny_bert(), callback, tmp_path, max_steps=40, eval_strategy="no", learning_rate=1e30,
+                    max_grad_norm=0.0)  # fmt: skip
+    report, diagnosis = saved(tmp_path)
+
+    assert trainer.state.global_step < 40  # the Trainer stopped early, through on_train_end
+    assert report.loop.steps == trainer.state.global_step
+    stops = [e for e in report.errors if e.source == "hf.stop_on"]
+    assert len(stops) == 1 and stops[0].type == "TrainingFailure"
+    assert any(f.severity == "error" for f in diagnosis.findings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -202,8 +203,8 @@ def test_a_missing_val_loss_key_is_warned_about_once(tmp_path, caplog):
 
 
 @pytest.mark.xfail(
-    reason="known gap in the Monitor: it reads the global gradient norm in optimizer.step's pre-hook, which "
-    "Lightning's closure-based step (forward and backward run inside optimizer.step) fires before backward",
+    reason="needs the Monitor to read the global gradient norm after backward also when forward and backward "
+    "run inside optimizer.step(closure), as Lightning does (a fix in progress in nndx/collector/monitor.py)",
     strict=False,
 )
 def test_global_grad_norm_is_recorded_under_lightnings_closure_step(tmp_path):
@@ -211,3 +212,26 @@ def test_global_grad_norm_is_recorded_under_lightnings_closure_step(tmp_path):
     fit(TinyClassifier(), NndxCallback(), tmp_path, max_epochs=1)
     report, _ = saved(tmp_path)
     assert len(report.loop.grad_norm_history) == SAMPLES // BATCH
+
+
+class DivergingClassifier(TinyClassifier):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e4)  # the loss is NaN within a few steps
+
+
+def test_stop_on_error_stops_the_fit_gracefully_and_saves_the_report(tmp_path):
+    torch.manual_seed(0)
+    module = DivergingClassifier()
+    fit(module, NndxCallback(stop_on="error", alert_every=1), tmp_path, max_epochs=20)
+    report, diagnosis = saved(tmp_path)
+
+    assert report.loop.steps < 20 * SAMPLES // BATCH  # stopped long before max_epochs
+    assert any(not math.isfinite(p.value) for p in report.loss_history["train"])
+    stops = [e for e in report.errors if e.source == "lightning.stop_on"]
+    assert len(stops) == 1 and stops[0].type == "TrainingFailure" and "nndx stopped training" in stops[0].message
+    assert any(f.severity == "error" for f in diagnosis.findings)
+
+
+def test_stop_on_is_checked_when_the_callback_is_made():
+    with pytest.raises(ValueError, match="stop_on"):
+        NndxCallback(stop_on="sometimes")

@@ -5,12 +5,17 @@ An offline run keeps its history only in ``run-<id>.wandb``: a LevelDB-style log
 7-byte header — CRC32, length, type FULL/FIRST/MIDDLE/LAST — and a chunk) whose
 records are ``wandb_internal_pb2.Record`` protobufs. The library ships no reader for
 it any more, so this is one, following the format wandb writes.
+
+``run.finish()`` in offline mode can return before the wandb-core process has written
+the log (seen here: a 7-byte file right after ``finish()``), so :func:`history` waits
+for the run's ``exit`` record, the last one wandb writes.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,15 +59,33 @@ def raw_records(path: Path) -> Iterator[bytes]:
             pending = b""
 
 
-def history(path: Path) -> list[dict[str, Any]]:
-    """Every ``run.log`` row of the run, values decoded from JSON (NaN included)."""
+def records(path: Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2
 
-    rows = []
+    parsed = []
     for raw in raw_records(path):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
-        if record.WhichOneof("record_type") != "history":
-            continue
-        rows.append({(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in record.history.item})
-    return rows
+        parsed.append(record)
+    return parsed
+
+
+def finished_records(path: Path, wait_s: float = 60.0) -> list[Any]:
+    """The run's records once its ``exit`` record is on disk."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        parsed = records(path) if path.stat().st_size > HEADER_SIZE else []
+        if any(r.WhichOneof("record_type") == "exit" for r in parsed):
+            return parsed
+        if time.monotonic() > deadline:
+            raise AssertionError(f"W&B never finished writing {path} ({path.stat().st_size} bytes)")
+        time.sleep(0.1)
+
+
+def history(path: Path) -> list[dict[str, Any]]:
+    """Every ``run.log`` row of the finished run, values decoded from JSON (NaN included)."""
+    return [
+        {(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in record.history.item}
+        for record in finished_records(path)
+        if record.WhichOneof("record_type") == "history"
+    ]
