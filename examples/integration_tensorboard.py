@@ -8,10 +8,13 @@ PyTorch loop watched by ``nndx.Monitor``:
   is zero for every input and gets no gradient. Nothing crashes; the loss just stays
   near ln(10) — the rules name DEAD_RELU.
 
-Each run's report is exported to ``<logdir>/<run>`` with ``export_report``: the loss,
-the global gradient norm, the per-layer dead-unit fraction and the update/weight ratio
-per parameter, plus histograms of the final weights and gradients. The script reads
-the event files back with TensorBoard's own EventAccumulator and prints what is there.
+The Monitor writes each run live to ``<logdir>/<run>`` through a ``SummaryWriter``
+(``Monitor(..., tensorboard=writer)``): the loss, the global gradient norm, the
+per-layer dead-unit fraction and the update/weight ratio per parameter, and histograms
+of the weights and gradients every 20 steps. (A finished report, e.g. one loaded from
+JSON, goes the same way with ``export_report(TensorBoardSink(writer), report)``.) The
+script reads the event files back with TensorBoard's own EventAccumulator and prints
+what is there.
 It exits 1 if the broken run is not diagnosed DEAD_RELU or the healthy one raises a
 warning.
 
@@ -29,10 +32,9 @@ from pathlib import Path
 import torch
 from sklearn.datasets import load_digits
 from torch import nn
+from torch.utils.tensorboard import SummaryWriter
 
 import nndx
-from nndx.integrations import export_report, model_histograms
-from nndx.integrations.tensorboard import TensorBoardSink
 from nndx.report import SEVERITY_ORDER
 
 STEPS, BATCH = 60, 64
@@ -45,7 +47,7 @@ def digits() -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.tensor(bunch.target)
 
 
-def train(dead_relu: bool) -> tuple[nn.Module, nndx.DiagnosticReport]:
+def train(dead_relu: bool, writer: SummaryWriter) -> nndx.DiagnosticReport:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     if dead_relu:
@@ -53,7 +55,9 @@ def train(dead_relu: bool) -> tuple[nn.Module, nndx.DiagnosticReport]:
             model[0].bias.fill_(-20.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = digits()
-    with nndx.Monitor(model, optimizer, every=5, loss_fn=nn.CrossEntropyLoss()) as monitor:
+    monitor = nndx.Monitor(model, optimizer, every=5, loss_fn=nn.CrossEntropyLoss(), tensorboard=writer,
+                           histogram_every=20)  # fmt: skip
+    with monitor:
         for step in range(STEPS):
             batch = torch.randint(0, len(x), (BATCH,))
             optimizer.zero_grad()
@@ -61,7 +65,7 @@ def train(dead_relu: bool) -> tuple[nn.Module, nndx.DiagnosticReport]:
             loss.backward()
             optimizer.step()
             monitor.log(loss)
-    return model, monitor.report()
+    return monitor.report()
 
 
 def main() -> int:
@@ -74,19 +78,18 @@ def main() -> int:
 
     failures = 0
     for name, dead_relu, expected in (("healthy", False, None), ("dead-relu", True, "DEAD_RELU")):
-        model, report = train(dead_relu)
-        sink = TensorBoardSink(logdir / name)
-        steps = export_report(sink, report)
-        sink.log_step(STEPS - 1, {}, model_histograms(model))
-        sink.close()
+        writer = SummaryWriter(log_dir=str(logdir / name))
+        report = train(dead_relu, writer)
+        writer.close()
 
-        events = event_accumulator.EventAccumulator(str(logdir / name), size_guidance={"scalars": 0})
+        events = event_accumulator.EventAccumulator(str(logdir / name), size_guidance={"scalars": 0, "histograms": 0})
         events.Reload()
         dead = events.Scalars("nndx/dead_unit_fraction/1")[-1].value
         alarms = [f for f in nndx.diagnose(report).findings if SEVERITY_ORDER[f.severity] >= SEVERITY_ORDER["warning"]]
         codes = [f.code.value for f in alarms]
         ok = expected in codes if expected else not alarms
         failures += not ok
+        steps = len(events.Scalars("nndx/loss/train"))
         print(f"{name:10s} {steps} steps, {len(events.Tags()['scalars'])} scalar series, "
               f"{len(events.Tags()['histograms'])} histograms; dead-unit fraction after the ReLU {dead:.2f}; "
               f"findings: {', '.join(codes) or 'none'} {'ok' if ok else 'UNEXPECTED'}")  # fmt: skip

@@ -183,6 +183,23 @@ def test_log_to_logger_writes_the_series_to_the_trainers_tensorboard(tmp_path):
     assert report.errors == []
 
 
+def test_monitor_options_reach_the_monitor_live_tensorboard_export(tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    module = TinyClassifier()
+    writer = SummaryWriter(log_dir=str(tmp_path / "live"))
+    fit(module, NndxCallback(tensorboard=writer), tmp_path, max_epochs=1)
+    writer.close()
+
+    events = event_accumulator.EventAccumulator(str(tmp_path / "live"), size_guidance={"scalars": 0})
+    events.Reload()
+    live_loss = [e.value for e in events.Scalars("nndx/loss/train")]
+    assert live_loss == pytest.approx(module.train_losses)
+    assert len(events.Scalars("nndx/grad_norm")) == SAMPLES // BATCH
+
+
 def test_log_to_logger_without_a_logger_says_so(tmp_path):
     torch.manual_seed(0)
     fit(TinyClassifier(), NndxCallback(log_to_logger=True), tmp_path, max_epochs=1)
@@ -202,12 +219,8 @@ def test_a_missing_val_loss_key_is_warned_about_once(tmp_path, caplog):
     assert len(warnings_about_it) == 1 and "val_loss" in warnings_about_it[0].getMessage()  # what was logged
 
 
-@pytest.mark.xfail(
-    reason="needs the Monitor to read the global gradient norm after backward also when forward and backward "
-    "run inside optimizer.step(closure), as Lightning does (a fix in progress in nndx/collector/monitor.py)",
-    strict=False,
-)
 def test_global_grad_norm_is_recorded_under_lightnings_closure_step(tmp_path):
+    # forward and backward run inside optimizer.step(closure): the norm is read after backward all the same
     torch.manual_seed(0)
     fit(TinyClassifier(), NndxCallback(), tmp_path, max_epochs=1)
     report, _ = saved(tmp_path)

@@ -1,13 +1,9 @@
 """Live export from the Monitor: ``Monitor(..., tensorboard=writer)`` and
-``Monitor(..., wandb=run)`` write each recorded step as it happens.
-
-These tests skip, saying why, until the Monitor takes the ``tensorboard`` / ``wandb``
-arguments (wired to :func:`nndx.integrations.make_sinks` and
-:class:`nndx.integrations.Exporter`); then they run for real."""
+``Monitor(..., wandb=run)`` write each recorded step as it happens (through
+:func:`nndx.integrations.make_sinks` and :class:`nndx.integrations.Exporter`)."""
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import pytest
@@ -22,12 +18,6 @@ from . import wandb_files
 from .conftest import DEAD_UNITS, HIDDEN, tiny_model
 
 STEPS, EVERY = 6, 2
-
-
-def require_live_export() -> None:
-    parameters = inspect.signature(Monitor).parameters
-    if not {"tensorboard", "wandb"} <= parameters.keys():
-        pytest.skip("Monitor has no tensorboard=/wandb= arguments yet (see nndx/integrations/README.md)")
 
 
 def train(**monitor_options) -> tuple[list[float], Monitor]:
@@ -47,7 +37,6 @@ def train(**monitor_options) -> tuple[list[float], Monitor]:
 
 
 def test_monitor_writes_live_series_to_tensorboard(tmp_path):
-    require_live_export()
     writer = SummaryWriter(log_dir=str(tmp_path))
     losses, monitor = train(tensorboard=writer)
     writer.close()
@@ -64,7 +53,6 @@ def test_monitor_writes_live_series_to_tensorboard(tmp_path):
 
 
 def test_monitor_logs_live_series_to_an_offline_wandb_run(offline_wandb):
-    require_live_export()
     import wandb
 
     run = wandb.init(project="nndx-test", name="monitor", dir=str(offline_wandb), mode="offline")
@@ -79,7 +67,6 @@ def test_monitor_logs_live_series_to_an_offline_wandb_run(offline_wandb):
 
 
 def test_a_failing_exporter_is_recorded_and_training_goes_on(tmp_path):
-    require_live_export()
     writer = SummaryWriter(log_dir=str(tmp_path))
     writer.close()
 
