@@ -8,8 +8,8 @@ hooks into these calls.
 
 Nothing here may break the user's training: a preflight, a Monitor or a save that
 raises becomes an :class:`~nndx.report.ErrorRecord` in the saved report (a crash is
-evidence), and training goes on. The one exception that passes is the Monitor's own
-``TrainingFailure`` (``stop_on=...``), which exists to stop a doomed run.
+evidence), and training goes on. Stopping a doomed run (``stop_on=...``) goes through
+the framework's own graceful stop, never an exception from inside its loop.
 """
 
 from __future__ import annotations

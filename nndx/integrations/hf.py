@@ -132,7 +132,8 @@ def first_batch(dataloader: Any, size: int, model: Any) -> Any:
 
     Read from the dataset, not by iterating the dataloader: a fresh iterator would draw
     from the user's RNG (the shuffling sampler) and register with accelerate's gradient
-    state, so training would no longer be what it is without nndx.
+    state, so training would no longer be what it is without nndx. Random augmentation
+    in the dataset draws too, so the random state is restored afterwards.
     """
     if dataloader is None:
         raise ValueError("the Trainer passed no train_dataloader to its callbacks")
@@ -140,15 +141,16 @@ def first_batch(dataloader: Any, size: int, model: Any) -> Any:
     collate = getattr(dataloader, "collate_fn", None)
     if dataset is None or collate is None:
         raise TypeError(f"cannot read samples from a {type(dataloader).__name__} without .dataset and .collate_fn")
-    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
-        samples = [dataset[i] for i in range(min(size, len(dataset)))]
-    else:  # an IterableDataset
-        samples = list(itertools.islice(iter(dataset), size))
-    if not samples:
-        raise ValueError("the training set is empty")
-    from nndx.collector._common import map_tensors
+    from nndx.collector._common import map_tensors, preserved_rng
 
-    batch = collate(samples)
+    with preserved_rng():
+        if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+            samples = [dataset[i] for i in range(min(size, len(dataset)))]
+        else:  # an IterableDataset
+            samples = list(itertools.islice(iter(dataset), size))
+        if not samples:
+            raise ValueError("the training set is empty")
+        batch = collate(samples)
     if isinstance(batch, Mapping):  # a BatchEncoding is a UserDict: the probes call model(**dict)
         batch = dict(batch)
     device = next(model.parameters()).device

@@ -137,9 +137,16 @@ def test_preflight_with_a_users_loss_fn(tmp_path):
     assert report.loop.steps == 2
 
 
+class AugmentedTokenData(TokenData):
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        sample = super().__getitem__(i)
+        torch.rand(1)  # random augmentation draws from the global RNG
+        return sample
+
+
 def test_first_batch_reads_samples_without_iterating_the_loader():
     class CountingLoader:
-        dataset = TokenData()
+        dataset = AugmentedTokenData()
         collate_fn = staticmethod(lambda samples: {k: torch.stack([s[k] for s in samples]) for k in samples[0]})
 
         def __iter__(self):
