@@ -27,15 +27,29 @@ PASS_THROUGH_TYPES = {
 CE_LOSSES = {"CrossEntropyLoss", "NLLLoss"}
 
 
+def _sequential_neighbours(first: str, second: str) -> bool:
+    """Whether two leaf modules are children of nn.Sequential containers, where the order
+    of the children is the order of execution and nothing runs between them.
+
+    Elsewhere module order proves nothing: attention's query/key/value are parallel
+    Linears, and a custom forward may apply F.relu between two Linears.
+    """
+    a, b = first.split("."), second.split(".")
+    if all(part.isdigit() for part in a + b):  # the model is (nested) Sequentials
+        return True
+    return a[:-1] == b[:-1] and a[-1].isdigit() and b[-1].isdigit()
+
+
 @rule(
     "NNDX401",
     C.MISSING_ACTIVATION,
     "warning",
     "Stacked linear layers with no non-linearity between them",
-    detects="Two Linear/Conv layers in forward order with only affine or reshaping layers (dropout, "
-    "flatten, normalisation) between them. When the model has no activation module at all the forward "
-    "may use functional activations (F.relu), which the summary cannot see: then it warns only if the "
-    "loss is not moving, and is info otherwise.",
+    detects="Two Linear/Conv children of nn.Sequential containers with only affine or reshaping layers "
+    "(dropout, flatten, normalisation) between them. Only Sequential children count: elsewhere module "
+    "order proves nothing (attention's parallel query/key/value, F.relu in a custom forward). When "
+    "the model has no activation module at all it warns only if the loss is not moving, and is info "
+    "otherwise.",
     why="A composition of linear maps is one linear map: the extra layers add parameters but no "
     "capacity, and the model cannot fit a non-linear task.",
     fix="Insert an activation (nn.ReLU(), nn.GELU()) between the layers.",
@@ -48,7 +62,7 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
     pairs = []
     for layer in model.layers:
         if layer.type in LINEAR_TYPES:
-            if previous is not None:
+            if previous is not None and _sequential_neighbours(previous.name, layer.name):
                 pairs.append((previous.name, layer.name))
             previous = layer
         elif layer.type not in PASS_THROUGH_TYPES:

@@ -7,7 +7,7 @@ import math
 from nndx.report import GradCheckParam, GradCheckResult, GradNormPoint, LRPoint
 from nndx.rules import diagnose
 
-from .reports import healthy_mlp, healthy_probes, healthy_reports, mlp_layers, with_loop
+from .reports import healthy_mlp, healthy_probes, healthy_reports, mlp_layers, mlp_model, with_loop
 
 BASE = healthy_mlp()
 
@@ -109,3 +109,14 @@ def test_a_converged_model_with_tiny_gradients_everywhere_is_not_vanishing():
 
     tiny = [layer.model_copy(update={"gradient": grad(2e-7, abs_mean=5e-9)}) for layer in mlp_layers()]
     assert "NNDX203" not in _found(BASE.model_copy(update={"layers": tiny}))
+
+
+def test_parallel_attention_projections_are_not_stacked_linears():
+    from nndx.report import LayerInfo
+
+    names = ["enc.attn.query", "enc.attn.key", "enc.attn.value", "enc.attn.dropout", "enc.out.dense", "enc.act", "head"]
+    types = ["Linear", "Linear", "Linear", "Dropout", "Linear", "GELUActivation", "Linear"]
+    attention = mlp_model(layers=[LayerInfo(name=n, type=t) for n, t in zip(names, types)], activations=["Tanh"])
+    assert "NNDX401" not in _found(BASE.model_copy(update={"model": attention}))
+    stacked = mlp_model(layers=[LayerInfo(name="net.0", type="Linear"), LayerInfo(name="net.1", type="Linear")])
+    assert "NNDX401" in _found(BASE.model_copy(update={"model": stacked}))
