@@ -76,6 +76,10 @@ PROBES: dict[str, tuple[type | None, Callable[..., Any]]] = {
     "overfit_one_batch": (OverfitResult, overfit_one_batch),
     "lr_range": (LRRangeResult, lr_range_test),
 }
+# probes whose answer is meaningless on a model whose weights are already NaN/Inf (a
+# diverged run): every output is non-finite, so they would name the first layer as the
+# NaN origin, "diverge" at the smallest LR, or fail the gradient check everywhere
+NEED_FINITE_PARAMETERS = frozenset({"nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range"})
 MAX_MESSAGE = 2000
 MAX_WARNINGS = 20
 # library housekeeping, not evidence about the user's training
@@ -130,8 +134,16 @@ def probe(
             report.errors.append(ErrorRecord(source=source, type=key[0], message=key[1][:MAX_MESSAGE]))
 
     _describe(report, model, batch, loss_fn, optimizer, record_error)
+    nonfinite = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
     for i, name in enumerate(selected, start=1):
         result_type, run = PROBES[name]
+        if nonfinite and name in NEED_FINITE_PARAMETERS:
+            results[name] = result_type(status="skipped", message=(
+                f"{len(nonfinite)} parameter tensor(s) are already non-finite (first: {nonfinite[0]}); "
+                "a diverged model says nothing about why it diverged: probe before training "
+                "or from the last finite checkpoint"))
+            say(f"[{i}/{len(selected)}] {name} skipped (non-finite parameters)")
+            continue
         say(f"[{i}/{len(selected)}] {name} ...")
         started = time.perf_counter()
         try:

@@ -198,3 +198,17 @@ def test_warnings_of_other_code_are_not_evidence():
 
     report = run(Chatty(), probes=["nan_origin", "grad_check"])
     assert report.errors == []
+
+
+def test_probes_skip_a_model_whose_weights_are_already_nonfinite():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with torch.no_grad():
+        model[2].weight[0, 0] = float("nan")
+    batch = (torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    report = nndx.probe(model, batch, nn.CrossEntropyLoss())
+    for name in ("nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range"):
+        result = getattr(report.probes, name)
+        assert result.status == "skipped", name
+        assert "2.weight" in result.message
+    assert report.layers  # the hook statistics still describe the diverged model
