@@ -127,19 +127,15 @@ def lr_below_range(report: DiagnosticReport) -> Hit | None:
     )
 
 
-# Finite differences across a ReLU kink disagree with autograd by up to a few percent;
-# a wrong backward (a transposed or scaled gradient) is off by tens of percent.
-KINK_ERROR = 0.05
-
-
 @rule(
     "NNDX604",
     C.BROKEN_BACKWARD,
     "error",
     "Autograd gradients disagree with finite differences",
     detects="The gradient check failed: at least one parameter tensor's relative error is finite and at "
-    "the 'bug' level (over 1e-3 in float64). Errors under 5% are info only (finite differences across "
-    "ReLU kinks reach that); non-finite errors (weights already NaN) are no evidence and do not fire.",
+    "the 'bug' level (over 1e-3 in float64). The probe re-measures differences that cross a ReLU kink "
+    "with a smaller step and marks what it cannot resolve 'suspect', which does not fire; non-finite "
+    "errors (weights already NaN) are no evidence and do not fire.",
     why="A custom autograd.Function with a wrong backward trains on wrong gradients; nothing errors.",
     fix="Fix the backward of the named parameter's custom Function (transposes and scale factors are "
     "the usual suspects); re-run the gradient check.",
@@ -150,8 +146,7 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "grad_check")
     if result is None or result.status != "failed":
         return None
-    # Non-finite errors come from a NaN loss (weights already blown up), not from the
-    # backward; errors under KINK_ERROR are what finite differences across ReLU kinks give.
+    # Non-finite errors come from a NaN loss (weights already blown up), not from the backward.
     bad = [p for p in result.parameters if p.status == "bug" and math.isfinite(p.relative_error)]
     if not result.parameters and result.max_relative_error is not None:
         error = result.max_relative_error
@@ -162,7 +157,6 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
         if not bad:
             return None
         worst = max(p.relative_error for p in bad)
-    kink_level = worst < KINK_ERROR
     return Hit(
         symptom="gradient check failed" + (f" for {', '.join(p.name for p in bad[:5])}" if bad else ""),
         evidence={
@@ -171,9 +165,7 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
             "relative_errors": [p.relative_error for p in bad],
             "mode": result.mode,
         },
-        severity="info" if kink_level else None,
-        score=1.0 if kink_level else 3.0,
-        next_probe="grad_check in elementwise mode, away from ReLU kinks" if kink_level else None,
+        score=3.0 + min(2.0, math.log10(max(worst, 1e-3) / 1e-3)),
     )
 
 
