@@ -92,7 +92,8 @@ def format_diagnosis(name: str, description: str, diagnosis: Diagnosis, top: int
         lines.append("   no findings")
     for finding in diagnosis.findings[:top]:
         evidence = ", ".join(f"{k}={_short(v)}" for k, v in list(finding.evidence.items())[:4])
-        lines.append(f"   [{finding.severity}] {finding.code.value} ({finding.rule_id}): {finding.title}")
+        cited = f" — a symptom of {finding.explained_by}" if finding.explained_by else ""
+        lines.append(f"   [{finding.severity}] {finding.code.value} ({finding.rule_id}): {finding.title}{cited}")
         if evidence:
             lines.append(f"       evidence: {evidence}")
         lines.append(f"       fix: {finding.fix}")
