@@ -73,3 +73,22 @@ class NetworkDebugger:
         for hook in self.hooks:
             hook.remove()
         self.hooks.clear()
+
+
+if __name__ == "__main__":
+    # `make bench` runs every bench/*.py: show what the baseline says about a healthy
+    # ReLU network (bench/overhead.py measures its cost).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
+    debugger = NetworkDebugger(model).register_hooks()
+    x, y = torch.randn(256, 20), torch.randint(0, 3, (256,))
+    nn.functional.cross_entropy(model(x), y).backward()
+    debugger.close()
+    print("The lesson's NetworkDebugger on a healthy, freshly initialised ReLU MLP:")
+    print()
+    print("| layer | fraction of zeros | verdict |")
+    print("|---|---|---|")
+    verdicts = debugger.check_health()
+    for name, history in debugger.activation_history.items():
+        said = [v for v in verdicts if v.startswith(f"{name}:")]
+        print(f"| {name} | {history[-1]['fraction_zeros']:.2f} | {said[0] if said else 'ok'} |")
