@@ -359,6 +359,7 @@ class Monitor:
 
         # per-step state
         self._grad_norm_at_backward: torch.Tensor | None = None
+        self._param_grad_norms: dict[str, torch.Tensor] | None = None
         self._grad_versions: list[tuple[int, int]] = []
         self._reference: torch.Tensor | None = None
         self._reference_grad: tuple[int, int] | None = None
@@ -543,13 +544,19 @@ class Monitor:
         self._backward_step = self.steps
         self._backward_since_step = True
         self._reset_since_backward = False
-        grads = [p.grad for _, p in self._params if p.grad is not None]
+        named_grads = [(n, p.grad) for n, p in self._params if p.grad is not None]
         if self._never_grad:
             for name in [n for n, p in self._never_grad.items() if p.grad is not None]:
                 del self._never_grad[name]
-        if grads:
+        self._param_grad_norms = None
+        if named_grads:
+            grads = [g for _, g in named_grads]
             with single_threaded(grads[0].device):
-                self._grad_norm_at_backward = torch.nn.utils.get_total_norm(grads)
+                # one pass: per-parameter norms (reused by a recorded step) and their total
+                norms = [torch.linalg.vector_norm(g.detach(), dtype=torch.float32) for g in grads]
+                self._grad_norm_at_backward = torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))
+            if self._recorder.recording:
+                self._param_grad_norms = {n: norm for (n, _), norm in zip(named_grads, norms)}
             self._grad_versions = [(id(g), g._version) for g in grads]
         self._reference = next((p for _, p in self._params if p.grad is not None), None)
         self._remember_reference_grad()
@@ -573,6 +580,7 @@ class Monitor:
             grads = [p.grad for _, p in self._params if p.grad is not None]
             after = None
             if [(id(g), g._version) for g in grads] != self._grad_versions:
+                self._param_grad_norms = None  # changed since backward: parameter_stats measures anew
                 # the user changed the gradients after backward: clipping (or unscaling)
                 with single_threaded(grads[0].device if grads else "cpu"):
                     after = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
@@ -595,7 +603,9 @@ class Monitor:
         self._grad_norm_recorded = False
         if self._recorder.recording:
             layers = self._recorder.finish_step()
-            params = parameter_stats(self.model, self._snapshot, step, self.max_elements) if self._snapshot is not None else []
+            params = []
+            if self._snapshot is not None:
+                params = parameter_stats(self.model, self._snapshot, step, self.max_elements, self._param_grad_norms)
             self._snapshot = None
             if layers or params:
                 pinned = any(_layer_nonfinite(s) for s in layers) or any(

@@ -369,11 +369,14 @@ def parameter_stats(
     before: dict[str, torch.Tensor] | None = None,
     step: int | None = None,
     max_elements: int | None = None,
+    grad_norms: dict[str, torch.Tensor] | None = None,
 ) -> list[ParameterStats]:
     """Weight norm, grad norm and (given a snapshot from before the step) the
     update/weight ratio ‖Δw‖/‖w‖ of every parameter, fetched with one sync. Pass the
     ``max_elements`` the snapshot was taken with: the ratio is then measured on the
-    same sampled elements."""
+    same sampled elements. ``grad_norms``: per-parameter gradient norms already
+    computed for this step (the Monitor has them from the end of backward), to save a
+    pass over the gradients."""
     named = list(model.named_parameters())
     if not named:
         return []
@@ -382,7 +385,12 @@ def parameter_stats(
         for n, p in named:
             w = p.detach()
             weight_norm = torch.linalg.vector_norm(w.float())
-            grad_norm = torch.linalg.vector_norm(p.grad.detach().float()) if p.grad is not None else weight_norm.new_tensor(-1.0)
+            if p.grad is None:
+                grad_norm = weight_norm.new_tensor(-1.0)
+            elif grad_norms is not None and n in grad_norms:
+                grad_norm = grad_norms[n].to(weight_norm.device, weight_norm.dtype)
+            else:
+                grad_norm = torch.linalg.vector_norm(p.grad.detach().float())
             if before is not None and n in before:
                 now = flat_sample(w, max_elements)
                 scale = weight_norm if now.numel() == w.numel() else torch.linalg.vector_norm(now.float())

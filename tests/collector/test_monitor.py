@@ -535,3 +535,13 @@ def test_two_monitors_closed_out_of_order_leave_the_model_clean():
     second.close()
     assert hook_count(model, opt) == 0
     assert second.report().loop.zero_grad_calls == 4 and first.report().loop.zero_grad_calls == 2
+
+
+@pytest.mark.parametrize("clip", [None, 0.01])
+def test_parameter_grad_norms_are_those_the_step_used(clip):
+    model, opt, mon = monitored(every=1)
+    report = train(model, opt, mon, steps=3, clip=clip)  # grads stay as the last step left them
+    mon.close()
+    last = {p.name: p for p in report.parameters if p.step == 2}
+    for name, p in model.named_parameters():
+        assert last[name].grad_norm == pytest.approx(torch.linalg.vector_norm(p.grad).item(), rel=1e-5)
