@@ -19,7 +19,7 @@ def model_and_data():
     return model, torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g)
 
 
-def run(steps=30, *, zero_grad=True, lr=0.05, **options):
+def run(steps=20, *, zero_grad=True, lr=0.05, **options):
     model, x, y = model_and_data()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     options.setdefault("alert_every", 5)
