@@ -24,16 +24,21 @@ Why it is built this way:
   on every healthy ReLU layer and prove nothing.
 - ``max_elements`` (LayerRecorder, snapshot_parameters, parameter_stats; default None =
   everything): on a CPU the cost of a recorded step is the passes over each tensor, so
-  a watcher that records often (the Monitor) computes the mean, std, zero and
-  saturated fractions of each activation on the leading samples of the batch that fit
-  in ``max_elements`` (at least one sample; a view, no copy), and update/weight ratios
-  on an evenly strided sample of each parameter's elements. Min, max, dead units,
-  non-finite counts and all gradient statistics always cover the whole tensor.
+  a watcher that records often (the Monitor) computes each layer's activation and
+  gradient statistics on the leading samples of the batch that fit in
+  ``max_elements`` (at least one sample; a view, no copy) and update/weight ratios on
+  an evenly strided sample of each parameter's elements. The first samples of a
+  shuffled batch stand for it; the costs: a unit that fires on few inputs can look
+  dead in few samples (a Linear layer gets max_elements / width samples: 64 for 1024
+  units at 65,536), extremes are those of the sample, and a NaN confined to later
+  samples is missed there (the loss and the global gradient norm still show it).
+  Gradient norms are scaled to the whole batch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -173,9 +178,8 @@ def activation_stats_tensor(
     """All activation statistics of ``output`` as one float64 tensor on its device
     (order: ``_ACT_FIELDS``). Saturated fraction is -1 when ``bounds`` is None.
 
-    Min, max, dead units and the non-finite count always cover the whole tensor (one
-    per-unit min/max pass gives all of them); mean, std, zero and saturated fractions
-    come from ``leading_samples(output, max_elements)``."""
+    Every statistic is of ``leading_samples(output, max_elements)`` (all of it when
+    None): a unit is dead when it is zero for every sample and position there."""
     x = output.detach()
     if x.dim() == 0:
         x = x.reshape(1, 1)
@@ -183,7 +187,7 @@ def activation_stats_tensor(
     elif x.dim() == 1:
         x = x.reshape(-1, 1) if unit_axis == 0 else x.reshape(1, -1)
         unit_axis = 1
-    x = x.float()
+    x = leading_samples(x, max_elements).float()
     units = x.shape[unit_axis]
     others = [d for d in range(x.dim()) if d != unit_axis]
     # two reductions: on this build aminmax(dim=...) is ~10x slower than amin + amax
@@ -191,28 +195,30 @@ def activation_stats_tensor(
     # a dead unit is zero for every sample and position
     dead = (unit_lo == 0) & (unit_hi == 0)
     lo, hi = unit_lo.min(), unit_hi.max()
-    sample = leading_samples(x, max_elements)
     if bounds is None:
         saturated = torch.full((), -1.0, device=x.device)
     else:
-        saturated = ((sample <= bounds[0] + SATURATION_MARGIN) | (sample >= bounds[1] - SATURATION_MARGIN)).float().mean()
-    std = torch.std(sample) if sample.numel() > 1 else torch.zeros((), device=x.device)
+        saturated = ((x <= bounds[0] + SATURATION_MARGIN) | (x >= bounds[1] - SATURATION_MARGIN)).float().mean()
+    std = torch.std(x) if x.numel() > 1 else torch.zeros((), device=x.device)
     return torch.stack([
-        sample.mean(), std, lo, hi, (sample == 0).float().mean(), dead.float().mean(), saturated,
+        x.mean(), std, lo, hi, (x == 0).float().mean(), dead.float().mean(), saturated,
         _nonfinite_count(x, lo, hi), torch.full((), float(units), device=x.device),
     ]).double()
 
 
 def gradient_stats_tensor(grad: torch.Tensor, max_elements: int | None = None) -> torch.Tensor:
-    """abs-mean, abs-max, L2 norm and non-finite count of ``grad`` as one tensor, over
-    the whole gradient (three passes; ``max_elements`` is accepted for symmetry and
-    does not sample: gradient norms are compared across layers of different sizes)."""
-    g = grad.detach().float()
+    """abs-mean, abs-max, L2 norm and non-finite count of ``grad`` as one tensor (three
+    passes). With ``max_elements``, of the leading samples, the norm scaled by
+    sqrt(batch / samples) to estimate the whole batch's — norms are compared across
+    layers whose samples differ in size — and the count of those samples only."""
+    full = grad.detach()
+    g = leading_samples(full, max_elements).float()
     lo, hi = torch.aminmax(g)
+    scale = math.sqrt(full.numel() / g.numel()) if g.numel() else 1.0
     return torch.stack([
         torch.linalg.vector_norm(g, ord=1) / max(g.numel(), 1),
         torch.maximum(-lo, hi),
-        torch.linalg.vector_norm(g),
+        torch.linalg.vector_norm(g) * scale,
         _nonfinite_count(g, lo, hi),
     ]).double()
 

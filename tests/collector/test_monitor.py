@@ -545,3 +545,21 @@ def test_parameter_grad_norms_are_those_the_step_used(clip):
     last = {p.name: p for p in report.parameters if p.step == 2}
     for name, p in model.named_parameters():
         assert last[name].grad_norm == pytest.approx(torch.linalg.vector_norm(p.grad).item(), rel=1e-5)
+
+
+def test_sampled_layer_statistics_estimate_the_whole_batch():
+    x, y = torch.randn(256, 8), torch.randint(0, 3, (256,))
+
+    def one_step(max_elements):
+        model = make_model()
+        nn.init.constant_(model[0].bias[:8], -50.0)  # half the hidden units dead
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with Monitor(model, opt, max_elements=max_elements) as mon:
+            train(model, opt, mon, steps=1, x=x, y=y)
+        return {s.name: s for s in mon.report().layers}
+
+    exact, sampled = one_step(None), one_step(16 * 32)  # 32 of the 256 samples
+    assert exact["1"].activation.dead_unit_fraction == sampled["1"].activation.dead_unit_fraction == 0.5
+    for name in exact:
+        ratio = sampled[name].gradient.norm / exact[name].gradient.norm
+        assert 0.6 < ratio < 1.6, (name, ratio)  # scaled to the whole batch, not 1/sqrt(8) of it
