@@ -77,9 +77,10 @@ PROBES: dict[str, tuple[type | None, Callable[..., Any]]] = {
     "lr_range": (LRRangeResult, lr_range_test),
 }
 # probes whose answer is meaningless on a model whose weights are already NaN/Inf (a
-# diverged run): every output is non-finite, so they would name the first layer as the
-# NaN origin, "diverge" at the smallest LR, or fail the gradient check everywhere
-NEED_FINITE_PARAMETERS = frozenset({"nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range"})
+# diverged run): every output is non-finite, so they would "diverge" at the smallest LR
+# or fail the gradient check everywhere. nan_origin still runs: a parameter-free module
+# before the first NaN weight (a standardisation dividing by a zero std) is still found.
+NEED_FINITE_PARAMETERS = frozenset({"eval_mode", "grad_check", "overfit_one_batch", "lr_range"})
 MAX_MESSAGE = 2000
 MAX_WARNINGS = 20
 # library housekeeping, not evidence about the user's training
