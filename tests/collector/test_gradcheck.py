@@ -109,3 +109,56 @@ def test_relu_kink_within_eps_is_not_a_false_alarm():
     result = grad_check(model, data, nn.CrossEntropyLoss())
     assert result.status == "passed" and "kink" in result.message
     assert all(p.status != "bug" for p in result.parameters)
+
+
+class _ScaledBackward(torch.autograd.Function):
+    """y = x Wᵀ + b whose weight gradient is multiplied by ``scale`` (1: correct)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale):
+        ctx.save_for_backward(x, weight)
+        ctx.scale = scale
+        return x @ weight.t() + bias
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        return grad_out @ weight, (grad_out.t() @ x) * ctx.scale, grad_out.sum(0), None
+
+
+class _ScaledLinear(nn.Linear):
+    scale = 1.0
+
+    def forward(self, x):
+        return _ScaledBackward.apply(x, self.weight, self.bias, self.scale)
+
+
+def test_trained_to_a_tiny_loss_passes_and_a_ten_percent_scaled_backward_is_still_caught():
+    # A model overfit to loss ~1e-5 has directional derivatives ~1e-7, and a ReLU
+    # pre-activation within 1e-8 of its kink (the overfit digits MLP had one at 1.8e-9)
+    # forces ε down to 1e-8, where the float64 round-off of the cross-entropy (~1e-17,
+    # absolute) makes the difference quotient noisy by ~1e-9: that noise used to be
+    # reported as a relative error of 1e-3..1e-2, a "bug" in a healthy model.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), _ScaledLinear(64, 64), nn.ReLU(), nn.Linear(64, 3)).double()
+    x, y = batch(n=32)
+    x = x.double()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(400):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    with torch.no_grad():  # the smallest active first-layer pre-activation moved to 2e-9 from its kink
+        h = model[0](x)
+        i, j = divmod(int(torch.where(h > 0, h, torch.inf).argmin()), h.shape[1])
+        model[0].bias[j] -= h[i, j] - 2e-9
+        assert nn.functional.cross_entropy(model(x), y).item() < 1e-4
+
+    healthy = grad_check(model, (x, y), nn.CrossEntropyLoss())
+    assert healthy.status == "passed", healthy.parameters
+    assert all(p.status != "bug" for p in healthy.parameters) and "kink" in healthy.message
+
+    model[2].scale = 1.1
+    broken = grad_check(model, (x, y), nn.CrossEntropyLoss())
+    assert broken.status == "failed"
+    assert [p.name for p in broken.parameters if p.status == "bug"] == ["2.weight"]
