@@ -27,10 +27,13 @@ def find_project(settings: Settings, token: str) -> str | None:
     return project
 
 
-def get_scope(
+async def get_scope(
     request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
 ) -> str | None:
-    """The project this request may see, or None for everything (auth disabled)."""
+    """The project this request may see, or None for everything (auth disabled).
+
+    ``async`` although it never awaits: FastAPI runs a sync dependency in the threadpool,
+    a round trip per request for a dictionary look-up."""
     settings: Settings = request.app.state.settings
     if not settings.auth_enabled:
         return None

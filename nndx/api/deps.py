@@ -16,11 +16,12 @@ from nndx.rules import diagnose
 Diagnose = Callable[[DiagnosticReport], Diagnosis]
 
 
-def get_store(request: Request) -> ReportStore:
+async def get_store(request: Request) -> ReportStore:
+    # async: a sync dependency costs a threadpool round trip per request, for one attribute
     return request.app.state.store
 
 
-def get_diagnose() -> Diagnose:
+async def get_diagnose() -> Diagnose:
     """``nndx.rules.diagnose``, as a dependency so that tests of storage, filtering and
     auth can swap in a stand-in whose findings they control."""
     return diagnose
