@@ -28,6 +28,29 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from nndx.api.plots import report_charts
+    from nndx.rules.cli import ReportError, load_report
+
+    try:
+        report = load_report(args.report)
+    except ReportError as error:
+        print(f"nndx plot: {error}", file=sys.stderr)
+        return 2
+    charts = report_charts(report)
+    if not charts:
+        print("nndx plot: the report has no loss history, LR sweep or layer statistics to plot", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, svg in charts.items():
+        (out / f"{name}.svg").write_text(svg, encoding="utf-8")
+        print(out / f"{name}.svg")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from nndx import demo
 
@@ -44,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the DiagnosticReport JSON Schema")
     schema.add_argument("--diagnosis", action="store_true", help="print the Diagnosis schema instead")
     schema.set_defaults(handler=_schema)
+
+    plot = sub.add_parser(
+        "plot", help="draw a report's loss curve, LR sweep and gradient flow as SVG files",
+        description="Write loss.svg, lr_range.svg, gradient_flow.svg, dead_units.svg and "
+        "activation_std.svg (those the report has data for) — the charts the service's pages show.",
+    )
+    plot.add_argument("report", help="report.json ('-' for standard input)")
+    plot.add_argument("--out", default="plots", help="output folder (default ./plots)")
+    plot.set_defaults(handler=_plot)
 
     demo = sub.add_parser("demo", help="diagnose the lesson's broken networks and a healthy one")
     demo.add_argument("--json", action="store_true", help="print the diagnoses as JSON")

@@ -97,3 +97,22 @@ def test_every_command_has_help(capsys):
             main([name, "--help"])
         assert exit_.value.code == 0
     assert "usage" in capsys.readouterr().out
+
+
+def test_plot_command_writes_the_charts_a_report_has_data_for(tmp_path, capsys):
+    report = DiagnosticReport(
+        loss_history={"train": [LossPoint(step=i, value=2.0 / (i + 1)) for i in range(5)]},
+        layers=[LayerStats(name="fc", type="Linear", step=0,
+                           activation=ActivationStats(mean=0, std=1, min=-1, max=1, zero_fraction=0, dead_unit_fraction=0))],
+        probes=Probes(lr_range=LRRangeResult(status="passed", lrs=[1e-4, 1e-3, 1e-2], losses=[2.0, 1.5, NAN])),
+    )
+    path = tmp_path / "report.json"
+    path.write_text(report.model_dump_json())
+    assert main(["plot", str(path), "--out", str(tmp_path / "plots")]) == 0
+    written = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert written == ["activation_std.svg", "dead_units.svg", "loss.svg", "lr_range.svg"]  # no gradients recorded
+    assert (tmp_path / "plots" / "lr_range.svg").read_text().lstrip().startswith("<svg")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"loop": {"steps": -1}}')
+    assert main(["plot", str(bad)]) == 2
+    assert "loop.steps" in capsys.readouterr().err
