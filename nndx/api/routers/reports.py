@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from nndx.api.auth import get_scope
 from nndx.api.deps import REPORT_BODY_OPENAPI, Diagnose, get_diagnose, get_report, get_store, report_body
@@ -65,7 +66,7 @@ def _scoped(report: DiagnosticReport, scope: str | None) -> DiagnosticReport:
     summary="Store a report and diagnose it",
     openapi_extra=REPORT_BODY_OPENAPI,
 )
-def create_report(
+async def create_report(
     report: DiagnosticReport = Depends(report_body),
     idempotency_key: str | None = Header(
         None, max_length=128, description="client-chosen key; a retry with the same key stores nothing new"
@@ -74,11 +75,15 @@ def create_report(
     store: ReportStore = Depends(get_store),
     diagnose: Diagnose = Depends(get_diagnose),
 ) -> Response:
-    """Validate, diagnose and store the report; answered only after the commit."""
+    """Validate, diagnose and store the report; answered only after the commit.
+
+    ``async``: the CPU work runs on the event loop, and only ``store.add``, which waits
+    for its group commit (fsync), goes to the threadpool — one round trip per report.
+    """
     report = _scoped(report, scope)
     diagnosis = _diagnosed(diagnose, report)
     try:
-        stored, created = store.add(report, diagnosis, idempotency_key=idempotency_key)
+        stored, created = await run_in_threadpool(store.add, report, diagnosis, idempotency_key=idempotency_key)
     except IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
     if not created:
