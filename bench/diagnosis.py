@@ -39,7 +39,6 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import nndx  # noqa: E402
-from nndx.collector.label_alignment import label_alignment  # noqa: E402
 from nndx.report import CauseCode as C  # noqa: E402
 from nndx.report import SEVERITY_ORDER, ErrorRecord  # noqa: E402
 from network_debugger import NetworkDebugger  # noqa: E402
@@ -854,12 +853,6 @@ def run(name: str, expected: C | None, build: Callable[[], Setup]) -> Outcome:
     )
     if crash is not None:
         report.errors.append(crash)
-    if report.task == "classification":
-        try:
-            result = label_alignment(s.x, s.y, steps=100)
-            report.probes = report.probes.model_copy(update={"label_alignment": result})
-        except Exception as exc:  # noqa: BLE001
-            report.errors.append(ErrorRecord(source="label_alignment", type=type(exc).__name__, message=str(exc)))
     diagnosis = nndx.diagnose(report)
     baseline_messages = lesson_messages(s.losses, debugger) if crash is None else [("crashed", None)]
     return Outcome(

@@ -57,6 +57,7 @@ from nndx.report import (
     ErrorRecord,
     EvalModeResult,
     GradCheckResult,
+    LabelAlignmentResult,
     LoopStats,
     LRRangeResult,
     NanOriginResult,
@@ -106,7 +107,9 @@ def probe(
     (``report.loop.params_not_in_optimizer``) and copied for the probes whose numbers
     depend on it (update/weight ratio, LR range). ``monitor`` is a
     :class:`nndx.collector.monitor.Monitor` whose ``report()`` is merged in; ``data`` is
-    ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data`.
+    ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data` and,
+    for classification, :func:`nndx.collector.label_alignment.label_alignment` on the
+    training split.
     """
     selected = _select(probes)
     _check_options(options)
@@ -180,6 +183,17 @@ def probe(
             report.data = _check_data(data, report)
         except Exception as exc:  # noqa: BLE001
             record_error("data", exc)
+        if report.task == "classification" and report.data is not None:
+            # overfit-one-batch cannot see labels that do not belong to their inputs
+            # (networks memorise random labels); real vs permuted labels on held-out data can
+            say("label alignment ...")
+            from nndx.collector.label_alignment import label_alignment
+
+            try:
+                alignment = label_alignment(data[0], data[1])
+            except Exception as exc:  # noqa: BLE001
+                alignment = LabelAlignmentResult(status="error", message=f"{type(exc).__name__}: {record_error('label_alignment', exc)}")
+            report.probes = (report.probes or Probes()).model_copy(update={"label_alignment": alignment})
     report.run.finished_at = datetime.now(timezone.utc)
     return report
 

@@ -213,3 +213,16 @@ def test_probes_skip_a_model_whose_weights_are_already_nonfinite():
         assert "2.weight" in result.message
     assert report.probes.nan_origin.forward_module == "2"  # still names where the NaN appears
     assert report.layers  # the hook statistics still describe the diverged model
+
+
+def test_label_alignment_runs_with_classification_data():
+    from nndx.demo import make_data
+
+    x, y = make_data(n=400)
+    model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 4))
+    aligned = nndx.probe(model, (x[:32], y[:32]), nn.CrossEntropyLoss(), probes=["nan_origin"], data=(x, y))
+    assert aligned.probes.label_alignment.status == "passed"
+    shuffled = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(1))]
+    misaligned = nndx.probe(model, (x[:32], shuffled[:32]), nn.CrossEntropyLoss(), probes=["nan_origin"], data=(x, shuffled))
+    assert misaligned.probes.label_alignment.status == "failed"
+    assert "LABELS_MISALIGNED" in [f.code.value for f in nndx.diagnose(misaligned).findings]
