@@ -33,7 +33,7 @@ What is measured, and when:
   activation mean, std and zero/saturated fractions come from the leading samples of
   the batch (``max_elements``, 65,536 elements by default; min, max, dead units,
   non-finite counts and gradient statistics always cover the whole tensor), and update
-  ratios from a strided sample of each parameter.
+  ratios from an evenly spread sample of each parameter (strided blocks of 16).
 - At ``report()``: trainable parameters in no optimizer group, optimizer parameters
   that are not the model's, trainable parameters whose ``.grad`` stayed None through
   every backward, parameters with ``requires_grad=False``.
@@ -263,7 +263,7 @@ class Monitor:
     ``optimizer.step()`` when a live finding of that severity fires; ``alert_every`` —
     steps between live rule evaluations (default: ``max(every, 10)``; 0 disables them);
     ``max_elements`` — activation mean/std/fractions from the leading samples of each
-    batch that fit in this many elements, update ratios from this many strided elements of each
+    batch that fit in this many elements, update ratios from this many sampled elements of each
     parameter (None: everything, at a cost that grows with activation size; see
     :mod:`nndx.collector.stats`); ``tensorboard`` (a ``SummaryWriter`` or log
     directory) / ``wandb`` (a W&B run) — write each recorded step and logged loss there

@@ -27,7 +27,7 @@ Why it is built this way:
   a watcher that records often (the Monitor) computes each layer's activation and
   gradient statistics on the leading samples of the batch that fit in
   ``max_elements`` (at least one sample; a view, no copy) and update/weight ratios on
-  an evenly strided sample of each parameter's elements. The first samples of a
+  an evenly spread sample of each parameter's elements (strided blocks of 16). The first samples of a
   shuffled batch stand for it; the costs: a unit that fires on few inputs can look
   dead in few samples (a Linear layer gets max_elements / width samples: 64 for 1024
   units at 65,536), extremes are those of the sample, and a NaN confined to later
@@ -87,6 +87,7 @@ SATURATION_MARGIN = 1e-3
 _ACT_FIELDS = ("mean", "std", "min", "max", "zero_fraction", "dead_unit_fraction",
                "saturated_fraction", "nonfinite_count", "unit_count")
 _GRAD_FIELDS = ("abs_mean", "max", "norm", "nonfinite_count")
+SAMPLE_BLOCK = 16  # elements per block of a parameter sample: 64 bytes of float32, a cache line
 _EXACT_COUNT = 1 << 24  # float32 counts (sums of ones) are exact up to here
 
 
@@ -152,12 +153,19 @@ def leading_samples(x: torch.Tensor, max_elements: int | None) -> torch.Tensor:
 
 
 def flat_sample(t: torch.Tensor, max_elements: int | None) -> torch.Tensor:
-    """An evenly strided sample of at most ``max_elements`` of ``t``'s elements, flat;
-    the same elements for every tensor of that shape. All of ``t`` when None."""
+    """An evenly spread sample of at most ``max_elements`` of ``t``'s elements: evenly
+    strided blocks of ``SAMPLE_BLOCK`` consecutive elements (a view, flat when it is
+    all of ``t``); the same elements for every tensor of that shape. All of ``t`` when
+    None. Blocks, not single elements: a stride of 16 floats or less touches every
+    cache line of ``t``, so single strided elements cost a pass over all of it."""
     flat = t.detach().reshape(-1)
-    if max_elements is None or flat.numel() <= max_elements:
+    n = flat.numel()
+    if max_elements is None or n <= max_elements:
         return flat
-    return flat[:: -(-flat.numel() // max_elements)]
+    block = max(min(SAMPLE_BLOCK, max_elements), 1)
+    blocks = max(max_elements // block, 1)
+    stride = (n // blocks) // block * block  # >= block, since n > blocks * block
+    return flat[: blocks * stride].view(blocks, stride)[:, :block]
 
 
 def _nonfinite_count(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -382,7 +390,7 @@ class LayerRecorder:
 
 
 def snapshot_parameters(model: nn.Module, max_elements: int | None = None) -> dict[str, torch.Tensor]:
-    """Detached flat copies of trainable parameters (or of an evenly strided sample of
+    """Detached copies of trainable parameters (or of an evenly spread sample of
     at most ``max_elements`` of each), to measure an optimizer step's update."""
     with single_threaded(next(model.parameters(), torch.empty(0)).device):
         return {n: flat_sample(p, max_elements).clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -417,8 +425,12 @@ def parameter_stats(
                 grad_norm = torch.linalg.vector_norm(p.grad.detach().float())
             if before is not None and n in before:
                 now = flat_sample(w, max_elements)
-                scale = weight_norm if now.numel() == w.numel() else torch.linalg.vector_norm(now.float())
-                update = torch.linalg.vector_norm((now - before[n].reshape(-1)).float()) / scale.clamp_min(1e-12)
+                if now.numel() == w.numel():
+                    scale = weight_norm
+                else:
+                    now = now.contiguous()  # one gather of the sampled blocks
+                    scale = torch.linalg.vector_norm(now.float())
+                update = torch.linalg.vector_norm((now - before[n].reshape(now.shape)).float()) / scale.clamp_min(1e-12)
             else:
                 update = weight_norm.new_tensor(-1.0)
             rows.append(torch.stack([weight_norm, grad_norm, update]).to(named[0][1].device))
