@@ -124,6 +124,12 @@ class StoredReport:
     report_json: str
     diagnosis_json: str
 
+    def report(self) -> DiagnosticReport:
+        return DiagnosticReport.model_validate_json(self.report_json)
+
+    def diagnosis(self) -> Diagnosis:
+        return Diagnosis.model_validate_json(self.diagnosis_json)
+
 
 @dataclass(frozen=True)
 class ReportPage:

@@ -20,7 +20,6 @@ from nndx.api.deps import get_report, get_store
 from nndx.api.models import error_responses
 from nndx.api.plots import latest_per_layer, report_charts
 from nndx.api.storage import InvalidCursor, ReportStore, StoredReport
-from nndx.report import Diagnosis, DiagnosticReport
 
 router = APIRouter(tags=["pages"])
 INDEX_PAGE_SIZE = 50
@@ -70,8 +69,8 @@ def index(
     "/reports/{report_id}", response_class=HTMLResponse, responses=error_responses(401, 404), summary="One report"
 )
 def report_page(request: Request, stored: StoredReport = Depends(get_report)) -> HTMLResponse:
-    report = DiagnosticReport.model_validate_json(stored.report_json)
-    diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
+    report = stored.report()
+    diagnosis = stored.diagnosis()
     return templates.TemplateResponse(
         request,
         "report.html",

@@ -87,7 +87,7 @@ async def create_report(
     except IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
     if not created:
-        diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
+        diagnosis = stored.diagnosis()
     body = ReportCreated(
         id=stored.id,
         created_at=stored.created_at,
@@ -164,8 +164,8 @@ def read_diagnosis(stored: StoredReport = Depends(get_report)) -> Response:
 
 
 def _render(stored: StoredReport, name: str) -> Response:
-    report = DiagnosticReport.model_validate_json(stored.report_json)
-    diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
+    report = stored.report()
+    diagnosis = stored.diagnosis()
     text = render(report=report, diagnosis=diagnosis)[name]
     return Response(text, media_type="text/markdown; charset=utf-8")
 
@@ -201,8 +201,8 @@ def explain_report(
     offline: bool = Query(False, description="rule-only explanation, no LLM call"),
     stored: StoredReport = Depends(get_report),
 ) -> Response:
-    report = DiagnosticReport.model_validate_json(stored.report_json)
-    diagnosis = Diagnosis.model_validate_json(stored.diagnosis_json)
+    report = stored.report()
+    diagnosis = stored.diagnosis()
     explanation = explain(report, diagnosis, offline=offline, settings=request.app.state.llm_settings)
     return json_response(explanation)
 
