@@ -263,7 +263,8 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
     if loop is None or len(loop.lr_history) < 8:
         return None
-    lrs = [max(finite(p.lrs) or [0.0]) for p in sorted(loop.lr_history, key=lambda p: p.step)]
+    history = sorted(loop.lr_history, key=lambda p: p.step)
+    lrs = [max(finite(p.lrs) or [0.0]) for p in history]
     peak = max(lrs)
     if peak <= 0:
         return None
@@ -277,10 +278,10 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
             "lr_peak": peak,
             "lr_final": lrs[-1],
             "collapsed_share": share,
-            "collapsed_from_step": sorted(loop.lr_history, key=lambda p: p.step)[collapsed[0]].step,
+            "collapsed_from_step": history[collapsed[0]].step,
         },
         score=1.0 + share,
-        step=sorted(loop.lr_history, key=lambda p: p.step)[collapsed[0]].step,
+        step=history[collapsed[0]].step,
     )
 
 
