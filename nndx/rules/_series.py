@@ -7,7 +7,10 @@ engine stays importable on a server that only diagnoses JSON.
 from __future__ import annotations
 
 import math
-from statistics import median
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TypeVar
 
 from nndx.report import DiagnosticReport, LayerStats, LossCall, LossPoint, ParameterStats
 
@@ -15,13 +18,58 @@ CLASSIFICATION_LOSSES = {"CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogit
 REGRESSION_LOSSES = {"MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss"}
 
 
+T = TypeVar("T")
+
+# Within one ``diagnose`` call every rule reads the same curves and layer groups; the
+# memo computes each once per report (it was a third of the engine's time) and is
+# dropped when the call returns. Outside ``diagnose`` nothing is cached.
+_memo: ContextVar[dict[tuple[int, str], tuple[object, object]] | None] = ContextVar("nndx_rules_memo", default=None)
+
+
+@contextmanager
+def memoized() -> Iterator[None]:
+    """Share derived values (curves, layer groups) between the rules run inside."""
+    token = _memo.set({})
+    try:
+        yield
+    finally:
+        _memo.reset(token)
+
+
+def _cached(report: DiagnosticReport, key: str, compute: Callable[[], T]) -> T:
+    memo = _memo.get()
+    if memo is None:
+        return compute()
+    entry = memo.get((id(report), key))
+    if entry is None or entry[0] is not report:  # ``is``: an id can be reused
+        entry = memo[(id(report), key)] = (report, compute())
+    return entry[1]  # type: ignore[return-value]
+
+
+def median(values: list[float]) -> float:
+    """statistics.median without its overhead: the trend calls it once per point."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("median of no values")
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def finite(values: list[float]) -> list[float]:
     return [v for v in values if math.isfinite(v)]
 
 
 def train_curve(report: DiagnosticReport, split: str = "train") -> list[LossPoint]:
-    """The loss history of ``split`` in step order."""
-    return sorted(report.loss_history.get(split, []), key=lambda p: p.step)
+    """The loss history of ``split`` in step order. Read it, do not modify it."""
+    return _cached(
+        report, "points:" + split, lambda: sorted(report.loss_history.get(split, []), key=lambda p: p.step)
+    )
+
+
+def loss_curve(report: DiagnosticReport, split: str = "train") -> Curve:
+    """The :class:`Curve` of ``split``'s loss history."""
+    return _cached(report, "curve:" + split, lambda: Curve(train_curve(report, split)))
 
 
 def window(n: int) -> int:
@@ -146,10 +194,13 @@ def layer_steps(report: DiagnosticReport) -> list[list[LayerStats]]:
     statistics, stamped step 0 and listed first, next to the Monitor's own step 0); the
     later entry — the Monitor's, measured during training — is kept, in forward order.
     """
-    by_step: dict[int, dict[str, LayerStats]] = {}
-    for s in report.layers:
-        by_step.setdefault(s.step if s.step is not None else 0, {})[s.name] = s
-    return [list(by_step[k].values()) for k in sorted(by_step)]
+    def group() -> list[list[LayerStats]]:
+        by_step: dict[int, dict[str, LayerStats]] = {}
+        for s in report.layers:
+            by_step.setdefault(s.step if s.step is not None else 0, {})[s.name] = s
+        return [list(by_step[k].values()) for k in sorted(by_step)]
+
+    return _cached(report, "layer_steps", group)
 
 
 def latest_layers(report: DiagnosticReport) -> list[LayerStats]:
@@ -174,7 +225,7 @@ def used_lr(report: DiagnosticReport) -> float | None:
 
 def loss_is_moving(report: DiagnosticReport) -> bool | None:
     """Whether the train loss made clear progress; None without enough history."""
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     if curve.n < 6:
         return None
     return curve.progress > 0.1

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding, Severity
+from nndx.rules._series import memoized
 
 Evidence = dict[str, Any]
 
@@ -164,8 +165,9 @@ def diagnose(report: DiagnosticReport) -> Diagnosis:
         raise TypeError(f"diagnose() takes a DiagnosticReport, not {type(report).__name__}")
     all_rules = rules()
     findings: list[Finding] = []
-    for each in all_rules:
-        findings.extend(each.run(report))
+    with memoized():
+        for each in all_rules:
+            findings.extend(each.run(report))
     return Diagnosis(findings=rank(findings), rules_run=len(all_rules))
 
 

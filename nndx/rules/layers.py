@@ -4,11 +4,10 @@ update/weight ratios."""
 from __future__ import annotations
 
 import math
-from statistics import median
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import Curve, finite, latest_layers, layer_steps, train_curve, weight_params
+from nndx.rules._series import finite, latest_layers, layer_steps, loss_curve, median, train_curve, weight_params
 from nndx.rules.engine import Hit, rule
 
 DEAD_THRESHOLD = 0.5
@@ -266,7 +265,7 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
     if found is None or not 0 < found[0] < 1e-5:
         return None
     ratio, count = found
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     moving = curve.n >= 6 and curve.progress > 0.1
     return Hit(
         symptom=f"median update/weight ratio is {ratio:.3g}",

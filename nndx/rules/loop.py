@@ -5,11 +5,10 @@ None, learning rates, clipping, input norms, and what reached the loss function.
 from __future__ import annotations
 
 import math
-from statistics import median
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
-from nndx.rules._series import REGRESSION_LOSSES, Curve, finite, is_classification, loss_calls, train_curve
+from nndx.rules._series import REGRESSION_LOSSES, finite, is_classification, loss_calls, loss_curve, median, train_curve
 from nndx.rules.engine import Hit, rule
 
 CE_LOSSES = {"CrossEntropyLoss", "NLLLoss"}
@@ -31,7 +30,7 @@ def _share(names: list[str], report: DiagnosticReport) -> float | None:
 
 def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
     """Evidence that updates overshoot: NaN after finite steps, divergence, big updates."""
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     values = [p.value for p in train_curve(report)]
     evidence: dict[str, float] = {}
     if len(values) > 2 and math.isfinite(values[0]) and not all(math.isfinite(v) for v in values):
@@ -196,7 +195,7 @@ def frozen(report: DiagnosticReport) -> Hit | None:
     trainable = report.model.trainable_param_count if report.model is not None else None
     if trainable is None or (report.model is not None and report.model.param_count == 0):
         trainable = loop.trainable_param_count
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     evidence = {
         "frozen_params": loop.frozen_params[:20],
         "frozen_count": len(loop.frozen_params),
@@ -394,7 +393,7 @@ def ddp_desync(report: DiagnosticReport) -> Hit | None:
 )
 def batch_too_small(report: DiagnosticReport) -> Hit | None:
     sizes = [c.output_shape[0] for c in loss_calls(report) if c.output_shape]
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     if not sizes or max(sizes) > 4 or curve.n < 10 or curve.multiplicative_noise <= 0.2:
         return None
     return Hit(

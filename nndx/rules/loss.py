@@ -8,11 +8,10 @@ healthy noisy decreasing curve never reads as oscillation.
 from __future__ import annotations
 
 import math
-from statistics import median
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import Curve, finite, num_classes, train_curve, window
+from nndx.rules._series import Curve, finite, median, loss_curve, num_classes, train_curve, window
 from nndx.rules.engine import Hit, rule
 
 # Causes that make a loss stop moving; the symptom rules below cite them when present.
@@ -162,7 +161,7 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
 )
 def not_decreasing(report: DiagnosticReport) -> Hit | None:
     points = train_curve(report)
-    curve = Curve(points)
+    curve = loss_curve(report)
     if curve.n < 10 or len(curve.values) < len(points):  # NaN curves have their own rules
         return None
     # ended clearly above its very first value (after a blow-up, say) counts as not decreasing
@@ -204,7 +203,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     explained_by=(C.LR_TOO_HIGH, C.BATCH_TOO_SMALL) + DIVERGENCE_CAUSES,
 )
 def oscillating(report: DiagnosticReport) -> Hit | None:
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     if curve.n < 10 or curve.start <= 0:
         return None
     after = curve.values[curve.n // 2 :]
@@ -252,7 +251,7 @@ def _lr_decays(report: DiagnosticReport) -> bool:
     explained_by=(C.LR_TOO_HIGH,),
 )
 def plateau(report: DiagnosticReport) -> Hit | None:
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     if curve.n < 20 or _lr_decays(report):
         return None
     first_half = curve.values[: curve.n // 2]
@@ -289,7 +288,7 @@ def plateau(report: DiagnosticReport) -> Hit | None:
 )
 def stuck_at_chance(report: DiagnosticReport) -> Hit | None:
     classes = num_classes(report)
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     if classes is None or classes < 2 or curve.n < 10 or len(curve.values) < curve.n:
         return None
     chance = math.log(classes)
@@ -306,9 +305,9 @@ def stuck_at_chance(report: DiagnosticReport) -> Hit | None:
 
 def _val_turn(report: DiagnosticReport) -> tuple[Curve, Curve, float, int] | None:
     """(train, val, val minimum, index of the minimum) when both curves are usable."""
-    train = Curve(train_curve(report))
+    train = loss_curve(report)
     val_points = train_curve(report, "val")
-    val = Curve(val_points)
+    val = loss_curve(report, "val")
     if train.n < 5 or val.n < 5 or len(val.values) < len(val_points):
         return None
     smooth = val.smooth

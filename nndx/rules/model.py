@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import Curve, loss_calls, train_curve
+from nndx.rules._series import loss_calls, loss_curve, train_curve
 from nndx.rules.engine import Hit, rule
 
 LINEAR_TYPES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear", "LazyLinear"}
@@ -72,7 +72,7 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
     evidence = {"linear_pairs": [f"{a} -> {b}" for a, b in pairs], "activation_modules": len(model.activations)}
     if model.activations:
         return Hit(symptom=f"no activation between {pairs[0][0]} and {pairs[0][1]}", evidence=evidence, score=2.0)
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     stalled = curve.n >= 10 and curve.progress < 0.5
     return Hit(
         symptom="the model has no activation module; its linear layers may compose to one linear map",
@@ -173,7 +173,7 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     if not narrow:
         return None
     width = min(w for _, w in narrow)
-    curve = Curve(train_curve(report))
+    curve = loss_curve(report)
     overfit = report.probes.overfit_one_batch if report.probes is not None else None
     stalled = (curve.n >= 10 and curve.end > 0.5 * curve.start) or (overfit is not None and overfit.status == "failed")
     return Hit(
