@@ -7,6 +7,7 @@ app is created, so a misconfigured database fails at start-up, not on the first 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -22,6 +23,9 @@ from nndx.api.routers import health, pages, reports
 from nndx.api.settings import Settings
 from nndx.api.storage import ReportStore
 from nndx.prompts import LLMSettings
+
+#: Allocations between generation-0 collections while the service runs (CPython: 700).
+GC_THRESHOLD = 10_000
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -54,8 +58,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        store.close()
+        # Validating one 50-layer report creates a few thousand short-lived containers,
+        # so at CPython's default threshold (700) nearly every POST ran a collection,
+        # and with 16 reports in flight the older generations were big: 1.3 ms of GC per
+        # report, a fifth of its CPU. Reference counting frees these objects anyway;
+        # a higher threshold keeps cycle collection for what is really garbage.
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(thresholds[0], GC_THRESHOLD), *thresholds[1:])
+        try:
+            yield
+        finally:
+            gc.set_threshold(*thresholds)
+            store.close()
 
     app = FastAPI(
         title="nndx",
