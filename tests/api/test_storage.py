@@ -186,3 +186,38 @@ def test_a_failed_commit_reaches_every_waiting_add(tmp_path):
         assert not store._writing and store._queue == []  # the next add can lead again
     finally:
         store.close()
+
+
+def test_stores_on_one_file_take_turns_to_write_through_the_writer_lock(tmp_path):
+    """Two stores (two worker processes, in production) on one SQLite file: while one
+    holds the write lock the other's add waits for it, instead of SQLite's sleep-polling."""
+    url = f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+    first, second = ReportStore(url), ReportStore(url)
+    assert (tmp_path / "shared.sqlite3.write-lock").exists()
+    done = threading.Event()
+
+    def add() -> None:
+        second.add(make_report(), fake_diagnosis(make_report()))
+        done.set()
+
+    try:
+        with first._writer_lock:
+            writer = threading.Thread(target=add)
+            writer.start()
+            assert not done.wait(0.5), "the add did not wait for the writer lock"
+        assert done.wait(30)
+        writer.join()
+        assert first.count() == 1
+    finally:
+        first.close()
+        second.close()
+
+
+def test_an_in_memory_store_needs_no_lock_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = ReportStore("sqlite://")
+    try:
+        store.add(make_report(), fake_diagnosis(make_report()))
+        assert store.count() == 1 and not list(tmp_path.iterdir())
+    finally:
+        store.close()
