@@ -9,7 +9,7 @@ Not a test: prints a table. Three phases, each bounded in count and time:
              database must pass PRAGMA integrity_check, and after a restart every
              report acknowledged before the kill must be there, byte for byte.
 
-Usage: .venv/bin/python bench/api_load.py [--requests 3000] [--concurrency 16] [--workers 1]
+Usage: .venv/bin/python bench/api_load.py [--requests 3000] [--concurrency 16] [--workers 2]
 Targets on the 2-core dev machine: >= 200 reports/s, p99 < 100 ms, zero acknowledged lost.
 """
 
@@ -76,11 +76,12 @@ def fifty_layer_report(index: int) -> DiagnosticReport:
     )
 
 
-def session_cpu_seconds(session_id: int) -> float:
-    """CPU time (user + system) of every live process in the server's session: a
-    measure of server cost per report that does not depend on how loaded the machine is."""
+def session_cpu_seconds(session_id: int) -> dict[int, float]:
+    """CPU time (user + system) of each live process in the server's session, by pid: the
+    server's cost per report, independent of how loaded the machine is, and how evenly
+    its workers share the load."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
+    cpu: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -89,8 +90,8 @@ def session_cpu_seconds(session_id: int) -> float:
         except OSError:
             continue
         if int(fields[3]) == session_id:  # field 6 of stat: session id
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+            cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return cpu
 
 
 def free_port() -> int:
@@ -125,6 +126,20 @@ class Server:
                 raise RuntimeError("nndx serve exited during start-up")
             time.sleep(0.1)
         raise RuntimeError("nndx serve did not become healthy within 60 s")
+
+    def wait_idle(self) -> None:
+        """Wait until every worker has started: /healthz answers as soon as the first
+        does, and a load started then puts all 16 connections on that one worker."""
+        deadline = time.monotonic() + 60
+        previous = session_cpu_seconds(self.process.pid)
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = session_cpu_seconds(self.process.pid)
+            busy = sum(now.values()) - sum(previous.values())
+            if len(now) >= self.workers + (self.workers > 1) and busy < 0.02:
+                return
+            previous = now
+        raise RuntimeError("nndx serve workers still starting after 60 s")
 
     def kill(self) -> None:
         os.killpg(self.process.pid, signal.SIGKILL)
@@ -245,7 +260,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000, help="POSTs in the load phase (default 3000)")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=1, help="nndx serve --workers")
+    parser.add_argument("--workers", type=int, default=2, help="nndx serve --workers (default 2, one per core)")
     args = parser.parse_args()
 
     print(f"building {args.requests} distinct 50-layer reports ...", file=sys.stderr)
@@ -255,15 +270,18 @@ def main() -> int:
         database = Path(folder) / "nndx.sqlite3"
         server = Server(database, free_port(), args.workers)
         server.start()
+        server.wait_idle()
         try:
             print("load phase ...", file=sys.stderr)
             cpu_before = session_cpu_seconds(server.process.pid)
             client_cpu_before = time.process_time()
             acknowledged, latencies, elapsed, errors = asyncio.run(load(server.url, bodies, args.concurrency))
-            server_cpu = session_cpu_seconds(server.process.pid) - cpu_before
+            cpu_after = session_cpu_seconds(server.process.pid)
+            per_process = sorted((cpu_after[pid] - cpu_before.get(pid, 0.0) for pid in cpu_after), reverse=True)
+            server_cpu = sum(per_process)
             client_cpu = time.process_time() - client_cpu_before
             throughput = len(acknowledged) / elapsed
-            p50, p99 = percentile(latencies, 50) * 1e3, percentile(latencies, 99) * 1e3
+            p50, p90, p99 = (percentile(latencies, q) * 1e3 for q in (50, 90, 99))
             print("verify phase ...", file=sys.stderr)
             same, different = asyncio.run(verify(server.url, acknowledged, bodies, args.concurrency))
             listed = httpx.get(f"{server.url}/v1/reports", params={"limit": 1}, trust_env=False).status_code
@@ -274,10 +292,12 @@ def main() -> int:
             ("load", "clients / server workers", f"{args.concurrency} / {args.workers}"),
             ("load", "acknowledged (201) / sent", f"{len(acknowledged)} / {args.requests} ({errors} errors)"),
             ("load", "throughput", f"{throughput:.0f} reports/s (target >= 200)"),
-            ("load", "latency p50", f"{p50:.1f} ms"),
+            ("load", "latency p50 / p90", f"{p50:.1f} / {p90:.1f} ms"),
             ("load", "latency p99", f"{p99:.1f} ms (target < 100)"),
             ("load", "server CPU per report", f"{server_cpu / max(1, len(acknowledged)) * 1e3:.2f} ms"
              f" (= {max(1, len(acknowledged)) / max(server_cpu, 1e-9):.0f} reports/s per free core)"),
+            ("load", "cores used by each server process", " / ".join(
+                f"{c / elapsed:.2f}" for c in per_process if c / elapsed >= 0.01)),
             ("load", "bench client CPU per report", f"{client_cpu / max(1, len(acknowledged)) * 1e3:.2f} ms"),
             ("load", "machine load average (1 min)", f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"),
             ("verify", "acknowledged read back identical", f"{same} / {len(acknowledged)} ({different} missing or different)"),
