@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
 from nndx.api.auth import get_scope
 from nndx.api.deps import REPORT_BODY_OPENAPI, Diagnose, get_diagnose, get_report, get_store, report_body
@@ -77,13 +76,13 @@ async def create_report(
 ) -> Response:
     """Validate, diagnose and store the report; answered only after the commit.
 
-    ``async``: the CPU work runs on the event loop, and only ``store.add``, which waits
-    for its group commit (fsync), goes to the threadpool — one round trip per report.
+    ``async``: the CPU work runs on the event loop, which goes on serving other requests
+    while the store's writer thread commits this report with others (group commit).
     """
     report = _scoped(report, scope)
     diagnosis = _diagnosed(diagnose, report)
     try:
-        stored, created = await run_in_threadpool(store.add, report, diagnosis, idempotency_key=idempotency_key)
+        stored, created = await store.add_async(report, diagnosis, idempotency_key=idempotency_key)
     except IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
     if not created:
