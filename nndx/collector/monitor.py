@@ -143,6 +143,7 @@ MAX_ERRORS = 20
 # cannot be fooled by a run that is merely young — NaN/Inf loss (NNDX101/102), dead
 # units (NNDX201/208), exploding gradients (NNDX204), missing zero_grad (NNDX301),
 # optimizer not connected (NNDX303), LR collapsed by the schedule (NNDX307).
+# The live report leaves out input norms, which none of these reads (NNDX309 would).
 LIVE_RULES = ("NNDX101", "NNDX102", "NNDX201", "NNDX204", "NNDX208", "NNDX301", "NNDX303", "NNDX307")
 LIVE_WINDOW = 256  # newest points of each history the live rules read
 LIVE_RECORDED_STEPS = 8  # newest recorded steps (plus the first) the live rules read
@@ -735,6 +736,8 @@ class Monitor:
         rules = self._load_live_rules()
         if not rules:
             return []
+        from nndx.rules._series import memoized  # imported with the rules (see _load_live_rules)
+
         self._flush()
         try:
             partial = self._local_report(window=LIVE_WINDOW)
@@ -743,12 +746,14 @@ class Monitor:
             return []
         step = max(self.steps - 1, 0)
         new = []
-        for rule in rules:
-            try:
-                findings = rule.run(partial)
-            except Exception as exc:  # noqa: BLE001 - a broken rule must not stop training
-                self._record_error(f"rule {rule.id}", exc)
-                continue
+        results = []
+        with memoized():  # the rules share the curves they derive, as in diagnose()
+            for rule in rules:
+                try:
+                    results.append(rule.run(partial))
+                except Exception as exc:  # noqa: BLE001 - a broken rule must not stop training
+                    self._record_error(f"rule {rule.id}", exc)
+        for findings in results:
             for finding in findings:
                 if finding.rule_id in self._findings:
                     continue
@@ -830,7 +835,10 @@ class Monitor:
                 GradNormPoint(step=s, before_clip=b, after_clip=None if _same_norm(a, b) else a)
                 for s, b, a in self._grad_norm.values(window)
             ],
-            input_norm_history=[ScalarPoint(step=s, value=v) for s, v in self._input_norm.values(window)],
+            # no live rule reads input norms: the live report (window set) leaves them out
+            input_norm_history=(
+                [] if window is not None else [ScalarPoint(step=s, value=v) for s, v in self._input_norm.values()]
+            ),
             loss_calls=[LossCall(**entry) for entry in self._loss_calls.values()],
             world_size=self._world_size,
             desync_steps=list(self._desync_steps),
