@@ -332,7 +332,10 @@ class _Writer:
                 for item in batch:
                     item.error = item.error or exc
             for item in batch:
-                item.on_done()
+                try:
+                    item.on_done()
+                except RuntimeError:  # its event loop closed meanwhile: nobody is waiting
+                    pass
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -254,3 +254,28 @@ def test_close_writes_what_is_queued_and_a_later_add_starts_again(tmp_path):
         assert again.count() == 9
     finally:
         again.close()
+
+
+def test_an_add_whose_event_loop_closed_does_not_stop_the_writer(tmp_path):
+    """A request abandoned with its loop (a test client shut down, a worker stopping)
+    must not take the writer thread, or the adds batched with it, down."""
+    url = f"sqlite:///{tmp_path / 'loop.sqlite3'}"
+    store, other = ReportStore(url), ReportStore(url)
+    try:
+        with other._writer_lock:  # the writer waits here until the loop is gone
+            loop = asyncio.new_event_loop()
+            report = make_report(name="orphan")
+            task = loop.create_task(store.add_async(report, fake_diagnosis(report)))
+            loop.call_soon(loop.stop)
+            loop.run_forever()  # runs the add up to its await, then stops
+            task.cancel()
+            loop.close()
+        done: list = []
+        adder = threading.Thread(target=lambda: done.append(_add(store, name="next")), daemon=True)
+        adder.start()
+        adder.join(30)
+        assert done, "the writer thread died with the abandoned add"
+        assert {r.run_name for r in store.list().items} == {"orphan", "next"}
+    finally:
+        store.close()
+        other.close()
