@@ -84,9 +84,9 @@ SATURATING_BOUNDS: dict[type[nn.Module], tuple[float, float]] = {
 }
 SATURATION_MARGIN = 1e-3
 
-_ACT_FIELDS = ("mean", "std", "min", "max", "zero_fraction", "dead_unit_fraction",
-               "saturated_fraction", "nonfinite_count", "unit_count")
-_GRAD_FIELDS = ("abs_mean", "max", "norm", "nonfinite_count")
+# what activation_stats_tensor / gradient_stats_tensor measure on the device, in order
+_ACT_RAW = ("mean", "centered_norm", "min", "max", "nonzero", "live_units", "saturated", "nonfinite")
+_GRAD_RAW = ("abs_sum", "min", "max", "norm", "nonfinite")
 SAMPLE_BLOCK = 16  # elements per block of a parameter sample: 64 bytes of float32, a cache line
 _EXACT_COUNT = 1 << 24  # float32 counts (sums of ones) are exact up to here
 
@@ -189,12 +189,15 @@ def activation_stats_tensor(
     unit_axis: int,
     bounds: tuple[float, float] | None = None,
     max_elements: int | None = None,
-) -> torch.Tensor:
-    """All activation statistics of ``output`` as one float64 tensor on its device
-    (order: ``_ACT_FIELDS``). Saturated fraction is -1 when ``bounds`` is None.
+) -> tuple[torch.Tensor, int, int]:
+    """The activation statistics of ``output``: one float64 tensor of raw sums and
+    extremes on its device (order: ``_ACT_RAW``), and the elements and units measured;
+    :func:`activation_stats_from_values` turns the three into an :class:`ActivationStats`.
 
     Every statistic is of ``leading_samples(output, max_elements)`` (all of it when
-    None): a unit is dead when it is zero for every sample and position there."""
+    None): a unit is dead when it is zero for every sample and position there.
+    Divisions and constants are left to the host: on a CPU each tensor op costs
+    microseconds whatever its size, and a recorded step runs this for every layer."""
     x = output.detach()
     if x.dim() == 0:
         x = x.reshape(1, 1)
@@ -203,67 +206,79 @@ def activation_stats_tensor(
         x = x.reshape(-1, 1) if unit_axis == 0 else x.reshape(1, -1)
         unit_axis = 1
     x = leading_samples(x, max_elements).float()
-    units = x.shape[unit_axis]
+    n = x.numel()
     others = [d for d in range(x.dim()) if d != unit_axis]
     # two reductions: on this build aminmax(dim=...) is ~10x slower than amin + amax
     unit_lo, unit_hi = x.amin(dim=others), x.amax(dim=others)
     lo, hi = unit_lo.min(), unit_hi.max()
-    n = x.numel()
+    mean = x.mean()
+    # two-pass std (as torch.std), at a third of its cost on a CPU
+    centered_norm = torch.linalg.vector_norm(x - mean)
     if bounds is None:
         saturated = torch.full((), -1.0, device=x.device)
     else:
-        saturated = ((x <= bounds[0] + SATURATION_MARGIN) | (x >= bounds[1] - SATURATION_MARGIN)).float().mean()
-    mean = x.mean()
-    # two-pass std (as torch.std), at a third of its cost on a CPU
-    std = torch.linalg.vector_norm(x - mean) / math.sqrt(n - 1) if n > 1 else torch.zeros((), device=x.device)
+        saturated = ((x <= bounds[0] + SATURATION_MARGIN) | (x >= bounds[1] - SATURATION_MARGIN)).sum().float()
     if _finite_on_cpu(x, lo, hi) and n <= _EXACT_COUNT:
         nonfinite = torch.zeros((), device=x.device)
-        # |sign(x)| is 1 where x != 0 and 0 where x == 0: the zero count from a float sum,
-        # at a quarter of the cost of (x == 0).float().mean() (x is finite here)
-        zero = (n - torch.sign(x).abs_().sum()) / n
+        # |sign(x)| is 1 where x != 0 and 0 where x == 0: the nonzero count from a float sum,
+        # at a quarter of the cost of (x != 0).sum() (x is finite here)
+        nonzero = torch.sign(x).abs_().sum()
     else:
         nonfinite = _nonfinite_count(x, lo, hi)
-        zero = (x == 0).float().mean()
-    # a dead unit is zero for every sample and position: |min| + |max| is zero
-    dead = (units - torch.linalg.vector_norm(unit_lo.abs() + unit_hi.abs(), ord=0)) / units
-    return torch.stack([
-        mean, std, lo, hi, zero, dead, saturated,
-        nonfinite, torch.full((), float(units), device=x.device),
-    ]).double()
+        nonzero = (x != 0).sum().float()
+    # a unit is live unless zero for every sample and position: max(hi, -lo) > 0
+    live_units = torch.count_nonzero(torch.maximum(unit_hi, -unit_lo)).float()
+    row = torch.stack([mean, centered_norm, lo, hi, nonzero, live_units, saturated, nonfinite]).double()
+    return row, n, x.shape[unit_axis]
 
 
-def gradient_stats_tensor(grad: torch.Tensor, max_elements: int | None = None) -> torch.Tensor:
-    """abs-mean, abs-max, L2 norm and non-finite count of ``grad`` as one tensor (three
-    passes). With ``max_elements``, of the leading samples, the norm scaled by
+def gradient_stats_tensor(grad: torch.Tensor, max_elements: int | None = None) -> tuple[torch.Tensor, int, int]:
+    """Sum of |g|, min, max, L2 norm and non-finite count of ``grad`` (order
+    ``_GRAD_RAW``), and the elements measured and in all; :func:`gradient_stats_from_values`
+    makes the :class:`GradientStats` of the three.
+    With ``max_elements``, of the leading samples, the norm scaled by
     sqrt(batch / samples) to estimate the whole batch's — norms are compared across
     layers whose samples differ in size — and the count of those samples only."""
-    full = grad.detach()
-    g = leading_samples(full, max_elements).float()
+    g = leading_samples(grad.detach(), max_elements).float()
     lo, hi = torch.aminmax(g)
-    scale = math.sqrt(full.numel() / g.numel()) if g.numel() else 1.0
-    return torch.stack([
-        g.abs().sum() / max(g.numel(), 1),  # a quarter of vector_norm(ord=1)'s cost on a CPU
-        torch.maximum(-lo, hi),
-        torch.linalg.vector_norm(g) * scale,
+    row = torch.stack([
+        g.abs().sum(),  # a quarter of vector_norm(ord=1)'s cost on a CPU
+        lo,
+        hi,
+        torch.linalg.vector_norm(g),
         _nonfinite_count(g, lo, hi),
     ]).double()
+    return row, g.numel(), grad.numel()
 
 
-def activation_stats_from_values(values: list[float]) -> ActivationStats:
-    fields = dict(zip(_ACT_FIELDS, values))
-    fields["saturated_fraction"] = None if fields["saturated_fraction"] < 0 else fields["saturated_fraction"]
-    fields["nonfinite_count"] = int(fields["nonfinite_count"])
-    fields["unit_count"] = int(fields["unit_count"])
+def activation_stats_from_values(values: list[float], n: int, units: int) -> ActivationStats:
+    """An :class:`ActivationStats` from the fetched ``activation_stats_tensor`` of ``n``
+    elements and ``units`` units."""
+    mean, centered_norm, lo, hi, nonzero, live_units, saturated, nonfinite = values
     # fractions of a non-finite tensor are still well defined; clamp float noise
-    for key in ("zero_fraction", "dead_unit_fraction"):
-        fields[key] = min(max(fields[key], 0.0), 1.0)
-    return ActivationStats(**fields)
+    return ActivationStats(
+        mean=mean,
+        std=centered_norm / math.sqrt(n - 1) if n > 1 else 0.0,
+        min=lo,
+        max=hi,
+        zero_fraction=min(max((n - nonzero) / n, 0.0), 1.0),
+        dead_unit_fraction=min(max((units - live_units) / units, 0.0), 1.0),
+        saturated_fraction=None if saturated < 0 else saturated / n,
+        nonfinite_count=int(nonfinite),
+        unit_count=units,
+    )
 
 
-def gradient_stats_from_values(values: list[float]) -> GradientStats:
-    fields = dict(zip(_GRAD_FIELDS, values))
-    fields["nonfinite_count"] = int(fields["nonfinite_count"])
-    return GradientStats(**fields)
+def gradient_stats_from_values(values: list[float], n: int, full: int) -> GradientStats:
+    """A :class:`GradientStats` from the fetched ``gradient_stats_tensor`` of ``n`` of the
+    gradient's ``full`` elements."""
+    abs_sum, lo, hi, norm, nonfinite = values
+    return GradientStats(
+        abs_mean=abs_sum / max(n, 1),
+        max=math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi),
+        norm=norm * (math.sqrt(full / n) if n else 1.0),
+        nonfinite_count=int(nonfinite),
+    )
 
 
 class LayerRecorder:
@@ -284,8 +299,9 @@ class LayerRecorder:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._recording = False
         self._step: int | None = None
-        self._activations: dict[str, torch.Tensor] = {}
-        self._gradients: dict[str, torch.Tensor] = {}
+        # name -> (the device-side row, elements measured, units or all elements)
+        self._activations: dict[str, tuple[torch.Tensor, int, int]] = {}
+        self._gradients: dict[str, tuple[torch.Tensor, int, int]] = {}
         self._order: list[str] = []  # forward order of the recorded step
         self._types = {name: type(module).__name__ for name, module in self.modules}
 
@@ -329,31 +345,30 @@ class LayerRecorder:
         """Stop recording and return this step's statistics, fetched with one sync."""
         self._recording = False
         names = list(self._order)
-        act_rows = [self._activations[n] for n in names if n in self._activations]
-        grad_rows = [self._gradients[n] for n in names if n in self._gradients]
-        flat: list[float] = []
-        if act_rows or grad_rows:
-            device = (act_rows or grad_rows)[0].device
-            flat = torch.cat([r.to(device) for r in act_rows + grad_rows]).tolist()
-        n_act, n_grad = len(_ACT_FIELDS), len(_GRAD_FIELDS)
-        act_values: dict[str, list[float]] = {}
-        grad_values: dict[str, list[float]] = {}
+        acts = [self._activations[n] for n in names if n in self._activations]
+        grads = [self._gradients[n] for n in names if n in self._gradients]
+        rows = [row for row, *_ in acts + grads]
+        flat = torch.cat([r.to(rows[0].device) for r in rows]).tolist() if rows else []
+        values: dict[tuple[str, str], list[float]] = {}
         offset = 0
-        for n in names:
-            if n in self._activations:
-                act_values[n] = flat[offset:offset + n_act]
-                offset += n_act
-        for n in names:
-            if n in self._gradients:
-                grad_values[n] = flat[offset:offset + n_grad]
-                offset += n_grad
+        for kind, measured, width in (("act", self._activations, len(_ACT_RAW)), ("grad", self._gradients, len(_GRAD_RAW))):
+            for n in names:
+                if n in measured:
+                    values[kind, n] = flat[offset:offset + width]
+                    offset += width
         stats = [
             LayerStats(
                 name=n,
                 type=self._types[n],
                 step=self._step,
-                activation=activation_stats_from_values(act_values[n]) if n in act_values else None,
-                gradient=gradient_stats_from_values(grad_values[n]) if n in grad_values else None,
+                activation=(
+                    activation_stats_from_values(values["act", n], *self._activations[n][1:])
+                    if n in self._activations else None
+                ),
+                gradient=(
+                    gradient_stats_from_values(values["grad", n], *self._gradients[n][1:])
+                    if n in self._gradients else None
+                ),
             )
             for n in names
         ]
@@ -412,40 +427,45 @@ def parameter_stats(
     named = list(model.named_parameters())
     if not named:
         return []
-    with single_threaded(named[0][1].device):
-        rows = []
+    device = named[0][1].device
+    # every measured norm goes into one list, stacked and fetched once; which entries a
+    # parameter has (and the ratio's division) is bookkeeping on the host
+    norms: list[torch.Tensor] = []
+    layout: list[tuple[int, int | None, int | None, int | None]] = []
+
+    def add(norm: torch.Tensor) -> int:
+        norms.append(norm if norm.device == device else norm.to(device))
+        return len(norms) - 1
+
+    with single_threaded(device):
         for n, p in named:
             w = p.detach()
-            weight_norm = torch.linalg.vector_norm(w.float())
-            if p.grad is None:
-                grad_norm = weight_norm.new_tensor(-1.0)
-            elif grad_norms is not None and n in grad_norms:
-                grad_norm = grad_norms[n].to(weight_norm.device, weight_norm.dtype)
-            else:
-                grad_norm = torch.linalg.vector_norm(p.grad.detach().float())
+            weight = add(torch.linalg.vector_norm(w.float()))
+            grad = None
+            if p.grad is not None:
+                known = grad_norms.get(n) if grad_norms is not None else None
+                grad = add(known if known is not None else torch.linalg.vector_norm(p.grad.detach().float()))
+            diff = scale = None
             if before is not None and n in before:
                 now = flat_sample(w, max_elements)
-                if now.numel() == w.numel():
-                    scale = weight_norm
-                else:
+                scale = weight
+                if now.numel() != w.numel():
                     now = now.contiguous()  # one gather of the sampled blocks
-                    scale = torch.linalg.vector_norm(now.float())
-                update = torch.linalg.vector_norm((now - before[n].reshape(now.shape)).float()) / scale.clamp_min(1e-12)
-            else:
-                update = weight_norm.new_tensor(-1.0)
-            rows.append(torch.stack([weight_norm, grad_norm, update]).to(named[0][1].device))
-        values = torch.stack(rows).double().tolist()
+                    scale = add(torch.linalg.vector_norm(now.float()))
+                diff = add(torch.linalg.vector_norm((now - before[n].reshape(now.shape)).float()))
+            layout.append((weight, grad, diff, scale))
+        values = torch.stack(norms).double().tolist()
     return [
         ParameterStats(
             name=n,
             shape=list(p.shape),
             step=step,
             requires_grad=p.requires_grad,
-            weight_norm=v[0],
-            grad_norm=None if v[1] < 0 else v[1],
-            update_ratio=None if v[2] < 0 else v[2],
+            weight_norm=values[weight],
+            grad_norm=None if grad is None else values[grad],
+            update_ratio=None if diff is None else values[diff] / max(values[scale], 1e-12),
         )
-        for (n, p), v in zip(named, values)
+        for (n, p), (weight, grad, diff, scale) in zip(named, layout)
     ]
 
 
