@@ -11,6 +11,10 @@ see nndx/report.py) plus indexed columns for listing and filtering.
 
 The schema is versioned: ``schema_version`` holds the number of migrations applied, and
 :func:`migrate` applies the missing ones from :data:`MIGRATIONS` at start-up.
+
+Writes: one writer thread per store commits whatever adds are queued in one transaction
+(group commit, one fsync); a SQLite file gets a ``<file>.write-lock`` beside it, on
+which the writers of several processes (``nndx serve --workers``) take turns.
 """
 
 from __future__ import annotations
