@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from statistics import median
 from typing import TypeVar
 
 from nndx.report import DiagnosticReport, LayerStats, LossCall, LossPoint, ParameterStats
@@ -44,16 +45,6 @@ def _cached(report: DiagnosticReport, key: str, compute: Callable[[], T]) -> T:
     if entry is None or entry[0] is not report:  # ``is``: an id can be reused
         entry = memo[(id(report), key)] = (report, compute())
     return entry[1]  # type: ignore[return-value]
-
-
-def median(values: list[float]) -> float:
-    """statistics.median without its overhead: the trend calls it once per point."""
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        raise ValueError("median of no values")
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def finite(values: list[float]) -> list[float]:

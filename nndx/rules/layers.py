@@ -4,10 +4,11 @@ update/weight ratios."""
 from __future__ import annotations
 
 import math
+from statistics import median
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import finite, latest_layers, layer_steps, loss_curve, median, train_curve, weight_params
+from nndx.rules._series import finite, latest_layers, layer_steps, loss_curve, train_curve, weight_params
 from nndx.rules.engine import Hit, rule
 
 DEAD_THRESHOLD = 0.5

@@ -5,10 +5,11 @@ None, learning rates, clipping, input norms, and what reached the loss function.
 from __future__ import annotations
 
 import math
+from statistics import median
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
-from nndx.rules._series import REGRESSION_LOSSES, finite, is_classification, loss_calls, loss_curve, median, train_curve
+from nndx.rules._series import REGRESSION_LOSSES, finite, is_classification, loss_calls, loss_curve, train_curve
 from nndx.rules.engine import Hit, rule
 
 CE_LOSSES = {"CrossEntropyLoss", "NLLLoss"}

@@ -8,10 +8,11 @@ healthy noisy decreasing curve never reads as oscillation.
 from __future__ import annotations
 
 import math
+from statistics import median
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import Curve, finite, median, loss_curve, num_classes, train_curve, window
+from nndx.rules._series import Curve, finite, loss_curve, num_classes, train_curve, window
 from nndx.rules.engine import Hit, rule
 
 # Causes that make a loss stop moving; the symptom rules below cite them when present.
