@@ -746,22 +746,21 @@ class Monitor:
             return []
         step = max(self.steps - 1, 0)
         new = []
-        results = []
         with memoized():  # the rules share the curves they derive, as in diagnose()
             for rule in rules:
                 try:
-                    results.append(rule.run(partial))
+                    findings = rule.run(partial)
                 except Exception as exc:  # noqa: BLE001 - a broken rule must not stop training
                     self._record_error(f"rule {rule.id}", exc)
-        for findings in results:
-            for finding in findings:
-                if finding.rule_id in self._findings:
                     continue
-                finding = finding.model_copy(update={"step": step})
-                self._findings[finding.rule_id] = finding
-                self._live.append(LiveFinding(rule_id=finding.rule_id, code=finding.code.value,
-                                              severity=finding.severity, title=finding.title, step=step))
-                new.append(finding)
+                for finding in findings:
+                    if finding.rule_id in self._findings:
+                        continue
+                    finding = finding.model_copy(update={"step": step})
+                    self._findings[finding.rule_id] = finding
+                    self._live.append(LiveFinding(rule_id=finding.rule_id, code=finding.code.value,
+                                                  severity=finding.severity, title=finding.title, step=step))
+                    new.append(finding)
         return new
 
     @property

@@ -84,9 +84,6 @@ SATURATING_BOUNDS: dict[type[nn.Module], tuple[float, float]] = {
 }
 SATURATION_MARGIN = 1e-3
 
-# what activation_stats_tensor / gradient_stats_tensor measure on the device, in order
-_ACT_RAW = ("mean", "centered_norm", "min", "max", "nonzero", "live_units", "saturated", "nonfinite")
-_GRAD_RAW = ("abs_sum", "min", "max", "norm", "nonfinite")
 SAMPLE_BLOCK = 16  # elements per block of a parameter sample: 64 bytes of float32, a cache line
 _EXACT_COUNT = 1 << 24  # float32 counts (sums of ones) are exact up to here
 
@@ -191,7 +188,8 @@ def activation_stats_tensor(
     max_elements: int | None = None,
 ) -> tuple[torch.Tensor, int, int]:
     """The activation statistics of ``output``: one float64 tensor of raw sums and
-    extremes on its device (order: ``_ACT_RAW``), and the elements and units measured;
+    extremes on its device (in the order activation_stats_from_values unpacks), and the
+    elements and units measured;
     :func:`activation_stats_from_values` turns the three into an :class:`ActivationStats`.
 
     Every statistic is of ``leading_samples(output, max_elements)`` (all of it when
@@ -233,8 +231,8 @@ def activation_stats_tensor(
 
 
 def gradient_stats_tensor(grad: torch.Tensor, max_elements: int | None = None) -> tuple[torch.Tensor, int, int]:
-    """Sum of |g|, min, max, L2 norm and non-finite count of ``grad`` (order
-    ``_GRAD_RAW``), and the elements measured and in all; :func:`gradient_stats_from_values`
+    """Sum of |g|, min, max, L2 norm and non-finite count of ``grad`` (in that order),
+    and the elements measured and in all; :func:`gradient_stats_from_values`
     makes the :class:`GradientStats` of the three.
     With ``max_elements``, of the leading samples, the norm scaled by
     sqrt(batch / samples) to estimate the whole batch's — norms are compared across
@@ -345,17 +343,14 @@ class LayerRecorder:
         """Stop recording and return this step's statistics, fetched with one sync."""
         self._recording = False
         names = list(self._order)
-        acts = [self._activations[n] for n in names if n in self._activations]
-        grads = [self._gradients[n] for n in names if n in self._gradients]
-        rows = [row for row, *_ in acts + grads]
-        flat = torch.cat([r.to(rows[0].device) for r in rows]).tolist() if rows else []
+        measured = [("act", n, self._activations[n][0]) for n in names if n in self._activations]
+        measured += [("grad", n, self._gradients[n][0]) for n in names if n in self._gradients]
+        flat = torch.cat([row.to(measured[0][2].device) for *_, row in measured]).tolist() if measured else []
         values: dict[tuple[str, str], list[float]] = {}
         offset = 0
-        for kind, measured, width in (("act", self._activations, len(_ACT_RAW)), ("grad", self._gradients, len(_GRAD_RAW))):
-            for n in names:
-                if n in measured:
-                    values[kind, n] = flat[offset:offset + width]
-                    offset += width
+        for kind, n, row in measured:
+            values[kind, n] = flat[offset:offset + row.numel()]
+            offset += row.numel()
         stats = [
             LayerStats(
                 name=n,
