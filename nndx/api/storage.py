@@ -252,7 +252,8 @@ class _WriterLock:
         url = make_url(database_url)
         if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
             return cls(None)
-        return cls(Path(url.database).expanduser().with_name(Path(url.database).name + ".write-lock"))
+        database = Path(url.database).expanduser()
+        return cls(database.with_name(database.name + ".write-lock"))
 
     def __enter__(self) -> None:
         if self._path is not None:
@@ -447,9 +448,9 @@ class ReportStore:
 
     @staticmethod
     def _insert(conn: Connection, items: list[_PendingAdd]) -> None:
-        """Insert ``items`` with two statements however many they are: each statement is
-        a GIL hand-off for the writer thread, which waits up to 5 ms whenever the event
-        loop is busy validating (with one INSERT per row, the p99 of a POST)."""
+        """Insert ``items`` with two statements however many they are (one multi-row
+        INSERT for the reports, one for their cause codes), not two per report: every
+        statement costs the writer thread a round of the GIL against the event loop."""
         rows = [
             {
                 "id": item.stored.id,
