@@ -1,11 +1,14 @@
 """Load and durability of `nndx serve` on loopback with the default SQLite store.
 
-Not a test: prints a table. Three phases, each bounded in count and time:
+Not a test: prints a table. Four phases, each bounded in count and time:
 
 1. load    — 16 concurrent clients POST distinct 50-layer reports for a fixed number
-             of requests; throughput and p50/p99 latency of the acknowledged (201) POSTs.
-2. verify  — every acknowledged report is read back through the API: count and content.
-3. crash   — the same load, and the server is SIGKILLed in the middle of it; the
+             of requests, each as soon as its last was answered; throughput and
+             p50/p99 latency of the acknowledged (201) POSTs.
+2. paced   — the same clients at ``--rate`` POSTs/s on a fixed schedule; latency from
+             the scheduled send.
+3. verify  — every acknowledged report is read back through the API: count and content.
+4. crash   — the same load, and the server is SIGKILLed in the middle of it; the
              database must pass PRAGMA integrity_check, and after a restart every
              report acknowledged before the kill must be there, byte for byte.
 
@@ -76,6 +79,11 @@ def fifty_layer_report(index: int) -> DiagnosticReport:
     )
 
 
+def report_bodies(first: int, count: int) -> list[bytes]:
+    """``count`` distinct report bodies; ``first`` keeps the phases' reports apart."""
+    return [fifty_layer_report(first + i).model_dump_json().encode() for i in range(count)]
+
+
 def session_cpu_seconds(session_id: int) -> dict[int, float]:
     """CPU time (user + system) of each live process in the server's session, by pid: the
     server's cost per report, independent of how loaded the machine is, and how evenly
@@ -136,7 +144,8 @@ class Server:
             time.sleep(0.5)
             now = session_cpu_seconds(self.process.pid)
             busy = sum(now.values()) - sum(previous.values())
-            if len(now) >= self.workers + (self.workers > 1) and busy < 0.02:
+            processes = self.workers + 1 if self.workers > 1 else 1  # uvicorn's supervisor and its workers
+            if len(now) >= processes and busy < 0.02:
                 return
             previous = now
         raise RuntimeError("nndx serve workers still starting after 60 s")
@@ -273,7 +282,7 @@ def main() -> int:
     args = parser.parse_args()
 
     print(f"building {args.requests} distinct 50-layer reports ...", file=sys.stderr)
-    bodies = [fifty_layer_report(i).model_dump_json().encode() for i in range(args.requests)]
+    bodies = report_bodies(0, args.requests)
     rows: list[tuple[str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="nndx-bench-") as folder:
         database = Path(folder) / "nndx.sqlite3"
@@ -292,7 +301,7 @@ def main() -> int:
             throughput = len(acknowledged) / elapsed
             p50, p90, p99 = (percentile(latencies, q) * 1e3 for q in (50, 90, 99))
             print(f"paced phase ({args.rate:.0f}/s) ...", file=sys.stderr)
-            paced_bodies = [fifty_layer_report(2 * 10**6 + i).model_dump_json().encode() for i in range(args.requests)]
+            paced_bodies = report_bodies(2 * 10**6, args.requests)
             paced, paced_latencies, paced_elapsed, paced_errors = asyncio.run(
                 load(server.url, paced_bodies, args.concurrency, rate=args.rate)
             )
@@ -329,7 +338,7 @@ def main() -> int:
         crash_db = Path(folder) / "crash.sqlite3"
         server = Server(crash_db, free_port(), args.workers)
         server.start()
-        crash_bodies = [fifty_layer_report(10**6 + i).model_dump_json().encode() for i in range(args.requests)]
+        crash_bodies = report_bodies(10**6, args.requests)
         try:
             acked, _, _, crash_errors = asyncio.run(
                 load(server.url, crash_bodies, args.concurrency, kill_after=len(crash_bodies) // 3, on_kill=server.kill)
