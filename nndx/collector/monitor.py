@@ -29,11 +29,11 @@ What is measured, and when:
 - Every ``every`` steps (the "recorded" steps): per-layer activation and gradient
   statistics (:class:`~nndx.collector.stats.LayerRecorder`) and per-parameter weight
   norm, gradient norm and update/weight ratio (a snapshot before ``optimizer.step()``,
-  compared after it and released). To stay within a few percent of a step on a CPU,
-  activation mean, std and zero/saturated fractions come from the leading samples of
-  the batch (``max_elements``, 65,536 elements by default; min, max, dead units,
-  non-finite counts and gradient statistics always cover the whole tensor), and update
-  ratios from an evenly spread sample of each parameter (strided blocks of 16).
+  compared after it; its memory is reused by the next one). To bound the cost on a
+  CPU, each layer's activation and gradient statistics come from the leading samples
+  of the batch that fit in ``max_elements`` (65,536 elements by default; gradient norms
+  scaled to the whole batch), and update ratios from an evenly spread sample of each
+  parameter (strided blocks of 16); weight and gradient norms are exact.
 - At ``report()``: trainable parameters in no optimizer group, optimizer parameters
   that are not the model's, trainable parameters whose ``.grad`` stayed None through
   every backward, parameters with ``requires_grad=False``.
@@ -109,18 +109,19 @@ from torch import nn
 from nndx.collector import distributed as _dist
 from nndx.collector.stats import (
     DROPOUT_TYPES,
+    PENDING_BYTES,
     LayerRecorder,
-    parameter_stats,
+    parameter_stats_packed,
     single_threaded,
     snapshot_parameters,
     summarize_model,
+    unpack_layer,
+    unpack_parameter,
 )
 from nndx.report import (
-    ActivationStats,
     DiagnosticReport,
     ErrorRecord,
     Finding,
-    GradientStats,
     GradNormPoint,
     LayerStats,
     LiveFinding,
@@ -367,6 +368,7 @@ class Monitor:
         self._reference: torch.Tensor | None = None
         self._reference_grad: tuple[int, int] | None = None
         self._snapshot: dict[str, torch.Tensor] | None = None
+        self._spent_snapshot: dict[str, torch.Tensor] | None = None  # memory for the next one
 
         self.started_at = datetime.now(timezone.utc)
         self.finished_at: datetime | None = None
@@ -556,7 +558,7 @@ class Monitor:
             grads = [g for _, g in named_grads]
             with single_threaded(grads[0].device):
                 # one pass: per-parameter norms (reused by a recorded step) and their total
-                norms = [torch.linalg.vector_norm(g.detach(), dtype=torch.float32) for g in grads]
+                norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
                 self._grad_norm_at_backward = torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))
             if self._recorder.recording:
                 self._param_grad_norms = {n: norm for (n, _), norm in zip(named_grads, norms)}
@@ -589,7 +591,7 @@ class Monitor:
                     after = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
             self._defer(self._grad_norm, (step, self._grad_norm_at_backward, after))
         if self._recorder.recording:
-            self._snapshot = snapshot_parameters(self.model, self.max_elements)
+            self._snapshot = snapshot_parameters(self.model, self.max_elements, into=self._spent_snapshot)
 
     def _on_step_post_guarded(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         try:
@@ -605,23 +607,21 @@ class Monitor:
             self._defer(self._grad_norm, (step, self._grad_norm_at_backward, None))
         self._grad_norm_recorded = False
         if self._recorder.recording:
-            layers = self._recorder.finish_step()
+            layers = self._recorder.finish_step_packed()
             params = []
             if self._snapshot is not None:
-                params = parameter_stats(self.model, self._snapshot, step, self.max_elements, self._param_grad_norms)
+                params = parameter_stats_packed(self.model, self._snapshot, step, self.max_elements, self._param_grad_norms)
+                # the spent snapshot's memory is reused by the next one, unless it is large
+                small = sum(t.numel() * t.element_size() for t in self._snapshot.values()) <= PENDING_BYTES
+                self._spent_snapshot = self._snapshot if small else None
             self._snapshot = None
             if layers or params:
-                pinned = any(_layer_nonfinite(s) for s in layers) or any(
-                    not math.isfinite(p.weight_norm) or (p.grad_norm is not None and not math.isfinite(p.grad_norm))
-                    for p in params
-                )
-                self._recorded.append(
-                    (tuple(_pack_layer(s) for s in layers), tuple(_pack_parameter(p) for p in params)), pinned=pinned
-                )
+                pinned = any(_layer_nonfinite(s) for s in layers) or any(_parameter_nonfinite(p) for p in params)
+                self._recorded.append((tuple(layers), tuple(params)), pinned=pinned)
                 if self._forward_order is None and layers:
-                    self._forward_order = [s.name for s in layers]
+                    self._forward_order = [s[0] for s in layers]
                 if self._exporter:
-                    self._export_step(step, layers, params)
+                    self._export_step(step, [unpack_layer(s) for s in layers], [unpack_parameter(p) for p in params])
         self.steps += 1
         self._backward_since_step = False
         if self._reference_grad is not None:
@@ -852,8 +852,8 @@ class Monitor:
         recorded = self._recorded.values()
         if window is not None and len(recorded) > LIVE_RECORDED_STEPS + 1:
             recorded = recorded[:1] + recorded[-LIVE_RECORDED_STEPS:]
-        layers = [_unpack_layer(s) for step_layers, _ in recorded for s in step_layers]
-        params = [_unpack_parameter(p) for _, step_params in recorded for p in step_params]
+        layers = [unpack_layer(s) for step_layers, _ in recorded for s in step_layers]
+        params = [unpack_parameter(p) for _, step_params in recorded for p in step_params]
         return DiagnosticReport(
             run=RunInfo(
                 name=self.name,
@@ -882,41 +882,16 @@ def _same_norm(after: float | None, before: float) -> bool:
     return after is None or after == before or abs(after - before) <= 1e-6 * abs(before)
 
 
-# Recorded steps are kept as tuples of python floats (a few hundred bytes a layer, a
+# Recorded steps are kept as the tuples stats.py packs (a few hundred bytes a layer, a
 # fifth of the pydantic model) and turned into report models by report().
-_ACTIVATION_FIELDS = tuple(ActivationStats.model_fields)
-_GRADIENT_FIELDS = tuple(GradientStats.model_fields)
+def _layer_nonfinite(packed: tuple) -> bool:
+    _, _, _, act, grad = packed
+    return bool((act and act[-2]) or (grad and grad[-1]))
 
 
-def _pack_layer(s: LayerStats) -> tuple:
-    act = None if s.activation is None else tuple(getattr(s.activation, f) for f in _ACTIVATION_FIELDS)
-    grad = None if s.gradient is None else tuple(getattr(s.gradient, f) for f in _GRADIENT_FIELDS)
-    return (s.name, s.type, s.step, act, grad)
-
-
-def _unpack_layer(packed: tuple) -> LayerStats:
-    name, type_, step, act, grad = packed
-    return LayerStats(
-        name=name,
-        type=type_,
-        step=step,
-        activation=None if act is None else ActivationStats(**dict(zip(_ACTIVATION_FIELDS, act))),
-        gradient=None if grad is None else GradientStats(**dict(zip(_GRADIENT_FIELDS, grad))),
-    )
-
-
-def _pack_parameter(p: ParameterStats) -> tuple:
-    return (p.name, tuple(p.shape), p.step, p.requires_grad, p.weight_norm, p.grad_norm, p.update_ratio)
-
-
-def _unpack_parameter(packed: tuple) -> ParameterStats:
-    name, shape, step, requires_grad, weight_norm, grad_norm, update_ratio = packed
-    return ParameterStats(name=name, shape=list(shape), step=step, requires_grad=requires_grad,
-                          weight_norm=weight_norm, grad_norm=grad_norm, update_ratio=update_ratio)
-
-
-def _layer_nonfinite(stats: LayerStats) -> bool:
-    return bool((stats.activation and stats.activation.nonfinite_count) or (stats.gradient and stats.gradient.nonfinite_count))
+def _parameter_nonfinite(packed: tuple) -> bool:
+    weight_norm, grad_norm = packed[4], packed[5]
+    return not math.isfinite(weight_norm) or (grad_norm is not None and not math.isfinite(grad_norm))
 
 
 def _probability_evidence(output: torch.Tensor) -> tuple[float, float, float | None]:

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -85,3 +86,90 @@ def test_summarize_model():
     assert summary.output_activation == "Softmax" and summary.has_dropout and summary.has_batchnorm
     assert summary.param_count == 4 * 4 + 4 + 8 + 4 * 2 + 2
     assert [n for n, _ in watched_modules(nn.Sequential(nn.Linear(2, 2), nn.Dropout()))] == ["0"]
+
+
+class Residual(nn.Module):
+    """Same-shaped layers (one statistics batch), an in-place ReLU after a Linear and an
+    in-place residual add after a Linear: the recorded statistics must be those of each
+    output as its module returned it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.act = nn.ReLU(inplace=True)
+        self.gate = nn.Sigmoid()
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.act(self.a(x))
+        r = self.b(h)
+        r += h  # in place, after b's hook ran
+        return self.head(self.gate(self.c(r)))
+
+
+def reference_record(model, x, y):
+    """Every hooked output and its gradient, cloned when the module returns."""
+    outputs, grads = {}, {}
+
+    def keep(name):
+        def hook(_m, _i, out):
+            outputs[name] = out.detach().clone()
+            out.register_hook(lambda g: grads.__setitem__(name, g.detach().clone()))
+        return hook
+
+    handles = [m.register_forward_hook(keep(n)) for n, m in watched_modules(model)]
+    return outputs, grads, handles
+
+
+def test_recorded_statistics_equal_direct_computation_across_steps(monkeypatch):
+    import nndx.collector.stats as stats_module
+
+    for pending_bytes in (stats_module.PENDING_BYTES, 512):  # 512: reduced as it goes
+        monkeypatch.setattr(stats_module, "PENDING_BYTES", pending_bytes)
+        torch.manual_seed(1)
+        model = Residual()
+        outputs, grads, handles = reference_record(model, None, None)
+        with LayerRecorder(model) as recorder:
+            for step in range(2):  # the second step reuses the first one's buffers
+                x, y = torch.randn(32, 8) * (step + 1), torch.randint(0, 3, (32,))
+                recorder.start_step(step)
+                nn.functional.cross_entropy(model(x), y).backward()
+                recorded = {s.name: s for s in recorder.finish_step()}
+                assert set(recorded) == set(outputs) == {"a", "b", "c", "act", "gate", "head"}
+                for name, out in outputs.items():
+                    act, grad, g = recorded[name].activation, recorded[name].gradient, grads[name]
+                    assert act.mean == pytest.approx(out.mean().item(), rel=1e-5, abs=1e-6), name
+                    assert act.std == pytest.approx(out.std().item(), rel=1e-5), name
+                    assert (act.min, act.max) == (out.min().item(), out.max().item()), name
+                    assert act.zero_fraction == pytest.approx((out == 0).float().mean().item()), name
+                    dead = (out == 0).all(dim=0).float().mean().item()
+                    assert act.dead_unit_fraction == pytest.approx(dead), name
+                    assert grad.norm == pytest.approx(g.norm().item(), rel=1e-5), name
+                    assert grad.abs_mean == pytest.approx(g.abs().mean().item(), rel=1e-5), name
+                    assert grad.max == pytest.approx(g.abs().max().item()), name
+                saturated = ((outputs["gate"] <= 1e-3) | (outputs["gate"] >= 1 - 1e-3)).float().mean().item()
+                assert recorded["gate"].activation.saturated_fraction == pytest.approx(saturated)
+                assert recorded["b"].activation.min < 0  # before the in-place += (and b's own ReLU-free output)
+                assert recorded["a"].activation.min < 0  # before the in-place ReLU
+        for h in handles:
+            h.remove()
+
+
+def test_update_ratio_exact_over_consecutive_recorded_steps():
+    from nndx.collector.monitor import Monitor
+
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with Monitor(model, opt, every=1, alert_every=0, max_elements=None) as mon:
+        expected = []
+        for _ in range(3):  # the Monitor reuses one snapshot's memory from step to step
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 3, (16,))).backward()
+            opt.step()
+            mon.log(0.0)
+            expected.append({n: ((p.detach() - before[n]).norm() / p.detach().norm()).item() for n, p in model.named_parameters()})
+        report = mon.report()
+    for p in report.parameters:
+        assert p.update_ratio == pytest.approx(expected[p.step][p.name], rel=1e-4), (p.step, p.name)
