@@ -12,13 +12,13 @@ Why it is built this way:
 
 - Every statistic is reduced on its device, and all layers of a step are fetched with
   a single ``.tolist()``: on a GPU every ``.item()`` stalls the stream.
-- On a CPU a recorded step's cost is ops, passes and fresh pages, not arithmetic. A
-  tensor op run between a step's matmuls costs 10-30 us (measured in bench/overhead.py's
-  MLP step) whatever its size, and a new
-  temporary over glibc's mmap threshold (128 KiB at first) costs a page fault per
-  4 KiB. So a hook only copies its tensor into a buffer kept for that shape; tensors
-  of one shape are reduced together, one batch of ops for all of them, with a kept
-  scratch buffer for the temporaries; parameter norms are one foreach call each.
+- On a CPU a recorded step's cost is ops, passes and fresh pages, not arithmetic: a
+  tensor op run between a step's matmuls costs 10-30 us whatever its size (measured in
+  bench/overhead.py's MLP step), and a new temporary over glibc's mmap threshold
+  (128 KiB at first) costs a page fault per 4 KiB. So a hook only copies its tensor
+  into a buffer kept for that shape; tensors of one shape are reduced together, one
+  batch of ops for all of them, with a kept scratch buffer for the temporaries; each
+  kind of parameter norm is one foreach call.
 - Hooked: every leaf module that owns parameters and every activation module. A Linear
   followed by a ReLU is hooked twice (its pre-activation and post-activation are
   different evidence: dead units show only after the ReLU).
