@@ -354,6 +354,18 @@ def test_lr_of_each_param_group_recorded():
     assert [p.lrs for p in loop.lr_history] == [[0.1, 0.01], [0.1, 0.01]]
 
 
+def test_gradient_norm_measured_on_recorded_steps_only_with_clipping_seen_there():
+    # the norm is a pass over every gradient: with every=3 it is read where the layers are
+    model, opt, mon = monitored(every=3)
+    report = train(model, opt, mon, steps=7, clip=0.01)
+    mon.close()
+    recorded = sorted({layer.step for layer in report.layers})
+    assert recorded == [0, 3, 6]
+    assert [p.step for p in report.loop.grad_norm_history] == recorded
+    assert all(p.after_clip == pytest.approx(0.01, rel=1e-3) and p.before_clip > 0.05 for p in report.loop.grad_norm_history)
+    assert len(report.loop.lr_history) == len(report.loop.input_norm_history) == 7  # these stay per step
+
+
 def test_user_clipping_seen_as_norm_before_and_after():
     model, opt, mon = monitored()
     loop = train(model, opt, mon, clip=0.01).loop

@@ -85,8 +85,9 @@ def test_callback_records_a_trainer_run_and_saves_into_output_dir(healthy_run):
     evaluated = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry]
     assert [p.value for p in report.loss_history["val"]] == pytest.approx(evaluated) and len(evaluated) == 2
     assert {layer.step for layer in report.layers} == {0, 2, 4}
-    # the Monitor hooks the torch optimizer inside accelerate's wrapper, so it sees every step's norm
-    assert len(report.loop.grad_norm_history) == STEPS
+    # the Monitor hooks the torch optimizer inside accelerate's wrapper, so it sees the norm of
+    # every recorded step
+    assert [p.step for p in report.loop.grad_norm_history] == [0, 2, 4]
     assert report.model.param_count == sum(p.numel() for p in trainer.model.parameters())
     assert report.run.name == "BertForSequenceClassification"
     assert report.errors == []
