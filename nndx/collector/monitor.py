@@ -766,6 +766,15 @@ class Monitor:
         return new
 
     @property
+    def workspace_bytes(self) -> int:
+        """Bytes of tensor memory the Monitor keeps between steps: the layer buffers and
+        the spent snapshot, reused every recorded step because fresh memory costs a page
+        fault per 4 KiB on a CPU (7 MB on the bench MLP; each part at most
+        ``stats.PENDING_BYTES``); freed by close()."""
+        snapshot = self._spent_snapshot or {}
+        return self._recorder.workspace_bytes + sum(t.numel() * t.element_size() for t in snapshot.values())
+
+    @property
     def findings(self) -> list[Finding]:
         """Every live finding so far, in firing order (``.step``: when it first fired)."""
         return list(self._findings.values())

@@ -408,6 +408,12 @@ class LayerRecorder:
         return self._recording
 
     @property
+    def workspace_bytes(self) -> int:
+        """Bytes of the buffers kept between recorded steps (reused, never grown past
+        ``PENDING_BYTES``; freed on ``detach()``)."""
+        return sum(slots.nbytes for slots in self._slots.values())
+
+    @property
     def forward_order(self) -> list[str]:
         """Names of hooked modules in the order they ran in the recorded step."""
         return list(self._order)
@@ -421,7 +427,7 @@ class LayerRecorder:
         building the report models."""
         self._recording = False
         self._reduce()
-        if sum(slots.nbytes for slots in self._slots.values()) > PENDING_BYTES:
+        if self.workspace_bytes > PENDING_BYTES:
             self._slots.clear()
         flat = torch.cat([rows.reshape(-1).to(self._rows[0][0].device) for rows, _ in self._rows]).tolist() if self._rows else []
         starts = [0]

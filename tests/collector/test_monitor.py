@@ -354,6 +354,17 @@ def test_lr_of_each_param_group_recorded():
     assert [p.lrs for p in loop.lr_history] == [[0.1, 0.01], [0.1, 0.01]]
 
 
+def test_workspace_is_reused_not_grown_and_freed_on_close():
+    model, opt, mon = monitored()
+    train(model, opt, mon, steps=2)
+    kept = mon.workspace_bytes
+    assert kept > 0
+    train(model, opt, mon, steps=10)
+    assert mon.workspace_bytes == kept
+    mon.close()
+    assert mon.workspace_bytes == 0
+
+
 def test_gradient_norm_measured_on_recorded_steps_only_with_clipping_seen_there():
     # the norm is a pass over every gradient: with every=3 it is read where the layers are
     model, opt, mon = monitored(every=3)
