@@ -155,13 +155,17 @@ def test_recorded_statistics_equal_direct_computation_across_steps(monkeypatch):
             h.remove()
 
 
-def test_update_ratio_exact_over_consecutive_recorded_steps():
+@pytest.mark.parametrize("max_elements", [None, 64])
+def test_update_ratio_exact_over_consecutive_recorded_steps(max_elements):
+    """Whole parameters: ||w_after - w_before|| / ||w_after||. Sampled (64 elements of the
+    16x16 weights): the same elements' update over their norm before the step."""
     from nndx.collector.monitor import Monitor
+    from nndx.collector.stats import flat_sample
 
     torch.manual_seed(0)
     model = mlp()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with Monitor(model, opt, every=1, alert_every=0, max_elements=None) as mon:
+    with Monitor(model, opt, every=1, alert_every=0, max_elements=max_elements) as mon:
         expected = []
         for _ in range(3):  # the Monitor reuses one snapshot's memory from step to step
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -169,7 +173,13 @@ def test_update_ratio_exact_over_consecutive_recorded_steps():
             nn.functional.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 3, (16,))).backward()
             opt.step()
             mon.log(0.0)
-            expected.append({n: ((p.detach() - before[n]).norm() / p.detach().norm()).item() for n, p in model.named_parameters()})
+            ratios = {}
+            for n, p in model.named_parameters():
+                now, old = flat_sample(p, max_elements), flat_sample(before[n], max_elements)
+                scale = p.detach().norm() if now.numel() == p.numel() else old.norm()
+                ratios[n] = ((now - old).norm() / scale).item()
+            expected.append(ratios)
         report = mon.report()
+    assert any(p.numel() > 64 for p in model.parameters())
     for p in report.parameters:
         assert p.update_ratio == pytest.approx(expected[p.step][p.name], rel=1e-4), (p.step, p.name)
