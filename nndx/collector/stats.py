@@ -314,6 +314,7 @@ class _Slots:
         self.shape, self.device = shape, device
         self.data = self.scratch = torch.empty(0)
         self.used = 0
+        self.touched = False  # used in the current step
 
     @property
     def nbytes(self) -> int:
@@ -329,6 +330,7 @@ class _Slots:
         with single_threaded(self.device):  # a 256 KiB copy on two threads waits ~60 us for the second
             self.data[self.used].copy_(sample.detach())
         self.used += 1
+        self.touched = True
         return self.used - 1
 
 
@@ -399,7 +401,7 @@ class LayerRecorder:
         self._pending.clear()
         self._pending_bytes = 0
         for slots in self._slots.values():
-            slots.used = 0
+            slots.used, slots.touched = 0, False
         self._rows.clear()
         self._where.clear()
         self._order.clear()
@@ -428,6 +430,8 @@ class LayerRecorder:
         building the report models."""
         self._recording = False
         self._reduce()
+        # buffers of shapes this step did not have (variable batch or sequence lengths) go
+        self._slots = {group: slots for group, slots in self._slots.items() if slots.touched}
         if self.workspace_bytes > PENDING_BYTES:
             self._slots.clear()
         flat = torch.cat([rows.reshape(-1).to(self._rows[0][0].device) for rows, _ in self._rows]).tolist() if self._rows else []

@@ -365,6 +365,19 @@ def test_workspace_is_reused_not_grown_and_freed_on_close():
     assert mon.workspace_bytes == 0
 
 
+def test_workspace_follows_the_shapes_of_the_newest_step():
+    # variable batch (or sequence) lengths: buffers of shapes no longer seen are dropped
+    model, opt, mon = monitored()
+    x, y = batch()
+    train(model, opt, mon, steps=1, x=x, y=y)
+    full = mon.workspace_bytes
+    train(model, opt, mon, steps=1, x=x[:2], y=y[:2])
+    small = mon.workspace_bytes
+    train(model, opt, mon, steps=1, x=x[:2], y=y[:2])
+    mon.close()
+    assert 0 < small < full and mon.report().layers[-1].activation is not None
+
+
 def test_gradient_norm_measured_on_recorded_steps_only_with_clipping_seen_there():
     # the norm is a pass over every gradient: with every=3 it is read where the layers are
     model, opt, mon = monitored(every=3)
