@@ -191,8 +191,8 @@ def _stack_columns(columns: dict[str, torch.Tensor], exact_float32: bool) -> tup
 def activation_stats_rows(
     x: torch.Tensor,
     unit_axis: int,
-    bounds: tuple[float, float] | None = None,
-    scratch: torch.Tensor | None = None,
+    bounds: tuple[float, float] | None,
+    scratch: torch.Tensor,
 ) -> tuple[torch.Tensor, tuple[str, ...]]:
     """The activation statistics of a batch of ``k`` same-shaped tensors ``x[0..k-1]``:
     a ``(k, columns)`` tensor of raw sums and extremes on their device, and the columns'
@@ -209,7 +209,7 @@ def activation_stats_rows(
     x = x.float()
     flat = x.reshape(k, -1)
     n = flat.shape[1]
-    temp = torch.empty_like(flat) if scratch is None else scratch.view(k, n)
+    temp = scratch.view(k, n)
     others = [d for d in range(1, x.dim()) if d != unit_axis]
     # two reductions: on this build aminmax(dim=...) is ~10x slower than amin + amax
     unit_lo, unit_hi = x.amin(dim=others), x.amax(dim=others)
@@ -236,14 +236,14 @@ def activation_stats_rows(
     return _stack_columns(columns, n <= _EXACT_COUNT)
 
 
-def gradient_stats_rows(g: torch.Tensor, scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[str, ...]]:
+def gradient_stats_rows(g: torch.Tensor, scratch: torch.Tensor) -> tuple[torch.Tensor, tuple[str, ...]]:
     """Sum of |g|, min, max, L2 norm (and the non-finite count, where there are any) of
     each of a batch of ``k`` same-shaped gradients ``g[0..k-1]``, as
     :func:`activation_stats_rows` returns them; :func:`gradient_fields` reads a row.
     ``scratch`` as there."""
     k = g.shape[0]
     flat = g.float().reshape(k, -1)
-    temp = torch.empty_like(flat) if scratch is None else scratch.view(flat.shape)
+    temp = scratch.view(flat.shape)
     lo, hi = flat.amin(dim=1), flat.amax(dim=1)
     columns = {
         "abs_sum": torch.abs(flat, out=temp).sum(dim=1),  # a quarter of vector_norm(ord=1)'s cost on a CPU
