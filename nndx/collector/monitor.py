@@ -264,9 +264,9 @@ class Monitor:
     finding; ``stop_on`` — "warning" or "error": raise :class:`TrainingFailure` from
     ``optimizer.step()`` when a live finding of that severity fires; ``alert_every`` —
     steps between live rule evaluations (default: ``max(every, 10)``; 0 disables them);
-    ``max_elements`` — activation mean/std/fractions from the leading samples of each
-    batch that fit in this many elements, update ratios from this many sampled elements of each
-    parameter (None: everything, at a cost that grows with activation size; see
+    ``max_elements`` — layer statistics (activations and gradients) from the leading
+    samples of each batch that fit in this many elements, update ratios from this many
+    sampled elements of each parameter (None: everything, at a cost that grows with activation size; see
     :mod:`nndx.collector.stats`); ``tensorboard`` (a ``SummaryWriter`` or log
     directory) / ``wandb`` (a W&B run) — write each recorded step and logged loss there
     live, histograms every ``histogram_every`` steps (extras ``nndx[tensorboard]`` /
@@ -549,7 +549,6 @@ class Monitor:
         self._backward_step = self.steps
         self._backward_since_step = True
         self._reset_since_backward = False
-        named_grads = [(n, p.grad) for n, p in self._params if p.grad is not None]
         if self._never_grad:
             for name in [n for n, p in self._never_grad.items() if p.grad is not None]:
                 del self._never_grad[name]
@@ -557,10 +556,11 @@ class Monitor:
         self._grad_norm_at_backward = None
         # the gradient norms are one pass over every gradient (~1 ms on the bench MLP, 3% of
         # its step), so, like the layer statistics, they are measured on recorded steps only
-        if named_grads and self._recorder.recording:
+        named_grads = [(n, p.grad) for n, p in self._params if p.grad is not None] if self._recorder.recording else []
+        if named_grads:
             grads = [g for _, g in named_grads]
             with single_threaded(grads[0].device):
-                # one pass: per-parameter norms (reused by a recorded step) and their total
+                # one pass: per-parameter norms (reused by parameter_stats) and their total
                 norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
                 self._grad_norm_at_backward = torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))
             self._param_grad_norms = {n: norm for (n, _), norm in zip(named_grads, norms)}
@@ -614,8 +614,7 @@ class Monitor:
             if self._snapshot is not None:
                 params = parameter_stats_packed(self.model, self._snapshot, step, self.max_elements, self._param_grad_norms)
                 # the spent snapshot's memory is reused by the next one, unless it is large
-                small = sum(t.numel() * t.element_size() for t in self._snapshot.values()) <= PENDING_BYTES
-                self._spent_snapshot = self._snapshot if small else None
+                self._spent_snapshot = self._snapshot if _nbytes(self._snapshot) <= PENDING_BYTES else None
             self._snapshot = None
             if layers or params:
                 pinned = any(_layer_nonfinite(s) for s in layers) or any(_parameter_nonfinite(p) for p in params)
@@ -771,8 +770,7 @@ class Monitor:
         the spent snapshot, reused every recorded step because fresh memory costs a page
         fault per 4 KiB on a CPU (7 MB on the bench MLP; each part at most
         ``stats.PENDING_BYTES``); freed by close()."""
-        snapshot = self._spent_snapshot or {}
-        return self._recorder.workspace_bytes + sum(t.numel() * t.element_size() for t in snapshot.values())
+        return self._recorder.workspace_bytes + _nbytes(self._spent_snapshot or {})
 
     @property
     def findings(self) -> list[Finding]:
@@ -885,6 +883,10 @@ class Monitor:
             loop=self._loop_stats(window),
             errors=[*self._errors, *(self._exporter.errors if self._exporter is not None else [])],
         )
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def _same_norm(after: float | None, before: float) -> bool:
