@@ -18,14 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from nndx import vocab
+
 Batch = Any  # (inputs, targets); inputs a Tensor, a tuple of positional args or a dict of kwargs
 LossFn = Callable[..., torch.Tensor]
-
-CLASSIFICATION_LOSSES = ("CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss",
-                         "MultiLabelSoftMarginLoss", "MultiMarginLoss")  # fmt: skip
-CLASSIFICATION_FUNCTIONS = ("cross_entropy", "nll_loss", "binary_cross_entropy",
-                            "binary_cross_entropy_with_logits", "multilabel_soft_margin_loss")  # fmt: skip
-
 
 # --------------------------------------------------------------------------- state
 
@@ -220,18 +216,18 @@ def first_output(output: Any) -> torch.Tensor | None:
 
 
 def loss_name(loss_fn: LossFn) -> str:
-    """``CrossEntropyLoss`` for a module, ``cross_entropy`` for a function or partial."""
+    """The name reports use for a loss: ``CrossEntropyLoss`` for the module, for
+    ``F.cross_entropy`` and for a ``functools.partial`` of either (see :mod:`nndx.vocab`)."""
     fn = getattr(loss_fn, "func", loss_fn)  # functools.partial
     if isinstance(fn, nn.Module):
         return type(fn).__name__
-    return getattr(fn, "__name__", type(fn).__name__)
+    return vocab.loss_name(getattr(fn, "__name__", type(fn).__name__))
 
 
 def infer_task(loss_fn: LossFn, targets: Any) -> str | None:
     """'classification' for a classification loss or integer targets, 'regression' for
     floating targets under any other loss, None when there is no telling."""
-    name = loss_name(loss_fn)
-    if name in CLASSIFICATION_LOSSES or name in CLASSIFICATION_FUNCTIONS:
+    if vocab.loss_task(loss_name(loss_fn)) == "classification":
         return "classification"
     target = first_output(targets)
     if target is None:
@@ -247,10 +243,12 @@ def num_classes(loss_fn: LossFn, output: Any) -> int | None:
     out = first_output(output)
     if out is None or out.dim() == 0:
         return None
-    name = loss_name(loss_fn)
-    if name in ("CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss", "MultiMarginLoss"):
+    kind = vocab.loss_kind(loss_name(loss_fn))
+    if kind is None:
+        return None
+    if kind.class_axis:
         return int(out.shape[1]) if out.dim() >= 2 else int(out.shape[0])
-    if name in ("BCELoss", "BCEWithLogitsLoss", "binary_cross_entropy", "binary_cross_entropy_with_logits"):
+    if kind.binary:
         return 2 if out.dim() == 1 or out.shape[-1] == 1 else None
     return None
 
@@ -263,16 +261,18 @@ def accuracy(loss_fn: LossFn, output: Any, targets: Any) -> float | None:
         return None
     out = out.detach()
     target = target.detach()
-    name = loss_name(loss_fn)
-    if name in ("CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss", "MultiMarginLoss") and out.dim() >= 2:
+    kind = vocab.loss_kind(loss_name(loss_fn))
+    if kind is None:
+        return None
+    if kind.class_axis and out.dim() >= 2:
         predicted = out.argmax(dim=1)
         if target.is_floating_point() and target.shape == out.shape:  # class probabilities as targets
             target = target.argmax(dim=1)
         if predicted.shape != target.shape:
             return None
         return float((predicted == target).float().mean())
-    if name in ("BCELoss", "BCEWithLogitsLoss", "binary_cross_entropy", "binary_cross_entropy_with_logits"):
-        threshold = 0.5 if name in ("BCELoss", "binary_cross_entropy") else 0.0
+    if kind.binary:
+        threshold = 0.5 if kind.expects == "probabilities" else 0.0
         if out.numel() != target.numel():
             return None
         predicted = (out > threshold).reshape(-1)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from nndx.collector._common import Batch, forward, iter_tensors, map_tensors, preserved_rng, split_batch, working_copy
-from nndx.collector.stats import DROPOUT_TYPES
+from nndx.collector.stats import has_batchnorm, has_dropout
 from nndx.report import EvalModeResult
 
 # float32 noise between two runs of the same deterministic forward is exactly zero on
@@ -38,8 +38,7 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
     """Compare two forwards of the batch's inputs (and of its first half) in the current mode."""
     inputs, _ = split_batch(batch)
     training = model.training
-    has_dropout = any(isinstance(m, DROPOUT_TYPES) for m in model.modules())
-    has_batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    dropout, batchnorm = has_dropout(model), has_batchnorm(model)
     with preserved_rng(), torch.no_grad():
         model_copy = working_copy(model)
         first, second = _outputs(model_copy, inputs), _outputs(model_copy, inputs)
@@ -62,8 +61,8 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
                                      f"batch in {mode} mode: batch-norm uses batch statistics; call model.eval()")
     else:
         status, message = "passed", f"outputs in {mode} mode are reproducible and independent of the batch"
-    return EvalModeResult(status=status, message=message, training=training, has_dropout=has_dropout,
-                          has_batchnorm=has_batchnorm, max_abs_diff=diff, batch_dependence_diff=batch_diff,
+    return EvalModeResult(status=status, message=message, training=training, has_dropout=dropout,
+                          has_batchnorm=batchnorm, max_abs_diff=diff, batch_dependence_diff=batch_diff,
                           eval_abs_diff=eval_diff)  # fmt: skip
 
 

@@ -107,9 +107,11 @@ import torch
 from torch import nn
 
 from nndx.collector import distributed as _dist
+from nndx.collector._common import loss_name
 from nndx.collector.stats import (
-    DROPOUT_TYPES,
     PENDING_BYTES,
+    has_batchnorm,
+    has_dropout,
     LayerRecorder,
     parameter_stats_packed,
     single_threaded,
@@ -151,20 +153,6 @@ LIVE_RECORDED_STEPS = 8  # newest recorded steps (plus the first) the live rules
 _LOG_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 MAX_LOSS_SIGNATURES = 32
 _FLUSH_AT = 1024  # pending scalars fetched at the latest after this many
-
-# functional losses reported under the name of their module, so one rule reads both
-_FUNCTIONAL_LOSS_NAMES = {
-    "cross_entropy": "CrossEntropyLoss",
-    "nll_loss": "NLLLoss",
-    "mse_loss": "MSELoss",
-    "l1_loss": "L1Loss",
-    "smooth_l1_loss": "SmoothL1Loss",
-    "huber_loss": "HuberLoss",
-    "binary_cross_entropy": "BCELoss",
-    "binary_cross_entropy_with_logits": "BCEWithLogitsLoss",
-    "kl_div": "KLDivLoss",
-}
-
 
 class TrainingFailure(Exception):
     """Raised by a Monitor created with ``stop_on=...`` when a live finding of that
@@ -240,13 +228,6 @@ def _first_float_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             return value
     return None
-
-
-def _loss_name(loss_fn: Callable) -> str:
-    if isinstance(loss_fn, nn.Module):
-        return type(loss_fn).__name__
-    name = getattr(loss_fn, "__name__", None) or type(loss_fn).__name__
-    return _FUNCTIONAL_LOSS_NAMES.get(name, name)
 
 
 class Monitor:
@@ -356,9 +337,8 @@ class Monitor:
         # what the model is made of
         self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._never_grad = dict(self._params)
-        modules = list(model.modules())
-        self._has_dropout = any(isinstance(m, DROPOUT_TYPES) for m in modules)
-        self._has_batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules)
+        self._has_dropout = has_dropout(model)
+        self._has_batchnorm = has_batchnorm(model)
         self._forward_order: list[str] | None = None
 
         # per-step state
@@ -654,7 +634,7 @@ class Monitor:
     # ------------------------------------------------------------------ loss wrapper
 
     def _wrap_loss(self, loss_fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        loss_type = _loss_name(loss_fn)
+        loss_type = loss_name(loss_fn)
 
         @functools.wraps(loss_fn)
         def wrapped(*args: Any, **kwargs: Any) -> torch.Tensor:

@@ -51,7 +51,7 @@ from nndx.collector.hooks import hook_statistics
 from nndx.collector.lr_range import lr_range_test
 from nndx.collector.nan_origin import nan_origin
 from nndx.collector.overfit import overfit_one_batch
-from nndx.collector.stats import DROPOUT_TYPES, summarize_model
+from nndx.collector.stats import has_batchnorm, has_dropout, summarize_model
 from nndx.report import (
     DiagnosticReport,
     ErrorRecord,
@@ -263,8 +263,8 @@ def _describe(report: DiagnosticReport, model: nn.Module, batch: Batch, loss_fn:
         loop = LoopStats(
             trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
             frozen_params=frozen,
-            has_dropout=any(isinstance(m, DROPOUT_TYPES) for m in model.modules()),
-            has_batchnorm=any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()),
+            has_dropout=has_dropout(model),
+            has_batchnorm=has_batchnorm(model),
         )
         if optimizer is not None:
             loop.params_not_in_optimizer, loop.optimizer_params_not_in_model = optimizer_coverage(model, optimizer)

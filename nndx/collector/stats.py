@@ -49,43 +49,29 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from nndx import vocab
 from nndx.report import ActivationStats, GradientStats, LayerInfo, LayerStats, ModelSummary, ParameterStats
 
-ACTIVATION_TYPES: tuple[type[nn.Module], ...] = (
-    nn.ReLU,
-    nn.ReLU6,
-    nn.LeakyReLU,
-    nn.PReLU,
-    nn.ELU,
-    nn.SELU,
-    nn.CELU,
-    nn.GELU,
-    nn.SiLU,
-    nn.Mish,
-    nn.Softplus,
-    nn.Sigmoid,
-    nn.Tanh,
-    nn.Hardtanh,
-    nn.Hardsigmoid,
-    nn.Hardswish,
-    nn.Softmax,
-    nn.LogSoftmax,
+# torch classes of the kinds in nndx.vocab (the names there are the ones reports carry)
+ACTIVATION_TYPES: tuple[type[nn.Module], ...] = tuple(
+    getattr(nn, kind.name) for kind in vocab.ACTIVATIONS if hasattr(nn, kind.name)
 )
 NORMALIZATION_TYPES: tuple[type[nn.Module], ...] = (
     nn.modules.batchnorm._BatchNorm,
     nn.LayerNorm,
     nn.GroupNorm,
     nn.modules.instancenorm._InstanceNorm,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
 )
+BATCHNORM_TYPES: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm,)
 DROPOUT_TYPES: tuple[type[nn.Module], ...] = (nn.modules.dropout._DropoutNd, nn.AlphaDropout)
 CONV_TYPES: tuple[type[nn.Module], ...] = (nn.modules.conv._ConvNd,)
 
 # Output bounds of saturating activations; "saturated" = within SATURATION_MARGIN of one.
 SATURATING_BOUNDS: dict[type[nn.Module], tuple[float, float]] = {
-    nn.Sigmoid: (0.0, 1.0),
-    nn.Tanh: (-1.0, 1.0),
-    nn.Hardtanh: (-1.0, 1.0),
-    nn.Hardsigmoid: (0.0, 1.0),
+    getattr(nn, kind.name): kind.bounds
+    for kind in vocab.ACTIVATIONS
+    if kind.bounds is not None and not kind.over_classes and hasattr(nn, kind.name)
 }
 SATURATION_MARGIN = 1e-3
 
@@ -117,6 +103,16 @@ def single_threaded(device: torch.device | str = "cpu") -> Iterator[None]:
 
 def is_activation(module: nn.Module) -> bool:
     return isinstance(module, ACTIVATION_TYPES)
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether a forward in train mode moves running statistics and mixes the batch."""
+    return any(isinstance(m, BATCHNORM_TYPES) for m in model.modules())
+
+
+def has_dropout(model: nn.Module) -> bool:
+    """Whether train mode makes the forward random."""
+    return any(isinstance(m, DROPOUT_TYPES) for m in model.modules())
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -654,7 +650,7 @@ def summarize_model(model: nn.Module, forward_order: list[str] | None = None) ->
         for n, m in leaves
     ]
     # modules that do nothing to values at inference do not decide the output's nature
-    ran = [(n, m) for n, m in leaves if not isinstance(m, DROPOUT_TYPES + (nn.Identity, nn.Flatten))]
+    ran = [(n, m) for n, m in leaves if type(m).__name__ not in vocab.PASSTHROUGH_NAMES and not isinstance(m, DROPOUT_TYPES)]
     if forward_order:
         ran = [(n, m) for n, m in ran if n in set(forward_order)] or ran
     last = ran[-1][1] if ran else None
@@ -666,8 +662,8 @@ def summarize_model(model: nn.Module, forward_order: list[str] | None = None) ->
         last_layer=type(last).__name__ if last is not None else None,
         output_activation=type(last).__name__ if last is not None and is_activation(last) else None,
         normalization_layers=[type(m).__name__ for _, m in leaves if isinstance(m, NORMALIZATION_TYPES)],
-        has_dropout=any(isinstance(m, DROPOUT_TYPES) for _, m in leaves),
-        has_batchnorm=any(isinstance(m, nn.modules.batchnorm._BatchNorm) for _, m in leaves),
+        has_dropout=has_dropout(model),
+        has_batchnorm=has_batchnorm(model),
     )
 
 

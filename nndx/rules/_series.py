@@ -13,10 +13,9 @@ from contextvars import ContextVar
 from statistics import median
 from typing import TypeVar
 
+from nndx import vocab
 from nndx.report import DiagnosticReport, LayerStats, LossCall, LossPoint, ParameterStats
 
-CLASSIFICATION_LOSSES = {"CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "MultiMarginLoss"}
-REGRESSION_LOSSES = {"MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss"}
 
 
 T = TypeVar("T")
@@ -149,7 +148,7 @@ def num_classes(report: DiagnosticReport) -> int | None:
             if split is not None and len(split.class_counts) >= 2:
                 return len(split.class_counts)
     for call in loss_calls(report):
-        if call.loss_type in ("CrossEntropyLoss", "NLLLoss") and len(call.output_shape) >= 2:
+        if call.loss_type in vocab.SOFTMAX_LOSS_NAMES and len(call.output_shape) >= 2:
             return call.output_shape[1] if call.output_shape[1] >= 2 else None
     return None
 
@@ -173,7 +172,7 @@ def is_classification(report: DiagnosticReport) -> bool | None:
         if kind == "float_continuous":
             return False
     types = {c.loss_type for c in loss_calls(report)}
-    if types & CLASSIFICATION_LOSSES:
+    if types & vocab.CLASSIFICATION_LOSS_NAMES:
         return True
     return None
 

@@ -8,7 +8,7 @@ from statistics import median
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import finite, latest_layers, layer_steps, loss_curve, train_curve, weight_params
+from nndx.rules._series import finite, latest_layers, layer_steps, loss_curve, weight_params
 from nndx.rules.engine import Hit, rule
 
 DEAD_THRESHOLD = 0.5

@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 from statistics import median
 
+from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
-from nndx.rules._series import REGRESSION_LOSSES, finite, is_classification, loss_calls, loss_curve, train_curve
+from nndx.rules._series import finite, is_classification, loss_calls, loss_curve, train_curve
 from nndx.rules.engine import Hit, rule
 
-CE_LOSSES = {"CrossEntropyLoss", "NLLLoss"}
 
 
 def _loop(report: DiagnosticReport) -> LoopStats | None:
@@ -421,7 +421,7 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
 def shape_broadcast(report: DiagnosticReport) -> list[Hit]:
     hits = []
     for call in loss_calls(report):
-        if call.loss_type in REGRESSION_LOSSES and call.target_shape is not None:
+        if call.loss_type in vocab.REGRESSION_LOSS_NAMES and call.target_shape is not None:
             if list(call.output_shape) != list(call.target_shape):
                 hits.append(
                     Hit(
@@ -463,7 +463,7 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
         if call.target_dtype is None:
             continue
         one_per_sample = call.target_shape is not None and len(call.target_shape) == 1
-        if call.loss_type in CE_LOSSES and _is_float(call.target_dtype) and one_per_sample:
+        if call.loss_type in vocab.SOFTMAX_LOSS_NAMES and _is_float(call.target_dtype) and one_per_sample:
             reason = f"float targets {call.target_dtype} of shape {call.target_shape} to {call.loss_type}"
         elif call.loss_type in ("BCELoss", "BCEWithLogitsLoss") and _is_int(call.target_dtype):
             reason = f"integer targets {call.target_dtype} to {call.loss_type}"
@@ -476,9 +476,9 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
         )
     train = report.data.train if report.data is not None else None
     types = {c.loss_type for c in loss_calls(report)}
-    if train is not None and train.label_kind == "float_integral" and types & CE_LOSSES:
+    if train is not None and train.label_kind == "float_integral" and types & vocab.SOFTMAX_LOSS_NAMES:
         return Hit(
-            symptom=f"class labels stored as {train.label_dtype} for {', '.join(sorted(types & CE_LOSSES))}",
+            symptom=f"class labels stored as {train.label_dtype} for {', '.join(sorted(types & vocab.SOFTMAX_LOSS_NAMES))}",
             evidence={"label_dtype": train.label_dtype, "label_kind": train.label_kind},
             severity="warning",
             score=1.0,
@@ -556,7 +556,7 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
             "target_shape": [str(d) for d in call.target_shape or []],
             "target_dtype": call.target_dtype,
         }
-        if call.loss_type in REGRESSION_LOSSES:
+        if call.loss_type in vocab.REGRESSION_LOSS_NAMES:
             many_columns = len(call.output_shape) == 2 and call.output_shape[1] > 1
             one_target = call.target_shape is not None and len(call.target_shape) == 1
             if _is_int(call.target_dtype) or (many_columns and one_target):
@@ -569,13 +569,13 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
             )
     types = {c.loss_type for c in loss_calls(report)}
     train = report.data.train if report.data is not None else None
-    if train is not None and train.label_kind in ("class_index", "one_hot") and types and types <= REGRESSION_LOSSES:
+    if train is not None and train.label_kind in ("class_index", "one_hot") and types and types <= vocab.REGRESSION_LOSS_NAMES:
         return Hit(
             symptom=f"{', '.join(sorted(types))} on {train.label_kind.replace('_', ' ')} labels",
             evidence={"label_kind": train.label_kind, "label_dtype": train.label_dtype, "loss_types": sorted(types)},
             score=2.5,
         )
-    if is_classification(report) is True and report.task == "classification" and types and types <= REGRESSION_LOSSES:
+    if is_classification(report) is True and report.task == "classification" and types and types <= vocab.REGRESSION_LOSS_NAMES:
         return Hit(
             symptom=f"{', '.join(sorted(types))} on a classification task",
             evidence={"task": report.task, "loss_types": sorted(types)},

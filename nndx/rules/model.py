@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
+from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import loss_calls, loss_curve, train_curve
+from nndx.rules._series import loss_calls, loss_curve
 from nndx.rules.engine import Hit, rule
 
 LINEAR_TYPES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear", "LazyLinear"}
 # Layers that keep a stack linear: anything affine or that only reshapes/masks.
-PASS_THROUGH_TYPES = {
-    "Dropout",
-    "Dropout1d",
-    "Dropout2d",
-    "Dropout3d",
-    "AlphaDropout",
-    "Flatten",
-    "Unflatten",
-    "Identity",
-    "BatchNorm1d",
-    "BatchNorm2d",
-    "BatchNorm3d",
-    "LayerNorm",
-    "GroupNorm",
-}
-CE_LOSSES = {"CrossEntropyLoss", "NLLLoss"}
+PASS_THROUGH_TYPES = vocab.PASSTHROUGH_NAMES | vocab.BATCHNORM_NAMES | {"LayerNorm", "GroupNorm"}
 
 
 def _sequential_neighbours(first: str, second: str) -> bool:
@@ -100,7 +86,7 @@ def wrong_output_activation(report: DiagnosticReport) -> Hit | None:
     model = report.model
     output_activation = model.output_activation if model is not None else None
     for call in loss_calls(report):
-        if call.loss_type in CE_LOSSES and len(call.output_shape) >= 2 and call.output_shape[1] == 1:
+        if call.loss_type in vocab.SOFTMAX_LOSS_NAMES and len(call.output_shape) >= 2 and call.output_shape[1] == 1:
             return Hit(
                 symptom=f"{call.loss_type} over a single output unit: the softmax of one logit is always 1",
                 evidence={"loss_type": call.loss_type, "output_shape": [str(d) for d in call.output_shape]},

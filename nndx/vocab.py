@@ -1,0 +1,136 @@
+"""The kinds nndx reasons about — losses, activations, normalisation and dropout — once.
+
+Torch-free on purpose: the collector maps what it sees onto these names, the rules read
+the names back from a report, and a server that only diagnoses JSON never loads torch.
+A report carries the *module* name of a loss or activation (``CrossEntropyLoss``,
+``ReLU``); functional forms (``F.cross_entropy``, ``torch.relu``) are reported under
+that same name, so one rule reads both.
+
+How to use::
+
+    from nndx import vocab
+    kind = vocab.loss_kind("cross_entropy")      # the functional name works too
+    kind.name, kind.task, kind.expects           # 'CrossEntropyLoss', 'classification', 'logits'
+    vocab.activation_kind("sigmoid").bounds      # (0.0, 1.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Task = Literal["classification", "regression"]
+Expects = Literal["logits", "probabilities", "log_probabilities", "values"]
+
+
+@dataclass(frozen=True)
+class LossKind:
+    """What a loss needs from the model's output and the targets.
+
+    ``expects`` is what the output must be: raw ``logits`` (the loss applies its own
+    softmax/sigmoid), ``probabilities`` (BCELoss), ``log_probabilities`` (NLLLoss) or plain
+    ``values`` (regression). ``class_axis`` losses read classes along dim 1 (one row per
+    sample); ``binary`` losses read one logit or probability per sample and label."""
+
+    name: str
+    functional: str
+    task: Task | None
+    expects: Expects
+    class_axis: bool = False
+    binary: bool = False
+
+
+LOSSES: tuple[LossKind, ...] = (
+    LossKind("CrossEntropyLoss", "cross_entropy", "classification", "logits", class_axis=True),
+    LossKind("NLLLoss", "nll_loss", "classification", "log_probabilities", class_axis=True),
+    LossKind("MultiMarginLoss", "multi_margin_loss", "classification", "logits", class_axis=True),
+    LossKind("BCELoss", "binary_cross_entropy", "classification", "probabilities", binary=True),
+    LossKind("BCEWithLogitsLoss", "binary_cross_entropy_with_logits", "classification", "logits", binary=True),
+    LossKind("MultiLabelSoftMarginLoss", "multilabel_soft_margin_loss", "classification", "logits"),
+    LossKind("MSELoss", "mse_loss", "regression", "values"),
+    LossKind("L1Loss", "l1_loss", "regression", "values"),
+    LossKind("SmoothL1Loss", "smooth_l1_loss", "regression", "values"),
+    LossKind("HuberLoss", "huber_loss", "regression", "values"),
+    LossKind("GaussianNLLLoss", "gaussian_nll_loss", "regression", "values"),
+    LossKind("KLDivLoss", "kl_div", None, "log_probabilities"),
+)
+_LOSS_BY_NAME = {name: kind for kind in LOSSES for name in (kind.name, kind.functional)}
+
+
+def loss_kind(name: str | None) -> LossKind | None:
+    """The kind of a loss from its module name (``MSELoss``) or functional name (``mse_loss``)."""
+    return _LOSS_BY_NAME.get(name) if name else None
+
+
+def loss_name(name: str) -> str:
+    """The name reports use: the module name for a known loss, else ``name`` as given."""
+    kind = loss_kind(name)
+    return kind.name if kind is not None else name
+
+
+def loss_task(name: str | None) -> Task | None:
+    kind = loss_kind(name)
+    return kind.task if kind is not None else None
+
+
+@dataclass(frozen=True)
+class ActivationKind:
+    """An element-wise non-linearity. ``bounds`` are the output limits of a saturating one
+    (sigmoid, tanh), where gradients vanish; ``zeroes_negatives`` marks the ReLU family,
+    whose units can die (output 0 for every input); ``over_classes`` marks softmax-like
+    ones that normalise along the class axis."""
+
+    name: str
+    functional: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
+    zeroes_negatives: bool = False
+    over_classes: bool = False
+    log: bool = False
+
+
+ACTIVATIONS: tuple[ActivationKind, ...] = (
+    ActivationKind("ReLU", ("relu", "relu_"), zeroes_negatives=True),
+    ActivationKind("ReLU6", ("relu6",), zeroes_negatives=True),
+    ActivationKind("LeakyReLU", ("leaky_relu", "leaky_relu_")),
+    ActivationKind("PReLU", ("prelu",)),
+    ActivationKind("RReLU", ("rrelu", "rrelu_")),
+    ActivationKind("ELU", ("elu", "elu_")),
+    ActivationKind("SELU", ("selu", "selu_")),
+    ActivationKind("CELU", ("celu", "celu_")),
+    ActivationKind("GELU", ("gelu",)),
+    ActivationKind("SiLU", ("silu",)),
+    ActivationKind("Mish", ("mish",)),
+    ActivationKind("Softplus", ("softplus",)),
+    ActivationKind("Sigmoid", ("sigmoid", "sigmoid_"), bounds=(0.0, 1.0)),
+    ActivationKind("Tanh", ("tanh", "tanh_"), bounds=(-1.0, 1.0)),
+    ActivationKind("Hardtanh", ("hardtanh", "hardtanh_"), bounds=(-1.0, 1.0)),
+    ActivationKind("Hardsigmoid", ("hardsigmoid",), bounds=(0.0, 1.0)),
+    ActivationKind("Hardswish", ("hardswish",)),
+    ActivationKind("Softmax", ("softmax",), bounds=(0.0, 1.0), over_classes=True),
+    ActivationKind("LogSoftmax", ("log_softmax",), over_classes=True, log=True),
+)
+_ACTIVATION_BY_NAME = {name: kind for kind in ACTIVATIONS for name in (kind.name, *kind.functional)}
+ACTIVATION_NAMES = frozenset(kind.name for kind in ACTIVATIONS)
+
+
+def activation_kind(name: str | None) -> ActivationKind | None:
+    """The kind of an activation from its module name (``Sigmoid``) or function (``sigmoid``)."""
+    return _ACTIVATION_BY_NAME.get(name) if name else None
+
+
+# Normalisation and regularisation layers, by module class name (subclasses such as
+# SyncBatchNorm or LazyBatchNorm2d are matched by the collector with isinstance).
+BATCHNORM_NAMES = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm",
+                             "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"})  # fmt: skip
+NORMALIZATION_NAMES = BATCHNORM_NAMES | frozenset({
+    "LayerNorm", "GroupNorm", "RMSNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LocalResponseNorm",
+})  # fmt: skip
+DROPOUT_NAMES = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"})
+# modules that change no values at inference time (they never decide what the output is)
+PASSTHROUGH_NAMES = DROPOUT_NAMES | frozenset({"Identity", "Flatten", "Unflatten"})
+
+# derived name sets the rules read
+CLASSIFICATION_LOSS_NAMES = frozenset(k.name for k in LOSSES if k.task == "classification")
+REGRESSION_LOSS_NAMES = frozenset(k.name for k in LOSSES if k.task == "regression")
+# losses that read a (log-)softmax over the class axis of an [N, C, ...] output
+SOFTMAX_LOSS_NAMES = frozenset({"CrossEntropyLoss", "NLLLoss"})
