@@ -23,6 +23,7 @@ _EXPORTS = {
     "Diagnosis": "nndx.report",
     "Finding": "nndx.report",
     "CauseCode": "nndx.report",
+    "NndxError": "nndx.errors",
     "probe": "nndx.collector.probe",
     "Monitor": "nndx.collector.monitor",
     "watch": "nndx.collector.monitor",

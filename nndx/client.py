@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from nndx.errors import ServiceError
 from nndx.report import Diagnosis, DiagnosticReport
 
 RETRY_STATUSES = frozenset({408, 429})
@@ -34,7 +35,7 @@ SPOOL_STATUSES = frozenset({401, 403})  # the report is fine; the credentials ar
 MAX_BACKOFF_S = 30.0
 
 
-class SubmitError(RuntimeError):
+class SubmitError(ServiceError):
     """The service refused the report for good (it is invalid or too large)."""
 
     def __init__(self, status_code: int, detail: str) -> None:

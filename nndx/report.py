@@ -357,12 +357,20 @@ class DataStats(Schema):
 # --------------------------------------------------------------------------- errors
 
 
+MAX_ERROR_MESSAGE = 2000
+
+
 class ErrorRecord(Schema):
     """An exception a probe caught: a crash is evidence."""
 
     source: str = Field(description="probe or component that raised, e.g. 'overfit_one_batch'")
     type: str
     message: str
+
+    @classmethod
+    def of(cls, source: str, exc: BaseException) -> ErrorRecord:
+        """The record of ``exc`` caught in ``source`` (the message cut to MAX_ERROR_MESSAGE)."""
+        return cls(source=source, type=type(exc).__name__, message=str(exc)[:MAX_ERROR_MESSAGE])
 
 
 # --------------------------------------------------------------------------- the report

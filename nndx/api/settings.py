@@ -20,13 +20,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from nndx.errors import SettingsError
 
 DEFAULT_DATABASE_URL = "sqlite:///./nndx.sqlite3"
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-
-
-class SettingsError(ValueError):
-    """A setting in the environment is malformed; the message names it."""
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 
+from nndx.errors import ServiceError, UsageError
 from nndx.report import SEVERITY_ORDER, Diagnosis, DiagnosticReport
 
 metadata = MetaData()
@@ -109,15 +110,15 @@ MAX_LIMIT = 200
 MAX_BATCH = 64  # reports per group-commit transaction
 
 
-class StorageError(RuntimeError):
+class StorageError(ServiceError):
     """The store cannot be used (wrong schema version, unreachable database)."""
 
 
-class InvalidCursor(ValueError):
+class InvalidCursor(UsageError):
     """A pagination cursor that this store did not produce."""
 
 
-class IdempotencyConflict(ValueError):
+class IdempotencyConflict(UsageError):
     """An idempotency key already names a report of another project."""
 
 

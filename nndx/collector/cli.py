@@ -18,12 +18,9 @@ import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
+from nndx.errors import UsageError
 
 PROBE_NAMES = ("hooks", "nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range")
-
-
-class UsageError(Exception):
-    """Bad command-line input: printed as one line, exit code 2."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

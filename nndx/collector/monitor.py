@@ -106,6 +106,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nndx.errors import NndxError
 from nndx.collector import distributed as _dist
 from nndx.collector._common import loss_name
 from nndx.collector.stats import (
@@ -154,7 +155,7 @@ _LOG_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "error": logging
 MAX_LOSS_SIGNATURES = 32
 _FLUSH_AT = 1024  # pending scalars fetched at the latest after this many
 
-class TrainingFailure(Exception):
+class TrainingFailure(NndxError):
     """Raised by a Monitor created with ``stop_on=...`` when a live finding of that
     severity (or worse) fires, so a doomed run stops early. ``findings`` holds them."""
 
@@ -442,7 +443,7 @@ class Monitor:
 
     def _record_error(self, source: str, exc: BaseException) -> None:
         if len(self._errors) < MAX_ERRORS:
-            self._errors.append(ErrorRecord(source=f"monitor.{source}", type=type(exc).__name__, message=str(exc)))
+            self._errors.append(ErrorRecord.of(f"monitor.{source}", exc))
         if len(self._errors) == 1:
             logger.warning("nndx monitor: %s hook raised %s: %s (recorded; training continues)",
                            source, type(exc).__name__, exc)

@@ -118,9 +118,8 @@ def probe(
     results: dict[str, Any] = {}
 
     def record_error(source: str, exc: Exception) -> str:
-        message = f"{exc}"[:MAX_MESSAGE]
-        report.errors.append(ErrorRecord(source=source, type=type(exc).__name__, message=message))
-        return message
+        report.errors.append(ErrorRecord.of(source, exc))
+        return report.errors[-1].message
 
     warned: set[tuple[str, str]] = set()
 

@@ -136,6 +136,6 @@ class Exporter:
         try:
             action()
         except Exception as exc:  # noqa: BLE001 - an exporter never stops training
-            self.errors.append(ErrorRecord(source=f"export:{type(sink).__name__}", type=type(exc).__name__, message=str(exc)))
+            self.errors.append(ErrorRecord.of(f"export:{type(sink).__name__}", exc))
             if sink in self.sinks:
                 self.sinks.remove(sink)

@@ -100,7 +100,7 @@ class TrainingSession:
 
     # -- recording what went wrong, without raising into the training loop
     def record_error(self, what: str, exc: BaseException) -> ErrorRecord:
-        record = ErrorRecord(source=f"{self.source}.{what}", type=type(exc).__name__, message=str(exc)[:2000])
+        record = ErrorRecord.of(f"{self.source}.{what}", exc)
         self.errors.append(record)
         logger.warning("nndx %s: %s failed with %s: %s (recorded in the report; training continues)",
                        self.source, what, type(exc).__name__, exc)  # fmt: skip
@@ -153,7 +153,7 @@ class TrainingSession:
             from nndx.collector.monitor import TrainingFailure
 
             failure = TrainingFailure(self.stop_findings)
-            self.errors.append(ErrorRecord(source=f"{self.source}.stop_on", type=type(failure).__name__, message=str(failure)))
+            self.errors.append(ErrorRecord.of(f"{self.source}.stop_on", failure))
             logger.error("%s (stop_on=%r); asking the %s trainer to stop", failure, self.stop_on, self.source)
         return True
 

@@ -33,16 +33,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from nndx.errors import MissingExtraError
 from nndx.report import DiagnosticReport, ErrorRecord, LayerStats, ParameterStats
 
 if TYPE_CHECKING:
     from nndx.report import Diagnosis
 
 Histograms = Mapping[str, Any]  # name -> array-like (list of floats, numpy array, tensor)
-
-
-class MissingExtraError(ImportError):
-    """An optional library an integration needs is not installed."""
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:
@@ -217,7 +214,7 @@ def save_artifacts(report: DiagnosticReport, directory: str | os.PathLike[str], 
         diagnosis = diagnose(report)
     except Exception as exc:  # noqa: BLE001 - the report must still be saved
         report = report.model_copy(
-            update={"errors": [*report.errors, ErrorRecord(source="diagnose", type=type(exc).__name__, message=str(exc))]}
+            update={"errors": [*report.errors, ErrorRecord.of("diagnose", exc)]}
         )
     _write_atomic(report_path, report.model_dump_json(indent=2))
     if diagnosis is None:

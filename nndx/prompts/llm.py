@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from nndx.errors import ServiceError
 from nndx.prompts.settings import LLMSettings
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 MAX_SERVER_MESSAGE = 200
 
 
-class LLMUnavailable(Exception):
+class LLMUnavailable(ServiceError):
     """The LLM gave no usable answer; ``reason`` says why, in words safe to show."""
 
     def __init__(self, reason: str, attempts: int = 0) -> None:

@@ -21,6 +21,7 @@ import os
 from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from nndx.errors import SettingsError
 
 ENV_BASE_URL = "NNDX_LLM_BASE_URL"
 ENV_MODEL = "NNDX_LLM_MODEL"
@@ -30,10 +31,6 @@ ENV_STREAM = "NNDX_LLM_STREAM"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
-
-
-class SettingsError(ValueError):
-    """An environment variable holds a value nndx cannot use; the message names it."""
 
 
 class LLMSettings(BaseModel):

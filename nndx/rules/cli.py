@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from nndx.errors import ReportError
 from nndx.report import SEVERITY_ORDER, Diagnosis, DiagnosticReport, Finding
 
 
@@ -61,10 +62,6 @@ def _rules(args: argparse.Namespace) -> int:
     for each in rules():
         print(f"{each.id}  {each.code.value:<24} {each.severity:<8} {each.title}")
     return 0
-
-
-class ReportError(Exception):
-    """The report file could not be read or is not a valid DiagnosticReport."""
 
 
 def load_report(path: str) -> DiagnosticReport:
