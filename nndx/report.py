@@ -263,6 +263,11 @@ class LossCall(Schema):
     output_min: Float | None = None
     output_max: Float | None = None
     output_rows_sum_to_one: bool | None = Field(None, description="outputs look like probabilities already")
+    output_zero_fraction: Fraction | None = Field(
+        None, description="share of output elements exactly 0 (a ReLU on the logits clips about half of them)"
+    )
+    target_mean: Float | None = Field(None, description="mean of floating-point targets")
+    target_std: Float | None = Field(None, description="standard deviation of floating-point targets")
     calls: Count = 1
 
 
@@ -443,6 +448,7 @@ class CauseCode(str, enum.Enum):
     DEVICE_MISMATCH = "DEVICE_MISMATCH"
     GRAPH_RETAINED = "GRAPH_RETAINED"
     DDP_DESYNC = "DDP_DESYNC"
+    NOTHING_MEASURED = "NOTHING_MEASURED"
 
 
 Severity = Literal["info", "warning", "error"]
@@ -462,6 +468,9 @@ class Finding(Schema):
     next_probe: str | None = Field(None, description="what to run when the evidence is thin")
     score: Float = Field(0.0, description="strength of the evidence, for ranking within a severity")
     explained_by: str | None = Field(None, description="rule_id of the root-cause finding that explains this symptom")
+    explains: list[str] = Field(
+        default_factory=list, description="rule_ids of the symptoms folded under this root finding"
+    )
     step: Count | None = Field(None, description="training step at which the finding first fired")
 
 
@@ -477,3 +486,11 @@ class Diagnosis(Schema):
 
     def top(self) -> Finding | None:
         return self.findings[0] if self.findings else None
+
+    def roots(self) -> list[Finding]:
+        """The root findings, in rank order (each symptom is folded under one of them)."""
+        return [f for f in self.findings if f.explained_by is None]
+
+    def symptoms_of(self, root: Finding) -> list[Finding]:
+        """The findings folded under ``root``, in rank order."""
+        return [f for f in self.findings if f.explained_by == root.rule_id]

@@ -128,13 +128,28 @@ def class_imbalance(report: DiagnosticReport) -> Hit | None:
     )
 
 
+def _token_ids(split: SplitStats) -> bool:
+    """Integer inputs other than uint8 images are indices (token ids, categories): their
+    scale is an index, not a magnitude the first layer multiplies."""
+    dtype = (split.input_dtype or "").removeprefix("torch.")
+    return dtype.startswith(("int", "long")) and dtype != "uint8"
+
+
+def _value_range(split: SplitStats) -> float | None:
+    if split.input_min is None or split.input_max is None:
+        return None
+    spread = split.input_max - split.input_min
+    return spread if math.isfinite(spread) else None
+
+
 @rule(
     "NNDX505",
     C.UNNORMALIZED_INPUTS,
     "warning",
     "Inputs are not normalised",
-    detects="Train inputs that look like raw pixels (0-255), or whose mean or std is over 5 in absolute "
-    "value, or whose per-feature stds differ over 100x.",
+    detects="Floating-point train inputs that look like raw pixels (0-255), or whose mean or std is over 5 "
+    "in absolute value, or whose per-feature stds differ over 100x while the values span over 10. "
+    "Integer inputs (token ids, category indices) are indices, not magnitudes, and never fire.",
     why="Large or unevenly scaled inputs make the first layer's pre-activations huge: sigmoid/tanh "
     "saturate, ReLUs die, and one LR cannot suit every feature.",
     fix="Standardise each feature with the train split's mean and std ((x - mean) / std), or scale "
@@ -142,7 +157,7 @@ def class_imbalance(report: DiagnosticReport) -> Hit | None:
 )
 def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
     train = report.data.train if report.data is not None else None
-    if train is None:
+    if train is None or _token_ids(train):
         return None
     reasons = []
     if train.raw_range:
@@ -151,7 +166,10 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
         reasons.append(f"mean {train.input_mean:.3g}")
     if train.input_std is not None and math.isfinite(train.input_std) and train.input_std > 5:
         reasons.append(f"std {train.input_std:.3g}")
-    if train.feature_scale_ratio is not None and train.feature_scale_ratio > 100:
+    # Uneven feature scales matter when some feature is large: [0, 1] pixels whose border is
+    # near-constant have per-pixel stds 1000x apart and are normalised all the same.
+    spread = _value_range(train)
+    if train.feature_scale_ratio is not None and train.feature_scale_ratio > 100 and spread is not None and spread > 10:
         reasons.append(f"feature stds differ {train.feature_scale_ratio:.0f}x")
     if not reasons:
         return None

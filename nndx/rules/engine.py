@@ -6,12 +6,17 @@ docs). It returns zero or more :class:`Hit` objects — the symptom it saw, the
 evidence as numbers from the report, and how strong that evidence is — and the engine
 turns each hit into a :class:`~nndx.report.Finding` carrying the rule's metadata.
 
-Ranking: a symptom rule names the cause codes that would explain it
-(``explained_by``). When a finding of such a code is present, the symptom's
-``explained_by`` points at the root finding (following chains to the root), the root
-takes the highest severity among the symptoms it explains, and every root ranks
-before every explained symptom. Within each group findings are ordered by severity,
-then score, then rule id, so the order is total and ``diagnose`` is deterministic.
+Ranking — one bug, one root: a *symptom* rule (``symptom=True``: an effect many causes
+produce, such as a loss that does not fall, a NaN, a failed overfit probe) names the
+cause codes that would explain it (``explained_by``; cause rules may name them too —
+dead units are explained by a bad init). When a finding of such a code is present, the
+explained finding's ``explained_by`` points at the root finding (following chains to the
+root), the root takes the highest severity among the findings it explains and lists
+them in ``explains``, and every root ranks before every explained finding. Among the
+roots, alarms (warning and error) come first; among alarms, a cause seen directly ranks
+before a symptom whose code is only the likeliest guess, so a symptom never outranks a
+cause with direct evidence. Then severity, score and rule id, so the order is total and
+``diagnose`` is deterministic.
 
 This module imports no torch: a server that only diagnoses POSTed JSON must stay light.
 """
@@ -59,6 +64,7 @@ class Rule:
     family: str
     check: RuleFunc
     explained_by: tuple[CauseCode, ...] = field(default_factory=tuple)
+    symptom: bool = False
 
     def run(self, report: DiagnosticReport) -> list[Finding]:
         result = self.check(report)
@@ -97,7 +103,8 @@ class Rule:
             f"  {self.fix}",
         ]
         if self.explained_by:
-            lines += ["", "A symptom; explained by: " + ", ".join(c.value for c in self.explained_by)]
+            kind = "A symptom (its code is the likeliest cause)" if self.symptom else "Itself explained"
+            lines += ["", f"{kind}; explained by: " + ", ".join(c.value for c in self.explained_by)]
         return "\n".join(lines)
 
 
@@ -114,8 +121,10 @@ def rule(
     why: str,
     fix: str,
     explained_by: Iterable[CauseCode] = (),
+    symptom: bool = False,
 ) -> Callable[[RuleFunc], RuleFunc]:
-    """Register ``func`` as rule ``id``. Ids are stable: never reuse or renumber one."""
+    """Register ``func`` as rule ``id``. Ids are stable: never reuse or renumber one.
+    ``symptom=True`` marks a rule that sees an effect, not its cause (see the ranking)."""
 
     def register(func: RuleFunc) -> RuleFunc:
         add_rule(
@@ -130,6 +139,7 @@ def rule(
                 family=func.__module__.rsplit(".", 1)[-1],
                 check=func,
                 explained_by=tuple(explained_by),
+                symptom=symptom,
             )
         )
         return func
@@ -176,6 +186,13 @@ def _key(finding: Finding) -> tuple:
     return (-SEVERITY_ORDER[finding.severity], -score, finding.rule_id, finding.symptom)
 
 
+def _root_key(finding: Finding) -> tuple:
+    """Alarms first; among them causes seen directly before symptoms; then _key."""
+    alarm = SEVERITY_ORDER[finding.severity] >= SEVERITY_ORDER["warning"]
+    symptom = finding.rule_id in REGISTRY and REGISTRY[finding.rule_id].symptom
+    return (not alarm, alarm and symptom) + _key(finding)
+
+
 def can_explain(cause_rule: str, symptom_rule: str) -> bool:
     """Whether a finding of ``cause_rule`` explains one of ``symptom_rule``.
 
@@ -191,8 +208,8 @@ def can_explain(cause_rule: str, symptom_rule: str) -> bool:
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
-    """Link symptoms to their root causes and order: roots first, then severity, score."""
-    ordered = sorted(findings, key=_key)
+    """Link symptoms to their root causes and order: roots first (see the module docs)."""
+    ordered = sorted(findings, key=_root_key)
     direct: dict[int, int] = {}
     for i, symptom in enumerate(ordered):
         for j, candidate in enumerate(ordered):  # best-ranked explainer wins
@@ -209,17 +226,21 @@ def rank(findings: list[Finding]) -> list[Finding]:
 
     roots = {i: root_of(i) for i in direct}
     severity = {i: f.severity for i, f in enumerate(ordered)}
+    explains: dict[int, list[str]] = {}
     for i, root in roots.items():
-        if root != i and SEVERITY_ORDER[ordered[i].severity] > SEVERITY_ORDER[severity[root]]:
+        if root == i:
+            continue
+        explains.setdefault(root, []).append(ordered[i].rule_id)
+        if SEVERITY_ORDER[ordered[i].severity] > SEVERITY_ORDER[severity[root]]:
             severity[root] = ordered[i].severity
     linked = []
     for i, f in enumerate(ordered):
         root = roots.get(i)
-        update: dict[str, Any] = {"severity": severity[i]}
+        update: dict[str, Any] = {"severity": severity[i], "explains": sorted(set(explains.get(i, [])))}
         if root is not None and root != i:
             update["explained_by"] = ordered[root].rule_id
         linked.append(f.model_copy(update=update))
-    return sorted(linked, key=lambda f: (f.explained_by is not None,) + _key(f))
+    return sorted(linked, key=lambda f: (f.explained_by is not None,) + _root_key(f))
 
 
 def _round(value: float) -> float:

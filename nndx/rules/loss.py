@@ -87,6 +87,7 @@ def _nonfinite_from_start(report: DiagnosticReport, want_nan: bool) -> Hit | Non
     fix="Compute the loss in log space (log_softmax, CrossEntropyLoss / BCEWithLogitsLoss on logits) or "
     "clamp probabilities before log (p.clamp_min(1e-12)); subtract the max before exp.",
     explained_by=NONFINITE_CAUSES + (C.BAD_INIT, C.UNNORMALIZED_INPUTS),
+    symptom=True,
 )
 def infinite_from_start(report: DiagnosticReport) -> Hit | None:
     return _nonfinite_from_start(report, want_nan=False)
@@ -105,6 +106,7 @@ def infinite_from_start(report: DiagnosticReport) -> Hit | None:
     fix="Check the inputs for NaN; subtract the max before exp (or use torch.softmax / log_softmax); add "
     "eps to every division and inside sqrt.",
     explained_by=NONFINITE_CAUSES + (C.BAD_INIT, C.UNNORMALIZED_INPUTS),
+    symptom=True,
 )
 def nan_from_start(report: DiagnosticReport) -> Hit | None:
     return _nonfinite_from_start(report, want_nan=True)
@@ -121,6 +123,7 @@ def nan_from_start(report: DiagnosticReport) -> Hit | None:
     fix="Lower the learning rate (10x), add gradient clipping (clip_grad_norm_), check for exploding "
     "gradients; if the NaN coincides with one batch, check that batch for NaN/Inf.",
     explained_by=(C.LR_TOO_HIGH,) + DIVERGENCE_CAUSES + NONFINITE_CAUSES,
+    symptom=True,
 )
 def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     first = _first_nonfinite(report)
@@ -159,6 +162,7 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     fix="Run the LR range test and train at its suggestion; check that the optimizer holds the "
     "model's parameters, that gradients reach every layer, and that labels belong to their inputs.",
     explained_by=NO_LEARNING_CAUSES + (C.VANISHING_GRADIENTS,),
+    symptom=True,
 )
 def not_decreasing(report: DiagnosticReport) -> Hit | None:
     points = train_curve(report)
@@ -202,6 +206,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
     explained_by=(C.LR_TOO_HIGH, C.BATCH_TOO_SMALL) + DIVERGENCE_CAUSES,
+    symptom=True,
 )
 def oscillating(report: DiagnosticReport) -> Hit | None:
     curve = loss_curve(report)
@@ -250,6 +255,7 @@ def _lr_decays(report: DiagnosticReport) -> bool:
     "not an alarm.",
     fix="Add a schedule (ReduceLROnPlateau, cosine or step decay stepped per epoch).",
     explained_by=(C.LR_TOO_HIGH,),
+    symptom=True,
 )
 def plateau(report: DiagnosticReport) -> Hit | None:
     curve = loss_curve(report)
@@ -286,6 +292,7 @@ def plateau(report: DiagnosticReport) -> Hit | None:
     fix="Check the output layer and the gradients flowing to it (layer statistics); check for dead "
     "ReLUs and that the optimizer holds the parameters; then check label alignment.",
     explained_by=NO_LEARNING_CAUSES + (C.VANISHING_GRADIENTS,),
+    symptom=True,
 )
 def stuck_at_chance(report: DiagnosticReport) -> Hit | None:
     classes = num_classes(report)
@@ -365,6 +372,7 @@ def overfitting(report: DiagnosticReport) -> Hit | None:
     fix="Try a bigger model or longer training, reduce regularisation; run overfit_one_batch to tell "
     "capacity from a noisy task.",
     explained_by=NO_LEARNING_CAUSES,
+    symptom=True,
 )
 def underfitting(report: DiagnosticReport) -> Hit | None:
     turn = _val_turn(report)
@@ -402,6 +410,7 @@ def _accuracies(report: DiagnosticReport, split: str) -> list[float]:
     fix="Check that inputs and labels are shuffled together and indexed the same way; run the "
     "label-alignment probe; check that gradients reach the weights.",
     explained_by=NO_LEARNING_CAUSES + (C.UNDERFITTING,),
+    symptom=True,
 )
 def val_at_chance(report: DiagnosticReport) -> Hit | None:
     classes = num_classes(report)

@@ -18,7 +18,7 @@ def _probe(report: DiagnosticReport, name: str):
 @rule(
     "NNDX601",
     C.WRONG_LOSS,
-    "error",
+    "warning",
     "The model cannot overfit a single batch",
     detects="The overfit-one-batch probe failed: with its own correct loop and many steps on one batch "
     "the loss did not fall to a small share of its start (or accuracy did not reach 100%).",
@@ -28,6 +28,7 @@ def _probe(report: DiagnosticReport, name: str):
     fix="Check the loss matches the outputs (logits to CrossEntropyLoss, long labels, equal shapes), then "
     "the gradient flow (hooks probe) and the gradient check.",
     explained_by=NO_LEARNING_CAUSES + (C.UNDERFITTING,),
+    symptom=True,
 )
 def overfit_failed(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "overfit_one_batch")
@@ -279,6 +280,7 @@ def nan_from_division(report: DiagnosticReport) -> Hit | None:
     "trace of exploding gradients or a too-high LR.",
     fix="Lower the learning rate, clip gradients, and check the gradient-norm history.",
     explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.BAD_INIT, C.UNNORMALIZED_INPUTS),
+    symptom=True,
 )
 def nan_from_layer(report: DiagnosticReport) -> Hit | None:
     result = _origin(report)

@@ -17,8 +17,10 @@ from nndx.report import (
     LayerInfo,
     LossCall,
     LRPoint,
+    LRRangeResult,
     NanOriginResult,
     OverfitResult,
+    Probes,
     ScalarPoint,
 )
 
@@ -126,7 +128,16 @@ def vanishing() -> DiagnosticReport:
 
 
 def big_updates() -> DiagnosticReport:
-    return update(parameters=mlp_params(ratio=0.8))
+    # an LR far too high wrecks the weights in the first steps; the loss then sits high
+    return update(parameters=mlp_params(ratio=0.8), **train(flat(0, level=2.2, noise=0.05)))
+
+
+def network_killed_by_lr() -> DiagnosticReport:
+    """Huge updates in the first recorded steps kill the units; later updates are tiny, so a
+    median over the whole run (1e-4) would hide the cause. No NaN ever appears."""
+    early = mlp_params(steps=(0, 1, 2), ratio=3.0)
+    late = mlp_params(steps=tuple(range(3, 20)), ratio=1e-4)
+    return update(parameters=early + late, **train(flat(1, level=2.2, noise=0.01)))
 
 
 def tiny_updates() -> DiagnosticReport:
@@ -213,6 +224,11 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX101": lambda: update(**train([math.inf] + noisy_decreasing(0)[1:])),
     "NNDX110": lambda: update(**train([math.nan] * 30)),
     "NNDX102": nan_after,
+    "NNDX001": lambda: DiagnosticReport(
+        probes=Probes(overfit_one_batch=OverfitResult(status="error", message="TypeError: batch must be (inputs, targets)")),
+        errors=[ErrorRecord(source="overfit_one_batch", type="TypeError", message="batch must be (inputs, targets)")],
+    ),
+    "NNDX002": lambda: probe(lr_range=LRRangeResult(status="error", message="RuntimeError: CUDA out of memory")),
     "NNDX103": lambda: update(**train(flat(0))),
     "NNDX104": diverging,
     "NNDX105": decrease_then_plateau,

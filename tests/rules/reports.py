@@ -326,4 +326,6 @@ def healthy_reports() -> dict[str, DiagnosticReport]:
     reports["step_decay"] = with_loop(base, lr_history=[LRPoint(step=i, lrs=[0.1 if i < 100 else 0.01 if i < 150 else 0.001]) for i in range(0, 200, 5)])
     # Adam at a larger LR with bigger (still healthy) updates
     reports["sgd_momentum"] = base.model_copy(update={"parameters": mlp_params(ratio=2e-2)})
+    # Adam at lr=1e-2 on small weights: every update is ~30% of the weight, and the loss falls
+    reports["adam_large_ratio"] = base.model_copy(update={"parameters": mlp_params(ratio=0.3)})
     return reports

@@ -123,3 +123,53 @@ def test_parallel_attention_projections_are_not_stacked_linears():
     assert "NNDX401" not in _found(BASE.model_copy(update={"model": attention}))
     stacked = mlp_model(layers=[LayerInfo(name="net.0", type="Linear"), LayerInfo(name="net.1", type="Linear")])
     assert "NNDX401" in _found(BASE.model_copy(update={"model": stacked}))
+
+
+def test_an_lr_that_kills_the_network_early_is_the_root_even_when_later_updates_are_tiny():
+    from .broken import network_killed_by_lr
+
+    diagnosis = diagnose(network_killed_by_lr())
+    top = diagnosis.top()
+    assert top.rule_id == "NNDX205" and top.code.value == "LR_TOO_HIGH"
+    assert top.severity == "error"
+    assert "NNDX206" not in {f.rule_id for f in diagnosis.findings}  # no 'LR too low' from the dead tail
+
+
+def test_large_update_ratios_with_a_falling_loss_are_context_not_an_alarm():
+    diagnosis = diagnose(healthy_reports()["adam_large_ratio"])
+    assert diagnosis.healthy
+    assert {f.rule_id: f.severity for f in diagnosis.findings} == {"NNDX205": "info"}
+
+
+def test_a_symptom_never_outranks_a_cause_with_direct_evidence():
+    from nndx.report import OverfitResult
+
+    from .reports import act
+
+    failed = OverfitResult(status="failed", task="classification", steps=200, initial_loss=2.3, final_loss=2.2)
+    dead = [l.model_copy(update={"activation": act(dead=0.6, zero=0.8)}) if l.type == "ReLU" else l for l in mlp_layers()]
+    report = BASE.model_copy(update={"layers": dead, "probes": healthy_probes(overfit_one_batch=failed)})
+    diagnosis = diagnose(report)
+    assert diagnosis.top().code.value == "DEAD_RELU"
+    overfit = next(f for f in diagnosis.findings if f.rule_id == "NNDX601")
+    assert overfit.explained_by == diagnosis.top().rule_id
+    assert "NNDX601" in diagnosis.top().explains
+
+
+def test_unnormalized_inputs_fire_on_wild_tabular_scales_not_on_tokens_or_unit_pixels():
+    from .reports import healthy_data, healthy_split
+
+    def with_train(**split):
+        return BASE.model_copy(update={"data": healthy_data(train=healthy_split(**split))})
+
+    tabular = with_train(input_shape=[3], input_mean=2e4, input_std=3e4, input_min=0.1, input_max=9e4, feature_scale_ratio=2e5)
+    assert "NNDX505" in _found(tabular)
+    # flattened [0, 1] images: border pixels are near-constant, so per-pixel stds differ 1000x
+    pixels = with_train(input_mean=0.13, input_std=0.3, input_min=0.0, input_max=1.0, feature_scale_ratio=1500.0)
+    assert "NNDX505" not in _found(pixels)
+    # a character-level language model: inputs are token ids 0..64
+    tokens = with_train(input_shape=[64], input_dtype="torch.int64", input_mean=31.0, input_std=18.0,
+                        input_min=0.0, input_max=64.0, raw_range="0-64", feature_scale_ratio=1.0)  # fmt: skip
+    assert "NNDX505" not in _found(tokens)
+    # the same values as floats are raw, unnormalised features
+    assert "NNDX505" in _found(with_train(input_dtype="torch.float32", input_mean=31.0, input_std=18.0, raw_range="0-64"))

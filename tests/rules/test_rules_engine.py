@@ -47,9 +47,11 @@ def test_diagnose_rejects_a_dict_with_a_clear_error():
         diagnose({"loop": {}})  # type: ignore[arg-type]
 
 
-def test_empty_report_is_diagnosable_and_healthy():
+def test_empty_report_is_diagnosable_but_never_a_silent_pass():
     diagnosis = diagnose(DiagnosticReport())
-    assert diagnosis.findings == [] and diagnosis.rules_run == len(REGISTRY)
+    assert diagnosis.rules_run == len(REGISTRY)
+    assert [f.code.value for f in diagnosis.findings] == ["NOTHING_MEASURED"]
+    assert not diagnosis.healthy
 
 
 def test_rules_do_not_import_torch():
