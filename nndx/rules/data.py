@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, SplitStats
-from nndx.rules._series import is_classification
+from nndx.rules._series import is_classification, loss_calls
 from nndx.rules.engine import Hit, rule
 
 
@@ -192,7 +193,8 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
     C.UNNORMALIZED_TARGETS,
     "warning",
     "Regression targets of a large scale",
-    detects="Continuous regression targets whose mean or std exceeds 20 in absolute value.",
+    detects="Continuous regression targets (from the data checks, or as they reached a regression loss) "
+    "whose mean or std exceeds 20 in absolute value.",
     why="An output layer initialised near 0 needs huge weights to reach targets in the hundreds: the "
     "first gradients are enormous (MSE grows with the square of the scale) and training is unstable "
     "or slow.",
@@ -200,10 +202,16 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
     "predictions.",
 )
 def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
-    train = report.data.train if report.data is not None else None
-    if train is None or train.label_kind != "float_continuous" or is_classification(report) is True:
+    if is_classification(report) is True:
         return None
-    mean, std = train.target_mean, train.target_std
+    train = report.data.train if report.data is not None else None
+    if train is not None and train.label_kind == "float_continuous":
+        mean, std = train.target_mean, train.target_std
+    else:  # what reached a regression loss, seen by the probes or the Monitor
+        calls = [c for c in loss_calls(report) if c.loss_type in vocab.REGRESSION_LOSS_NAMES and c.target_std is not None]
+        if not calls:
+            return None
+        mean, std = calls[0].target_mean, calls[0].target_std
     scale = max(abs(mean or 0.0), abs(std or 0.0))
     if not math.isfinite(scale) or scale <= 20:
         return None

@@ -285,13 +285,46 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     )
 
 
+def _power_of_two(ratio: float) -> int | None:
+    """k when ``ratio`` is 2**k (to float precision) with k <= -4, else None."""
+    if ratio <= 0 or not math.isfinite(ratio):
+        return None
+    k = math.log2(ratio)
+    return round(k) if abs(k - round(k)) < 1e-4 and round(k) <= -4 else None
+
+
+def _unscaled_clip_ratios(ratios: list[float]) -> list[float] | None:
+    """The clip ratios with a mixed-precision loss scale taken out.
+
+    The Monitor measures the gradient norm at the end of backward and again at
+    optimizer.step(). Under a GradScaler the first is the *scaled* norm (x65536 by
+    default) and ``unscale_`` divides every gradient by the scale before clipping, so
+    the ratio is 2**-16 on steps where clipping did not bite — a change of the norm
+    that is no clipping at all. Steps with a ratio of exactly a power of two reveal the
+    scale; every ratio is then divided by the scale in force at its step. Returns None
+    when every step was only unscaled."""
+    exponents = [_power_of_two(r) for r in ratios]
+    if not any(k is not None for k in exponents):
+        return ratios
+    out, scale = [], None
+    first_scale = next(2.0**k for k in exponents if k is not None)
+    for ratio, k in zip(ratios, exponents):
+        if k is not None:
+            scale = 2.0**k
+            continue  # unscaled only: no clipping on this step
+        out.append(ratio / (scale or first_scale))
+    return out or None
+
+
 @rule(
     "NNDX308",
     C.GRAD_CLIP_TOO_SMALL,
     "warning",
     "Gradient clipping shrinks almost every step",
     detects="Over at least 5 clipped steps, the median ratio of the gradient norm after clipping to "
-    "before is under 0.1 and at least 80% of the steps are clipped.",
+    "before is under 0.1 and at least 80% of the steps are clipped. A mixed-precision loss scale "
+    "(GradScaler.unscale_ divides the gradients by an exact power of two before clipping) is "
+    "recognised from the steps where only it changed the norm, and taken out.",
     why="Clipping is a guard against rare spikes; a threshold below the typical gradient norm turns "
     "every step into a tiny one, like a far too low learning rate.",
     fix="Set max_norm near a high percentile of healthy-step gradient norms (nndx.fix.suggest_clip_norm).",
@@ -307,7 +340,9 @@ def grad_clip_too_small(report: DiagnosticReport) -> Hit | None:
     ]
     if len(clipped) < 5:
         return None
-    ratios = [p.after_clip / p.before_clip for p in clipped]
+    ratios = _unscaled_clip_ratios([p.after_clip / p.before_clip for p in clipped])
+    if ratios is None:
+        return None
     share = sum(1 for r in ratios if r < 0.999) / len(ratios)
     if median(ratios) >= 0.1 or share < 0.8:
         return None
@@ -492,8 +527,8 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
     "error",
     "Softmax/sigmoid applied before a loss that applies its own",
     detects="CrossEntropyLoss given outputs whose rows already sum to one, BCEWithLogitsLoss given "
-    "outputs all inside [0, 1] from a model ending in Sigmoid, or a model whose last activation is "
-    "Softmax trained with CrossEntropyLoss.",
+    "outputs all inside [0, 1] (from a model ending in Sigmoid, or 16 or more of them), or a model whose "
+    "last activation is Softmax trained with CrossEntropyLoss.",
     why="CrossEntropyLoss applies log_softmax itself; a second softmax squashes the logits into [0, 1], "
     "so gradients shrink and the loss stalls far above its minimum.",
     fix="Remove the final Softmax/Sigmoid from the model and pass raw logits; apply softmax only when "
@@ -514,9 +549,11 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
                 },
                 score=3.0,
             )
+        # logits of a batch of 16+ all inside [0, 1]: a sigmoid, even a functional one
+        many = math.prod(call.output_shape) >= 16 if call.output_shape else False
         if (
             call.loss_type == "BCEWithLogitsLoss"
-            and output_activation == "Sigmoid"
+            and (output_activation == "Sigmoid" or many)
             and call.output_min is not None
             and call.output_max is not None
             and call.output_min >= 0.0

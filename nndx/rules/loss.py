@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from statistics import median
 
+from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import Curve, finite, loss_curve, num_classes, train_curve, window
+from nndx.rules._series import Curve, finite, loss_calls, loss_curve, num_classes, train_curve, window
 from nndx.rules.engine import Hit, rule
 
 # Causes that make a loss stop moving; the symptom rules below cite them when present.
@@ -431,3 +432,49 @@ def val_at_chance(report: DiagnosticReport) -> Hit | None:
         score=1.0 + (0.0 if train_end is None else max(0.0, train_end - chance)),
         next_probe="label_alignment",
     )
+
+
+# losses that cannot be negative: a negative value means the loss is not what it claims
+_NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
+    "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "MultiMarginLoss", "MultiLabelSoftMarginLoss",
+    "KLDivLoss",
+}  # fmt: skip
+
+
+@rule(
+    "NNDX111",
+    C.WRONG_LOSS,
+    "error",
+    "The loss falls below what it can reach",
+    detects="A train loss that goes negative while every loss function seen is one that cannot be "
+    "(MSE, cross-entropy, BCE, KL...), or a loss of any kind that ends negative at over 10x the "
+    "magnitude of its start (at least 10) and is still falling: it has no lower bound.",
+    why="A loss that can fall forever rewards the model for something other than the task — a sign "
+    "error (adding the KL term with a minus, maximising the likelihood's negative), NLLLoss fed "
+    "probabilities instead of log-probabilities. The number goes down; the model gets worse.",
+    fix="Check the sign of every term (loss = reconstruction + kl, not minus); NLLLoss only after "
+    "log_softmax; a custom loss must be bounded below.",
+)
+def loss_unbounded(report: DiagnosticReport) -> Hit | None:
+    curve = loss_curve(report)
+    if curve.n < 5:
+        return None
+    lowest = min(curve.values)
+    types = {c.loss_type for c in loss_calls(report)}
+    # float noise can take a loss of ~0 a hair below it: judge against the curve's own scale
+    below_floor = lowest < -1e-4 * max(abs(curve.initial), 1.0)
+    if types and types <= _NON_NEGATIVE_LOSSES and below_floor:
+        return Hit(
+            symptom=f"{', '.join(sorted(types))} reached {lowest:.3g}, below its minimum of 0",
+            evidence={"loss_types": sorted(types), "loss_min": lowest, "loss_initial": curve.initial},
+            score=3.0,
+        )
+    scale = max(abs(curve.initial), 10.0)
+    still_falling = curve.second_half_progress() > 0
+    if curve.end < 0 and abs(curve.end) > 10 * scale and still_falling:
+        return Hit(
+            symptom=f"train loss fell from {curve.initial:.3g} to {curve.end:.3g} and keeps falling",
+            evidence={"loss_initial": curve.initial, "loss_end": curve.end, "loss_min": lowest},
+            score=2.0 + min(3.0, math.log10(abs(curve.end) / scale)),
+        )
+    return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nndx import vocab
 from nndx.report import CauseCode as C
-from nndx.report import DiagnosticReport
+from nndx.report import DiagnosticReport, LossCall
 from nndx.rules._series import loss_calls, loss_curve
 from nndx.rules.engine import Hit, rule
 
@@ -92,6 +92,19 @@ def wrong_output_activation(report: DiagnosticReport) -> Hit | None:
                 evidence={"loss_type": call.loss_type, "output_shape": [str(d) for d in call.output_shape]},
                 score=3.0,
             )
+        clipped = _logits_clipped(call)
+        if clipped is not None:
+            return Hit(
+                symptom=f"the logits reaching {call.loss_type} {clipped}",
+                evidence={
+                    "loss_type": call.loss_type,
+                    "output_min": call.output_min,
+                    "output_max": call.output_max,
+                    "output_zero_fraction": call.output_zero_fraction,
+                    "output_activation": output_activation,
+                },
+                score=2.5,
+            )
         if call.loss_type == "CrossEntropyLoss" and output_activation in ("ReLU", "Sigmoid"):
             return Hit(
                 symptom=f"a model ending in {output_activation} trained with CrossEntropyLoss",
@@ -117,6 +130,22 @@ def wrong_output_activation(report: DiagnosticReport) -> Hit | None:
                     evidence={"output_activation": output_activation, "target_mean": mean, "target_std": std},
                     score=2.0,
                 )
+    return None
+
+
+def _logits_clipped(call: LossCall) -> str | None:
+    """How the outputs a logits loss received were squashed, from their values alone (so a
+    functional F.relu / torch.sigmoid shows as surely as a module): None when they look
+    like logits."""
+    kind = vocab.loss_kind(call.loss_type)
+    if kind is None or kind.expects != "logits" or call.output_min is None or call.output_max is None:
+        return None
+    if call.output_min < 0.0 or call.output_rows_sum_to_one:  # probabilities are NNDX314's
+        return None
+    if call.output_zero_fraction is not None and call.output_zero_fraction >= 0.2:
+        return f"are never negative and {call.output_zero_fraction:.0%} are exactly 0: a ReLU clips them"
+    if kind.class_axis and call.output_max <= 1.0 and len(call.output_shape) >= 2 and call.output_shape[1] > 1:
+        return "all lie in [0, 1] without summing to 1: a sigmoid squashes them"
     return None
 
 

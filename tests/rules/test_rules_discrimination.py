@@ -173,3 +173,67 @@ def test_unnormalized_inputs_fire_on_wild_tabular_scales_not_on_tokens_or_unit_p
     assert "NNDX505" not in _found(tokens)
     # the same values as floats are raw, unnormalised features
     assert "NNDX505" in _found(with_train(input_dtype="torch.float32", input_mean=31.0, input_std=18.0, raw_range="0-64"))
+
+
+def test_a_negative_loss_is_wrong_only_for_losses_that_cannot_be_negative():
+    from nndx.report import LossCall
+
+    from .reports import points
+
+    dips = [0.5 * 0.9**i for i in range(40)] + [-0.02] * 10  # a cross-entropy that went below 0
+    ce = LossCall(loss_type="CrossEntropyLoss", output_shape=[32, 10], target_shape=[32], target_dtype="int64")
+    found = _found(with_loop(BASE, loss_calls=[ce]).model_copy(update={"loss_history": {"train": points(dips)}}))
+    assert found["NNDX111"].code.value == "WRONG_LOSS"
+    # a Gaussian-likelihood VAE's loss is negative and settles: healthy
+    settles = [50.0 * math.exp(-i / 10) - 30.0 for i in range(80)]
+    vae = with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {"train": points(settles)}})
+    assert "NNDX111" not in _found(vae)
+    # a healthy cross-entropy that converges to ~0 with float noise below it
+    converged = [2.3 * math.exp(-i / 5) - 1e-9 for i in range(80)]
+    assert "NNDX111" not in _found(with_loop(BASE, loss_calls=[ce]).model_copy(update={"loss_history": {"train": points(converged)}}))
+
+
+def test_squashed_logits_are_seen_from_their_values_whatever_produced_them():
+    from nndx.report import LossCall
+
+    def found(**fields):
+        call = LossCall(loss_type="CrossEntropyLoss", output_shape=[64, 10], target_shape=[64], target_dtype="int64", **fields)
+        return _found(with_loop(BASE, loss_calls=[call]))
+
+    relu = found(output_min=0.0, output_max=3.2, output_zero_fraction=0.55)
+    assert relu["NNDX402"].code.value == "WRONG_OUTPUT_ACTIVATION"
+    sigmoid = found(output_min=0.02, output_max=0.98, output_rows_sum_to_one=False, output_zero_fraction=0.0)
+    assert "NNDX402" in sigmoid
+    softmax = found(output_min=0.0, output_max=0.9, output_rows_sum_to_one=True, output_zero_fraction=0.0)
+    assert "NNDX402" not in softmax and "NNDX314" in softmax
+    # healthy logits: signed, few exact zeros
+    healthy = found(output_min=-4.1, output_max=5.3, output_rows_sum_to_one=False, output_zero_fraction=0.0)
+    assert "NNDX402" not in healthy and "NNDX314" not in healthy
+    bce = LossCall(loss_type="BCEWithLogitsLoss", output_shape=[64, 1], target_shape=[64, 1], target_dtype="float32",
+                   output_min=0.03, output_max=0.97)  # fmt: skip
+    assert "NNDX314" in _found(with_loop(BASE, loss_calls=[bce]))
+
+
+def test_large_regression_targets_are_seen_at_the_loss_without_data_checks():
+    from nndx.report import LossCall
+
+    call = LossCall(loss_type="MSELoss", output_shape=[32, 1], target_shape=[32, 1], target_dtype="float32",
+                    target_mean=2.4e5, target_std=9e4)  # fmt: skip
+    report = with_loop(BASE, loss_calls=[call]).model_copy(update={"task": "regression", "data": None})
+    assert "NNDX506" in _found(report)
+    small = call.model_copy(update={"target_mean": 0.1, "target_std": 1.1})
+    assert "NNDX506" not in _found(with_loop(BASE, loss_calls=[small]).model_copy(update={"task": "regression", "data": None}))
+
+
+def test_a_gradscaler_unscaling_before_healthy_clipping_is_not_clipping_too_small():
+    scale = 65536.0
+    history = []
+    for i in range(60):
+        true_norm = 0.6 if i % 7 else 2.5  # clip at 1.0 bites on the occasional spike
+        after = min(true_norm, 1.0)
+        history.append(GradNormPoint(step=i, before_clip=true_norm * scale, after_clip=after))
+    assert "NNDX308" not in _found(with_loop(BASE, grad_norm_history=history))
+    # the same scaler with a clip threshold far below every gradient norm
+    tight = [GradNormPoint(step=i, before_clip=(0.6 if i % 9 else 0.0001) * scale, after_clip=min(0.6 if i % 9 else 0.0001, 1e-3))
+             for i in range(60)]  # fmt: skip
+    assert "NNDX308" in _found(with_loop(BASE, grad_norm_history=tight))
