@@ -233,6 +233,39 @@ class Probes(Schema):
     label_alignment: LabelAlignmentResult | None = None
 
 
+# --------------------------------------------------------------------------- interventions
+
+InterventionStatus = Literal["confirmed", "not_confirmed", "skipped", "error"]
+
+
+class InterventionResult(Schema):
+    """One candidate cause tested by applying its remedy to a copy of the model (from its
+    initial state) and rerunning a short training probe beside an untouched twin.
+
+    ``confirmed``: with the remedy the loss fell clearly further than without it;
+    ``not_confirmed``: it did not; ``skipped``/``error``: the remedy could not be tried
+    (the message says why) — never evidence either way."""
+
+    cause: str = Field(description="the CauseCode value the remedy tests")
+    remedy: str = Field(description="what was changed, e.g. 'learning rate 10 -> 1'")
+    status: InterventionStatus
+    message: str | None = None
+    steps: Count = 0
+    baseline_initial_loss: Float | None = None
+    baseline_final_loss: Float | None = None
+    remedied_initial_loss: Float | None = None
+    remedied_final_loss: Float | None = None
+    seconds: Float | None = None
+
+
+class Interventions(Schema):
+    """Diagnosis by intervention: what was tried, within which time budget."""
+
+    budget_seconds: Float | None = None
+    seconds: Float = 0.0
+    results: list[InterventionResult] = Field(default_factory=list)
+
+
 # --------------------------------------------------------------------------- the user's loop
 
 
@@ -393,6 +426,7 @@ class DiagnosticReport(Schema):
     layers: list[LayerStats] = Field(default_factory=list, description="per layer, per recorded step")
     parameters: list[ParameterStats] = Field(default_factory=list, description="per parameter, per recorded step")
     probes: Probes | None = None
+    interventions: Interventions | None = None
     loop: LoopStats | None = None
     data: DataStats | None = None
     errors: list[ErrorRecord] = Field(default_factory=list)
@@ -467,6 +501,9 @@ class Finding(Schema):
     fix: str
     next_probe: str | None = Field(None, description="what to run when the evidence is thin")
     score: Float = Field(0.0, description="strength of the evidence, for ranking within a severity")
+    confirmation: Literal["confirmed", "not_confirmed"] | None = Field(
+        None, description="what applying this cause's remedy to a copy showed (report.interventions)"
+    )
     explained_by: str | None = Field(None, description="rule_id of the root-cause finding that explains this symptom")
     explains: list[str] = Field(
         default_factory=list, description="rule_ids of the symptoms folded under this root finding"

@@ -8,7 +8,7 @@ Importing this package registers every rule (one module per family) and imports 
 torch, so a server that only diagnoses JSON stays light.
 """
 
-from nndx.rules import coverage, data, errors, layers, loop, loss, model, probes  # noqa: F401  (registers the rules)
+from nndx.rules import coverage, data, errors, interventions, layers, loop, loss, model, probes  # noqa: F401  (registers the rules)
 from nndx.rules.engine import REGISTRY, Hit, Rule, diagnose, get_rule, rank, rules
 from nndx.rules.table import MASTER_TABLE, PYTORCH_BUGS, TableRow
 

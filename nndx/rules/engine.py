@@ -45,6 +45,7 @@ class Hit:
     next_probe: str | None = None
     step: int | None = None
     fix: str | None = None  # overrides the rule's fix when the evidence narrows it
+    code: CauseCode | None = None  # overrides the rule's code: only where evidence names the cause
 
 
 RuleFunc = Callable[[DiagnosticReport], "Hit | Iterable[Hit] | None"]
@@ -76,7 +77,7 @@ class Rule:
     def _finding(self, hit: Hit) -> Finding:
         return Finding(
             rule_id=self.id,
-            code=self.code,
+            code=hit.code or self.code,
             severity=hit.severity or self.severity,
             title=self.title,
             symptom=hit.symptom,
@@ -178,7 +179,50 @@ def diagnose(report: DiagnosticReport) -> Diagnosis:
     with memoized():
         for each in all_rules:
             findings.extend(each.run(report))
-    return Diagnosis(findings=rank(findings), rules_run=len(all_rules))
+    return Diagnosis(findings=rank(confirm(findings, report)), rules_run=len(all_rules))
+
+
+# the intervention rules (NNDX8xx) name a confirmed cause no other rule named
+CONFIRMED_BY_INTERVENTION = "NNDX801"
+
+
+def _from_intervention(finding: Finding) -> bool:
+    return finding.rule_id.startswith("NNDX8")
+
+
+def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
+    """Weigh the findings by what applying their remedies showed (``report.interventions``).
+
+    A finding whose cause a remedy confirmed becomes an error with direct evidence (it
+    ranks as a cause even when its rule sees a symptom); one whose remedy did not help
+    keeps at most a warning and half its score. NNDX8xx findings (a confirmed remedy)
+    are kept only for causes no other rule named."""
+    results = report.interventions.results if report.interventions is not None else []
+    outcome: dict[str, Any] = {}
+    for result in results:
+        if result.status == "confirmed" or (result.status == "not_confirmed" and result.cause not in outcome):
+            outcome[result.cause] = result
+    if not outcome:
+        return [f for f in findings if not _from_intervention(f)]
+    named = {f.code.value for f in findings if not _from_intervention(f)}
+    out = []
+    for f in findings:
+        result = outcome.get(f.code.value)
+        if _from_intervention(f):
+            if f.code.value not in named:
+                out.append(f)
+            continue
+        if result is None:
+            out.append(f)
+            continue
+        evidence = dict(f.evidence) | {"intervention": f"{result.remedy}: {result.status.replace('_', ' ')}"}
+        if result.status == "confirmed":
+            update = {"confirmation": "confirmed", "severity": "error", "score": _round(f.score + 5.0)}
+        else:
+            severity = "warning" if f.severity == "error" else f.severity
+            update = {"confirmation": "not_confirmed", "severity": severity, "score": _round(f.score / 2)}
+        out.append(f.model_copy(update=update | {"evidence": evidence}))
+    return out
 
 
 def _key(finding: Finding) -> tuple:
@@ -189,7 +233,7 @@ def _key(finding: Finding) -> tuple:
 def _root_key(finding: Finding) -> tuple:
     """Alarms first; among them causes seen directly before symptoms; then _key."""
     alarm = SEVERITY_ORDER[finding.severity] >= SEVERITY_ORDER["warning"]
-    symptom = finding.rule_id in REGISTRY and REGISTRY[finding.rule_id].symptom
+    symptom = finding.rule_id in REGISTRY and REGISTRY[finding.rule_id].symptom and finding.confirmation != "confirmed"
     return (not alarm, alarm and symptom) + _key(finding)
 
 
@@ -207,13 +251,21 @@ def can_explain(cause_rule: str, symptom_rule: str) -> bool:
     return cause.code in symptom.explained_by and symptom.code not in cause.explained_by
 
 
+def _may_explain(cause: Finding, symptom: Finding) -> bool:
+    """Interventions overrule the links: a cause whose remedy did not help explains
+    nothing, and a finding a remedy confirmed is explained only by a confirmed one."""
+    if cause.confirmation == "not_confirmed":
+        return False
+    return symptom.confirmation != "confirmed" or cause.confirmation == "confirmed"
+
+
 def rank(findings: list[Finding]) -> list[Finding]:
     """Link symptoms to their root causes and order: roots first (see the module docs)."""
     ordered = sorted(findings, key=_root_key)
     direct: dict[int, int] = {}
     for i, symptom in enumerate(ordered):
         for j, candidate in enumerate(ordered):  # best-ranked explainer wins
-            if j != i and can_explain(candidate.rule_id, symptom.rule_id):
+            if j != i and can_explain(candidate.rule_id, symptom.rule_id) and _may_explain(candidate, symptom):
                 direct[i] = j
                 break
 

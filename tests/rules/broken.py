@@ -13,6 +13,8 @@ from nndx.report import (
     GradCheckParam,
     GradCheckResult,
     GradNormPoint,
+    InterventionResult,
+    Interventions,
     LabelAlignmentResult,
     LayerInfo,
     LossCall,
@@ -23,6 +25,8 @@ from nndx.report import (
     Probes,
     ScalarPoint,
 )
+
+from nndx.rules.interventions import REMEDIES
 
 from .reports import (
     act,
@@ -67,6 +71,13 @@ def probe(**probes) -> DiagnosticReport:
 
 def error(message: str, type_: str = "RuntimeError") -> DiagnosticReport:
     return update(errors=[ErrorRecord(source="overfit_one_batch", type=type_, message=message)])
+
+
+def confirmed(code: str) -> DiagnosticReport:
+    """Only an intervention's outcome: the remedy for ``code`` made a copy learn."""
+    result = InterventionResult(cause=code, remedy="the remedy", status="confirmed", steps=50, baseline_initial_loss=2.3,
+                                baseline_final_loss=2.29, remedied_initial_loss=2.3, remedied_final_loss=0.05)  # fmt: skip
+    return DiagnosticReport(interventions=Interventions(results=[result]))
 
 
 def dead_layers() -> DiagnosticReport:
@@ -239,6 +250,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     # a VAE whose KL term was subtracted: the ELBO "improves" without bound
     "NNDX111": lambda: update(**train([100.0 - 3.0 * i * i for i in range(60)])),
     "NNDX201": dead_layers,
+    **{rule_id: (lambda code=code: confirmed(code.value)) for rule_id, code, _, _ in REMEDIES},
     "NNDX202": saturated_layers,
     "NNDX203": vanishing,
     "NNDX204": exploding,

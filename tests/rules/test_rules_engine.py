@@ -122,3 +122,45 @@ def test_evidence_is_numbers_from_the_report():
     finding = next(f for f in diagnose(BROKEN["NNDX201"]()).findings if f.rule_id == "NNDX201")
     assert finding.evidence["dead_unit_fraction"] == pytest.approx(0.95)
     json.loads(diagnose(lesson.lr_10()).model_dump_json())  # NaN evidence stays valid JSON
+
+
+def test_an_intervention_confirms_a_symptoms_guess_and_demotes_an_unhelpful_cause():
+    from nndx.report import InterventionResult, Interventions, LossPoint, OverfitResult, Probes
+
+    from .reports import act, healthy_mlp, mlp_layers
+
+    base = healthy_mlp()
+    dead = [l.model_copy(update={"activation": act(dead=0.7, zero=0.85)}) if l.type == "ReLU" else l for l in mlp_layers()]
+    stuck = [LossPoint(step=i, value=2.3 + 0.001 * (i % 3)) for i in range(60)]
+    failed = OverfitResult(status="failed", task="classification", steps=200, initial_loss=2.3, final_loss=2.28)
+    report = base.model_copy(update={"layers": dead, "loss_history": {"train": stuck}, "probes": Probes(overfit_one_batch=failed)})
+    without = diagnose(report)
+    assert without.top().code.value == "DEAD_RELU"
+
+    def tried(cause, status):
+        return InterventionResult(cause=cause, remedy="r", status=status, steps=50, baseline_initial_loss=2.3,
+                                  baseline_final_loss=2.28, remedied_initial_loss=2.3,
+                                  remedied_final_loss=0.1 if status == "confirmed" else 2.27)  # fmt: skip
+
+    tested = report.model_copy(update={"interventions": Interventions(results=[
+        tried("DEAD_RELU", "not_confirmed"), tried("LR_TOO_LOW", "confirmed")])})  # fmt: skip
+    diagnosis = diagnose(tested)
+    top = diagnosis.top()
+    assert (top.code.value, top.confirmation, top.severity) == ("LR_TOO_LOW", "confirmed", "error")
+    assert top.rule_id != "NNDX802"  # the symptom rule's own finding carries the confirmation
+    dead_relu = next(f for f in diagnosis.findings if f.code.value == "DEAD_RELU")
+    assert dead_relu.confirmation == "not_confirmed" and dead_relu.severity != "error"
+
+
+def test_a_confirmed_cause_no_rule_named_gets_its_own_finding():
+    from nndx.report import InterventionResult, Interventions
+
+    from .reports import healthy_mlp
+
+    result = InterventionResult(cause="WRONG_OUTPUT_ACTIVATION", remedy="the activation on the output removed",
+                                status="confirmed", steps=40, baseline_initial_loss=2.3, baseline_final_loss=2.2,
+                                remedied_initial_loss=2.3, remedied_final_loss=0.02)  # fmt: skip
+    diagnosis = diagnose(healthy_mlp().model_copy(update={"interventions": Interventions(results=[result])}))
+    top = diagnosis.top()
+    assert (top.rule_id, top.code.value) == ("NNDX803", "WRONG_OUTPUT_ACTIVATION")
+    assert top.evidence["remedied_final_loss"] == 0.02

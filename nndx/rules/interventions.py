@@ -1,0 +1,85 @@
+"""Intervention rules (NNDX8xx): what applying a remedy to a copy of the model showed.
+
+The collector tests candidate causes by intervention (``report.interventions``): it
+applies each cause's mechanical remedy to a copy of the model from its initial state and
+reruns a short training probe beside an untouched twin. The engine weighs every finding
+by that outcome (:func:`nndx.rules.engine.confirm`); the rules here name a confirmed
+cause that no other rule saw — one rule per remedy.
+"""
+
+from __future__ import annotations
+
+from nndx.report import CauseCode as C
+from nndx.report import DiagnosticReport
+from nndx.rules.engine import CONFIRMED_BY_INTERVENTION, Hit, Rule, add_rule
+
+WHY = ("A remedy that fixes the failure on a copy is the most direct evidence of its cause there is: the only "
+       "difference between the two runs is the remedy.")  # fmt: skip
+
+# (id, cause, the remedy the collector applies, the fix for the user's code)
+REMEDIES: tuple[tuple[str, C, str, str], ...] = (
+    (CONFIRMED_BY_INTERVENTION, C.LR_TOO_HIGH, "the learning rate divided by 10",
+     "Lower the learning rate (10x, or to the LR range test's suggestion)."),
+    ("NNDX802", C.LR_TOO_LOW, "the learning rate multiplied by 10",
+     "Raise the learning rate toward the LR range test's suggestion."),
+    ("NNDX803", C.WRONG_OUTPUT_ACTIVATION, "the activation on the output removed",
+     "End the model with a plain Linear producing logits (or unbounded values for regression)."),
+    ("NNDX804", C.DOUBLE_SOFTMAX, "the softmax/sigmoid before the loss removed",
+     "Pass raw logits to CrossEntropyLoss / BCEWithLogitsLoss; apply softmax only to report probabilities."),
+    ("NNDX805", C.UNNORMALIZED_INPUTS, "the inputs standardised per feature",
+     "Standardise the inputs with the train split's mean and std."),
+    ("NNDX806", C.UNNORMALIZED_TARGETS, "the regression targets standardised",
+     "Standardise the targets for training and invert the transform for predictions."),
+    ("NNDX807", C.DEAD_RELU, "the dead units re-initialised",
+     "Use Kaiming init with zero biases or a LeakyReLU/GELU; nndx.fix.resurrect_dead_units re-initialises dead units."),
+    ("NNDX808", C.WRONG_LOSS, "the loss that matches the targets (cross-entropy for classes)",
+     "Use CrossEntropyLoss on logits with integer class labels; MSE only for continuous targets."),
+)  # fmt: skip
+
+
+def _check(code: C):
+    def check(report: DiagnosticReport) -> list[Hit]:
+        results = report.interventions.results if report.interventions is not None else []
+        hits = []
+        for result in results:
+            if result.status != "confirmed" or result.cause != code.value:
+                continue
+            losses = (result.baseline_initial_loss, result.baseline_final_loss,
+                      result.remedied_initial_loss, result.remedied_final_loss)  # fmt: skip
+            symptom = (f"with {result.remedy} the loss fell {losses[2]:.4g} -> {losses[3]:.4g} in {result.steps} steps "
+                       f"(without: {losses[0]:.4g} -> {losses[1]:.4g})") if None not in losses else (
+                       f"with {result.remedy} the model learned")  # fmt: skip
+            hits.append(
+                Hit(
+                    symptom=symptom,
+                    evidence={
+                        "remedy": result.remedy,
+                        "steps": result.steps,
+                        "baseline_initial_loss": losses[0],
+                        "baseline_final_loss": losses[1],
+                        "remedied_initial_loss": losses[2],
+                        "remedied_final_loss": losses[3],
+                    },
+                    score=5.0,
+                )
+            )
+        return hits[:1]
+
+    return check
+
+
+for rule_id, code, remedy, fix in REMEDIES:
+    add_rule(
+        Rule(
+            id=rule_id,
+            code=code,
+            severity="error",
+            title=f"{code.value} confirmed: with {remedy} the model learns",
+            detects=f"An intervention that applied {remedy} to a copy of the model from its initial state made the "
+            "loss fall clearly further than on an untouched twin, while no other rule named this cause.",
+            why=WHY,
+            fix=fix,
+            family="interventions",
+            check=_check(code),
+        )
+    )
