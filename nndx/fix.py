@@ -28,7 +28,6 @@ from pydantic import Field
 from nndx.report import Count, DiagnosticReport, EvidenceValue, Float, Fraction, Schema
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
 __all__ = [
@@ -212,8 +211,10 @@ def resurrect_dead_units(model: nn.Module, batch: Any, *, seed: int = 0) -> Resu
     """
     import torch
 
+    from nndx.collector.remedies import dead_relu_units, reinitialize_units
+
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
-    before = _trace_relus(model, inputs)
+    before = dead_relu_units(model, inputs)
     generator = torch.Generator().manual_seed(seed)
     result = ResurrectionResult(seed=seed)
     with torch.no_grad():
@@ -224,75 +225,14 @@ def resurrect_dead_units(model: nn.Module, batch: Any, *, seed: int = 0) -> Resu
             indices = torch.nonzero(dead).flatten().tolist()
             layer = DeadUnitLayer(layer=producer_name, activation=relu_name, units=dead.numel(), dead_units=len(indices))
             if indices:
-                weight = producer.weight
-                fan_in = weight[0].numel()
-                fresh = torch.randn((len(indices), *weight.shape[1:]), generator=generator) * math.sqrt(2.0 / fan_in)
-                weight[indices] = fresh.to(dtype=weight.dtype, device=weight.device)
-                if producer.bias is not None:
-                    producer.bias[indices] = 0
+                reinitialize_units(producer, indices, generator)
                 layer.reinitialized = indices
             result.layers.append(layer)
     result.total_units = sum(layer.units for layer in result.layers)
     result.dead_units_before = sum(layer.dead_units for layer in result.layers)
-    after = _trace_relus(model, inputs)
+    after = dead_relu_units(model, inputs)
     result.dead_units_after = int(sum(int(dead.sum()) for _, _, producer, dead in after if producer is not None))
     if result.total_units:
         result.dead_fraction_before = result.dead_units_before / result.total_units
         result.dead_fraction_after = result.dead_units_after / result.total_units
     return result
-
-
-def _trace_relus(model: nn.Module, inputs: Any) -> list[tuple[str, str | None, nn.Module | None, torch.Tensor]]:
-    """Run one forward and return, for each ReLU in forward order, its name, the
-    Linear/Conv that produced its input (or None) and the boolean dead-unit mask."""
-    import torch
-    from torch import nn
-
-    from nndx.collector.stats import CONV_TYPES, unit_dim
-
-    def is_producer(module: nn.Module) -> bool:
-        # a transposed conv stores its weight as (in, out, ...): its rows are not its units
-        return isinstance(module, nn.Linear) or (isinstance(module, CONV_TYPES) and not module.transposed)
-
-    relu_types = (nn.ReLU, nn.ReLU6)
-    names = {module: name for name, module in model.named_modules()}
-    # keeps each output alive during the forward, so that no id() is reused
-    produced_by: dict[int, tuple[torch.Tensor, nn.Module]] = {}
-    traced: list[tuple[str, str | None, nn.Module | None, torch.Tensor]] = []
-    seen_relus: set[str] = set()
-
-    def record_output(module: nn.Module, _inputs: Any, output: Any) -> None:
-        if isinstance(output, torch.Tensor):
-            produced_by[id(output)] = (output, module)
-
-    def check_relu(module: nn.Module, relu_inputs: Any, output: Any) -> None:
-        name = names.get(module, type(module).__name__)
-        if name in seen_relus or not isinstance(output, torch.Tensor):
-            return  # a ReLU module reused in one forward: judge its first use only
-        seen_relus.add(name)
-        # in-place ReLU returns its input tensor: the producer recorded that same object
-        source = relu_inputs[0] if relu_inputs else None
-        entry = produced_by.get(id(source))
-        producer = entry[1] if entry is not None and entry[0] is source else None
-        axis = unit_dim(producer, output) if producer is not None else (1 if output.dim() >= 4 else output.dim() - 1)
-        units = output.shape[axis] if output.dim() else 1
-        dead = (output == 0).movedim(axis, -1).reshape(-1, units).all(dim=0)
-        traced.append((name, names.get(producer) if producer is not None else None, producer, dead))
-
-    handles = []
-    training = {module: module.training for module in model.modules()}
-    try:
-        for module in model.modules():
-            if is_producer(module):
-                handles.append(module.register_forward_hook(record_output))
-            elif isinstance(module, relu_types):
-                handles.append(module.register_forward_hook(check_relu))
-        model.eval()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, flag in training.items():
-            module.train(flag)
-    return traced

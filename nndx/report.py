@@ -235,7 +235,7 @@ class Probes(Schema):
 
 # --------------------------------------------------------------------------- interventions
 
-InterventionStatus = Literal["confirmed", "not_confirmed", "skipped", "error"]
+InterventionStatus = Literal["confirmed", "not_confirmed", "inconclusive", "skipped", "error"]
 
 
 class InterventionResult(Schema):
@@ -243,8 +243,9 @@ class InterventionResult(Schema):
     initial state) and rerunning a short training probe beside an untouched twin.
 
     ``confirmed``: with the remedy the loss fell clearly further than without it;
-    ``not_confirmed``: it did not; ``skipped``/``error``: the remedy could not be tried
-    (the message says why) — never evidence either way."""
+    ``not_confirmed``: the remedy changed nothing (or made it worse); ``inconclusive``:
+    it helped, but not clearly enough to decide; ``skipped``/``error``: the remedy could
+    not be tried (the message says why). Only the first two are evidence."""
 
     cause: str = Field(description="the CauseCode value the remedy tests")
     remedy: str = Field(description="what was changed, e.g. 'learning rate 10 -> 1'")
@@ -255,12 +256,23 @@ class InterventionResult(Schema):
     baseline_final_loss: Float | None = None
     remedied_initial_loss: Float | None = None
     remedied_final_loss: Float | None = None
+    baseline_progress: Float | None = Field(
+        None, description="1 - final/initial loss of the untouched twin (initial: or the chance-level loss if lower); "
+        "-Infinity when it diverged"
+    )
+    remedied_progress: Float | None = Field(None, description="the same with the remedy")
     seconds: Float | None = None
 
 
 class Interventions(Schema):
-    """Diagnosis by intervention: what was tried, within which time budget."""
+    """Diagnosis by intervention: the user's setup run briefly as it is (the baseline), and
+    what each remedy changed, within a time budget. No remedy is tried when the baseline
+    learns: then there is nothing on this batch for a remedy to explain (``message``)."""
 
+    steps: Count = 0
+    baseline_initial_loss: Float | None = None
+    baseline_final_loss: Float | None = None
+    message: str | None = None
     budget_seconds: Float | None = None
     seconds: Float = 0.0
     results: list[InterventionResult] = Field(default_factory=list)

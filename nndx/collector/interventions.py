@@ -1,0 +1,218 @@
+"""Diagnosis by intervention: which remedy makes a copy of the model learn?
+
+How to use (``nndx.probe`` runs it last, within a time budget)::
+
+    result = interventions(model, (x, y), loss_fn, optimizer=optimizer)   # Interventions
+    [(r.cause, r.status) for r in result.results]
+
+A symptom (a loss that does not fall, a NaN) has many possible causes; the rules can
+name the likely ones, but only an experiment says which is real. This probe runs the
+user's setup — a copy of the model from its current (initial, when probed before
+training) state, a copy of the user's optimizer with its learning rate — for a few
+dozen steps on one batch: the *baseline*. When the baseline fails to learn (its loss
+ends above 90% of where it started, or turns non-finite), each applicable remedy of
+:mod:`nndx.collector.remedies` is applied to a fresh copy and the same run is repeated
+with the same random seed. A remedy that makes the loss fall to half of its start and
+at most half of the baseline's ratio is ``confirmed``; one that does not is
+``not_confirmed``. When the baseline learns, there is nothing to explain on this batch:
+the remedies are ``inconclusive`` (the bug, if any, lives in the user's loop or data,
+which the other probes and the Monitor see).
+
+The remedies and their causes: the learning rate ÷10 (LR_TOO_HIGH) and ×10
+(LR_TOO_LOW); the activation on the output removed (WRONG_OUTPUT_ACTIVATION, or
+DOUBLE_SOFTMAX before a loss that applies its own); inputs standardised
+(UNNORMALIZED_INPUTS); regression targets standardised (UNNORMALIZED_TARGETS); dead ReLU
+units re-initialised (DEAD_RELU); cross-entropy for class labels given to a regression
+loss (WRONG_LOSS). Each run is bounded by ``steps``; the whole probe by
+``budget_seconds`` (remedies not reached are ``skipped``, with the reason).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from nndx import vocab
+from nndx.collector._common import (
+    Batch,
+    LossFn,
+    compute_loss,
+    copy_with_optimizer,
+    first_output,
+    forward,
+    loss_name,
+    preserved_rng,
+    split_batch,
+)
+from nndx.collector import remedies
+from nndx.collector.remedies import NotApplicable, Setup
+from nndx.report import InterventionResult, Interventions
+
+STUCK_RATIO = 0.5  # a baseline whose loss ends above this share of its start did not clearly learn
+LR_STUCK_RATIO = 0.9  # ...and above this one it did not learn at all: only then is the LR tried
+CONFIRM_RATIO = 0.75  # a remedy must bring the loss to this share of its start...
+CONFIRM_GAIN = 0.2  # ...and that share at least this much below the baseline's
+NO_GAIN = 0.02  # a remedy whose share is not this much below the baseline's changed nothing
+LR_FACTORS = (10.0, 100.0, 1000.0)  # an LR remedy tries these in turn and keeps the first that works
+
+
+def interventions(
+    model: nn.Module,
+    batch: Batch,
+    loss_fn: LossFn,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    steps: int = 100,
+    budget_seconds: float = 10.0,
+    seed: int = 0,
+) -> Interventions:
+    """Run the baseline and, when it fails to learn, each applicable remedy (see the module docs)."""
+    if steps < 2:
+        raise ValueError(f"steps must be >= 2, got {steps}")
+    started = time.perf_counter()
+    inputs, targets = split_batch(batch)
+
+    def fresh() -> Setup:
+        model_copy, optimizer_copy, _ = copy_with_optimizer(model, optimizer, lambda p: torch.optim.Adam(p, lr=1e-3))
+        return Setup(model_copy, optimizer_copy, inputs, targets, loss_fn)
+
+    chance = _chance_loss(model, inputs, loss_fn)
+    results: list[InterventionResult] = []
+    baseline: list[float] | None = None
+    crash = None
+    try:
+        baseline = _run(fresh(), steps, seed)
+    except Exception as exc:  # noqa: BLE001 - the setup cannot even train: a remedy may fix that too
+        crash = f"{type(exc).__name__}: {exc}"[:300]
+
+    def done(message: str | None = None) -> Interventions:
+        return Interventions(steps=steps, baseline_initial_loss=baseline[0] if baseline else None,
+                             baseline_final_loss=baseline[-1] if baseline else None, message=message,
+                             budget_seconds=budget_seconds, seconds=time.perf_counter() - started,
+                             results=results)  # fmt: skip
+
+    base_ratio = math.inf if baseline is None else _ratio(baseline, chance)
+    if base_ratio is None:
+        return done(f"the baseline's initial loss {baseline[0]:.4g} is not positive: progress is undefined")
+    if base_ratio <= STUCK_RATIO:
+        return done(f"the baseline learns on this batch (loss {baseline[0]:.4g} -> {baseline[-1]:.4g} in "
+                    f"{len(baseline) - 1} steps): nothing for a remedy to explain")  # fmt: skip
+
+    lr_candidates = optimizer if base_ratio > LR_STUCK_RATIO else None  # slow is not stuck
+    for cause, remedy, apply in _candidates(model, inputs, loss_fn, lr_candidates):
+        if any(r.cause == cause and r.status == "confirmed" for r in results):
+            continue  # a larger LR factor after a smaller one worked says nothing new
+        spent = time.perf_counter() - started
+        if spent > budget_seconds:
+            results.append(InterventionResult(cause=cause, remedy=remedy, status="skipped",
+                                              message=f"time budget of {budget_seconds:g}s spent"))  # fmt: skip
+            continue
+        t0 = time.perf_counter()
+        try:
+            losses = _run(apply(fresh()), steps, seed)
+        except NotApplicable:
+            continue  # not a candidate for this setup: nothing to record
+        except Exception as exc:  # noqa: BLE001 - a remedy that crashes is no evidence either way
+            message = f"{type(exc).__name__}: {exc}"[:300]
+            if message != crash:  # failing as the setup itself fails says nothing about this remedy
+                results.append(InterventionResult(cause=cause, remedy=remedy, status="error", message=message))
+            continue
+        ratio = _ratio(losses, chance)
+        if baseline is None:  # the setup could not train at all: a remedy that lets it learn is the fix
+            confirmed = ratio is not None and ratio < 1.0
+        else:
+            confirmed = ratio is not None and ratio <= CONFIRM_RATIO and ratio <= base_ratio - CONFIRM_GAIN
+        unchanged = ratio is None or ratio >= base_ratio - NO_GAIN
+        # one result per cause: a confirmed factor replaces the ones tried before it
+        results[:] = [r for r in results if not (confirmed and r.cause == cause)]
+        if not confirmed and any(r.cause == cause for r in results):
+            continue
+        results.append(InterventionResult(
+            cause=cause, remedy=remedy,
+            status="confirmed" if confirmed else "not_confirmed" if unchanged else "inconclusive",
+            message=None if baseline else f"the setup as given could not train: {crash}",
+            steps=len(losses) - 1, baseline_initial_loss=baseline[0] if baseline else None,
+            baseline_final_loss=baseline[-1] if baseline else None,
+            remedied_initial_loss=losses[0], remedied_final_loss=losses[-1],
+            baseline_progress=None if baseline is None else 1 - base_ratio,
+            remedied_progress=None if ratio is None else 1 - ratio,
+            seconds=time.perf_counter() - t0))  # fmt: skip
+    return done()
+
+
+def _candidates(model: nn.Module, inputs: Any, loss_fn: LossFn,
+                optimizer: torch.optim.Optimizer | None) -> list[tuple[str, str, Callable[[Setup], Setup]]]:  # fmt: skip
+    """(cause, remedy in words, remedy) for each remedy that may apply, most specific first."""
+    found: list[tuple[str, str, Callable[[Setup], Setup]]] = []
+    with preserved_rng():
+        output_activation = remedies.output_activation(copy.deepcopy(model).eval(), inputs)
+    if output_activation is not None:
+        index, activation = output_activation
+        cause = remedies.output_activation_cause(activation, loss_name(loss_fn))
+        if cause is not None:
+            found.append((cause, f"the {activation} on the output removed",
+                          lambda s, i=index: remedies.drop_output_activation(s, i)))  # fmt: skip
+    found += [
+        ("WRONG_LOSS", "cross-entropy for the class labels", remedies.matching_loss),
+        ("DEAD_RELU", "the dead ReLU units re-initialised", remedies.reinit_dead_units),
+        ("UNNORMALIZED_INPUTS", "the inputs standardised", remedies.standardize_inputs),
+        ("UNNORMALIZED_TARGETS", "the targets standardised", remedies.standardize_targets),
+    ]
+    if optimizer is not None:
+        for factor in LR_FACTORS:
+            found.append(("LR_TOO_HIGH", f"the learning rate divided by {factor:g}",
+                          lambda s, f=factor: remedies.scale_lr(s, 1 / f)))  # fmt: skip
+        for factor in LR_FACTORS:
+            found.append(("LR_TOO_LOW", f"the learning rate multiplied by {factor:g}",
+                          lambda s, f=factor: remedies.scale_lr(s, f)))  # fmt: skip
+    return found
+
+
+def _run(setup: Setup, steps: int, seed: int) -> list[float]:
+    """Train the setup ``steps`` steps on its batch: the loss before each step and after
+    the last (stops at the first non-finite loss)."""
+    losses: list[float] = []
+    with preserved_rng():
+        torch.manual_seed(seed)
+        for step in range(steps + 1):
+            setup.optimizer.zero_grad(set_to_none=True)
+            with remedies.bypassed_activation(setup):
+                output = forward(setup.model, setup.inputs)
+            loss = compute_loss(setup.loss_fn, output, setup.targets)
+            losses.append(float(loss.detach()))
+            if not math.isfinite(losses[-1]) or step == steps:
+                break
+            loss.backward()
+            setup.optimizer.step()
+    return losses
+
+
+def _chance_loss(model: nn.Module, inputs: Any, loss_fn: LossFn) -> float | None:
+    """The loss of a uniform prediction (ln C over C classes, ln 2 for a binary loss):
+    a classifier whose loss fell from 170 to ln C has learned nothing."""
+    kind = vocab.loss_kind(loss_name(loss_fn))
+    if kind is None or kind.task != "classification":
+        return None
+    if kind.binary:
+        return math.log(2)
+    with preserved_rng(), torch.no_grad():
+        output = first_output(forward(copy.deepcopy(model), inputs))
+    if output is None or output.dim() < 2 or output.shape[1] < 2:
+        return None
+    return math.log(output.shape[1])
+
+
+def _ratio(losses: list[float], chance: float | None) -> float | None:
+    """Final loss over where it started — the initial loss, or the chance-level loss if
+    lower — inf when the run turned non-finite; None when undefined."""
+    initial, final = losses[0], losses[-1]
+    if not math.isfinite(initial) or initial <= 0:
+        return None
+    reference = min(initial, chance) if chance else initial
+    return final / reference if math.isfinite(final) else math.inf
