@@ -81,11 +81,15 @@ def confirmed(code: str) -> DiagnosticReport:
 
 
 def dead_layers() -> DiagnosticReport:
-    return update(layers=mlp_layers(dead=0.95))
+    # dead from the start: the loss never leaves ln(10)
+    return update(layers=mlp_layers(dead=0.95), **train(flat(2, level=math.log(10))))
 
 
 def units_died() -> DiagnosticReport:
-    return update(layers=mlp_layers(steps=(0, 50), dead=0.02) + [l for l in mlp_layers(steps=(100,), dead=0.95)])
+    # learning, then the units die and the loss freezes where it was
+    stalled = [2.3 - 0.01 * i for i in range(50)] + [1.8 + 0.001 * (i % 3) for i in range(150)]
+    return update(layers=mlp_layers(steps=(0, 50), dead=0.02) + [l for l in mlp_layers(steps=(100,), dead=0.95)],
+                  **train(stalled))  # fmt: skip
 
 
 def saturated_layers() -> DiagnosticReport:
