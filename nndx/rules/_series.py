@@ -205,11 +205,12 @@ def weight_params(report: DiagnosticReport) -> list[ParameterStats]:
 
 
 def used_lr(report: DiagnosticReport) -> float | None:
-    """The largest learning rate of the user's optimizer at its first recorded step."""
+    """The peak learning rate of the user's optimizer over the recorded steps (the largest
+    of its param groups): a warm-up starts far below the LR the run trains at, and a
+    decay ends far below it, so neither end stands for the LR used."""
     if report.loop is None or not report.loop.lr_history:
         return None
-    first = min(report.loop.lr_history, key=lambda p: p.step)
-    lrs = finite(first.lrs)
+    lrs = finite([lr for point in report.loop.lr_history for lr in point.lrs])
     return max(lrs) if lrs else None
 
 

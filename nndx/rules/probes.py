@@ -73,7 +73,7 @@ def _lr_range(report: DiagnosticReport):
     C.LR_TOO_HIGH,
     "warning",
     "The learning rate used is beyond the LR range test's usable range",
-    detects="The LR of the user's optimizer at its first step is at or above the LR where the range "
+    detects="The peak LR of the user's optimizer is at or above the LR where the range "
     "test's loss diverged, or over 30x the suggested LR. Error when the loss also misbehaves; info when "
     "the train loss is decreasing anyway.",
     why="Beyond the divergence point each step overshoots the minimum.",
@@ -107,7 +107,7 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     C.LR_TOO_LOW,
     "warning",
     "The learning rate used is far below the LR range test's suggestion",
-    detects="The LR of the user's optimizer is under 1/100 of both the suggested LR and min_over_10_lr, "
+    detects="The peak LR of the user's optimizer is under 1/100 of both the suggested LR and min_over_10_lr, "
     "and the train loss is not clearly decreasing (info when it is).",
     why="Steps that small need orders of magnitude more of them; the loss looks stuck.",
     fix="Raise the LR toward the suggestion (steepest descent of the range test).",

@@ -248,3 +248,14 @@ def test_units_silent_on_one_batch_of_a_network_that_learns_are_context():
     from .broken import units_died
 
     assert _found(units_died())["NNDX208"].severity in ("warning", "error")
+
+
+def test_a_warmup_is_judged_at_the_lr_it_reaches_not_at_its_first_step():
+    from nndx.report import LRRangeResult
+
+    lr_range = LRRangeResult(status="passed", lrs=[1e-5, 1e-1], losses=[2.3, 2.0], suggested_lr=1e-3, min_over_10_lr=2e-3)
+    warmup = [LRPoint(step=i, lrs=[1e-3 * min(1.0, (i + 1) / 50)]) for i in range(200)]  # 2e-5 -> 1e-3
+    report = with_loop(BASE, lr_history=warmup).model_copy(update={"probes": healthy_probes(lr_range=lr_range)})
+    assert "NNDX603" not in _found(report)
+    stuck_low = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[1e-6]) for i in range(200)])
+    assert "NNDX603" in _found(stuck_low.model_copy(update={"probes": healthy_probes(lr_range=lr_range)}))

@@ -19,6 +19,7 @@ EXPECTED_INFO = {
     "noisy_task_plateau": {"NNDX108", "NNDX105"},
     "step_decay": {"NNDX602"},
     "adam_large_ratio": {"NNDX205"},
+    "one_cycle": {"NNDX602"},  # its peak LR is 30x the range test's suggestion, and the loss falls
 }
 
 
