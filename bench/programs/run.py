@@ -11,7 +11,9 @@ checks that the harness works).
 
 Columns: ``top-1``/``top-3`` the codes of the highest-ranked findings; ``hit`` 1 when
 top-1 is an expected code, 3 when one is in the top 3, ``-`` otherwise; ``alarm`` the
-findings of severity warning or above on a healthy run (a false alarm); ``differs``
+findings of severity warning or above on a healthy run (a false alarm); ``preflight
+top-1`` what the probe before training ranked first (the scored diagnosis is the one
+after training, which includes the Monitor's report); ``differs``
 whether the bug measurably changed the run (the variant's measure, see ``-v``);
 ``same`` whether training with nndx attached gave the same numbers as without;
 ``errors`` what nndx recorded or raised (a refused Monitor, a probe that errored).
@@ -113,14 +115,16 @@ def _mark(value: bool | None) -> str:
 
 
 def table(outcomes: list[Outcome], verdicts: dict[tuple[str, str], bool | None]) -> str:
-    rows = [("program", "variant", "expected", "top-1", "top-3", "hit", "alarm (healthy)", "differs", "same", "errors")]
+    rows = [("program", "variant", "expected", "top-1", "top-3", "hit", "alarm (healthy)", "preflight top-1", "differs",
+             "same", "errors")]  # fmt: skip
     for o in outcomes:
         hit = "" if o.healthy else "1" if o.hit1 else "3" if o.hit3 else "-"
         alarm = (", ".join(o.alarms) or "no") if o.healthy else ""
         errors = "; ".join(([o.crash] if o.crash else []) + o.errors)
         rows.append((
             o.program, o.variant, ",".join(o.expected) or "(healthy)", o.top1 or "(none)",
-            ",".join(o.codes[1:3]), hit, alarm, "" if o.healthy else _mark(verdicts.get((o.program, o.variant))),
+            ",".join(o.codes[1:3]), hit, alarm, o.preflight_top or "(none)",
+            "" if o.healthy else _mark(verdicts.get((o.program, o.variant))),
             _mark(same_training(o)), errors[:160],
         ))  # fmt: skip
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)] + [0]
