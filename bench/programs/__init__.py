@@ -1,0 +1,18 @@
+"""Ports of real public training programs, each with bugs reported for its kind of program.
+
+A held-out evaluation of nndx on training code nobody here wrote (issue 14): never tune
+rules on it. ``python -m bench.programs`` runs every program x variant and prints the
+table; see ``bench/README.md`` ("programs") and :mod:`bench.programs.harness`.
+"""
+
+# module names, in the order the table lists them
+PROGRAMS = (
+    "mnist",
+    "mnist_rnn",
+    "word_language_model",
+    "dcgan",
+    "vae",
+    "time_sequence_prediction",
+    "nanogpt",
+    "makemore",
+)

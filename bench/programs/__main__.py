@@ -1,0 +1,5 @@
+import sys
+
+from bench.programs.run import main
+
+sys.exit(main())
