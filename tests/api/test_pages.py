@@ -209,11 +209,12 @@ def test_plotly_and_its_css_are_served_from_here_versioned_and_compressed(client
 
 
 def test_plotly_css_reads_the_rules_out_of_the_bundle():
-    bundle = '...var I={"X,X div":\'direction:ltr;font-family:"Open Sans";\',"X .a:hover":"color:red;",",Y b":"x:1;"};'
+    bundle = '...var I={"X,X div":\'direction:ltr;font-family:"Open Sans";\',"X .a:hover":"color:red;",",Y b":"x:1;",Y:"z:2"};'
     assert pages.plotly_css(bundle).splitlines() == [
         '.js-plotly-plot .plotly,.js-plotly-plot .plotly div{direction:ltr;font-family:"Open Sans";}',
         ".js-plotly-plot .plotly .a:hover{color:red;}",
         " ,.plotly-notifier b{x:1;}",
+        ".plotly-notifier{z:2}",  # a key the minifier left unquoted
     ]
     assert pages.plotly_css("no rules here") == ""
 

@@ -94,7 +94,7 @@ def plotly_bundle() -> PlotlyBundle | None:
 
 
 _JS_STRING = r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')"""
-_CSS_RULE = re.compile(_JS_STRING + r"\s*:\s*" + _JS_STRING)
+_CSS_RULE = re.compile(r"(" + _JS_STRING[1:-1] + r"|[A-Za-z_$][\w$]*)\s*:\s*" + _JS_STRING)  # a minifier unquotes some keys
 
 
 def plotly_css(bundle: str) -> str:
@@ -121,6 +121,8 @@ def plotly_css(bundle: str) -> str:
 
 
 def _js_string(literal: str) -> str:
+    if literal[0] not in "'\"":
+        return literal  # an identifier key
     body = literal[1:-1]
     return json.loads('"' + body.replace('\\"', '"').replace('"', '\\"') + '"') if "\\" in body else body
 
