@@ -238,3 +238,9 @@ def test_every_report_that_validates_renders_on_every_page(client, report):
     for path in (f"/reports/{report_id}", f"/reports/{report_id}/prompt", f"/reports/{report_id}/checklist", "/"):
         assert client.get(path).status_code == 200, path
     assert client.get("/compare", params=[("id", report_id), ("id", report_id), ("id", post(client, make_report()))]).status_code == 200
+
+
+def test_a_finding_no_figure_shows_links_to_its_section(client):
+    page = client.get(f"/reports/{post(client, make_report(name='data_leakage'))}").text
+    row = re.search(r"<tr[^>]*>\s*<td><span class=\"badge sev-error\">.*?</tr>", page, re.S).group(0)
+    assert "DATA_LEAKAGE" in row and '<a href="#data-checks">Data checks</a>' in row

@@ -247,3 +247,30 @@ def test_write_html_writes_an_offline_folder(tmp_path):
     assert "<script src='plotly.min.js'></script>" in text and "&lt;run&gt;" in text
     assert "cdn" not in text.lower() and "https://" not in text
     assert text.count("Plotly.newPlot") == len(report_figures(dead_network())) == 3
+
+
+def test_nndx_plot_writes_the_figures_and_says_why_when_it_cannot(tmp_path, capsys):
+    from nndx.cli import main
+
+    report = tmp_path / "report.json"
+    report.write_text(dead_network().model_dump_json())
+    assert main(["plot", str(report), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "out" / "index.html")
+    assert "gradient_flow" in (tmp_path / "out" / "index.html").read_text()
+
+    empty = tmp_path / "empty.json"
+    empty.write_text(DiagnosticReport().model_dump_json())
+    assert main(["plot", str(empty), "--out", str(tmp_path / "none")]) == 1
+    assert main(["plot", str(report), "--out", str(report)]) == 2  # a file, not a folder
+    assert main(["plot", str(tmp_path / "missing.json")]) == 2
+    assert "nndx plot:" in capsys.readouterr().err
+
+
+def test_views_import_without_torch():
+    """The service draws figures without torch installed."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['torch'] = None; import nndx.views.plots, nndx.views.text, nndx.api.routers.pages"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -254,12 +254,24 @@ def index(
 # --------------------------------------------------------------------------- one run
 
 
+#: Where the evidence of a cause that no figure shows is on the page.
+CAUSE_SECTIONS = {
+    **dict.fromkeys(("DATA_LEAKAGE", "DUPLICATE_SAMPLES", "NAN_IN_DATA", "LABEL_DTYPE", "UNNORMALIZED_TARGETS",
+                     "UNSHUFFLED_DATA", "CLASS_IMBALANCE", "UNNORMALIZED_INPUTS"), ("data-checks", "Data checks")),
+    **dict.fromkeys(("BROKEN_BACKWARD", "INPLACE_AUTOGRAD", "EVAL_MODE_FORGOTTEN", "DEVICE_MISMATCH",
+                     "LABELS_MISALIGNED"), ("probe-status", "Probe status")),
+    **dict.fromkeys(("MISSING_ACTIVATION", "WRONG_OUTPUT_ACTIVATION", "DOUBLE_SOFTMAX", "WRONG_LOSS",
+                     "SHAPE_BROADCAST", "WRONG_RESHAPE"), ("model", "Model")),
+}  # fmt: skip
+
+
 def _findings(diagnosis: Diagnosis, figures: dict[str, Figure], report: DiagnosticReport) -> list[dict[str, Any]]:
     rows = []
     for finding in diagnosis.findings:
         target = finding_target(finding, figures, report)
         rows.append({"finding": finding, "figure": figures[target[0]] if target else None,
-                     "step": target[1] if target else None})  # fmt: skip
+                     "step": target[1] if target else None,
+                     "section": CAUSE_SECTIONS.get(finding.code.value)})  # fmt: skip
     return rows
 
 
