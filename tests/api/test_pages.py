@@ -244,3 +244,15 @@ def test_a_finding_no_figure_shows_links_to_its_section(client):
     page = client.get(f"/reports/{post(client, make_report(name='data_leakage'))}").text
     row = re.search(r"<tr[^>]*>\s*<td><span class=\"badge sev-error\">.*?</tr>", page, re.S).group(0)
     assert "DATA_LEAKAGE" in row and '<a href="#data-checks">Data checks</a>' in row
+
+
+def test_interventions_and_confirmed_findings_are_shown(client):
+    from nndx.report import InterventionResult, Interventions
+
+    report = make_report(name="dead_relu")
+    report.interventions = Interventions(steps=30, baseline_initial_loss=2.3, baseline_final_loss=2.29, results=[
+        InterventionResult(cause="DEAD_RELU", remedy="bias 0 <b>x</b>", status="confirmed", steps=30,
+                           baseline_final_loss=2.29, remedied_final_loss=0.4)])  # fmt: skip
+    page = client.get(f"/reports/{post(client, report)}").text
+    table = page.split('id="interventions-table"')[1].split("</table>")[0]
+    assert "DEAD_RELU" in table and "confirmed" in table and "2.29 → 0.4" in table and "&lt;b&gt;" in table

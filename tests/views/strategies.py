@@ -14,6 +14,8 @@ from nndx.report import (
     DiagnosticReport,
     GradientStats,
     GradNormPoint,
+    InterventionResult,
+    Interventions,
     LayerStats,
     LiveFinding,
     LoopStats,
@@ -80,6 +82,14 @@ splits = st.builds(SplitStats, n_samples=counts, input_mean=st.one_of(st.none(),
                    imbalance_ratio=st.one_of(st.none(), floats))  # fmt: skip
 data = st.builds(DataStats, train=st.one_of(st.none(), splits), test=st.one_of(st.none(), splits))
 
+interventions = st.builds(
+    Interventions, steps=counts, baseline_initial_loss=st.one_of(st.none(), floats),
+    results=series(st.builds(InterventionResult, cause=names, remedy=names,
+                             status=st.sampled_from(["confirmed", "not_confirmed", "inconclusive", "skipped", "error"]),
+                             baseline_final_loss=st.one_of(st.none(), floats),
+                             remedied_progress=st.one_of(st.none(), floats)), 3),
+)  # fmt: skip
+
 reports = st.builds(
     DiagnosticReport,
     run=st.one_of(st.none(), st.builds(RunInfo, name=st.one_of(st.none(), names), project=st.one_of(st.none(), names))),
@@ -90,4 +100,5 @@ reports = st.builds(
     probes=st.one_of(st.none(), st.builds(Probes, lr_range=st.one_of(st.none(), lr_range),
                                           overfit_one_batch=st.one_of(st.none(), overfit))),  # fmt: skip
     data=st.one_of(st.none(), data),
+    interventions=st.one_of(st.none(), interventions),
 )
