@@ -31,23 +31,31 @@ def _schema(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from nndx.api.plots import report_charts
+    from nndx.errors import MissingExtraError
     from nndx.rules.cli import ReportError, load_report
+    from nndx.views.plots import report_figures, write_html
 
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"nndx plot: {out} is a file, not a folder", file=sys.stderr)
+        return 2
     try:
         report = load_report(args.report)
     except ReportError as error:
         print(f"nndx plot: {error}", file=sys.stderr)
         return 2
-    charts = report_charts(report)
-    if not charts:
-        print("nndx plot: the report has no loss history, LR sweep or layer statistics to plot", file=sys.stderr)
+    figures = report_figures(report)
+    if not figures:
+        print("nndx plot: the report has no loss history, training series, LR sweep, layer or data "
+              "statistics to plot", file=sys.stderr)  # fmt: skip
         return 1
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, svg in charts.items():
-        (out / f"{name}.svg").write_text(svg, encoding="utf-8")
-        print(out / f"{name}.svg")
+    title = f"nndx — {report.run.name}" if report.run and report.run.name else "nndx report"
+    try:
+        index = write_html(figures, out, title=title)
+    except MissingExtraError as error:
+        print(f"nndx plot: {error}", file=sys.stderr)
+        return 2
+    print(index)
     return 0
 
 
@@ -69,9 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(handler=_schema)
 
     plot = sub.add_parser(
-        "plot", help="draw a report's loss curve, LR sweep and gradient flow as SVG files",
-        description="Write loss.svg, lr_range.svg, gradient_flow.svg, dead_units.svg and "
-        "activation_std.svg (those the report has data for) — the charts the service's pages show.",
+        "plot", help="draw a report's figures (loss, gradient norm, LR, layers, LR sweep) as interactive HTML",
+        description="Write OUT/index.html with every figure the report has data for — the figures the "
+        "service's pages show: zoom, hover, log/linear switch — and plotly.min.js beside it, so the "
+        "folder opens offline. Needs plotly (pip install 'nndx[plot]'). No PNG: plotly's image export "
+        "needs a browser; the mode bar's camera button saves any figure as PNG.",
     )
     plot.add_argument("report", help="report.json ('-' for standard input)")
     plot.add_argument("--out", default="plots", help="output folder (default ./plots)")

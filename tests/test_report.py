@@ -1,5 +1,6 @@
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -109,9 +110,10 @@ def test_plot_command_writes_the_charts_a_report_has_data_for(tmp_path, capsys):
     path = tmp_path / "report.json"
     path.write_text(report.model_dump_json())
     assert main(["plot", str(path), "--out", str(tmp_path / "plots")]) == 0
-    written = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert written == ["activation_std.svg", "dead_units.svg", "loss.svg", "lr_range.svg"]  # no gradients recorded
-    assert (tmp_path / "plots" / "lr_range.svg").read_text().lstrip().startswith("<svg")
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["index.html", "plotly.min.js"]
+    page = (tmp_path / "plots" / "index.html").read_text()
+    drawn = set(re.findall(r"<section id='([a-z_]+)'>", page))
+    assert drawn == {"activation_std", "dead_units", "loss", "lr_range"}  # no gradients recorded
     bad = tmp_path / "bad.json"
     bad.write_text('{"loop": {"steps": -1}}')
     assert main(["plot", str(bad)]) == 2
