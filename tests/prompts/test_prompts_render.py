@@ -166,3 +166,16 @@ def test_many_long_errors_are_capped():
     assert "probe19 raised RuntimeError" in prompt and "probe20" not in prompt
     assert "(5 more errors not shown.)" in prompt
     assert "x" * MAX_MESSAGE_CHARS + "\n… (5000 characters in all)" in prompt and "x" * (MAX_MESSAGE_CHARS + 1) not in prompt
+
+
+def test_checklist_items_have_unique_keys_and_disjoint_valid_codes():
+    from nndx.prompts.checklist import ITEMS
+    from nndx.report import Probes
+
+    keys = [item.key for item in ITEMS]
+    assert len(keys) == len(set(keys))
+    assert {item.probe for item in ITEMS if item.probe} == set(Probes.model_fields)  # one item per probe
+    seen: set = set()
+    for item in ITEMS:
+        assert not (item.codes & seen), item.key  # a finding fails one item
+        seen |= item.codes
