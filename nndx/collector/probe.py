@@ -16,13 +16,12 @@ torch raises while a probe runs (a loss broadcasting mismatched shapes) are reco
 the same way, once each, with the warning category as ``type``.
 
 Per-probe options go in a keyword argument named after the probe, as a dict of the
-probe function's keyword arguments (see ``PROBES``); an unknown one is a TypeError
-before anything runs.
+probe function's keyword arguments (see ``nndx.collector.probes``, one module per
+probe); an unknown one is a TypeError before anything runs.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import time
@@ -45,44 +44,12 @@ from nndx.collector._common import (
     split_batch,
     working_copy,
 )
-from nndx.collector.eval_mode import eval_mode_consistency
-from nndx.collector.gradcheck import grad_check
-from nndx.collector.hooks import hook_statistics
-from nndx.collector.lr_range import lr_range_test
-from nndx.collector.nan_origin import nan_origin
-from nndx.collector.overfit import overfit_one_batch
+from nndx.collector.probes import ProbeSpec, specs
 from nndx.collector.stats import has_batchnorm, has_dropout, summarize_model
-from nndx.report import (
-    DiagnosticReport,
-    ErrorRecord,
-    EvalModeResult,
-    GradCheckResult,
-    LabelAlignmentResult,
-    LoopStats,
-    LRRangeResult,
-    NanOriginResult,
-    OverfitResult,
-    Probes,
-    RunInfo,
-)
+from nndx.report import MAX_ERROR_MESSAGE, DiagnosticReport, ErrorRecord, LoopStats, RunInfo
 
-# probe name -> (result model, probe function). Cheap probes first. Each function takes
-# (model, batch[, loss_fn]) and keyword options; those with an ``optimizer`` keyword get
-# the user's optimizer.
-PROBES: dict[str, tuple[type | None, Callable[..., Any]]] = {
-    "hooks": (None, hook_statistics),
-    "nan_origin": (NanOriginResult, nan_origin),
-    "eval_mode": (EvalModeResult, eval_mode_consistency),
-    "grad_check": (GradCheckResult, grad_check),
-    "overfit_one_batch": (OverfitResult, overfit_one_batch),
-    "lr_range": (LRRangeResult, lr_range_test),
-}
-# probes whose answer is meaningless on a model whose weights are already NaN/Inf (a
-# diverged run): every output is non-finite, so they would "diverge" at the smallest LR
-# or fail the gradient check everywhere. nan_origin still runs: a parameter-free module
-# before the first NaN weight (a standardisation dividing by a zero std) is still found.
-NEED_FINITE_PARAMETERS = frozenset({"eval_mode", "grad_check", "overfit_one_batch", "lr_range"})
-MAX_MESSAGE = 2000
+# name -> spec of every probe, cheap first
+PROBES: dict[str, ProbeSpec] = {spec.name: spec for spec in specs()}
 MAX_WARNINGS = 20
 # library housekeeping, not evidence about the user's training
 IGNORED_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning, ImportWarning, ResourceWarning)
@@ -101,137 +68,120 @@ def probe(
     progress: bool = False,
     **options: dict[str, Any],
 ) -> DiagnosticReport:
-    """Run the selected probes (all of ``PROBES`` by default) and return the report.
+    """Run the selected probes and return the report: by default every batch probe,
+    and the data probes (label alignment) when ``data`` is given.
 
     ``optimizer`` is never stepped: it is checked for parameters it does not hold
     (``report.loop.params_not_in_optimizer``) and copied for the probes whose numbers
     depend on it (update/weight ratio, LR range). ``monitor`` is a
     :class:`nndx.collector.monitor.Monitor` whose ``report()`` is merged in; ``data`` is
-    ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data` and,
-    for classification, :func:`nndx.collector.label_alignment.label_alignment` on the
-    training split.
+    ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data` and
+    the data probes (on the training split, for classification).
     """
-    selected = _select(probes)
-    _check_options(options)
+    data_error = None
+    if data is not None and (not isinstance(data, (tuple, list)) or len(data) not in (2, 4)):
+        data_error = TypeError("data must be (X_train, y_train) or (X_train, y_train, X_val, y_val)")
+    selected = _select(probes, data is not None and data_error is None)
+    for name, given in options.items():
+        if name not in PROBES:
+            raise TypeError(f"unknown probe options {name!r}; options are keyed by probe name: {list(PROBES)}")
+        PROBES[name].check_options(given)
     say = _progress_printer(progress)
     report = DiagnosticReport(run=_run_info(model), errors=[])
-    results: dict[str, Any] = {}
+    guard = _Guard(report)
 
-    def record_error(source: str, exc: Exception) -> str:
-        report.errors.append(ErrorRecord.of(source, exc))
-        return report.errors[-1].message
-
-    warned: set[tuple[str, str]] = set()
-
-    def record_warnings(source: str, caught: list[warnings.WarningMessage]) -> None:
-        """A warning torch raises inside the model or loss is evidence too ("Using a target
-        size that is different to the input size" is a silent broadcast); each is kept
-        once. Warnings of other libraries (a Lightning module's ``self.log`` outside a
-        Trainer) say nothing about the training and are left out."""
-        for w in caught:
-            key = (w.category.__name__, str(w.message))
-            if (issubclass(w.category, IGNORED_WARNINGS) or not str(w.filename).startswith(TORCH_DIR)
-                    or key in warned or len(warned) >= MAX_WARNINGS):  # fmt: skip
-                continue
-            warned.add(key)
-            report.errors.append(ErrorRecord(source=source, type=key[0], message=key[1][:MAX_MESSAGE]))
-
-    _describe(report, model, batch, loss_fn, optimizer, record_error)
+    guard.attempt("model", lambda: _describe_model(report, model, optimizer))
+    guard.attempt("describe", lambda: _describe_task(report, model, batch, loss_fn))
     nonfinite = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
-    for i, name in enumerate(selected, start=1):
-        result_type, run = PROBES[name]
-        if nonfinite and name in NEED_FINITE_PARAMETERS:
-            results[name] = result_type(status="skipped", message=(
+    total = len(selected)
+    for i, spec in enumerate(selected, start=1):
+        head = f"[{i}/{total}] {spec.name}"
+        if spec.needs == "data" and (data is None or data_error is not None):
+            spec.store_status(report, "skipped", "needs the training data: pass data=(X_train, y_train)")
+            say(f"{head} skipped (no data)")
+            continue
+        if nonfinite and spec.needs_finite_parameters:
+            spec.store_status(report, "skipped", (
                 f"{len(nonfinite)} parameter tensor(s) are already non-finite (first: {nonfinite[0]}); "
                 "a diverged model says nothing about why it diverged: probe before training "
                 "or from the last finite checkpoint"))
-            say(f"[{i}/{len(selected)}] {name} skipped (non-finite parameters)")
+            say(f"{head} skipped (non-finite parameters)")
             continue
-        say(f"[{i}/{len(selected)}] {name} ...")
+        say(f"{head} ...")
         started = time.perf_counter()
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    outcome = _call(run, model, batch, loss_fn, optimizer, options.get(name, {}))
-                finally:
-                    record_warnings(name, caught)
-        except Exception as exc:  # noqa: BLE001 - a crash is evidence, never the user's crash
-            message = record_error(name, exc)
-            if result_type is not None:
-                results[name] = result_type(status="error", message=f"{type(exc).__name__}: {message}")
-            say(f"[{i}/{len(selected)}] {name} error: {type(exc).__name__}: {message[:200]}")
+        ok, outcome = guard.attempt(spec.name, lambda: spec.call(model, batch, loss_fn, optimizer, data,
+                                                                 options.get(spec.name, {})), warn=True)  # fmt: skip
+        if not ok:
+            spec.store_status(report, "error", outcome)
+            say(f"{head} error: {outcome[:200]}")
             continue
-        if name == "hooks":
-            report.layers, report.parameters, report.model = outcome.layers, outcome.parameters, outcome.model
-            status = "done"
-        else:
-            results[name] = outcome
-            status = outcome.status
-        say(f"[{i}/{len(selected)}] {name} {status} ({time.perf_counter() - started:.1f}s)")
-    if results:
-        report.probes = Probes(**results)
+        status = spec.store(report, outcome)
+        say(f"{head} {status} ({time.perf_counter() - started:.1f}s)")
     if monitor is not None:
-        try:
-            _merge_monitor(report, monitor.report())
-        except Exception as exc:  # noqa: BLE001
-            record_error("monitor", exc)
+        guard.attempt("monitor", lambda: _merge_monitor(report, monitor.report()))
     if data is not None:
         say("data checks ...")
-        try:
-            report.data = _check_data(data, report)
-        except Exception as exc:  # noqa: BLE001
-            record_error("data", exc)
-        if report.task == "classification" and report.data is not None:
-            # overfit-one-batch cannot see labels that do not belong to their inputs
-            # (networks memorise random labels); real vs permuted labels on held-out data can
-            say("label alignment ...")
-            from nndx.collector.label_alignment import label_alignment
-
-            try:
-                alignment = label_alignment(data[0], data[1])
-            except Exception as exc:  # noqa: BLE001
-                alignment = LabelAlignmentResult(status="error", message=f"{type(exc).__name__}: {record_error('label_alignment', exc)}")
-            report.probes = (report.probes or Probes()).model_copy(update={"label_alignment": alignment})
+        if data_error is not None:
+            guard.error("data", data_error)
+        else:
+            ok, checked = guard.attempt("data", lambda: _check_data(data, report))
+            if ok:
+                report.data = checked
     report.run.finished_at = datetime.now(timezone.utc)
     return report
 
 
-def _options_of(fn: Callable[..., Any]) -> list[str]:
-    return [p.name for p in inspect.signature(fn).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "optimizer"]  # fmt: skip
+class _Guard:
+    """The one place where a probe that raises becomes evidence: an ``ErrorRecord`` in
+    ``report.errors`` (and, for a probe, status ``error`` with the same message), never a
+    crash of the caller. Warnings torch raises while a probe runs (a loss broadcasting
+    mismatched shapes) are recorded the same way, once each, with the warning category
+    as ``type``."""
+
+    def __init__(self, report: DiagnosticReport) -> None:
+        self.report = report
+        self.warned: set[tuple[str, str]] = set()
+
+    def error(self, source: str, exc: Exception) -> str:
+        record = ErrorRecord.of(source, exc)
+        self.report.errors.append(record)
+        return f"{record.type}: {record.message}"
+
+    def attempt(self, source: str, fn: Callable[[], Any], warn: bool = False) -> tuple[bool, Any]:
+        """(True, what ``fn`` returned) or (False, the recorded error as text)."""
+        try:
+            if not warn:
+                return True, fn()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    return True, fn()
+                finally:
+                    self._warnings(source, caught)
+        except Exception as exc:  # noqa: BLE001 - a crash is evidence, never the user's crash
+            return False, self.error(source, exc)
+
+    def _warnings(self, source: str, caught: list[warnings.WarningMessage]) -> None:
+        """Warnings of other libraries (a Lightning module's ``self.log`` outside a
+        Trainer) say nothing about the training and are left out."""
+        for w in caught:
+            key = (w.category.__name__, str(w.message))
+            if (issubclass(w.category, IGNORED_WARNINGS) or not str(w.filename).startswith(TORCH_DIR)
+                    or key in self.warned or len(self.warned) >= MAX_WARNINGS):  # fmt: skip
+                continue
+            self.warned.add(key)
+            self.report.errors.append(ErrorRecord(source=source, type=key[0], message=key[1][:MAX_ERROR_MESSAGE]))
 
 
-def _check_options(options: dict[str, Any]) -> None:
-    """Fail before anything runs: a misspelt option must not become a probe 'error'."""
-    for name, given in options.items():
-        if name not in PROBES:
-            raise TypeError(f"unknown probe options {name!r}; options are keyed by probe name: {list(PROBES)}")
-        if not isinstance(given, dict):
-            raise TypeError(f"options for {name} must be a dict of keyword arguments, got {type(given).__name__}")
-        allowed = _options_of(PROBES[name][1])
-        wrong = sorted(set(given) - set(allowed))
-        if wrong:
-            raise TypeError(f"{name} has no option(s) {wrong}; it takes {allowed}")
-
-
-def _call(fn: Callable[..., Any], model: nn.Module, batch: Batch, loss_fn: LossFn,
-          optimizer: torch.optim.Optimizer | None, options: dict[str, Any]) -> Any:  # fmt: skip
-    parameters = inspect.signature(fn).parameters
-    args = (model, batch, loss_fn) if "loss_fn" in parameters else (model, batch)
-    kwargs = {**options, **({"optimizer": optimizer} if "optimizer" in parameters else {})}
-    return fn(*args, **kwargs)
-
-
-def _select(probes: Sequence[str] | str | None) -> list[str]:
+def _select(probes: Sequence[str] | str | None, with_data: bool) -> list[ProbeSpec]:
     if probes is None:
-        return list(PROBES)
+        return [spec for spec in PROBES.values() if spec.needs == "batch" or with_data]
     if isinstance(probes, str):
         probes = [probes]
     unknown = [p for p in probes if p not in PROBES]
     if unknown:
         raise ValueError(f"unknown probes {unknown}; choose from {list(PROBES)}")
-    return [p for p in PROBES if p in probes]  # run in the cheap-first order, once each
+    return [spec for spec in PROBES.values() if spec.name in probes]  # run in the cheap-first order, once each
 
 
 def _progress_printer(enabled: bool) -> Callable[[str], None]:
@@ -253,31 +203,27 @@ def _run_info(model: nn.Module) -> RunInfo:
     )
 
 
-def _describe(report: DiagnosticReport, model: nn.Module, batch: Batch, loss_fn: LossFn,
-              optimizer: torch.optim.Optimizer | None, record_error: Callable[[str, Exception], str]) -> None:  # fmt: skip
-    """Static facts: model summary, task, classes, optimizer coverage. Each may fail alone."""
-    try:
-        report.model = summarize_model(model)
-        frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-        loop = LoopStats(
-            trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
-            frozen_params=frozen,
-            has_dropout=has_dropout(model),
-            has_batchnorm=has_batchnorm(model),
-        )
-        if optimizer is not None:
-            loop.params_not_in_optimizer, loop.optimizer_params_not_in_model = optimizer_coverage(model, optimizer)
-        report.loop = loop
-    except Exception as exc:  # noqa: BLE001
-        record_error("model", exc)
-    try:
-        inputs, targets = split_batch(batch)
-        report.task = infer_task(loss_fn, targets)
-        with preserved_rng(), torch.no_grad():
-            output = forward(working_copy(model), inputs)
-        report.num_classes = num_classes(loss_fn, output) if report.task == "classification" else None
-    except Exception as exc:  # noqa: BLE001
-        record_error("describe", exc)
+def _describe_model(report: DiagnosticReport, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Static facts: model summary and optimizer coverage."""
+    report.model = summarize_model(model)
+    loop = LoopStats(
+        trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        frozen_params=[n for n, p in model.named_parameters() if not p.requires_grad],
+        has_dropout=has_dropout(model),
+        has_batchnorm=has_batchnorm(model),
+    )
+    if optimizer is not None:
+        loop.params_not_in_optimizer, loop.optimizer_params_not_in_model = optimizer_coverage(model, optimizer)
+    report.loop = loop
+
+
+def _describe_task(report: DiagnosticReport, model: nn.Module, batch: Batch, loss_fn: LossFn) -> None:
+    """Task and number of classes, from the loss and one forward on a copy."""
+    inputs, targets = split_batch(batch)
+    report.task = infer_task(loss_fn, targets)
+    with preserved_rng(), torch.no_grad():
+        output = forward(working_copy(model), inputs)
+    report.num_classes = num_classes(loss_fn, output) if report.task == "classification" else None
 
 
 def _union(first: Iterable[str], second: Iterable[str]) -> list[str]:
@@ -319,9 +265,7 @@ def _merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
 
 
 def _check_data(data: Sequence[Any], report: DiagnosticReport) -> Any:
-    if not isinstance(data, (tuple, list)) or len(data) not in (2, 4):
-        raise TypeError("data must be (X_train, y_train) or (X_train, y_train, X_val, y_val)")
-    from nndx.collector.data import check_data  # the data engineer's module; imported lazily
+    from nndx.collector.data import check_data  # numpy-only callers of check_data never load torch
 
     x_val, y_val = (data[2], data[3]) if len(data) == 4 else (None, None)
     return check_data(data[0], data[1], x_test=x_val, y_test=y_val, task=report.task, num_classes=report.num_classes)

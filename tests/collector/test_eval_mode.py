@@ -1,7 +1,7 @@
 from _probe_models import assert_untouched, batch, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
-from nndx.collector.eval_mode import eval_mode_consistency
+from nndx.collector.probes.eval_mode import eval_mode_consistency
 
 
 class AlwaysDropout(nn.Module):

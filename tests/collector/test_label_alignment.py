@@ -5,7 +5,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from nndx.collector.label_alignment import label_alignment
+from nndx.collector.probes.label_alignment import label_alignment
 
 STEPS = 100  # the probe's budget in these tests; enough for digits and XOR
 

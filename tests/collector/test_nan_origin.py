@@ -2,7 +2,7 @@ import torch
 from _probe_models import Log, Sqrt, assert_untouched, batch, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
-from nndx.collector.nan_origin import nan_origin
+from nndx.collector.probes.nan_origin import nan_origin
 
 
 def test_healthy_model_everything_finite():

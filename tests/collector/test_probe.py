@@ -60,7 +60,7 @@ def test_probe_selection_and_option_errors():
         nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), grad_check={"epsilon": 1e-6})
     with pytest.raises(TypeError, match="must be a dict"):
         nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), lr_range=5)
-    assert list(probe_module.PROBES) == ALL
+    assert list(probe_module.PROBES) == [*ALL, "label_alignment"]  # the data probe after the batch probes
 
 
 def test_inplace_autograd_error_is_recorded_and_other_probes_go_on():
@@ -220,9 +220,25 @@ def test_label_alignment_runs_with_classification_data():
 
     x, y = make_data(n=400)
     model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 4))
-    aligned = nndx.probe(model, (x[:32], y[:32]), nn.CrossEntropyLoss(), probes=["nan_origin"], data=(x, y))
+    aligned = nndx.probe(model, (x[:32], y[:32]), nn.CrossEntropyLoss(), probes=["nan_origin", "label_alignment"],
+                         data=(x, y))  # fmt: skip
     assert aligned.probes.label_alignment.status == "passed"
     shuffled = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(1))]
-    misaligned = nndx.probe(model, (x[:32], shuffled[:32]), nn.CrossEntropyLoss(), probes=["nan_origin"], data=(x, shuffled))
+    misaligned = nndx.probe(model, (x[:32], shuffled[:32]), nn.CrossEntropyLoss(), data=(x, shuffled),
+                            probes=["nan_origin", "label_alignment"])  # fmt: skip
     assert misaligned.probes.label_alignment.status == "failed"
     assert "LABELS_MISALIGNED" in [f.code.value for f in nndx.diagnose(misaligned).findings]
+
+
+def test_every_probe_is_one_spec_and_one_result_field():
+    from nndx.collector.probes import specs
+    from nndx.report import Probes
+
+    with_results = {spec.name: spec for spec in specs() if spec.result is not None}
+    assert list(with_results) == [n for n in probe_module.PROBES if n in with_results]  # cheap first
+    assert set(with_results) == set(Probes.model_fields)
+    for name, result_type in Probes.result_types().items():
+        spec = with_results[name]
+        assert spec.result is result_type and spec.title == result_type.title
+        assert result_type.checklist is not None, name
+    assert [s.name for s in specs() if s.result is None] == ["hooks"]  # fills report.layers instead

@@ -27,6 +27,7 @@ from torch import nn
 
 from nndx.collector._common import Batch, forward, iter_tensors, map_tensors, preserved_rng, split_batch, working_copy
 from nndx.collector.stats import has_batchnorm, has_dropout
+from nndx.collector.probes import ProbeSpec
 from nndx.report import EvalModeResult
 
 # float32 noise between two runs of the same deterministic forward is exactly zero on
@@ -96,3 +97,7 @@ def _first_half(inputs: object) -> object | None:
 
 def _first_rows(outputs: list[torch.Tensor], rows: int | None) -> list[torch.Tensor]:
     return [t[:rows] if t.dim() > 0 else t for t in outputs]
+
+
+SPEC = ProbeSpec(name="eval_mode", title=EvalModeResult.title, function=eval_mode_consistency,
+                 result=EvalModeResult, order=30, needs_finite_parameters=True)  # fmt: skip

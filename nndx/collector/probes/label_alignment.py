@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from nndx.collector.data import _as_array
+from nndx.collector.probes import ProbeSpec
 from nndx.report import LabelAlignmentResult
 
 __all__ = ["label_alignment"]
@@ -228,3 +229,7 @@ def _margin(test_y: np.ndarray, num_classes: int) -> float:
     q = 1.0 / num_classes
     variance = float(np.sum(q * (1 - q) / counts)) / counts.size**2
     return max(0.02, 3.0 * math.sqrt(2.0 * variance))
+
+
+SPEC = ProbeSpec(name="label_alignment", title=LabelAlignmentResult.title, function=label_alignment,
+                 result=LabelAlignmentResult, order=70, needs="data")  # fmt: skip

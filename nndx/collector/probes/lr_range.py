@@ -43,6 +43,7 @@ from nndx.collector._common import (
     preserved_rng,
     split_batch,
 )
+from nndx.collector.probes import ProbeSpec
 from nndx.report import LRRangeResult
 
 # Points skipped before looking for the steepest descent: the moving average's warm-up.
@@ -96,6 +97,10 @@ def lr_range_test(
             loss.backward()
             opt.step()
     return analyse(lrs, losses, smoothed, diverged_at, note=f"swept with {note}")
+
+
+SPEC = ProbeSpec(name="lr_range", title=LRRangeResult.title, function=lr_range_test, result=LRRangeResult,
+                 order=60, needs_finite_parameters=True, trains=True)  # fmt: skip
 
 
 def analyse(

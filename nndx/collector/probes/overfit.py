@@ -14,7 +14,7 @@ loss, or 100% accuracy on the batch for classification — not the absolute
 It cannot detect misaligned labels: networks memorise random labels (Zhang et al.
 2017, "Understanding deep learning requires rethinking generalization"), so a batch with
 shuffled labels overfits just as well. The label-alignment probe
-(:mod:`nndx.collector.label_alignment`) tests that.
+(:mod:`nndx.collector.probes.label_alignment`) tests that.
 
 Runs on a deep copy with nndx's own Adam (the user's learning rate may be the bug), the
 model kept in its current train/eval mode; the user's RNG is restored afterwards.
@@ -38,6 +38,7 @@ from nndx.collector._common import (
     split_batch,
     working_copy,
 )
+from nndx.collector.probes import ProbeSpec
 from nndx.report import OverfitResult
 
 
@@ -101,3 +102,7 @@ def _fits(losses: list[float], batch_accuracy: float | None, target_ratio: float
         return True
     initial, current = losses[0], losses[-1]
     return initial >= 0 and current <= target_ratio * initial
+
+
+SPEC = ProbeSpec(name="overfit_one_batch", title=OverfitResult.title, function=overfit_one_batch,
+                 result=OverfitResult, order=50, needs_finite_parameters=True, trains=True)  # fmt: skip

@@ -4,7 +4,7 @@ import torch
 from _probe_models import assert_untouched, batch, custom_backward_mlp, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
-from nndx.collector.gradcheck import grad_check, grad_check_arrays
+from nndx.collector.probes.grad_check import grad_check, grad_check_arrays
 
 
 def test_healthy_model_passes_with_few_forwards_and_no_localisation():

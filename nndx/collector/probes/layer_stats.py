@@ -36,7 +36,8 @@ from nndx.collector.stats import (
     snapshot_parameters,
     summarize_model,
 )
-from nndx.report import LayerStats, ModelSummary, ParameterStats
+from nndx.collector.probes import ProbeSpec
+from nndx.report import DiagnosticReport, LayerStats, ModelSummary, ParameterStats
 
 
 class HookStatistics(NamedTuple):
@@ -80,3 +81,12 @@ def hook_statistics(
         opt.step()
         parameters = parameter_stats(model_copy, before, step)
     return HookStatistics(layers, parameters, summarize_model(model, order), note)
+
+
+def _record(report: DiagnosticReport, stats: HookStatistics) -> str:
+    report.layers, report.parameters, report.model = stats.layers, stats.parameters, stats.model
+    return "done"
+
+
+# named "hooks" in reports, options and the CLI since before this module had its name
+SPEC = ProbeSpec(name="hooks", title="layer statistics", function=hook_statistics, order=10, record=_record)

@@ -65,6 +65,7 @@ from nndx.collector._common import (
     working_copy,
 )
 from nndx.collector.stats import iter_named_leaves
+from nndx.collector.probes import ProbeSpec
 from nndx.report import GradCheckParam, GradCheckResult
 
 OK_THRESHOLD = 1e-5
@@ -394,3 +395,7 @@ def _spread_indices(numel: int, count: int, generator: torch.Generator) -> list[
         return list(range(numel))
     bounds = torch.linspace(0, numel, count + 1).long().tolist()
     return [lo + int(torch.randint(hi - lo, (1,), generator=generator)) for lo, hi in zip(bounds, bounds[1:])]
+
+
+SPEC = ProbeSpec(name="grad_check", title=GradCheckResult.title, function=grad_check, result=GradCheckResult,
+                 order=40, needs_finite_parameters=True, trains=True)  # fmt: skip

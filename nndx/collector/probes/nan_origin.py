@@ -35,6 +35,7 @@ from nndx.collector._common import (
     split_batch,
     working_copy,
 )
+from nndx.collector.probes import ProbeSpec
 from nndx.report import NanOriginResult
 
 
@@ -96,3 +97,6 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
         forward_module=fwd[0], forward_module_type=fwd[1],
         backward_module=bwd[0], backward_module_type=bwd[1],
     )  # fmt: skip
+
+
+SPEC = ProbeSpec(name="nan_origin", title=NanOriginResult.title, function=nan_origin, result=NanOriginResult, order=20)
