@@ -62,6 +62,9 @@ class RunInfo(Schema):
     device: str | None = None
     dtype: str | None = None
     seed: int | None = None
+    notes: list[str] = Field(
+        default_factory=list, description="how the probes ran: on what batch, from which state, under autocast"
+    )
 
 
 class LayerInfo(Schema):
@@ -281,11 +284,16 @@ class NanOriginResult(ProbeResult):
     loss_finite: bool | None = None
     forward_module: str | None = Field(None, description="first module, in forward order, with a non-finite output")
     forward_module_type: str | None = None
+    forward_op: str | None = Field(
+        None, description="the functional op (log, exp, div...) in forward_module's code that made the first NaN/Inf"
+    )
     backward_module: str | None = Field(None, description="first module in backward order whose gradient is non-finite")
     backward_module_type: str | None = None
 
     def summary(self, num: NumberFormat = str) -> str:
         forward_type = f" ({self.forward_module_type})" if self.forward_module_type else ""
+        if self.forward_op:
+            forward_type += f" in {self.forward_op}()"
         backward_type = f" ({self.backward_module_type})" if self.backward_module_type else ""
         return (f"non-finite inputs {self.input_nonfinite_count}, loss finite {num(self.loss_finite)}, "
                 f"first non-finite forward: {self.forward_module or 'none'}{forward_type}, "
@@ -307,12 +315,33 @@ class EvalModeResult(ProbeResult):
         None, description="change of the first half's outputs when run without the rest of the batch (batch-norm)"
     )
     eval_abs_diff: Float | None = Field(
-        None, description="between two forwards in eval mode: non-zero means randomness that ignores eval()"
+        None, description="between two forwards in eval mode under different seeds (dropout or sampling)"
     )
+    ignores_eval: bool | None = Field(None, description="a dropout stayed active after model.eval()")
+    tolerance: Float | None = Field(None, description="the rounding difference allowed (dtype eps, magnitudes, reductions)")
 
     def summary(self, num: NumberFormat = str) -> str:
         return (f"model.training {num(self.training)}, dropout {num(self.has_dropout)}, "
                 f"batchnorm {num(self.has_batchnorm)}, max diff between two forwards {num(self.max_abs_diff)}")
+
+
+class SampleIndependenceResult(ProbeResult):
+    title: ClassVar[str] = "sample independence"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "independence", "Each sample's output depends on that sample only (in eval mode)",
+        "sample-independence probe: change one sample of the batch, the others' outputs must not move",
+        ("WRONG_RESHAPE",))  # fmt: skip
+
+    batch_axis: Count | None = Field(None, description="the inputs' axis whose entries are samples")
+    samples: Count = 0
+    changed_samples: Count = Field(0, description="other samples whose outputs moved beyond the tolerance")
+    max_change: Float | None = Field(None, description="largest change of another sample's output")
+    tolerance: Float | None = None
+
+    def summary(self, num: NumberFormat = str) -> str:
+        return (f"changing sample 0 moved {self.changed_samples} of the {max(self.samples - 1, 0)} other samples' "
+                f"outputs (max change {num(self.max_change)}, tolerance {num(self.tolerance)}), "
+                f"batch axis {num(self.batch_axis)}")
 
 
 class LabelAlignmentResult(ProbeResult):
@@ -340,6 +369,7 @@ class Probes(Schema):
     grad_check: GradCheckResult | None = None
     nan_origin: NanOriginResult | None = None
     eval_mode: EvalModeResult | None = None
+    sample_independence: SampleIndependenceResult | None = None
     label_alignment: LabelAlignmentResult | None = None
 
     @classmethod

@@ -204,7 +204,7 @@ BEFORE_PROBES: tuple[_ItemSpec, ...] = (
               "nndx.check_data(x, y, x_test=..., y_test=...)",
               _codes("NAN_IN_DATA", "UNNORMALIZED_INPUTS", "UNNORMALIZED_TARGETS", "DATA_LEAKAGE",
                      "DUPLICATE_SAMPLES", "CLASS_IMBALANCE", "UNSHUFFLED_DATA", "SILENT_DATA_LOSS",
-                     "WRONG_RESHAPE", "BATCH_TOO_SMALL"),
+                     "BATCH_TOO_SMALL"),
               evidence=_data_evidence),
     _ItemSpec("output_loss", "Output layer, loss and label encoding match the task",
               "raw logits into CrossEntropyLoss with int64 class indices; no softmax before it; "

@@ -139,6 +139,7 @@ def run_table(report: DiagnosticReport) -> str:
                   ("finished", run.finished_at), ("torch", run.torch_version), ("device", run.device),
                   ("dtype", run.dtype), ("seed", run.seed)]  # fmt: skip
         rows += [[k, v.isoformat() if hasattr(v, "isoformat") else value_text(v)] for k, v in fields if v is not None]
+        rows += [["probes", note] for note in run.notes]
     if report.task:
         rows.append(["task", report.task])
     if report.num_classes is not None:

@@ -98,9 +98,9 @@ def _missing_evidence(report: DiagnosticReport) -> list[str]:
     return missing
 
 
-def _probe_asks() -> str:
+def _probe_asks() -> Markup:
     """What the generic prompt asks the reader to paste for each probe."""
-    return ", ".join(f"{t.title} ({t.ask})" if t.ask else t.title for t in Probes.result_types().values())
+    return Markup(", ".join(cell(f"{t.title} ({t.ask})" if t.ask else t.title) for t in Probes.result_types().values()))
 
 
 def _prompt_context(report: DiagnosticReport | None, diagnosis: Diagnosis | None) -> dict[str, Any]:

@@ -17,7 +17,8 @@ shuffled labels overfits just as well. The label-alignment probe
 (:mod:`nndx.collector.probes.label_alignment`) tests that.
 
 Runs on a deep copy with nndx's own Adam (the user's learning rate may be the bug), the
-model kept in its current train/eval mode; the user's RNG is restored afterwards.
+model kept in its current train/eval mode; the user's RNG is restored afterwards. A
+float16 model trains as mixed precision does (float32 weights, float16 autocast).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from nndx.collector._common import (
     infer_task,
     preserved_rng,
     split_batch,
+    train_in_float32,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -65,11 +67,13 @@ def overfit_one_batch(
         if not params:
             return OverfitResult(status="failed", task=task, lr=lr,
                                  message="the model has no trainable parameters")  # fmt: skip
+        precision = train_in_float32(model_copy)
         optimizer = torch.optim.Adam(params, lr=lr)
         for step in range(steps + 1):  # measure after each of the ``steps`` updates
             optimizer.zero_grad(set_to_none=True)
-            output = forward(model_copy, inputs)
-            loss = compute_loss(loss_fn, output, targets)
+            with precision:
+                output = forward(model_copy, inputs)
+                loss = compute_loss(loss_fn, output, targets)
             losses.append(float(loss.detach()))
             if task == "classification":
                 final_accuracy = accuracy(loss_fn, output, targets)
