@@ -219,7 +219,7 @@ def test_probes_skip_a_model_whose_weights_are_already_nonfinite():
 def test_label_alignment_runs_with_classification_data():
     from nndx.demo import make_data
 
-    x, y = make_data(n=400)
+    x, y = make_data(n=1200)  # enough held-out samples to call misaligned labels misaligned
     model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 4))
     aligned = nndx.probe(model, (x[:32], y[:32]), nn.CrossEntropyLoss(), probes=["nan_origin", "label_alignment"],
                          data=(x, y))  # fmt: skip

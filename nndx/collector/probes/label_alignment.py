@@ -13,17 +13,30 @@ network memorises random labels as easily as real ones (Zhang et al. 2017,
 reaches 0 on one batch proves the model *can fit*, not that there is anything to learn.
 What random labels cannot do is *generalise*.
 
-How: a small MLP (one hidden ReLU layer, full-batch Adam) is trained twice with the same
-initialisation and the same step budget — once on the real labels, once on a random
-permutation of them — and both are scored on a held-out split with the real labels.
-With aligned labels the real-label model is far better; with misaligned labels both sit
-at chance. The score is *balanced* accuracy (the mean of per-class recalls, chance =
-1/C), so a majority-class predictor does not look like learning on imbalanced data.
-``failed`` means the real-label score does not beat the permuted one by more than three
-standard errors of the difference (at least 0.02). With only hundreds of samples the
-margin is wide (0.13 for 250 held-out samples of two classes), so a weak but real signal
-can fall inside it: read ``real_accuracy`` against ``chance_accuracy`` before blaming the
-labels.
+How: a small MLP (one hidden ReLU layer, full-batch Adam) is trained on the real labels
+and, from the same initialisation and with the same budget, on a few random
+permutations of them; all are scored on a held-out split with the real labels. The
+test is paired, sample by sample: the held-out cross-entropy of the true label under
+the permuted-label models minus under the real-label model (each at its best
+checkpoint), with the probabilities mixed half and half with the training prior (a model
+that memorised labels is confidently wrong on a few held-out samples, whose huge losses
+would be the noise). Cross-entropy, not accuracy, because a barely trained network's
+argmax is its initialisation's luck (on clustered data it "separates" the classes
+whatever the labels), while its probabilities are near uniform and carry no such luck.
+Labels that carry no signal at all (two classes drawn from one distribution) are
+indistinguishable from misaligned ones; the message says "probably".
+
+- ``passed``: the real labels lower the held-out cross-entropy by more than
+  ``Z_ALIGNED`` standard errors;
+- ``failed`` (LABELS_MISALIGNED): they do not, and the held-out samples are enough to
+  have seen a gain of ``MIN_EFFECT`` of the prior's entropy (the one-sided 95% bound of
+  the gain stays under it);
+- ``skipped``: too few held-out samples (fewer than ``MIN_HOLDOUT``, or a class with
+  fewer than ``MIN_PER_CLASS``), or inconclusive — a weak signal on small data is not
+  evidence of misaligned labels.
+
+``real_accuracy`` and ``permuted_accuracy`` are the held-out *balanced* accuracies (the
+mean of per-class recalls, chance = 1/C), reported for reading, not for the verdict.
 
 The probe works on a copy of the data, seeds its own ``torch.Generator`` and numpy
 generator, and leaves the global RNGs untouched. Inputs are standardised internally
@@ -34,23 +47,26 @@ single class, or too little data give ``skipped`` with the reason.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 
-from nndx.collector.data import _as_array
 from nndx.collector.probes import ProbeSpec
+from nndx.collector.probes._small_model import ClassData, class_data, one_thread, standardise, train_mlp
 from nndx.report import LabelAlignmentResult
 
 __all__ = ["label_alignment"]
 
 MIN_SAMPLES = 40
-MIN_HOLDOUT = 20
-# Float labels with integral values and at most this many distinct values are classes.
-MAX_FLOAT_CLASSES = 100
+# below these, held-out scores are too coarse to judge: "skipped", never "failed"
+MIN_HOLDOUT = 30
+MIN_PER_CLASS = 3
+PERMUTATIONS = 3
+Z_ALIGNED = 3.0  # the real labels beat the permuted ones by this many standard errors: aligned
+Z_BOUND = 1.64  # one-sided 95% upper bound of the gain
+MIN_EFFECT = 0.02  # of the prior's entropy: the least gain aligned labels give a model that learns at all
 
 
 def label_alignment(
@@ -73,162 +89,84 @@ def label_alignment(
             "label_alignment needs steps >= 1, hidden >= 1, 0 < holdout_fraction < 1 and "
             f"max_samples >= {MIN_SAMPLES}"
         )
-    xa, _ = _as_array(x, "inputs")
-    ya, _ = _as_array(y, "labels")
-    if xa.ndim == 0 or ya.ndim == 0 or xa.shape[0] != ya.shape[0]:
-        raise ValueError(f"inputs of shape {list(xa.shape)} and labels of shape {list(ya.shape)}: need one label per input")
-
-    classes, reason = _class_labels(ya)
-    if classes is None:
-        return LabelAlignmentResult(status="skipped", message=reason, steps=0)
-    features = xa.reshape(xa.shape[0], -1).astype(np.float64)
-    usable = np.isfinite(features).all(axis=1) & (classes >= 0)
-    features, classes = features[usable], classes[usable]
-    dropped = int((~usable).sum())
-    note = f" ({dropped} rows with non-finite inputs/labels left out)" if dropped else ""
-    if features.shape[0] < MIN_SAMPLES:
-        return LabelAlignmentResult(
-            status="skipped", message=f"only {features.shape[0]} usable samples; need {MIN_SAMPLES}{note}", steps=0
-        )
-
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(features.shape[0])[:max_samples]
-    features, classes = features[order], classes[order]
-    _, targets = np.unique(classes, return_inverse=True)
-    num_classes = int(targets.max()) + 1
-    if num_classes < 2:
-        return LabelAlignmentResult(status="skipped", message=f"only one class in the labels{note}", steps=0)
-    n_holdout = max(MIN_HOLDOUT, int(round(features.shape[0] * holdout_fraction)))
+    data = class_data(x, y, min_samples=MIN_SAMPLES, max_samples=max_samples, seed=seed)
+    if not isinstance(data, ClassData):
+        return LabelAlignmentResult(status="skipped", message=data, steps=0)
+    features, targets, num_classes, note = data
+    rng = np.random.default_rng(seed + 1)
+    n_holdout = int(round(features.shape[0] * holdout_fraction))
     train_x, test_x = features[n_holdout:], features[:n_holdout]
     train_y, test_y = targets[n_holdout:], targets[:n_holdout]
-    mean, std = train_x.mean(axis=0), train_x.std(axis=0)
-    std[std == 0] = 1.0
-    train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
-    permuted_y = train_y[rng.permutation(train_y.shape[0])]
+    train_x, test_x = standardise(train_x, test_x)
+    held_out_counts = np.bincount(test_y, minlength=num_classes)
+    if n_holdout < MIN_HOLDOUT or held_out_counts.min() < MIN_PER_CLASS:
+        return LabelAlignmentResult(status="skipped", steps=0, message=(
+            f"too few samples to judge: {n_holdout} held out, the rarest class {int(held_out_counts.min())} times "
+            f"(need {MIN_HOLDOUT} and {MIN_PER_CLASS} per class){note}"))  # fmt: skip
 
-    with _one_thread():
-        real = _train_and_score(train_x, train_y, test_x, test_y, num_classes, steps, seed, hidden, lr)
-        permuted = _train_and_score(train_x, permuted_y, test_x, test_y, num_classes, steps, seed, hidden, lr)
+    def score(labels: np.ndarray) -> tuple[float, np.ndarray]:
+        return _score(train_x, labels, test_x, test_y, num_classes, steps, seed, hidden, lr)
 
-    margin = _margin(test_y, num_classes)
+    with one_thread():
+        real, real_loss = score(train_y)
+        # the null: the same model from the same initialisation, on labels that belong to nothing
+        permuted = [score(train_y[rng.permutation(train_y.shape[0])]) for _ in range(PERMUTATIONS)]
+    gains = np.mean([loss for _, loss in permuted], axis=0) - real_loss  # per held-out sample, in nats
+    gain, error = float(gains.mean()), float(gains.std(ddof=1)) / math.sqrt(gains.size)
+    z = gain / max(error, 1e-12)
+    prior = np.bincount(train_y, minlength=num_classes) / train_y.size
+    effect = MIN_EFFECT * float(-(prior[prior > 0] * np.log(prior[prior > 0])).sum())
+    null = float(np.mean([accuracy for accuracy, _ in permuted]))
     chance = 1.0 / num_classes
-    if real - permuted > margin:
-        status, verdict = "passed", "clearly better than"
+    facts = (f"held-out balanced accuracy with the real labels {real:.3f}, with permuted labels {null:.3f} "
+             f"(chance {chance:.3f}); the real labels lower the held-out cross-entropy by {gain:.3g} ± {error:.2g} "
+             f"nats (z = {z:.1f}; {train_x.shape[0]} train / {n_holdout} held-out samples){note}")
+    if z >= Z_ALIGNED:
+        status, message = "passed", f"{facts}: the labels carry signal a model learns"
+    elif gain + Z_BOUND * error < effect:
+        status, message = "failed", (f"{facts}: no better than labels that belong to nothing, with samples enough "
+                                     f"to have seen a gain of {effect:.2g} nats; the labels probably do not belong "
+                                     "to their inputs")  # fmt: skip
     else:
-        status, verdict = "failed", "not clearly better than"
-    message = (
-        f"held-out balanced accuracy with the real labels {real:.3f} is {verdict} with permuted labels "
-        f"{permuted:.3f} (margin {margin:.3f}, chance {chance:.3f}, {train_x.shape[0]} train / "
-        f"{n_holdout} held-out samples){note}"
-    )
-    if status == "failed":
-        message += "; the labels probably do not belong to their inputs"
+        status, message = "skipped", (f"{facts}: inconclusive, the held-out samples cannot tell a weak signal from "
+                                      "none")  # fmt: skip
     return LabelAlignmentResult(
         status=status,
         message=message,
         real_accuracy=real,
-        permuted_accuracy=permuted,
+        permuted_accuracy=null,
         chance_accuracy=chance,
         steps=steps,
     )
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run torch single-threaded for the probe, then restore the thread count: on these
-    tiny matrices thread hand-offs cost more than they save (measured 3-8x slower with
-    two threads on a busy two-core machine)."""
-    import torch
+def _score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
+           steps: int, seed: int, hidden: int, lr: float) -> tuple[float, np.ndarray]:  # fmt: skip
+    """(best held-out balanced accuracy, the held-out cross-entropy per sample at the
+    checkpoint where its mean was lowest). Scored at a few checkpoints, alike for every
+    run: a small MLP overfits weak but real signal long before the budget ends."""
+    test_inputs, test_targets = torch.as_tensor(test_x, dtype=torch.float32), torch.as_tensor(test_y)
+    prior = torch.as_tensor(np.bincount(train_y, minlength=num_classes) / train_y.size)
+    scores: list[tuple[float, np.ndarray]] = []
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+    def at_checkpoint(predict: Any, _step: int) -> None:
+        logits = predict(test_inputs)
+        # half the model's probabilities, half the training prior: a model that memorised
+        # labels is confidently wrong on most held-out samples, and without the prior those
+        # few samples' huge losses are the noise that hides a real signal
+        probabilities = 0.5 * torch.softmax(logits.double(), dim=1) + 0.5 * prior
+        losses = -torch.log(probabilities.gather(1, test_targets[:, None])[:, 0]).numpy()
+        scores.append((_balanced_accuracy(test_y, logits.argmax(dim=1).numpy(), num_classes), losses))
 
-
-def _class_labels(y: np.ndarray) -> tuple[np.ndarray | None, str]:
-    """Class indices from ``y`` (index, one-hot or integral float), or None and why not."""
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim == 2:
-        if np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all():
-            return y.argmax(axis=1).astype(np.int64), ""
-        return None, "labels are neither class indices nor one-hot rows (multi-label or multi-target)"
-    if y.ndim != 1:
-        return None, f"labels of shape {list(y.shape)}: the probe needs one class per sample"
-    if y.dtype.kind in "biu":
-        return y.astype(np.int64), ""
-    finite = np.isfinite(y)
-    values = y[finite]
-    if not np.array_equal(values, np.floor(values)) or np.unique(values).size > MAX_FLOAT_CLASSES:
-        return None, "regression targets: label alignment needs class labels"
-    # non-finite labels become -1 and are left out with the non-finite inputs
-    return np.where(finite, y, -1).astype(np.int64), ""
-
-
-def _train_and_score(
-    train_x: np.ndarray,
-    train_y: np.ndarray,
-    test_x: np.ndarray,
-    test_y: np.ndarray,
-    num_classes: int,
-    steps: int,
-    seed: int,
-    hidden: int,
-    lr: float,
-) -> float:
-    """Train a one-hidden-layer MLP full-batch with Adam; balanced accuracy on the test split."""
-    import torch
-    import torch.nn.functional as F
-
-    generator = torch.Generator().manual_seed(seed)  # same init for both runs; global RNG untouched
-    n_features = train_x.shape[1]
-
-    def uniform(shape: tuple[int, ...], fan_in: int) -> torch.Tensor:
-        bound = 1.0 / math.sqrt(fan_in)
-        return ((torch.rand(shape, generator=generator) * 2 - 1) * bound).requires_grad_()
-
-    w1, b1 = uniform((n_features, hidden), n_features), uniform((hidden,), n_features)
-    w2, b2 = uniform((hidden, num_classes), hidden), uniform((num_classes,), hidden)
-    params = [w1, b1, w2, b2]
-    inputs = torch.as_tensor(train_x, dtype=torch.float32)
-    targets = torch.as_tensor(train_y, dtype=torch.long)
-    optimizer = torch.optim.Adam(params, lr=lr)
-
-    def forward(batch: torch.Tensor) -> torch.Tensor:
-        return torch.relu(batch @ w1 + b1) @ w2 + b2
-
-    test_inputs = torch.as_tensor(test_x, dtype=torch.float32)
-    # Scored at a few checkpoints and the best kept (alike for both runs): a small MLP
-    # overfits weak but real signal long before the budget ends.
     checkpoints = {max(1, steps // 8), max(1, steps // 4), max(1, steps // 2), steps}
-    best = 0.0
-    for step in range(1, steps + 1):
-        with torch.enable_grad():
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(forward(inputs), targets).backward()
-            optimizer.step()
-        if step in checkpoints:
-            with torch.no_grad():
-                predicted = forward(test_inputs).argmax(dim=1).numpy()
-            best = max(best, _balanced_accuracy(test_y, predicted, num_classes))
-    return best
+    train_mlp(train_x, train_y, num_classes, steps=steps, seed=seed, hidden=hidden, lr=lr, checkpoints=checkpoints,
+              at_checkpoint=at_checkpoint)  # fmt: skip
+    return max(a for a, _ in scores), min((losses for _, losses in scores), key=lambda losses: losses.mean())
 
 
 def _balanced_accuracy(truth: np.ndarray, predicted: np.ndarray, num_classes: int) -> float:
     recalls = [float(np.mean(predicted[truth == c] == c)) for c in range(num_classes) if np.any(truth == c)]
     return float(np.mean(recalls))
-
-
-def _margin(test_y: np.ndarray, num_classes: int) -> float:
-    """Three standard errors of the difference of two balanced accuracies near chance."""
-    counts = np.bincount(test_y, minlength=num_classes)
-    counts = counts[counts > 0]
-    q = 1.0 / num_classes
-    variance = float(np.sum(q * (1 - q) / counts)) / counts.size**2
-    return max(0.02, 3.0 * math.sqrt(2.0 * variance))
 
 
 SPEC = ProbeSpec(name="label_alignment", title=LabelAlignmentResult.title, function=label_alignment,
