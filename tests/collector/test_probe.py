@@ -20,7 +20,7 @@ from nndx.errors import UsageError
 from nndx.report import DiagnosticReport
 
 FAST = {"overfit_one_batch": {"steps": 40}, "lr_range": {"steps": 30}}
-ALL = ["hooks", "nan_origin", "eval_mode", "sample_independence", "grad_check", "overfit_one_batch", "lr_range"]
+ALL = [spec.name for spec in probe_module.PROBES.values() if spec.needs == "batch"]
 
 
 def run(model, optimizer=None, **kw):
@@ -61,7 +61,9 @@ def test_probe_selection_and_option_errors():
         nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), grad_check={"epsilon": 1e-6})
     with pytest.raises(TypeError, match="must be a dict"):
         nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), lr_range=5)
-    assert list(probe_module.PROBES) == [*ALL, "label_alignment"]  # the data probe after the batch probes
+    cheap_first = ["hooks", "nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range"]
+    assert [name for name in probe_module.PROBES if name in cheap_first] == cheap_first
+    assert [s.needs for s in probe_module.PROBES.values()] == sorted(s.needs for s in probe_module.PROBES.values())
 
 
 def test_inplace_autograd_error_is_recorded_and_other_probes_go_on():
