@@ -349,7 +349,7 @@ class LabelAlignmentResult(ProbeResult):
     checklist: ClassVar[ChecklistItem] = ChecklistItem(
         "labels", "Labels belong to their inputs (real labels learn, shuffled labels do not)",
         "label-alignment probe: train briefly on real and on permuted labels",
-        ("LABELS_MISALIGNED", "LABEL_NOISE"))  # fmt: skip
+        ("LABELS_MISALIGNED",))  # fmt: skip
 
     real_accuracy: Float | None = None
     permuted_accuracy: Float | None = None
@@ -359,6 +359,26 @@ class LabelAlignmentResult(ProbeResult):
     def summary(self, num: NumberFormat = str) -> str:
         return (f"accuracy on real labels {num(self.real_accuracy)}, on permuted labels "
                 f"{num(self.permuted_accuracy)}, chance {num(self.chance_accuracy)}, {self.steps} steps")
+
+
+class LabelNoiseResult(ProbeResult):
+    title: ClassVar[str] = "label noise"
+    ask: ClassVar[str] = "share of wrong labels"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "label_noise", "Few labels are wrong (they agree with confident out-of-sample predictions)",
+        "label-noise probe: cross-validated predictions of a small model against the given labels",
+        ("LABEL_NOISE",))  # fmt: skip
+
+    noise_fraction: Fraction | None = Field(None, description="disagreeing labels among the confident predictions")
+    noise_lower_bound: Fraction | None = Field(None, description="its one-sided 95% lower bound")
+    disagreement_fraction: Fraction | None = Field(None, description="disagreeing labels among all samples")
+    confident_samples: Count = 0
+    samples: Count = 0
+
+    def summary(self, num: NumberFormat = str) -> str:
+        return (f"{num(self.noise_fraction)} of the {self.confident_samples} confidently predicted labels disagree "
+                f"(at least {num(self.noise_lower_bound)}); {num(self.disagreement_fraction)} of all "
+                f"{self.samples}")
 
 
 class Probes(Schema):
@@ -371,6 +391,7 @@ class Probes(Schema):
     eval_mode: EvalModeResult | None = None
     sample_independence: SampleIndependenceResult | None = None
     label_alignment: LabelAlignmentResult | None = None
+    label_noise: LabelNoiseResult | None = None
 
     @classmethod
     def result_types(cls) -> dict[str, type[ProbeResult]]:

@@ -396,3 +396,37 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
         },
         score=3.0,
     )
+
+
+@rule(
+    "NNDX612",
+    C.LABEL_NOISE,
+    "warning",
+    "Many labels disagree with what the data predicts",
+    detects="The label-noise probe: among the samples a cross-validated model predicts most confidently, "
+    "the share whose label disagrees has a 95% lower bound over 10%. Error when that bound is over 25%.",
+    why="Wrong labels (careless annotation, rows mixed in a join, preprocessing applied to the labels) are "
+    "memorised with the right ones: training still converges, and validation accuracy stops short of what "
+    "the data allows. Random flips do not care where a sample lies, so they show among confident "
+    "predictions, where a merely hard task has no disagreements.",
+    fix="Inspect the samples whose labels disagree with confident out-of-sample predictions (the label "
+    "pipeline, joins, augmentations applied to labels); relabel or drop them, or train with a noise-robust "
+    "loss (label smoothing, a noise-aware loss) if the noise is inherent.",
+)
+def label_noise(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "label_noise")
+    if result is None or result.status != "failed" or result.noise_lower_bound is None:
+        return None
+    return Hit(
+        symptom=f"{result.noise_fraction:.0%} of confidently predicted labels disagree (at least "
+        f"{result.noise_lower_bound:.0%})",
+        evidence={
+            "noise_fraction": result.noise_fraction,
+            "noise_lower_bound": result.noise_lower_bound,
+            "disagreement_fraction": result.disagreement_fraction,
+            "confident_samples": result.confident_samples,
+            "samples": result.samples,
+        },
+        severity="error" if result.noise_lower_bound > 0.25 else None,
+        score=2.0 + 4.0 * result.noise_lower_bound,
+    )
