@@ -104,7 +104,9 @@ def probe(
     **options: dict[str, Any],
 ) -> DiagnosticReport:
     """Run the selected probes and return the report: by default every batch probe,
-    and the data probes (label alignment) when ``data`` is given.
+    and the data probes (label alignment, label noise) when ``data`` is given. See the
+    module's docstring for ``batch``, ``loss_fn``, ``device``, ``amp`` and
+    ``initial_state``.
 
     ``optimizer`` is never stepped: it is checked for parameters it does not hold
     (``report.loop.params_not_in_optimizer``) and copied for the probes whose numbers
