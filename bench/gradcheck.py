@@ -2,7 +2,7 @@
 
 Compares, on a 10-64-64-2 MLP whose middle layer has a hand-written backward:
 
-- nndx directional check (``nndx.collector.gradcheck.grad_check``): a few random
+- nndx directional check (``nndx.collector.probes.grad_check.grad_check``): a few random
   directions over all parameters, localised per tensor when it fails;
 - the lesson's per-element check: central difference with eps=1e-5 for every element
   of every parameter, relative error, bug above 1e-3;
@@ -23,7 +23,7 @@ import time
 import torch
 from torch import nn
 
-from nndx.collector.gradcheck import grad_check
+from nndx.collector.probes.grad_check import grad_check
 
 EPS = 1e-5
 BUG = 1e-3

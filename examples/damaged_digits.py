@@ -26,7 +26,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 import nndx
-from nndx.collector.label_alignment import label_alignment
+from nndx.collector.probes.label_alignment import label_alignment
 from nndx.report import SEVERITY_ORDER, DiagnosticReport, Probes
 
 Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]

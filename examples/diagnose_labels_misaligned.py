@@ -8,7 +8,7 @@ real labels no better than permuted ones on held-out data — names LABELS_MISAL
 import torch
 
 import nndx
-from nndx.collector.label_alignment import label_alignment
+from nndx.collector.probes.label_alignment import label_alignment
 from nndx.report import DiagnosticReport, Probes
 from nndx.rules.cli import format_diagnosis
 

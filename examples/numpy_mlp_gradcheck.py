@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nndx.collector.gradcheck import grad_check_arrays
+from nndx.collector.probes.grad_check import grad_check_arrays
 from nndx.report import GradCheckResult
 
 

@@ -19,8 +19,10 @@ diagnosable.
 from __future__ import annotations
 
 import enum
+import typing
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
@@ -60,6 +62,9 @@ class RunInfo(Schema):
     device: str | None = None
     dtype: str | None = None
     seed: int | None = None
+    notes: list[str] = Field(
+        default_factory=list, description="how the probes ran: on what batch, from which state, under autocast"
+    )
 
 
 class LayerInfo(Schema):
@@ -149,17 +154,49 @@ class ParameterStats(Schema):
 # --------------------------------------------------------------------------- probes
 
 ProbeStatus = Literal["passed", "failed", "error", "skipped"]
+NumberFormat = Callable[[Any], str]
+
+
+class ChecklistItem(NamedTuple):
+    """The pre-training checklist item a probe settles: ``key`` (stable), the item's
+    ``title``, ``how`` to check it, and the cause ``codes`` (CauseCode values) a finding
+    of which fails it. ``nndx.prompts.checklist`` marks it from the probe's result."""
+
+    key: str
+    title: str
+    how: str
+    codes: tuple[str, ...] = ()
 
 
 class ProbeResult(Schema):
     """Common head of every probe result. A probe that did not run says ``skipped`` or
-    ``error`` with a message; it never reports ``passed``."""
+    ``error`` with a message; it never reports ``passed``.
+
+    Each subclass also says, torch-free, what the views need: its display ``title``,
+    what to ``ask`` for in the generic prompt, its ``checklist`` item, and
+    :meth:`summary`, the numbers behind its status in one line. A probe is a field of
+    :class:`Probes`; the prompt, the checklist and the error rules iterate those fields,
+    so a new probe needs no edit there."""
+
+    title: ClassVar[str] = "probe"
+    ask: ClassVar[str] = ""
+    checklist: ClassVar[ChecklistItem | None] = None
 
     status: ProbeStatus
     message: str | None = None
 
+    def summary(self, num: NumberFormat = str) -> str:
+        """The numbers behind the status in one line; ``num`` formats each number."""
+        return ""
+
 
 class OverfitResult(ProbeResult):
+    title: ClassVar[str] = "overfit one batch"
+    ask: ClassVar[str] = "loss before → after, steps"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "overfit", "Overfit one batch: the loss on a single batch goes to ~0",
+        "overfit-one-batch probe: ~200 steps on one small batch")  # fmt: skip
+
     task: Literal["classification", "regression"] | None = None
     steps: Count = 0
     lr: Float | None = None
@@ -168,8 +205,23 @@ class OverfitResult(ProbeResult):
     final_accuracy: Float | None = None
     losses: list[Float] = Field(default_factory=list)
 
+    def summary(self, num: NumberFormat = str) -> str:
+        text = f"loss {num(self.initial_loss)} → {num(self.final_loss)} in {self.steps} steps"
+        if self.lr is not None:
+            text += f", lr {num(self.lr)}"
+        if self.final_accuracy is not None:
+            text += f", accuracy {num(self.final_accuracy)}"
+        return text
+
 
 class LRRangeResult(ProbeResult):
+    title: ClassVar[str] = "LR range test"
+    ask: ClassVar[str] = "suggested lr"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "lr_range", "Learning rate chosen with an LR range test",
+        "LR range test: sweep the lr exponentially, pick the steepest descent",
+        ("LR_TOO_HIGH", "LR_TOO_LOW", "NO_LR_SCHEDULE", "LR_SCHEDULE_MISUSE", "GRAD_CLIP_TOO_SMALL"))  # fmt: skip
+
     lrs: list[Float] = Field(default_factory=list)
     losses: list[Float] = Field(default_factory=list)
     smoothed: list[Float] = Field(default_factory=list)
@@ -178,6 +230,13 @@ class LRRangeResult(ProbeResult):
     min_over_10_lr: Float | None = Field(None, description="lr at the minimum loss, divided by 10")
     min_loss: Float | None = None
     diverged_at_lr: Float | None = None
+
+    def summary(self, num: NumberFormat = str) -> str:
+        known = [(label, value) for label, value in (
+            ("suggested lr", self.suggested_lr), ("valley lr", self.valley_lr),
+            ("min-loss/10 lr", self.min_over_10_lr), ("min loss", self.min_loss),
+            ("diverged at lr", self.diverged_at_lr)) if value is not None]  # fmt: skip
+        return ", ".join([f"{label} {num(value)}" for label, value in known] + [f"{len(self.lrs)} lrs tried"])
 
 
 class GradCheckParam(Schema):
@@ -188,23 +247,66 @@ class GradCheckParam(Schema):
 
 
 class GradCheckResult(ProbeResult):
+    title: ClassVar[str] = "gradient check"
+    ask: ClassVar[str] = "max relative error"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "grad_check", "Gradients agree with finite differences (custom layers and losses)",
+        "gradient-check probe (directional finite differences in float64)",
+        ("BROKEN_BACKWARD", "INPLACE_AUTOGRAD"))  # fmt: skip
+
     mode: Literal["directional", "elementwise"] = "directional"
     eps: Float | None = None
     max_relative_error: Float | None = None
     forward_passes: Count = 0
     parameters: list[GradCheckParam] = Field(default_factory=list)
 
+    def summary(self, num: NumberFormat = str) -> str:
+        bad = [p for p in self.parameters if p.status != "ok"]
+        worst = ", ".join(f"{p.name}: {num(p.relative_error)} ({p.status})" for p in bad[:3])
+        if len(bad) > 3:
+            worst += f" … ({len(bad)} in all)"
+        text = f"{self.mode}, max relative error {num(self.max_relative_error)}"
+        if self.parameters:
+            text += f" over {len(self.parameters)} tensors"
+        text += f", eps {num(self.eps)}, {self.forward_passes} forwards"
+        return text + (f"; not ok: {worst}" if worst else "")
+
 
 class NanOriginResult(ProbeResult):
+    title: ClassVar[str] = "NaN origin"
+    ask: ClassVar[str] = "first module"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "nonfinite", "No NaN/Inf in loss, activations or gradients",
+        "NaN-origin probe: first module whose output or gradient is non-finite",
+        ("LOG_OF_ZERO", "DIVISION_BY_ZERO", "NUMERICAL_OVERFLOW"))  # fmt: skip
+
     input_nonfinite_count: Count = 0
     loss_finite: bool | None = None
     forward_module: str | None = Field(None, description="first module, in forward order, with a non-finite output")
     forward_module_type: str | None = None
+    forward_op: str | None = Field(
+        None, description="the functional op (log, exp, div...) in forward_module's code that made the first NaN/Inf"
+    )
     backward_module: str | None = Field(None, description="first module in backward order whose gradient is non-finite")
     backward_module_type: str | None = None
 
+    def summary(self, num: NumberFormat = str) -> str:
+        forward_type = f" ({self.forward_module_type})" if self.forward_module_type else ""
+        if self.forward_op:
+            forward_type += f" in {self.forward_op}()"
+        backward_type = f" ({self.backward_module_type})" if self.backward_module_type else ""
+        return (f"non-finite inputs {self.input_nonfinite_count}, loss finite {num(self.loss_finite)}, "
+                f"first non-finite forward: {self.forward_module or 'none'}{forward_type}, "
+                f"first non-finite backward: {self.backward_module or 'none'}{backward_type}")  # fmt: skip
+
 
 class EvalModeResult(ProbeResult):
+    title: ClassVar[str] = "eval-mode consistency"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "eval_mode", "model.eval() for evaluation, model.train() back for training",
+        "eval-mode probe: two forwards of the same batch in eval mode must agree",
+        ("EVAL_MODE_FORGOTTEN",))  # fmt: skip
+
     training: bool | None = Field(None, description="model.training when the probe ran")
     has_dropout: bool = False
     has_batchnorm: bool = False
@@ -213,24 +315,99 @@ class EvalModeResult(ProbeResult):
         None, description="change of the first half's outputs when run without the rest of the batch (batch-norm)"
     )
     eval_abs_diff: Float | None = Field(
-        None, description="between two forwards in eval mode: non-zero means randomness that ignores eval()"
+        None, description="between two forwards in eval mode under different seeds (dropout or sampling)"
     )
+    ignores_eval: bool | None = Field(None, description="a dropout stayed active after model.eval()")
+    tolerance: Float | None = Field(None, description="the rounding difference allowed (dtype eps, magnitudes, reductions)")
+
+    def summary(self, num: NumberFormat = str) -> str:
+        return (f"model.training {num(self.training)}, dropout {num(self.has_dropout)}, "
+                f"batchnorm {num(self.has_batchnorm)}, max diff between two forwards {num(self.max_abs_diff)}")
+
+
+class SampleIndependenceResult(ProbeResult):
+    title: ClassVar[str] = "sample independence"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "independence", "Each sample's output depends on that sample only (in eval mode)",
+        "sample-independence probe: change one sample of the batch, the others' outputs must not move",
+        ("WRONG_RESHAPE",))  # fmt: skip
+
+    batch_axis: Count | None = Field(None, description="the inputs' axis whose entries are samples")
+    samples: Count = 0
+    changed_samples: Count = Field(0, description="other samples whose outputs moved beyond the tolerance")
+    max_change: Float | None = Field(None, description="largest change of another sample's output")
+    tolerance: Float | None = None
+
+    def summary(self, num: NumberFormat = str) -> str:
+        return (f"changing sample 0 moved {self.changed_samples} of the {max(self.samples - 1, 0)} other samples' "
+                f"outputs (max change {num(self.max_change)}, tolerance {num(self.tolerance)}), "
+                f"batch axis {num(self.batch_axis)}")
 
 
 class LabelAlignmentResult(ProbeResult):
+    title: ClassVar[str] = "label alignment"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "labels", "Labels belong to their inputs (real labels learn, shuffled labels do not)",
+        "label-alignment probe: train briefly on real and on permuted labels",
+        ("LABELS_MISALIGNED",))  # fmt: skip
+
     real_accuracy: Float | None = None
     permuted_accuracy: Float | None = None
     chance_accuracy: Float | None = None
     steps: Count = 0
 
+    def summary(self, num: NumberFormat = str) -> str:
+        return (f"accuracy on real labels {num(self.real_accuracy)}, on permuted labels "
+                f"{num(self.permuted_accuracy)}, chance {num(self.chance_accuracy)}, {self.steps} steps")
+
+
+class LabelNoiseResult(ProbeResult):
+    title: ClassVar[str] = "label noise"
+    ask: ClassVar[str] = "share of wrong labels"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "label_noise", "Few labels are wrong (they agree with confident out-of-sample predictions)",
+        "label-noise probe: cross-validated predictions of a small model against the given labels",
+        ("LABEL_NOISE",))  # fmt: skip
+
+    noise_fraction: Fraction | None = Field(None, description="disagreeing labels among the confident predictions")
+    noise_lower_bound: Fraction | None = Field(None, description="its one-sided 95% lower bound")
+    disagreement_fraction: Fraction | None = Field(None, description="disagreeing labels among all samples")
+    confident_samples: Count = 0
+    samples: Count = 0
+
+    def summary(self, num: NumberFormat = str) -> str:
+        return (f"{num(self.noise_fraction)} of the {self.confident_samples} confidently predicted labels disagree "
+                f"(at least {num(self.noise_lower_bound)}); {num(self.disagreement_fraction)} of all "
+                f"{self.samples}")
+
 
 class Probes(Schema):
+    """One field per probe, in the order the views list them."""
+
     overfit_one_batch: OverfitResult | None = None
     lr_range: LRRangeResult | None = None
     grad_check: GradCheckResult | None = None
     nan_origin: NanOriginResult | None = None
     eval_mode: EvalModeResult | None = None
+    sample_independence: SampleIndependenceResult | None = None
     label_alignment: LabelAlignmentResult | None = None
+    label_noise: LabelNoiseResult | None = None
+
+    @classmethod
+    def result_types(cls) -> dict[str, type[ProbeResult]]:
+        """Field name → result model, for every probe, in field order."""
+        return {name: _result_type(field.annotation) for name, field in cls.model_fields.items()}
+
+    def results(self) -> dict[str, ProbeResult]:
+        """Field name → result of every probe that reported, in field order."""
+        return {name: result for name in type(self).model_fields if (result := getattr(self, name)) is not None}
+
+
+def _result_type(annotation: Any) -> type[ProbeResult]:
+    for candidate in typing.get_args(annotation) or (annotation,):
+        if isinstance(candidate, type) and issubclass(candidate, ProbeResult):
+            return candidate
+    raise TypeError(f"a Probes field must be a ProbeResult model or None, not {annotation!r}")
 
 
 # --------------------------------------------------------------------------- interventions

@@ -10,18 +10,25 @@ and the user's model, optimizer and global random state are exactly as before.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
+import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from nndx import vocab
+from nndx.errors import UsageError
 
-Batch = Any  # (inputs, targets); inputs a Tensor, a tuple of positional args or a dict of kwargs
-LossFn = Callable[..., torch.Tensor]
+# (inputs, targets); inputs a Tensor, a tuple of positional args or a dict of keyword
+# arguments; or a dict batch (see split_batch)
+Batch = Any
+# loss_fn(output, targets) -> scalar; None when the model returns its own loss (.loss)
+LossFn = Callable[..., torch.Tensor] | None
 
 # --------------------------------------------------------------------------- state
 
@@ -61,10 +68,29 @@ def working_copy(model: nn.Module) -> nn.Module:
     return detach_watchers(model_copy)
 
 
-def _is_nndx(fn: object) -> bool:
+def _defined_in(fn: object) -> str:
+    """The module that defined a hook: of the function, of a bound method's owner, of a
+    callable object's class, of a ``functools.partial``'s function."""
+    fn = getattr(fn, "func", fn)
     owner = getattr(fn, "__self__", None)
-    module = getattr(type(owner), "__module__", "") if owner is not None else getattr(fn, "__module__", "")
-    return isinstance(module, str) and module.startswith("nndx.")
+    if owner is not None:
+        return getattr(type(owner), "__module__", "") or ""
+    module = getattr(fn, "__module__", None)
+    return module if isinstance(module, str) else getattr(type(fn), "__module__", "") or ""
+
+
+def _is_nndx(fn: object) -> bool:
+    return _defined_in(fn).startswith("nndx.")
+
+
+def _is_torch(fn: object) -> bool:
+    module = _defined_in(fn)
+    return module == "torch" or module.startswith("torch.")
+
+
+# the hooks that run during a forward or backward: on a probe's copy only torch's own stay
+_CALL_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+               "_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")  # fmt: skip
 
 
 def detach_watchers(obj: nn.Module | torch.optim.Optimizer) -> nn.Module | torch.optim.Optimizer:
@@ -72,17 +98,20 @@ def detach_watchers(obj: nn.Module | torch.optim.Optimizer) -> nn.Module | torch
 
     ``deepcopy`` copies a module's hook dicts and an object's instance attributes, but
     a function is copied by reference: a Monitor's hooks on the copy would count the
-    probe's forwards as the user's, and a method patched onto the instance (the
-    Monitor's ``zero_grad``) still calls the *original* object — a probe calling
-    ``zero_grad()`` on its copy would clear the user's gradients. So on a copy: nndx's
-    own hooks are removed, and instance attributes that shadow a method of the class
-    with a plain function are dropped (the class method is the copy's own). The user's
-    hooks (e.g. weight-norm pre-hooks) stay: they are part of the model."""
+    probe's forwards as the user's, a user's hook would log the probe's activations into
+    the user's own lists, and a method patched onto the instance (the Monitor's
+    ``zero_grad``) still calls the *original* object — a probe calling ``zero_grad()`` on
+    its copy would clear the user's gradients. So on a copy: every forward/backward and
+    optimizer-step hook that torch did not register itself is removed (torch's own, such
+    as weight-norm and pruning pre-hooks, are part of the model and stay), nndx's hooks
+    of any kind are removed, and instance attributes that shadow a method of the class
+    with a plain function are dropped (the class method is the copy's own)."""
     owners = list(obj.modules()) if isinstance(obj, nn.Module) else [obj]
     for owner in owners:
         for attr, value in list(vars(owner).items()):
             if attr.endswith("hooks") and isinstance(value, dict):
-                for key in [k for k, fn in value.items() if _is_nndx(fn)]:
+                foreign = [k for k, fn in value.items() if _is_nndx(fn) or (attr in _CALL_HOOKS and not _is_torch(fn))]
+                for key in foreign:
                     del value[key]
                     for flags in ("_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
                                   "_forward_hooks_always_called"):  # fmt: skip
@@ -146,33 +175,121 @@ def copy_with_optimizer(
     return model_copy, opt, f"nndx's own {type(opt).__name__}"
 
 
+def train_in_float32(model_copy: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> contextlib.AbstractContextManager:
+    """Make a float16 copy trainable as mixed-precision training trains it: float32
+    weights (and optimizer state), forwards under float16 autocast. Adam's eps (1e-8) is 0
+    in float16, so pure float16 weights turn to NaN in one step whatever the model; a
+    trainability probe that failed for that would blame the model. Returns the autocast
+    context to run the forwards in (a no-op for other dtypes)."""
+    first = next(model_copy.parameters(), None)
+    if first is None or first.dtype != torch.float16:
+        return contextlib.nullcontext()
+    model_copy.float()  # in place: the optimizer still holds the same parameters
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dtype == torch.float16:
+                    state[key] = value.float()
+    return torch.autocast(device_type=first.device.type, dtype=torch.float16)
+
+
 # --------------------------------------------------------------------------- calling the model
 
 
+# keys of a dict batch, in the order they are looked for
+INPUT_KEYS = ("inputs", "input", "x", "data", "features", "images", "image")
+TARGET_KEYS = ("targets", "target", "y", "labels", "label")
+
+
 def split_batch(batch: Batch) -> tuple[Any, Any]:
-    """``(inputs, targets)`` from a batch, with a clear error for anything else."""
-    if isinstance(batch, dict) and {"inputs", "targets"} <= batch.keys():
-        return batch["inputs"], batch["targets"]
+    """``(inputs, targets)`` from a batch, with a clear error for anything else.
+
+    A batch is ``(inputs, targets)``, or a dict: with an input key (``inputs``, ``x``...)
+    and a target key (``targets``, ``y``, ``labels``...) those two; otherwise (a Hugging
+    Face batch: ``input_ids``, ``attention_mask``, ``labels``) the dict less its target
+    key are the model's keyword arguments and the target is that key's value. A
+    DataLoader is not a batch: ``nndx.probe`` takes its first batch, a probe function
+    needs one."""
+    if isinstance(batch, Mapping):
+        target_key = next((k for k in TARGET_KEYS if k in batch), None)
+        target = batch[target_key] if target_key is not None else None
+        input_key = next((k for k in INPUT_KEYS if k in batch), None)
+        if input_key is not None:
+            return batch[input_key], target
+        kwargs = {k: v for k, v in batch.items() if k != target_key}
+        if not kwargs:
+            raise UsageError(f"a dict batch needs the model's inputs; it has only {list(batch)}")
+        return kwargs, target
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
-    raise TypeError(
-        "batch must be (inputs, targets) — a 2-tuple or a dict with 'inputs' and 'targets'; "
-        f"got {type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+    if isinstance(batch, DataLoader):
+        raise UsageError("a DataLoader is not a batch: pass next(iter(loader)), or give the loader to nndx.probe")
+    raise UsageError(
+        "batch must be (inputs, targets) — a 2-tuple, or a dict such as {'x': ..., 'y': ...} or a Hugging "
+        f"Face batch with 'labels' — got {type(batch).__name__}"
+        + (f" of length {len(batch)}: put several inputs in a tuple, ((x1, x2), y)"
+           if isinstance(batch, (tuple, list)) else "")  # fmt: skip
     )
+
+
+# (device type, dtype) every probe forward runs under autocast with, set by the runner
+# for the probes it runs (nndx.probe(..., amp=...)); None: no autocast
+_FORWARD_AUTOCAST: contextvars.ContextVar[tuple[str, torch.dtype] | None] = contextvars.ContextVar(
+    "nndx_forward_autocast", default=None
+)
+
+
+@contextlib.contextmanager
+def forwards_under_autocast(setting: tuple[str, torch.dtype] | None) -> Iterator[None]:
+    """Run every :func:`forward` inside the block under ``torch.autocast(*setting)`` (or
+    none, with None). Each forward enters autocast itself, as mixed-precision training
+    code does: a backward or an optimizer step inside autocast would reuse its cache of
+    half-precision weights, stale after the step."""
+    token = _FORWARD_AUTOCAST.set(setting)
+    try:
+        yield
+    finally:
+        _FORWARD_AUTOCAST.reset(token)
 
 
 def forward(model: nn.Module, inputs: Any) -> Any:
     """Call the model: a tensor as one argument, a tuple/list as positional arguments, a
-    dict as keyword arguments."""
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
+    dict as keyword arguments (under autocast when the runner asks for it)."""
+    setting = _FORWARD_AUTOCAST.get()
+    with torch.autocast(device_type=setting[0], dtype=setting[1]) if setting else contextlib.nullcontext():
+        if isinstance(inputs, Mapping):
+            return model(**inputs)
+        if isinstance(inputs, (tuple, list)):
+            return model(*inputs)
+        return model(inputs)
+
+
+def _field(output: Any, name: str) -> Any:
+    """``output.name`` or ``output[name]`` (a Hugging Face ``ModelOutput`` is both)."""
+    if isinstance(output, Mapping):
+        return output.get(name)
+    return getattr(output, name, None) if not isinstance(output, (torch.Tensor, tuple, list)) else None
+
+
+def prediction(output: Any) -> Any:
+    """What a loss function reads off the model's output: ``.logits`` of a Hugging Face
+    output (or a dict's ``logits``), else the output itself."""
+    logits = _field(output, "logits")
+    return logits if isinstance(logits, torch.Tensor) else output
 
 
 def compute_loss(loss_fn: LossFn, output: Any, targets: Any) -> torch.Tensor:
-    loss = loss_fn(output, targets)
+    """The scalar loss: ``loss_fn(output, targets)`` (``prediction(output)`` for torch's
+    own losses), or, with ``loss_fn`` None, the loss the model returned (``output.loss``)."""
+    if loss_fn is None:
+        loss = _field(output, "loss")
+        if not isinstance(loss, torch.Tensor):
+            raise UsageError("loss_fn is None but the model's output has no .loss: pass a loss function, or the "
+                             "labels the model needs to compute its loss")  # fmt: skip
+    else:
+        # torch's own losses take tensors: they get the logits of a Hugging Face output;
+        # a function of the user's own gets what the model returned, as in the user's loop
+        loss = loss_fn(prediction(output) if vocab.loss_kind(loss_name(loss_fn)) else output, targets)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(f"loss_fn must return a scalar tensor; got {shape} (use reduction='mean')")
@@ -209,7 +326,24 @@ def nonfinite_count(obj: Any) -> int:
 
 
 def first_output(output: Any) -> torch.Tensor | None:
-    return next(iter_tensors(output), None)
+    """The tensor that stands for the model's prediction: ``.logits`` of a Hugging Face
+    output, else the first tensor found."""
+    return next(iter_tensors(prediction(output)), None)
+
+
+def roundoff_tolerance(model: nn.Module, outputs: list[torch.Tensor], dtype: torch.dtype | None = None) -> float:
+    """How far two evaluations of the same outputs may differ by rounding alone: the
+    dtype's eps, times the output's magnitude, times √(the largest reduction a layer
+    makes) — rounding errors of a sum of n terms grow like √n —, times the number of
+    weighted layers they pass through, with a safety factor of 8. Two forwards that
+    reduce in a different order (a half batch, another kernel) differ by about this
+    much, never by exactly zero; a real difference (dropout, batch statistics) is
+    orders of magnitude larger."""
+    floats = [t for t in outputs if t.is_floating_point() and t.numel()]
+    dtype = dtype or min((t.dtype for t in floats), key=lambda d: -torch.finfo(d).eps, default=torch.float32)
+    fan_ins = [p[0].numel() for p in model.parameters() if p.dim() >= 2]
+    magnitude = max([1.0, *(float(t.detach().abs().float().nan_to_num(0.0, 0.0, 0.0).max()) for t in floats)])
+    return 8.0 * torch.finfo(dtype).eps * math.sqrt(max(fan_ins, default=1)) * max(1, len(fan_ins)) * magnitude
 
 
 # --------------------------------------------------------------------------- task
@@ -217,7 +351,10 @@ def first_output(output: Any) -> torch.Tensor | None:
 
 def loss_name(loss_fn: LossFn) -> str:
     """The name reports use for a loss: ``CrossEntropyLoss`` for the module, for
-    ``F.cross_entropy`` and for a ``functools.partial`` of either (see :mod:`nndx.vocab`)."""
+    ``F.cross_entropy`` and for a ``functools.partial`` of either (see :mod:`nndx.vocab`);
+    ``model`` when the model computes its own loss."""
+    if loss_fn is None:
+        return "model"
     fn = getattr(loss_fn, "func", loss_fn)  # functools.partial
     if isinstance(fn, nn.Module):
         return type(fn).__name__
@@ -262,6 +399,8 @@ def accuracy(loss_fn: LossFn, output: Any, targets: Any) -> float | None:
     out = out.detach()
     target = target.detach()
     kind = vocab.loss_kind(loss_name(loss_fn))
+    if kind is None and loss_fn is None and not target.is_floating_point():
+        kind = vocab.loss_kind("CrossEntropyLoss")  # a model's own loss over class indices: logits, read by argmax
     if kind is None:
         return None
     if kind.class_axis and out.dim() >= 2:

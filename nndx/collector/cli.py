@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 from nndx.errors import UsageError
 
-PROBE_NAMES = ("hooks", "nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range")
+
+def __getattr__(name: str) -> Any:
+    """``PROBE_NAMES``: the probes' names, cheap first. Computed on first use: listing
+    them imports the probes, and with them torch, which ``nndx --help`` must not wait for."""
+    if name == "PROBE_NAMES":
+        from nndx.collector.probes import specs
+
+        return tuple(spec.name for spec in specs())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,8 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "DiagnosticReport as JSON.")  # fmt: skip
     p.add_argument("factory", metavar="MODULE:FACTORY", help=factory_help)
     p.add_argument("--out", default="report.json", help="where to write the report (default: report.json)")
-    p.add_argument("--probes", nargs="+", choices=PROBE_NAMES, metavar="PROBE",
-                   help=f"probes to run (default: all): {', '.join(PROBE_NAMES)}")  # fmt: skip
+    p.add_argument("--probes", nargs="+", metavar="PROBE",
+                   help="probes to run (default: all), named as nndx.probe(probes=...) names them "
+                        "(an unknown name lists them)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress display on stderr")
     p.set_defaults(handler=_probe)
 
@@ -80,8 +89,11 @@ def _guarded(fn: Any, args: argparse.Namespace) -> int:
 
 
 def _run_probe(args: argparse.Namespace) -> int:
-    from nndx.collector.probe import probe
+    from nndx.collector.probe import PROBES, probe
 
+    unknown = [name for name in args.probes or () if name not in PROBES]
+    if unknown:
+        raise UsageError(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(PROBES)}")
     setup = load_factory(args.factory)
     report = probe(setup["model"], setup["batch"], setup["loss_fn"], probes=args.probes,
                    optimizer=setup.get("optimizer"), data=setup.get("data"), progress=not args.quiet)  # fmt: skip
@@ -99,7 +111,7 @@ def _run_probe(args: argparse.Namespace) -> int:
 
 
 def _run_lr_find(args: argparse.Namespace) -> int:
-    from nndx.collector.lr_range import lr_range_test
+    from nndx.collector.probes.lr_range import lr_range_test
 
     setup = load_factory(args.factory)
     print(f"nndx: sweeping lr {args.start_lr:g} → {args.end_lr:g} over {args.steps} steps ...", file=sys.stderr)
@@ -112,7 +124,7 @@ def _run_lr_find(args: argparse.Namespace) -> int:
 
 
 def _run_lr_plot(args: argparse.Namespace) -> int:
-    from nndx.collector.lr_range import from_csv
+    from nndx.collector.probes.lr_range import from_csv
 
     try:
         result = from_csv(args.csv)
@@ -122,7 +134,7 @@ def _run_lr_plot(args: argparse.Namespace) -> int:
 
 
 def _write_sweep(result: Any, csv_path: str | None, png_path: str | None) -> int:
-    from nndx.collector.lr_range import plot, to_csv
+    from nndx.collector.probes.lr_range import plot, to_csv
 
     if csv_path:
         print(f"nndx: wrote {to_csv(result, csv_path)}", file=sys.stderr)

@@ -37,11 +37,8 @@ few tens of MiB above the input and 1,000,000 × 100 float32 rows take a few sec
 
 from __future__ import annotations
 
-import contextlib
-import random
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -206,22 +203,6 @@ def _torch_data_kind(x: Any) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _preserved_global_rng() -> Iterator[None]:
-    """Reading items (augmentations) or a shuffling DataLoader draws from the global
-    RNGs; put them back so that checking data never changes the user's random stream."""
-    import torch
-
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-
-
 def _sample_torch_data(
     source: Any, kind: str, name: str, max_samples: int, seed: int, progress: bool | None
 ) -> _Split:
@@ -237,7 +218,12 @@ def _sample_torch_data(
     read = 0
     stopped_early = False
     target = min(total, max_samples) if total is not None else max_samples
-    with _preserved_global_rng():
+    # reading items (augmentations) or a shuffling DataLoader draws from the global RNGs:
+    # put them back, so that checking data never changes the user's random stream. Imported
+    # here: check_data on arrays never loads torch.
+    from nndx.collector._common import preserved_rng
+
+    with preserved_rng():
         if kind == "Dataset":
             assert total is not None
             if total > max_samples:

@@ -3,31 +3,50 @@
 How to use::
 
     report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer)
+    report = nndx.probe(model, loader, loss_fn, device="cuda", amp=torch.bfloat16)
+    report = nndx.probe(hf_model, {"input_ids": ids, "attention_mask": mask, "labels": labels}, None)
+    report = nndx.probe(model, (x, y), loss_fn, monitor=mon)     # trainability probes from mon's snapshot
     report = nndx.probe(model, (x, y), loss_fn, probes=["grad_check", "nan_origin"],
                         grad_check={"mode": "elementwise"}, overfit_one_batch={"steps": 50})
     nndx.diagnose(report)
 
-Every probe works on a copy of the model with the random state restored, so the
-user's model, optimizer and RNG are exactly as before (tested). A probe that raises
-(a dtype or device mismatch, an in-place op that breaks autograd...) becomes an
-``ErrorRecord`` in ``report.errors`` and that probe's result has status ``error``: the
-others still run, and the caller's process never crashes because of nndx. Warnings
-torch raises while a probe runs (a loss broadcasting mismatched shapes) are recorded
-the same way, once each, with the warning category as ``type``.
+What it takes: a batch ``(inputs, targets)``, a dict batch (``x``/``y``,
+``inputs``/``targets``, or a Hugging Face batch whose ``labels`` the model uses), or a
+DataLoader (its first batch; the report says so). ``loss_fn`` may be None when the
+model returns its own loss (``output.loss``); an output with ``.logits`` gives the
+logits to ``loss_fn``. ``device`` moves the probes' copy and the batch, ``amp``
+(``torch.bfloat16``/``torch.float16``) runs the probes' forwards under autocast. A batch
+or a loss nndx cannot use is a :class:`nndx.errors.UsageError` before any probe runs.
+
+Every probe works on a copy of the model, without the user's hooks, with the random
+state restored, so the user's model, optimizer, hooks and RNG are exactly as before
+(tested). A probe that raises (a dtype or device mismatch, an in-place op that breaks
+autograd...) becomes an ``ErrorRecord`` in ``report.errors`` and that probe's result
+has status ``error``: the others still run, and the caller's process never crashes
+because of nndx.
+
+From which state: the trainability probes (overfit, LR range, gradient check) ask
+whether the model *can* learn, which a trained model cannot answer (it "fits one batch
+in 0 steps"). They run from the initial state when one is known —
+``initial_state=`` a ``state_dict`` saved before training, or the Monitor's snapshot
+(``monitor.initial_state()``) — and say ``skipped`` when the Monitor saw training steps
+and no initial state is known. The other probes measure the model as it is.
 
 Per-probe options go in a keyword argument named after the probe, as a dict of the
-probe function's keyword arguments (see ``PROBES``); an unknown one is a TypeError
-before anything runs.
+probe function's keyword arguments (see ``nndx.collector.probes``, one module per
+probe); an unknown one is a TypeError before anything runs.
 """
 
 from __future__ import annotations
 
-import inspect
+import contextlib
+import copy
 import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -37,201 +56,314 @@ from torch import nn
 from nndx.collector._common import (
     Batch,
     LossFn,
+    compute_loss,
+    detach_watchers,
     forward,
+    forwards_under_autocast,
     infer_task,
+    iter_tensors,
+    loss_name,
+    map_tensors,
     num_classes,
     optimizer_coverage,
+    prediction,
     preserved_rng,
     split_batch,
     working_copy,
 )
-from nndx.collector.eval_mode import eval_mode_consistency
-from nndx.collector.gradcheck import grad_check
-from nndx.collector.hooks import hook_statistics
-from nndx.collector.lr_range import lr_range_test
-from nndx.collector.nan_origin import nan_origin
-from nndx.collector.overfit import overfit_one_batch
+from nndx.collector.data import check_data
+from nndx.collector.loss_call import LossCallLog, merge_loss_calls
+from nndx.collector.probes import ProbeSpec, specs
+from nndx.collector.probes._observe import ForwardObserver, observed_summary
 from nndx.collector.stats import has_batchnorm, has_dropout, summarize_model
-from nndx.report import (
-    DiagnosticReport,
-    ErrorRecord,
-    EvalModeResult,
-    GradCheckResult,
-    LabelAlignmentResult,
-    LoopStats,
-    LRRangeResult,
-    NanOriginResult,
-    OverfitResult,
-    Probes,
-    RunInfo,
-)
+from nndx.errors import UsageError
+from nndx.report import MAX_ERROR_MESSAGE, DiagnosticReport, ErrorRecord, LoopStats, RunInfo
 
-# probe name -> (result model, probe function). Cheap probes first. Each function takes
-# (model, batch[, loss_fn]) and keyword options; those with an ``optimizer`` keyword get
-# the user's optimizer.
-PROBES: dict[str, tuple[type | None, Callable[..., Any]]] = {
-    "hooks": (None, hook_statistics),
-    "nan_origin": (NanOriginResult, nan_origin),
-    "eval_mode": (EvalModeResult, eval_mode_consistency),
-    "grad_check": (GradCheckResult, grad_check),
-    "overfit_one_batch": (OverfitResult, overfit_one_batch),
-    "lr_range": (LRRangeResult, lr_range_test),
-}
-# probes whose answer is meaningless on a model whose weights are already NaN/Inf (a
-# diverged run): every output is non-finite, so they would "diverge" at the smallest LR
-# or fail the gradient check everywhere. nan_origin still runs: a parameter-free module
-# before the first NaN weight (a standardisation dividing by a zero std) is still found.
-NEED_FINITE_PARAMETERS = frozenset({"eval_mode", "grad_check", "overfit_one_batch", "lr_range"})
-MAX_MESSAGE = 2000
+# name -> spec of every probe, cheap first
+PROBES: dict[str, ProbeSpec] = {spec.name: spec for spec in specs()}
 MAX_WARNINGS = 20
 # library housekeeping, not evidence about the user's training
 IGNORED_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning, ImportWarning, ResourceWarning)
 TORCH_DIR = os.path.dirname(torch.__file__)
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
 
 def probe(
     model: nn.Module,
     batch: Batch,
-    loss_fn: LossFn,
+    loss_fn: LossFn = None,
     *,
     probes: Sequence[str] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     monitor: Any = None,
     data: Sequence[Any] | None = None,
+    device: torch.device | str | None = None,
+    amp: torch.dtype | str | None = None,
+    initial_state: Mapping[str, Any] | None = None,
     progress: bool = False,
     **options: dict[str, Any],
 ) -> DiagnosticReport:
-    """Run the selected probes (all of ``PROBES`` by default) and return the report.
+    """Run the selected probes and return the report: by default every batch probe,
+    and the data probes (label alignment, label noise) when ``data`` is given. See the
+    module's docstring for ``batch``, ``loss_fn``, ``device``, ``amp`` and
+    ``initial_state``.
 
     ``optimizer`` is never stepped: it is checked for parameters it does not hold
     (``report.loop.params_not_in_optimizer``) and copied for the probes whose numbers
     depend on it (update/weight ratio, LR range). ``monitor`` is a
     :class:`nndx.collector.monitor.Monitor` whose ``report()`` is merged in; ``data`` is
-    ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data` and,
-    for classification, :func:`nndx.collector.label_alignment.label_alignment` on the
-    training split.
+    ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data` and
+    the data probes (on the training split).
     """
-    selected = _select(probes)
-    _check_options(options)
+    data_error = None
+    if data is not None and (not isinstance(data, (tuple, list)) or len(data) not in (2, 4)):
+        data_error = TypeError("data must be (X_train, y_train) or (X_train, y_train, X_val, y_val)")
+    selected = _select(probes, data is not None and data_error is None)
+    for name, given in options.items():
+        if name not in PROBES:
+            raise TypeError(f"unknown probe options {name!r}; options are keyed by probe name: {list(PROBES)}")
+        PROBES[name].check_options(given)
     say = _progress_printer(progress)
-    report = DiagnosticReport(run=_run_info(model), errors=[])
-    results: dict[str, Any] = {}
-
-    def record_error(source: str, exc: Exception) -> str:
-        report.errors.append(ErrorRecord.of(source, exc))
-        return report.errors[-1].message
-
-    warned: set[tuple[str, str]] = set()
-
-    def record_warnings(source: str, caught: list[warnings.WarningMessage]) -> None:
-        """A warning torch raises inside the model or loss is evidence too ("Using a target
-        size that is different to the input size" is a silent broadcast); each is kept
-        once. Warnings of other libraries (a Lightning module's ``self.log`` outside a
-        Trainer) say nothing about the training and are left out."""
-        for w in caught:
-            key = (w.category.__name__, str(w.message))
-            if (issubclass(w.category, IGNORED_WARNINGS) or not str(w.filename).startswith(TORCH_DIR)
-                    or key in warned or len(warned) >= MAX_WARNINGS):  # fmt: skip
-                continue
-            warned.add(key)
-            report.errors.append(ErrorRecord(source=source, type=key[0], message=key[1][:MAX_MESSAGE]))
-
-    _describe(report, model, batch, loss_fn, optimizer, record_error)
-    nonfinite = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
-    for i, name in enumerate(selected, start=1):
-        result_type, run = PROBES[name]
-        if nonfinite and name in NEED_FINITE_PARAMETERS:
-            results[name] = result_type(status="skipped", message=(
-                f"{len(nonfinite)} parameter tensor(s) are already non-finite (first: {nonfinite[0]}); "
-                "a diverged model says nothing about why it diverged: probe before training "
-                "or from the last finite checkpoint"))
-            say(f"[{i}/{len(selected)}] {name} skipped (non-finite parameters)")
-            continue
-        say(f"[{i}/{len(selected)}] {name} ...")
-        started = time.perf_counter()
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    outcome = _call(run, model, batch, loss_fn, optimizer, options.get(name, {}))
-                finally:
-                    record_warnings(name, caught)
-        except Exception as exc:  # noqa: BLE001 - a crash is evidence, never the user's crash
-            message = record_error(name, exc)
-            if result_type is not None:
-                results[name] = result_type(status="error", message=f"{type(exc).__name__}: {message}")
-            say(f"[{i}/{len(selected)}] {name} error: {type(exc).__name__}: {message[:200]}")
-            continue
-        if name == "hooks":
-            report.layers, report.parameters, report.model = outcome.layers, outcome.parameters, outcome.model
-            status = "done"
-        else:
-            results[name] = outcome
-            status = outcome.status
-        say(f"[{i}/{len(selected)}] {name} {status} ({time.perf_counter() - started:.1f}s)")
-    if results:
-        report.probes = Probes(**results)
+    report = DiagnosticReport(run=_run_info(model, device), errors=[])
+    guard = _Guard(report)
+    watched: DiagnosticReport | None = None
     if monitor is not None:
-        try:
-            _merge_monitor(report, monitor.report())
-        except Exception as exc:  # noqa: BLE001
-            record_error("monitor", exc)
+        ok, watched = guard.attempt("monitor", monitor.report)
+        watched = watched if ok else None
+        if initial_state is None:
+            ok, snapshot = guard.attempt("monitor", lambda: _monitor_snapshot(monitor))
+            initial_state = snapshot if ok else None
+    setup = _Setup.make(model, batch, loss_fn, optimizer, device, amp, initial_state)
+    report.run.notes = setup.notes
+
+    guard.attempt("model", lambda: _describe_model(report, model, optimizer))
+    guard.attempt("describe", lambda: _describe_run(report, setup), warn=True, reraise=UsageError)
+    trained_steps = watched.loop.steps if watched is not None and watched.loop is not None else 0
+    total = len(selected)
+    for i, spec in enumerate(selected, start=1):
+        head = f"[{i}/{total}] {spec.name}"
+        why_not = _why_not(spec, setup, data is not None and data_error is None, trained_steps)
+        if why_not is not None:
+            spec.store_status(report, "skipped", why_not)
+            say(f"{head} skipped ({why_not.split(':')[0]})")
+            continue
+        say(f"{head} ...")
+        started = time.perf_counter()
+        model_now, optimizer_now = setup.state_for(spec)
+        ok, outcome = guard.attempt(spec.name, lambda: setup.run(spec, model_now, optimizer_now, data,
+                                                                 options.get(spec.name, {})), warn=True)  # fmt: skip
+        if not ok:
+            spec.store_status(report, "error", outcome)
+            say(f"{head} error: {outcome[:200]}")
+            continue
+        status = spec.store(report, outcome)
+        say(f"{head} {status} ({time.perf_counter() - started:.1f}s)")
+    if watched is not None:
+        guard.attempt("monitor", lambda: _merge_monitor(report, watched))
     if data is not None:
         say("data checks ...")
-        try:
-            report.data = _check_data(data, report)
-        except Exception as exc:  # noqa: BLE001
-            record_error("data", exc)
-        if report.task == "classification" and report.data is not None:
-            # overfit-one-batch cannot see labels that do not belong to their inputs
-            # (networks memorise random labels); real vs permuted labels on held-out data can
-            say("label alignment ...")
-            from nndx.collector.label_alignment import label_alignment
-
-            try:
-                alignment = label_alignment(data[0], data[1])
-            except Exception as exc:  # noqa: BLE001
-                alignment = LabelAlignmentResult(status="error", message=f"{type(exc).__name__}: {record_error('label_alignment', exc)}")
-            report.probes = (report.probes or Probes()).model_copy(update={"label_alignment": alignment})
+        if data_error is not None:
+            guard.error("data", data_error)
+        else:
+            ok, checked = guard.attempt("data", lambda: _check_data(data, report))
+            if ok:
+                report.data = checked
     report.run.finished_at = datetime.now(timezone.utc)
     return report
 
 
-def _options_of(fn: Callable[..., Any]) -> list[str]:
-    return [p.name for p in inspect.signature(fn).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "optimizer"]  # fmt: skip
+@dataclass
+class _Setup:
+    """What the probes run on, prepared once: copies of the model and optimizer without
+    the user's hooks, on ``device``, at the current and (when known) the initial state;
+    the batch as ``(inputs, targets)`` on that device; autocast."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    initial: nn.Module | None
+    initial_optimizer: torch.optim.Optimizer | None
+    batch: tuple[Any, Any]
+    loss_fn: LossFn
+    autocast: tuple[str, torch.dtype] | None
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, model: nn.Module, batch: Batch, loss_fn: LossFn, optimizer: torch.optim.Optimizer | None,
+             device: torch.device | str | None, amp: torch.dtype | str | None,
+             initial_state: Mapping[str, Any] | None) -> _Setup:  # fmt: skip
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if loss_fn is not None and not callable(loss_fn):
+            raise UsageError(f"loss_fn must be callable (or None when the model returns .loss), got {type(loss_fn).__name__}")
+        notes: list[str] = []
+        batch, note = _first_batch(batch)
+        if note:
+            notes.append(note)
+        inputs, targets = _split(batch, loss_fn)
+        current, opt = _copy_pair(model, optimizer, device)
+        initial = initial_opt = None
+        if initial_state is not None:
+            initial, initial_opt = _copy_pair(model, optimizer, device)
+            try:
+                initial.load_state_dict(initial_state)
+            except Exception as exc:  # noqa: BLE001 - a wrong state dict is the caller's mistake
+                raise UsageError(f"initial_state does not fit the model: {exc}") from exc
+            if initial_opt is not None:
+                initial_opt.state.clear()  # the optimizer's state at the start: none
+            notes.append("the trainability probes (overfit, LR range, gradient check) ran from the initial state")
+        target_device = next((p.device for p in current.parameters()), None) if device is None else torch.device(device)
+        if target_device is not None:
+            inputs, targets = (map_tensors(t, lambda x: x.to(target_device)) for t in (inputs, targets))
+        autocast = None
+        if amp is not None:
+            dtype = AUTOCAST_DTYPES.get(amp, amp) if isinstance(amp, str) else amp
+            if dtype not in (torch.bfloat16, torch.float16):
+                raise UsageError(f"amp must be torch.bfloat16 or torch.float16 (or 'bf16'/'fp16'), got {amp!r}")
+            autocast = ((target_device or torch.device("cpu")).type, dtype)
+            notes.append(f"forwards under torch.autocast({autocast[0]!r}, {str(dtype).removeprefix('torch.')})")
+        return cls(current, opt, initial, initial_opt, (inputs, targets), loss_fn, autocast, notes)
+
+    def state_for(self, spec: ProbeSpec) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+        if spec.trains and self.initial is not None:
+            return self.initial, self.initial_optimizer
+        return self.model, self.optimizer
+
+    def amp(self) -> contextlib.AbstractContextManager:
+        return forwards_under_autocast(self.autocast)
+
+    def run(self, spec: ProbeSpec, model: nn.Module, optimizer: torch.optim.Optimizer | None, data: Any,
+            options: Mapping[str, Any]) -> Any:  # fmt: skip
+        with self.amp():
+            return spec.call(model, self.batch, self.loss_fn, optimizer, data, options)
 
 
-def _check_options(options: dict[str, Any]) -> None:
-    """Fail before anything runs: a misspelt option must not become a probe 'error'."""
-    for name, given in options.items():
-        if name not in PROBES:
-            raise TypeError(f"unknown probe options {name!r}; options are keyed by probe name: {list(PROBES)}")
-        if not isinstance(given, dict):
-            raise TypeError(f"options for {name} must be a dict of keyword arguments, got {type(given).__name__}")
-        allowed = _options_of(PROBES[name][1])
-        wrong = sorted(set(given) - set(allowed))
-        if wrong:
-            raise TypeError(f"{name} has no option(s) {wrong}; it takes {allowed}")
+def _first_batch(batch: Batch) -> tuple[Batch, str | None]:
+    """A DataLoader (or any iterable of batches) gives its first batch; reading it draws
+    from the global RNG (a shuffling sampler), which is put back."""
+    if isinstance(batch, (tuple, list, Mapping, torch.Tensor)) or not isinstance(batch, Iterable):
+        return batch, None
+    with preserved_rng():
+        try:
+            first = next(iter(batch))
+        except StopIteration:
+            raise UsageError(f"the {type(batch).__name__} yielded no batch") from None
+    size = next((int(t.shape[0]) for t in iter_tensors(first) if t.dim() > 0), None)
+    what = f"the first batch of the {type(batch).__name__}" + (f" ({size} samples)" if size is not None else "")
+    return first, f"ran on {what}: one batch, not the whole dataset"
 
 
-def _call(fn: Callable[..., Any], model: nn.Module, batch: Batch, loss_fn: LossFn,
-          optimizer: torch.optim.Optimizer | None, options: dict[str, Any]) -> Any:  # fmt: skip
-    parameters = inspect.signature(fn).parameters
-    args = (model, batch, loss_fn) if "loss_fn" in parameters else (model, batch)
-    kwargs = {**options, **({"optimizer": optimizer} if "optimizer" in parameters else {})}
-    return fn(*args, **kwargs)
+def _split(batch: Batch, loss_fn: LossFn) -> tuple[Any, Any]:
+    """(inputs, targets); a Hugging Face dict batch keeps its labels among the model's
+    keyword arguments when the model computes the loss itself (``loss_fn`` None)."""
+    inputs, targets = split_batch(batch)
+    if loss_fn is None and isinstance(batch, Mapping) and isinstance(inputs, Mapping) and targets is not None:
+        inputs = dict(batch)
+    return inputs, targets
 
 
-def _select(probes: Sequence[str] | str | None) -> list[str]:
+def _copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None,
+               device: torch.device | str | None) -> tuple[nn.Module, torch.optim.Optimizer | None]:  # fmt: skip
+    """Deep copies of the model and of an optimizer that holds its parameters (one memo,
+    so the copy's optimizer steps the copy), watchers and user hooks removed, on ``device``."""
+    holds = optimizer is not None and not optimizer_coverage(model, optimizer)[0]
+    try:
+        if holds:
+            model_copy, optimizer_copy = copy.deepcopy((model, optimizer))
+            detach_watchers(optimizer_copy)
+        else:
+            model_copy, optimizer_copy = copy.deepcopy(model), None
+    except Exception as exc:  # a model holding an open file, a lock, a generator...
+        raise UsageError(f"cannot deep-copy the model to probe it safely ({type(exc).__name__}: {exc})") from exc
+    detach_watchers(model_copy)
+    if device is not None:
+        model_copy.to(device)  # parameters keep their identity: the optimizer copy still holds them
+        if optimizer_copy is not None:
+            for state in optimizer_copy.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        state[key] = value.to(device)
+    # an optimizer over another model is the user's (it is only checked, never copied)
+    return model_copy, optimizer_copy if holds else optimizer
+
+
+def _monitor_snapshot(monitor: Any) -> Mapping[str, Any] | None:
+    """The Monitor's snapshot of the initial parameters and buffers, if it keeps one."""
+    snapshot = getattr(monitor, "initial_state", None)
+    return snapshot() if callable(snapshot) else None
+
+
+def _why_not(spec: ProbeSpec, setup: _Setup, have_data: bool, trained_steps: int) -> str | None:
+    """Why the probe cannot say anything useful here, or None."""
+    if spec.needs == "data":
+        return None if have_data else "needs the training data: pass data=(X_train, y_train)"
+    if spec.trains and setup.initial is None and trained_steps > 0:
+        return (f"the Monitor saw {trained_steps} optimizer steps and no initial state is known: on a trained "
+                f"model the {spec.title} measures the training already done (overfitting 'in 0 steps'); "
+                "probe before training, or pass initial_state= a state_dict saved before training")  # fmt: skip
+    model, _ = setup.state_for(spec)
+    nonfinite = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+    if nonfinite and spec.needs_finite_parameters:
+        return (f"{len(nonfinite)} parameter tensor(s) are already non-finite (first: {nonfinite[0]}); "
+                "a diverged model says nothing about why it diverged: probe before training "
+                "or from the last finite checkpoint")  # fmt: skip
+    return None
+
+
+class _Guard:
+    """The one place where a probe that raises becomes evidence: an ``ErrorRecord`` in
+    ``report.errors`` (and, for a probe, status ``error`` with the same message), never a
+    crash of the caller. Warnings torch raises while a probe runs (a loss broadcasting
+    mismatched shapes) are recorded the same way, once each, with the warning category
+    as ``type``."""
+
+    def __init__(self, report: DiagnosticReport) -> None:
+        self.report = report
+        self.warned: set[tuple[str, str]] = set()
+
+    def error(self, source: str, exc: Exception) -> str:
+        record = ErrorRecord.of(source, exc)
+        self.report.errors.append(record)
+        return f"{record.type}: {record.message}"
+
+    def attempt(self, source: str, fn: Callable[[], Any], warn: bool = False,
+                reraise: type[Exception] | tuple[()] = ()) -> tuple[bool, Any]:  # fmt: skip
+        """(True, what ``fn`` returned) or (False, the recorded error as text);
+        exceptions of type ``reraise`` (the caller's mistakes) propagate."""
+        try:
+            if not warn:
+                return True, fn()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    return True, fn()
+                finally:
+                    self._warnings(source, caught)
+        except reraise:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a crash is evidence, never the user's crash
+            return False, self.error(source, exc)
+
+    def _warnings(self, source: str, caught: list[warnings.WarningMessage]) -> None:
+        """Warnings of other libraries (a Lightning module's ``self.log`` outside a
+        Trainer) say nothing about the training and are left out."""
+        for w in caught:
+            key = (w.category.__name__, str(w.message))
+            if (issubclass(w.category, IGNORED_WARNINGS) or not str(w.filename).startswith(TORCH_DIR)
+                    or key in self.warned or len(self.warned) >= MAX_WARNINGS):  # fmt: skip
+                continue
+            self.warned.add(key)
+            self.report.errors.append(ErrorRecord(source=source, type=key[0], message=key[1][:MAX_ERROR_MESSAGE]))
+
+
+def _select(probes: Sequence[str] | str | None, with_data: bool) -> list[ProbeSpec]:
     if probes is None:
-        return list(PROBES)
+        return [spec for spec in PROBES.values() if spec.needs == "batch" or with_data]
     if isinstance(probes, str):
         probes = [probes]
     unknown = [p for p in probes if p not in PROBES]
     if unknown:
         raise ValueError(f"unknown probes {unknown}; choose from {list(PROBES)}")
-    return [p for p in PROBES if p in probes]  # run in the cheap-first order, once each
+    return [spec for spec in PROBES.values() if spec.name in probes]  # run in the cheap-first order, once each
 
 
 def _progress_printer(enabled: bool) -> Callable[[str], None]:
@@ -242,42 +374,53 @@ def _progress_printer(enabled: bool) -> Callable[[str], None]:
     return say
 
 
-def _run_info(model: nn.Module) -> RunInfo:
+def _run_info(model: nn.Module, device: torch.device | str | None) -> RunInfo:
     first = next(model.parameters(), None)
+    where = str(torch.device(device)) if device is not None else (str(first.device) if first is not None else "cpu")
     return RunInfo(
         started_at=datetime.now(timezone.utc),
         torch_version=torch.__version__,
-        device=str(first.device) if first is not None else "cpu",
+        device=where,
         dtype=str(first.dtype).removeprefix("torch.") if first is not None else None,
         seed=torch.initial_seed(),
     )
 
 
-def _describe(report: DiagnosticReport, model: nn.Module, batch: Batch, loss_fn: LossFn,
-              optimizer: torch.optim.Optimizer | None, record_error: Callable[[str, Exception], str]) -> None:  # fmt: skip
-    """Static facts: model summary, task, classes, optimizer coverage. Each may fail alone."""
-    try:
-        report.model = summarize_model(model)
-        frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-        loop = LoopStats(
-            trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
-            frozen_params=frozen,
-            has_dropout=has_dropout(model),
-            has_batchnorm=has_batchnorm(model),
-        )
-        if optimizer is not None:
-            loop.params_not_in_optimizer, loop.optimizer_params_not_in_model = optimizer_coverage(model, optimizer)
-        report.loop = loop
-    except Exception as exc:  # noqa: BLE001
-        record_error("model", exc)
-    try:
-        inputs, targets = split_batch(batch)
-        report.task = infer_task(loss_fn, targets)
-        with preserved_rng(), torch.no_grad():
-            output = forward(working_copy(model), inputs)
-        report.num_classes = num_classes(loss_fn, output) if report.task == "classification" else None
-    except Exception as exc:  # noqa: BLE001
-        record_error("describe", exc)
+def _describe_model(report: DiagnosticReport, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Static facts: model summary and optimizer coverage."""
+    report.model = summarize_model(model)
+    loop = LoopStats(
+        trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        frozen_params=[n for n, p in model.named_parameters() if not p.requires_grad],
+        has_dropout=has_dropout(model),
+        has_batchnorm=has_batchnorm(model),
+    )
+    if optimizer is not None:
+        loop.params_not_in_optimizer, loop.optimizer_params_not_in_model = optimizer_coverage(model, optimizer)
+    report.loop = loop
+
+
+def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
+    """One forward and one loss call on a copy, as any training step makes them: the
+    task, the number of classes, what reached the loss (``report.loop.loss_calls``,
+    the evidence a Monitor's wrapped loss would give) and the activations that ran,
+    functional ones included. A loss nndx cannot compute is a UsageError here, before
+    any probe runs."""
+    inputs, targets = setup.batch
+    report.task = infer_task(setup.loss_fn, targets)
+    with preserved_rng(), torch.no_grad(), setup.amp():
+        model_copy = working_copy(setup.model)
+        with ForwardObserver(model_copy) as seen:
+            output = forward(model_copy, inputs)
+        calls = LossCallLog()
+        if setup.loss_fn is not None:
+            calls.add(loss_name(setup.loss_fn), prediction(output), targets)
+        compute_loss(setup.loss_fn, output, targets)
+    report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
+    if report.model is not None:
+        report.model = observed_summary(report.model, seen, output)
+    report.loop = report.loop or LoopStats()
+    report.loop.loss_calls = calls.records()
 
 
 def _union(first: Iterable[str], second: Iterable[str]) -> list[str]:
@@ -297,7 +440,8 @@ def _merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
                 "has_batchnorm": loop.has_batchnorm or report.loop.has_batchnorm,
                 "trainable_param_count": loop.trainable_param_count or report.loop.trainable_param_count,
             })  # fmt: skip
-        report.loop = loop
+        report.loop = loop.model_copy(update={"loss_calls": merge_loss_calls(
+            loop.loss_calls, report.loop.loss_calls if report.loop is not None else [])})  # fmt: skip
     for split, points in watched.loss_history.items():
         report.loss_history.setdefault(split, []).extend(points)
     # the probe measured the model as it is now, after the monitored steps: stamp its
@@ -319,9 +463,5 @@ def _merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
 
 
 def _check_data(data: Sequence[Any], report: DiagnosticReport) -> Any:
-    if not isinstance(data, (tuple, list)) or len(data) not in (2, 4):
-        raise TypeError("data must be (X_train, y_train) or (X_train, y_train, X_val, y_val)")
-    from nndx.collector.data import check_data  # the data engineer's module; imported lazily
-
     x_val, y_val = (data[2], data[3]) if len(data) == 4 else (None, None)
     return check_data(data[0], data[1], x_test=x_val, y_test=y_val, task=report.task, num_classes=report.num_classes)

@@ -1,5 +1,9 @@
 """The pre-training checklist, each item marked from a report and its diagnosis.
 
+The items are the report's own checks (data, output and loss, initialisation, layer
+statistics, wiring, zero_grad, validation) and one item per probe, which the probe's
+result model declares (``ProbeResult.checklist``): a new probe brings its item with it.
+
 An item is
 - ``failed`` when a finding of severity warning or above names one of the item's
   cause codes, when the item's own probe reported ``failed``, or when the numbers are
@@ -18,9 +22,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Literal, NamedTuple
 
-from nndx.prompts.evidence import latest_by_name, names_text, probe_summaries
+from nndx.prompts.evidence import latest_by_name, names_text
 from nndx.prompts.markdown import num
-from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding
+from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding, Probes, ProbeResult
 
 CheckStatus = Literal["passed", "failed", "not run"]
 
@@ -51,7 +55,7 @@ class _ItemSpec:
     title: str
     how: str
     codes: frozenset[CauseCode] = field(default_factory=frozenset)
-    probe: str | None = None  # name used by evidence.probe_summaries
+    probe: str | None = None  # the field of report.probes whose result settles the item
     evidence: Callable[[DiagnosticReport], Measured | None] | None = None  # None: not measured
 
 
@@ -193,17 +197,15 @@ def _validation_evidence(report: DiagnosticReport) -> Measured | None:
     return Measured(", ".join(parts))
 
 
-ITEMS: tuple[_ItemSpec, ...] = (
+# the report's own checks, before and after the probes' items
+BEFORE_PROBES: tuple[_ItemSpec, ...] = (
     _ItemSpec("data",
               "Data checked: no NaN/Inf, inputs normalised, no duplicates or train/test leakage, classes balanced",
               "nndx.check_data(x, y, x_test=..., y_test=...)",
               _codes("NAN_IN_DATA", "UNNORMALIZED_INPUTS", "UNNORMALIZED_TARGETS", "DATA_LEAKAGE",
                      "DUPLICATE_SAMPLES", "CLASS_IMBALANCE", "UNSHUFFLED_DATA", "SILENT_DATA_LOSS",
-                     "WRONG_RESHAPE", "BATCH_TOO_SMALL"),
+                     "BATCH_TOO_SMALL"),
               evidence=_data_evidence),
-    _ItemSpec("labels", "Labels belong to their inputs (real labels learn, shuffled labels do not)",
-              "label-alignment probe: train briefly on real and on permuted labels",
-              _codes("LABELS_MISALIGNED", "LABEL_NOISE"), probe="label alignment"),
     _ItemSpec("output_loss", "Output layer, loss and label encoding match the task",
               "raw logits into CrossEntropyLoss with int64 class indices; no softmax before it; "
               "output and target shapes equal for regression",
@@ -212,15 +214,8 @@ ITEMS: tuple[_ItemSpec, ...] = (
     _ItemSpec("init", "Initialisation sane: initial loss near ln(classes), non-linearities between layers",
               "compare the first loss with ln(number of classes); check the model summary",
               _codes("BAD_INIT", "MISSING_ACTIVATION"), evidence=_init_evidence),
-    _ItemSpec("overfit", "Overfit one batch: the loss on a single batch goes to ~0",
-              "overfit-one-batch probe: ~200 steps on one small batch", probe="overfit one batch"),
-    _ItemSpec("lr_range", "Learning rate chosen with an LR range test",
-              "LR range test: sweep the lr exponentially, pick the steepest descent",
-              _codes("LR_TOO_HIGH", "LR_TOO_LOW", "NO_LR_SCHEDULE", "LR_SCHEDULE_MISUSE", "GRAD_CLIP_TOO_SMALL"),
-              probe="LR range test"),
-    _ItemSpec("grad_check", "Gradients agree with finite differences (custom layers and losses)",
-              "gradient-check probe (directional finite differences in float64)",
-              _codes("BROKEN_BACKWARD", "INPLACE_AUTOGRAD"), probe="gradient check"),
+)
+AFTER_PROBES: tuple[_ItemSpec, ...] = (
     _ItemSpec("hooks", "Activation and gradient statistics healthy in every layer",
               "forward/backward hooks: dead units, saturation, gradient size per layer",
               _codes("DEAD_RELU", "VANISHING_GRADIENTS", "EXPLODING_GRADIENTS", "SATURATED_ACTIVATIONS"),
@@ -232,16 +227,29 @@ ITEMS: tuple[_ItemSpec, ...] = (
     _ItemSpec("zero_grad", "optimizer.zero_grad() once per step (accumulated losses divided by micro-batches)",
               "count zero_grad() against optimizer.step() calls",
               _codes("MISSING_ZERO_GRAD", "GRAD_ACCUM_SCALING"), evidence=_zero_grad_evidence),
-    _ItemSpec("eval_mode", "model.eval() for evaluation, model.train() back for training",
-              "eval-mode probe: two forwards of the same batch in eval mode must agree",
-              _codes("EVAL_MODE_FORGOTTEN"), probe="eval mode", evidence=_eval_evidence),
-    _ItemSpec("nonfinite", "No NaN/Inf in loss, activations or gradients",
-              "NaN-origin probe: first module whose output or gradient is non-finite",
-              _codes("LOG_OF_ZERO", "DIVISION_BY_ZERO", "NUMERICAL_OVERFLOW"), probe="NaN origin",
-              evidence=_nonfinite_evidence),
     _ItemSpec("validation", "Validation loss tracked alongside training loss",
               "log a held-out split every epoch; compare it with train",
               _codes("OVERFITTING", "UNDERFITTING"), evidence=_validation_evidence),
+)
+# what the report measures besides the probe for a probe's item, by the item's key
+EXTRA_EVIDENCE: dict[str, Callable[[DiagnosticReport], Measured | None]] = {
+    "eval_mode": _eval_evidence,
+    "nonfinite": _nonfinite_evidence,
+}
+
+
+def _probe_item(name: str, result_type: type[ProbeResult]) -> _ItemSpec:
+    item = result_type.checklist
+    if item is None:
+        raise TypeError(f"{result_type.__name__} declares no checklist item")
+    return _ItemSpec(item.key, item.title, item.how, _codes(*item.codes), probe=name,
+                     evidence=EXTRA_EVIDENCE.get(item.key))  # fmt: skip
+
+
+ITEMS: tuple[_ItemSpec, ...] = (
+    *BEFORE_PROBES,
+    *(_probe_item(name, result_type) for name, result_type in Probes.result_types().items()),
+    *AFTER_PROBES,
 )
 
 COVERED_CODES: frozenset[CauseCode] = frozenset().union(*(spec.codes for spec in ITEMS))
@@ -256,16 +264,14 @@ def _mark(spec: _ItemSpec, report: DiagnosticReport, diagnosis: Diagnosis) -> Ch
     details = []
     measured_failed = False
     ran = False
-    if spec.probe is not None:
-        summary = probe_summaries(report.probes).get(spec.probe)
-        if summary is not None:
-            status, numbers, message = summary
-            if status in ("passed", "failed"):
-                ran = True
-                measured_failed = status == "failed"
-                details.append(numbers)
-            else:
-                details.append(f"probe {status}" + (f": {message}" if message else ""))
+    result = getattr(report.probes, spec.probe) if spec.probe is not None and report.probes is not None else None
+    if result is not None:
+        if result.status in ("passed", "failed"):
+            ran = True
+            measured_failed = result.status == "failed"
+            details.append(result.summary(num))
+        else:
+            details.append(f"probe {result.status}" + (f": {result.message}" if result.message else ""))
     if spec.evidence is not None:
         measured = spec.evidence(report)
         if measured is not None:

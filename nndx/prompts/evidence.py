@@ -115,71 +115,20 @@ def parameter_table(report: DiagnosticReport) -> str:
     return table(headers, rows) + _more_rows_note(len(params))
 
 
-def _probe_numbers(probes: Probes) -> list[tuple[str, str, str, str | None]]:
-    """(probe, status, the numbers behind it, message) for each probe that reported."""
-    out = []
-    o = probes.overfit_one_batch
-    if o:
-        numbers = f"loss {num(o.initial_loss)} → {num(o.final_loss)} in {o.steps} steps"
-        if o.lr is not None:
-            numbers += f", lr {num(o.lr)}"
-        if o.final_accuracy is not None:
-            numbers += f", accuracy {num(o.final_accuracy)}"
-        out.append(("overfit one batch", o.status, numbers, o.message))
-    r = probes.lr_range
-    if r:
-        known = [(label, value) for label, value in (
-            ("suggested lr", r.suggested_lr), ("valley lr", r.valley_lr), ("min-loss/10 lr", r.min_over_10_lr),
-            ("min loss", r.min_loss), ("diverged at lr", r.diverged_at_lr)) if value is not None]  # fmt: skip
-        numbers = ", ".join([f"{label} {num(value)}" for label, value in known] + [f"{len(r.lrs)} lrs tried"])
-        out.append(("LR range test", r.status, numbers, r.message))
-    c = probes.grad_check
-    if c:
-        bad = [p for p in c.parameters if p.status != "ok"]
-        worst = ", ".join(f"{p.name}: {num(p.relative_error)} ({p.status})" for p in bad[:3])
-        if len(bad) > 3:
-            worst += f" … ({len(bad)} in all)"
-        numbers = f"{c.mode}, max relative error {num(c.max_relative_error)}"
-        if c.parameters:
-            numbers += f" over {len(c.parameters)} tensors"
-        numbers += f", eps {num(c.eps)}, {c.forward_passes} forwards"
-        out.append(("gradient check", c.status, numbers + (f"; not ok: {worst}" if worst else ""), c.message))
-    n = probes.nan_origin
-    if n:
-        numbers = (f"non-finite inputs {n.input_nonfinite_count}, loss finite {num(n.loss_finite)}, "
-                   f"first non-finite forward: {n.forward_module or 'none'}"
-                   f"{f' ({n.forward_module_type})' if n.forward_module_type else ''}, "
-                   f"first non-finite backward: {n.backward_module or 'none'}"
-                   f"{f' ({n.backward_module_type})' if n.backward_module_type else ''}")  # fmt: skip
-        out.append(("NaN origin", n.status, numbers, n.message))
-    e = probes.eval_mode
-    if e:
-        numbers = (f"model.training {num(e.training)}, dropout {num(e.has_dropout)}, "
-                   f"batchnorm {num(e.has_batchnorm)}, "
-                   f"max diff between two forwards {num(e.max_abs_diff)}")  # fmt: skip
-        out.append(("eval mode", e.status, numbers, e.message))
-    a = probes.label_alignment
-    if a:
-        numbers = (f"accuracy on real labels {num(a.real_accuracy)}, on permuted labels "
-                   f"{num(a.permuted_accuracy)}, chance {num(a.chance_accuracy)}, {a.steps} steps")  # fmt: skip
-        out.append(("label alignment", a.status, numbers, a.message))
-    # A probe that errored or was skipped measured nothing: show no numbers for it.
-    return [(name, status, numbers if status in ("passed", "failed") else MISSING, message)
-            for name, status, numbers, message in out]  # fmt: skip
+def probe_rows(probes: Probes) -> list[tuple[str, str, str, str | None]]:
+    """(title, status, the numbers behind it, message) of each probe that reported, in
+    the order of :class:`Probes`. A probe that errored or was skipped measured nothing:
+    no numbers are shown for it."""
+    return [(result.title, result.status,
+             result.summary(num) if result.status in ("passed", "failed") else MISSING, result.message)
+            for result in probes.results().values()]  # fmt: skip
 
 
 def probe_table(report: DiagnosticReport) -> str:
     if report.probes is None:
         return ""
-    rows = [[name, status, numbers, message or ""] for name, status, numbers, message in _probe_numbers(report.probes)]
+    rows = [[title, status, numbers, message or ""] for title, status, numbers, message in probe_rows(report.probes)]
     return table(["probe", "status", "numbers", "message"], rows) if rows else ""
-
-
-def probe_summaries(probes: Probes | None) -> dict[str, tuple[str, str, str | None]]:
-    """probe name → (status, numbers, message), for the checklist."""
-    if probes is None:
-        return {}
-    return {name: (status, numbers, message) for name, status, numbers, message in _probe_numbers(probes)}
 
 
 def run_table(report: DiagnosticReport) -> str:
@@ -190,6 +139,7 @@ def run_table(report: DiagnosticReport) -> str:
                   ("finished", run.finished_at), ("torch", run.torch_version), ("device", run.device),
                   ("dtype", run.dtype), ("seed", run.seed)]  # fmt: skip
         rows += [[k, v.isoformat() if hasattr(v, "isoformat") else value_text(v)] for k, v in fields if v is not None]
+        rows += [["probes", note] for note in run.notes]
     if report.task:
         rows.append(["task", report.task])
     if report.num_classes is not None:

@@ -21,7 +21,7 @@ from markupsafe import Markup
 
 from nndx.prompts import checklist, evidence
 from nndx.prompts.markdown import MISSING, cell, num
-from nndx.report import SEVERITY_ORDER, Diagnosis, DiagnosticReport, Finding
+from nndx.report import SEVERITY_ORDER, Diagnosis, DiagnosticReport, Finding, Probes
 
 PROMPT_FILE = "prompt-nn-debugger.md"
 CHECKLIST_FILE = "skill-debug-checklist.md"
@@ -89,26 +89,24 @@ def _missing_evidence(report: DiagnosticReport) -> list[str]:
         missing.append("training-loop monitoring (zero_grad, optimizer coverage, learning rate)")
     if report.data is None:
         missing.append("data checks")
-    probe_names = {
-        "overfit_one_batch": "overfit one batch",
-        "lr_range": "LR range test",
-        "grad_check": "gradient check",
-        "nan_origin": "NaN origin",
-        "eval_mode": "eval-mode consistency",
-        "label_alignment": "label alignment",
-    }
-    for field_name, title in probe_names.items():
-        result = getattr(report.probes, field_name) if report.probes else None
+    for name, result_type in Probes.result_types().items():
+        result = getattr(report.probes, name) if report.probes else None
         if result is None:
-            missing.append(f"probe: {title}")
+            missing.append(f"probe: {result_type.title}")
         elif result.status in ("error", "skipped"):
-            missing.append(f"probe: {title} ({result.status})")
+            missing.append(f"probe: {result_type.title} ({result.status})")
     return missing
+
+
+def _probe_asks() -> Markup:
+    """What the generic prompt asks the reader to paste for each probe."""
+    return Markup(", ".join(cell(f"{t.title} ({t.ask})" if t.ask else t.title) for t in Probes.result_types().values()))
 
 
 def _prompt_context(report: DiagnosticReport | None, diagnosis: Diagnosis | None) -> dict[str, Any]:
     if report is None:
-        return {"generic": True, "errors": [], "errors_hidden": 0, "findings": [], "missing": [], "parameter_table": ""}
+        return {"generic": True, "errors": [], "errors_hidden": 0, "findings": [], "missing": [], "parameter_table": "",
+                "probe_asks": _probe_asks()}
     diagnosis = diagnosis or Diagnosis()
     return {
         "generic": False,

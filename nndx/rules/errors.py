@@ -15,16 +15,12 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
 from nndx.rules.engine import Hit, Rule, add_rule
 
-PROBE_NAMES = ("overfit_one_batch", "lr_range", "grad_check", "nan_origin", "eval_mode", "label_alignment")
-
-
 def recorded_errors(report: DiagnosticReport) -> list[tuple[str, str, str]]:
     """(source, type, message) of every recorded exception, probe errors included."""
     found = [(e.source, e.type, e.message) for e in report.errors]
     if report.probes is not None:
-        for name in PROBE_NAMES:
-            result = getattr(report.probes, name)
-            if result is not None and result.status == "error" and result.message:
+        for name, result in report.probes.results().items():
+            if result.status == "error" and result.message:
                 found.append((name, "ProbeError", result.message))
     return found
 

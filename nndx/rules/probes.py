@@ -185,13 +185,13 @@ _ORIGIN_WORDS = {
 
 
 def _origin_code(result: NanOriginResult) -> C | None:
-    """The cause the first non-finite module's type and name point to."""
-    text = f"{result.forward_module_type or ''} {result.forward_module or ''}".lower()
-    if not text.strip():
-        return None
-    for code, words in _ORIGIN_WORDS.items():  # log first: LogSoftmax is a log, not an exp
-        if any(word in text for word in words):
-            return code
+    """The cause the op that made the first non-finite value (``forward_op``, when the
+    module's own code made it) or else the module's type and name point to."""
+    texts = [result.forward_op or "", f"{result.forward_module_type or ''} {result.forward_module or ''}"]
+    for text in (t.lower() for t in texts if t.strip()):
+        for code, words in _ORIGIN_WORDS.items():  # log first: LogSoftmax is a log, not an exp
+            if any(word in text for word in words):
+                return code
     return None
 
 
@@ -201,10 +201,12 @@ def _origin_hit(report: DiagnosticReport, code: C) -> Hit | None:
         return None
     if _origin_code(result) == code:
         return Hit(
-            symptom=f"first non-finite output at {result.forward_module} ({result.forward_module_type})",
+            symptom=f"first non-finite output at {result.forward_module} ({result.forward_module_type})"
+            + (f", made by {result.forward_op}()" if result.forward_op else ""),
             evidence={
                 "forward_module": result.forward_module,
                 "forward_module_type": result.forward_module_type,
+                "forward_op": result.forward_op,
                 "backward_module": result.backward_module,
                 "loss_finite": result.loss_finite,
             },
@@ -298,9 +300,10 @@ def nan_from_layer(report: DiagnosticReport) -> Hit | None:
     C.EVAL_MODE_FORGOTTEN,
     "error",
     "Randomness that ignores model.eval()",
-    detects="The eval-mode probe ran the same batch twice with the model in eval mode and got different "
-    "outputs (eval_abs_diff over 1e-6): a dropout or random op that ignores eval mode, e.g. "
-    "F.dropout(x, training=True). When the probe only found the model in train mode (dropout or "
+    detects="The eval-mode probe saw a dropout active with the model in eval mode (ignores_eval), e.g. "
+    "F.dropout(x, training=True); in reports without that field, two eval-mode forwards that differ beyond "
+    "the probe's rounding tolerance (1e-6 when none is given). Sampling that is not dropout (a VAE) does "
+    "not fire. When the probe only found the model in train mode (dropout or "
     "batch statistics active), that is info: it is a bug only if you evaluate in that state, which "
     "NNDX306 sees in your loop.",
     why="Evaluation must be deterministic; active dropout or batch statistics make metrics noisy and "
@@ -320,7 +323,10 @@ def eval_mode_probe(report: DiagnosticReport) -> Hit | None:
         "has_dropout": result.has_dropout,
         "has_batchnorm": result.has_batchnorm,
     }
-    ignores_eval = result.eval_abs_diff is not None and result.eval_abs_diff > 1e-6
+    if result.ignores_eval is not None:  # the probe saw which random op it was (dropout, not sampling)
+        ignores_eval = result.ignores_eval
+    else:
+        ignores_eval = result.eval_abs_diff is not None and result.eval_abs_diff > (result.tolerance or 1e-6)
     if ignores_eval or result.training is False:
         return Hit(symptom="two forwards of the same batch differ in eval mode", evidence=evidence, score=3.0)
     return Hit(
@@ -358,4 +364,69 @@ def labels_misaligned(report: DiagnosticReport) -> Hit | None:
             "chance_accuracy": result.chance_accuracy,
         },
         score=3.0,
+    )
+
+
+@rule(
+    "NNDX611",
+    C.WRONG_RESHAPE,
+    "error",
+    "Samples leak into each other's outputs",
+    detects="The sample-independence probe changed one sample of the batch and the eval-mode outputs of "
+    "other samples moved beyond the rounding tolerance.",
+    why="In eval mode every sample must be computed on its own. When another sample's output moves, a "
+    "layer runs along the batch axis: an LSTM/GRU built with batch_first=False fed (batch, time, features) "
+    "runs over the batch, or a view/reshape where permute was meant interleaves samples. Training still "
+    "runs and the loss still falls, on the wrong problem.",
+    fix="Give recurrent layers the layout they expect (batch_first=True for (batch, time, features), or "
+    "x.transpose(0, 1)); reorder axes with permute, not view/reshape; print the shapes through forward.",
+)
+def samples_mixed(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "sample_independence")
+    if result is None or result.status != "failed" or not result.changed_samples:
+        return None
+    return Hit(
+        symptom=f"changing one sample moved the outputs of {result.changed_samples} of {result.samples - 1} others",
+        evidence={
+            "changed_samples": result.changed_samples,
+            "samples": result.samples,
+            "max_change": result.max_change,
+            "tolerance": result.tolerance,
+            "batch_axis": result.batch_axis,
+        },
+        score=3.0,
+    )
+
+
+@rule(
+    "NNDX612",
+    C.LABEL_NOISE,
+    "warning",
+    "Many labels disagree with what the data predicts",
+    detects="The label-noise probe: among the samples a cross-validated model predicts most confidently, "
+    "the share whose label disagrees has a 95% lower bound over 10%. Error when that bound is over 25%.",
+    why="Wrong labels (careless annotation, rows mixed in a join, preprocessing applied to the labels) are "
+    "memorised with the right ones: training still converges, and validation accuracy stops short of what "
+    "the data allows. Random flips do not care where a sample lies, so they show among confident "
+    "predictions, where a merely hard task has no disagreements.",
+    fix="Inspect the samples whose labels disagree with confident out-of-sample predictions (the label "
+    "pipeline, joins, augmentations applied to labels); relabel or drop them, or train with a noise-robust "
+    "loss (label smoothing, a noise-aware loss) if the noise is inherent.",
+)
+def label_noise(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "label_noise")
+    if result is None or result.status != "failed" or result.noise_lower_bound is None:
+        return None
+    return Hit(
+        symptom=f"{result.noise_fraction:.0%} of confidently predicted labels disagree (at least "
+        f"{result.noise_lower_bound:.0%})",
+        evidence={
+            "noise_fraction": result.noise_fraction,
+            "noise_lower_bound": result.noise_lower_bound,
+            "disagreement_fraction": result.disagreement_fraction,
+            "confident_samples": result.confident_samples,
+            "samples": result.samples,
+        },
+        severity="error" if result.noise_lower_bound > 0.25 else None,
+        score=2.0 + 4.0 * result.noise_lower_bound,
     )

@@ -46,11 +46,12 @@ def test_a_healthy_and_a_buggy_program_run_end_to_end(tmp_path: Path) -> None:
     # the measure separates them: the flipped KL term drives the loss far below zero
     assert buggy["differs"] is True
     assert healthy["metrics"]["final_train_loss"] > 0 > buggy["metrics"]["final_train_loss"]
-    # nndx produced a diagnosis for both runs (what it says is the benchmark's business)
+    # nndx produced a diagnosis for both runs (what it says is the benchmark's business; a
+    # healthy run may rightly get no finding at all)
+    assert buggy["codes"], buggy
     for o in (healthy, buggy):
-        assert o["codes"], o
         assert len(o["codes"]) == len(o["severities"]) == len(o["rules"])
-        assert o["hit1"] == (o["codes"][0] in o["expected"])
+        assert o["hit1"] == bool(o["codes"] and o["codes"][0] in o["expected"])
     # the table lists both rows and the summary counts the buggy one
     assert "vae" in done.stdout and "kl_sign_flipped" in done.stdout
     assert "top-1 (buggy)" in done.stdout and "/1" in done.stdout

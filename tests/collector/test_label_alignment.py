@@ -5,7 +5,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from nndx.collector.label_alignment import label_alignment
+from nndx.collector.probes.label_alignment import label_alignment
 
 STEPS = 100  # the probe's budget in these tests; enough for digits and XOR
 
@@ -79,3 +79,30 @@ def test_bad_input_raises(digits):
         label_alignment(x, y[:-1])
     with pytest.raises(ValueError, match="steps"):
         label_alignment(x, y, steps=0)
+
+
+@pytest.mark.slow
+def test_small_healthy_splits_are_never_called_misaligned(digits):
+    # a fixed margin called these LABELS_MISALIGNED (error); too few samples is "skipped"
+    from sklearn.datasets import make_blobs
+
+    x, y = digits
+    verdicts = []
+    for seed in range(4):
+        rows = np.random.default_rng(seed).permutation(len(y))[:120]
+        verdicts.append(label_alignment(x[rows], y[rows], steps=STEPS).status)
+        bx, by = make_blobs(n_samples=200, centers=2, cluster_std=2.0, random_state=seed + 1)
+        verdicts.append(label_alignment(bx, by, steps=STEPS).status)
+    assert "failed" not in verdicts and "passed" in verdicts, verdicts
+    few = label_alignment(x[:100], y[:100], steps=STEPS)
+    assert few.status == "skipped" and "too few samples" in few.message
+
+
+def test_a_clustered_task_is_not_judged_by_the_initialisations_luck():
+    # two tight clusters: an untrained network's argmax already "separates" them, so the
+    # permuted-label model scores far above chance by accuracy; the verdict must not care
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(-4, 1, (300, 5)), rng.normal(4, 1, (300, 5))])
+    y = np.repeat([0, 1], 300)
+    assert label_alignment(x, y, steps=STEPS).status == "passed"
+    assert label_alignment(x, rng.permutation(y), steps=STEPS).status in ("failed", "skipped")

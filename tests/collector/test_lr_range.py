@@ -6,7 +6,7 @@ import torch
 from _probe_models import assert_untouched, batch, dead_relu_mlp, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
-from nndx.collector.lr_range import analyse, from_csv, lr_range_test, plot, to_csv
+from nndx.collector.probes.lr_range import analyse, from_csv, lr_range_test, plot, to_csv
 
 
 def sweep(model=None, **kw):

@@ -1,8 +1,11 @@
+import pytest
 import torch
 from _probe_models import Log, Sqrt, assert_untouched, batch, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
-from nndx.collector.nan_origin import nan_origin
+import nndx
+from nndx.collector.probes.nan_origin import nan_origin
+from nndx.report import DiagnosticReport, Probes
 
 
 def test_healthy_model_everything_finite():
@@ -52,3 +55,35 @@ def test_users_model_and_rng_untouched_and_hooks_removed():
     before = snapshot(model)
     nan_origin(model, batch(), nn.CrossEntropyLoss())
     assert_untouched(before, model)
+
+
+class Functional(nn.Module):
+    """The non-finite value is made by an op in forward's own code, not by a module."""
+
+    def __init__(self, op):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.op = nn.Linear(8, 8), nn.Linear(8, 3), op
+
+    def forward(self, x):
+        h = self.fc1(x)
+        if self.op == "log":
+            h = torch.log(h)
+        elif self.op == "div":
+            h = h / (h - h)
+        elif self.op == "exp":
+            h = torch.exp(h * 1000)
+        return self.fc2(h)
+
+
+@pytest.mark.parametrize("op, code", [("log", "LOG_OF_ZERO"), ("div", "DIVISION_BY_ZERO"), ("exp", "NUMERICAL_OVERFLOW")])
+def test_the_functional_op_that_made_the_first_nan_is_named(op, code):
+    result = nan_origin(Functional(op), batch(), nn.CrossEntropyLoss())
+    assert (result.forward_module, result.forward_module_type, result.forward_op) == ("Functional", "Functional", op)
+    report = DiagnosticReport(probes=Probes(nan_origin=result))
+    assert [f.code.value for f in nndx.diagnose(report).findings][:1] == [code]
+
+
+def test_healthy_functional_code_names_nothing():
+    result = nan_origin(Functional(None), batch(), nn.CrossEntropyLoss())
+    assert result.status == "passed" and result.forward_op is None

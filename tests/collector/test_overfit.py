@@ -5,7 +5,7 @@ import torch
 from _probe_models import Log, assert_untouched, batch, dead_relu_mlp, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
-from nndx.collector.overfit import overfit_one_batch
+from nndx.collector.probes.overfit import overfit_one_batch
 
 
 def test_healthy_classifier_fits_one_batch_and_stops_early():

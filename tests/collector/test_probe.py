@@ -16,10 +16,11 @@ from torch import nn
 
 import nndx
 from nndx.collector import probe as probe_module
+from nndx.errors import UsageError
 from nndx.report import DiagnosticReport
 
 FAST = {"overfit_one_batch": {"steps": 40}, "lr_range": {"steps": 30}}
-ALL = ["hooks", "nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range"]
+ALL = [spec.name for spec in probe_module.PROBES.values() if spec.needs == "batch"]
 
 
 def run(model, optimizer=None, **kw):
@@ -60,7 +61,9 @@ def test_probe_selection_and_option_errors():
         nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), grad_check={"epsilon": 1e-6})
     with pytest.raises(TypeError, match="must be a dict"):
         nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), lr_range=5)
-    assert list(probe_module.PROBES) == ALL
+    cheap_first = ["hooks", "nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range"]
+    assert [name for name in probe_module.PROBES if name in cheap_first] == cheap_first
+    assert [s.needs for s in probe_module.PROBES.values()] == sorted(s.needs for s in probe_module.PROBES.values())
 
 
 def test_inplace_autograd_error_is_recorded_and_other_probes_go_on():
@@ -180,7 +183,7 @@ def test_loss_warnings_recorded_once_as_evidence():
     report = nndx.probe(mlp(out=1), (x, target), nn.MSELoss(), probes=["hooks", "overfit_one_batch"], **FAST)
     shape_warnings = [e for e in report.errors if "target size" in e.message]
     assert len(shape_warnings) == 1 and shape_warnings[0].type == "UserWarning"
-    assert shape_warnings[0].source == "hooks"
+    assert shape_warnings[0].source == "describe"  # the first loss call, before any probe
 
 
 @pytest.mark.filterwarnings("ignore:self.log")  # the summary forward runs outside the probes' capture
@@ -218,11 +221,281 @@ def test_probes_skip_a_model_whose_weights_are_already_nonfinite():
 def test_label_alignment_runs_with_classification_data():
     from nndx.demo import make_data
 
-    x, y = make_data(n=400)
+    x, y = make_data(n=1200)  # enough held-out samples to call misaligned labels misaligned
     model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 4))
-    aligned = nndx.probe(model, (x[:32], y[:32]), nn.CrossEntropyLoss(), probes=["nan_origin"], data=(x, y))
+    aligned = nndx.probe(model, (x[:32], y[:32]), nn.CrossEntropyLoss(), probes=["nan_origin", "label_alignment"],
+                         data=(x, y))  # fmt: skip
     assert aligned.probes.label_alignment.status == "passed"
     shuffled = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(1))]
-    misaligned = nndx.probe(model, (x[:32], shuffled[:32]), nn.CrossEntropyLoss(), probes=["nan_origin"], data=(x, shuffled))
+    misaligned = nndx.probe(model, (x[:32], shuffled[:32]), nn.CrossEntropyLoss(), data=(x, shuffled),
+                            probes=["nan_origin", "label_alignment"])  # fmt: skip
     assert misaligned.probes.label_alignment.status == "failed"
     assert "LABELS_MISALIGNED" in [f.code.value for f in nndx.diagnose(misaligned).findings]
+
+
+def test_every_probe_is_one_spec_and_one_result_field():
+    from nndx.collector.probes import specs
+    from nndx.report import Probes
+
+    with_results = {spec.name: spec for spec in specs() if spec.result is not None}
+    assert list(with_results) == [n for n in probe_module.PROBES if n in with_results]  # cheap first
+    assert set(with_results) == set(Probes.model_fields)
+    for name, result_type in Probes.result_types().items():
+        spec = with_results[name]
+        assert spec.result is result_type and spec.title == result_type.title
+        assert result_type.checklist is not None, name
+    assert [s.name for s in specs() if s.result is None] == ["hooks"]  # fills report.layers instead
+
+
+# --------------------------------------------------------------------------- what people pass
+
+
+def test_a_dataloader_gives_its_first_batch_and_the_report_says_so():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = batch(n=64)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    model = mlp()
+    before = snapshot(model)
+    report = nndx.probe(model, loader, nn.CrossEntropyLoss(), **FAST)
+    assert_untouched(before, model)  # the shuffling sampler's draw is put back too
+    assert report.errors == [] and all(r.status == "passed" for r in report.probes.results().values())
+    assert any("first batch of the DataLoader (16 samples)" in note for note in report.run.notes)
+    assert report.loop.loss_calls[0].output_shape == [16, 3]
+
+
+@pytest.mark.parametrize("keys", [("x", "y"), ("inputs", "targets"), ("features", "label")])
+def test_dict_batches(keys):
+    x, y = batch()
+    report = nndx.probe(mlp(), {keys[0]: x, keys[1]: y}, nn.CrossEntropyLoss(), probes=["nan_origin", "grad_check"])
+    assert report.errors == [] and report.probes.grad_check.status == "passed" and report.task == "classification"
+
+
+class TinyTextClassifier(nn.Module):
+    """Hugging Face shaped: keyword inputs, labels optional, a ModelOutput with .loss and .logits."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(50, 16), nn.Linear(16, 3)
+
+    def forward(self, input_ids, attention_mask, labels=None):
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        mask = attention_mask.unsqueeze(-1).float()
+        pooled = (self.embed(input_ids) * mask).sum(1) / mask.sum(1).clamp_min(1)
+        logits = self.head(torch.tanh(pooled))
+        loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+def text_batch():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (12, 9), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 3, (12,), generator=g)}
+
+
+@pytest.mark.parametrize("loss_fn", [None, nn.CrossEntropyLoss()])
+def test_hugging_face_batch_and_output_with_and_without_a_loss_fn(loss_fn):
+    pytest.importorskip("transformers")
+    report = nndx.probe(TinyTextClassifier(), text_batch(), loss_fn, **FAST)
+    assert report.errors == [], report.errors
+    statuses = {name: r.status for name, r in report.probes.results().items()}
+    assert statuses == {name: "passed" for name in statuses}, statuses
+    assert report.probes.sample_independence.batch_axis == 0 and report.task == "classification"
+    if loss_fn is not None:  # the logits reached the loss: the loss-fit evidence is there
+        assert report.loop.loss_calls[0].output_shape == [12, 3] and report.num_classes == 3
+
+
+def test_what_nndx_cannot_use_is_a_usage_error_before_any_probe():
+    x, y = batch()
+    with pytest.raises(UsageError, match="length 3"):
+        nndx.probe(mlp(), (x, y, y), nn.CrossEntropyLoss())
+    with pytest.raises(UsageError, match="no .loss"):
+        nndx.probe(mlp(), (x, y), None)  # the model returns logits, not its loss
+    with pytest.raises(UsageError, match="yielded no batch"):
+        nndx.probe(mlp(), torch.utils.data.DataLoader([]), nn.CrossEntropyLoss())
+    with pytest.raises(UsageError, match="initial_state"):
+        nndx.probe(mlp(), (x, y), nn.CrossEntropyLoss(), initial_state={"nope": torch.zeros(1)})
+
+
+def test_amp_autocast_runs_every_probe():
+    report = nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), amp=torch.bfloat16, **FAST)
+    assert report.errors == []
+    assert all(r.status == "passed" for r in report.probes.results().values()), report.probes
+    assert any("autocast('cpu', bfloat16)" in note for note in report.run.notes)
+    with pytest.raises(UsageError, match="amp"):
+        nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), amp=torch.int8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_device_moves_the_copy_and_the_batch():
+    model = mlp()
+    before = snapshot(model)
+    report = nndx.probe(model, batch(), nn.CrossEntropyLoss(), device="cuda", **FAST)
+    assert_untouched(before, model)
+    assert report.errors == [] and report.run.device.startswith("cuda")
+    assert all(r.status == "passed" for r in report.probes.results().values())
+
+
+def test_users_hooks_do_not_fire_during_the_probes():
+    model, fired = mlp(), []
+    model[0].register_forward_hook(lambda *_: fired.append("forward"))
+    model[0].weight.register_hook(lambda g: fired.append("grad"))
+    before = snapshot(model)
+    report = run(model)
+    assert fired == [] and report.errors == []
+    assert_untouched(before, model)  # and the user's hooks are still there
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_every_dtype_is_measured_by_every_probe(dtype):
+    x, y = batch()
+    report = nndx.probe(mlp(dropout=0.2).to(dtype), (x.to(dtype), y), nn.CrossEntropyLoss(), **FAST)
+    statuses = {name: r.status for name, r in report.probes.results().items()}
+    assert set(statuses.values()) <= {"passed", "failed"}, (statuses, report.errors)
+    assert statuses["overfit_one_batch"] == statuses["grad_check"] == "passed", report.probes
+    assert [f.code.value for f in nndx.diagnose(report).findings if f.severity != "info"] == []
+    if dtype != torch.float64:  # float64 parameter norms: stats.parameter_stats (the Monitor's) is being fixed
+        assert report.layers and report.errors == []
+
+
+# --------------------------------------------------------------------------- from which state
+
+
+def trained(model, steps=300):
+    x, y = batch()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return model, optimizer
+
+
+class SteppedMonitor(FakeMonitor):
+    def __init__(self, steps, initial=None):
+        super().__init__()
+        self.steps, self.initial = steps, initial
+
+    def report(self):
+        return DiagnosticReport.model_validate({"loop": {"steps": self.steps}})
+
+    def initial_state(self):
+        return self.initial
+
+
+def test_trainability_probes_on_a_trained_model_say_skipped_not_passed():
+    model, optimizer = trained(mlp())
+    report = run(model, optimizer, monitor=SteppedMonitor(300))
+    for name in ("overfit_one_batch", "lr_range", "grad_check"):
+        result = getattr(report.probes, name)
+        assert result.status == "skipped" and "300 optimizer steps" in result.message, name
+    assert report.probes.nan_origin.status == "passed" and report.layers  # the model as it is
+
+
+def test_trainability_probes_run_from_the_initial_state():
+    fresh = mlp()
+    initial = {k: v.clone() for k, v in fresh.state_dict().items()}
+    model, optimizer = trained(fresh)
+    for kwargs in ({"initial_state": initial}, {"monitor": SteppedMonitor(300, initial)}):
+        report = run(model, optimizer, **kwargs)
+        overfit = report.probes.overfit_one_batch
+        assert overfit.status == "passed" and overfit.steps > 0
+        assert overfit.initial_loss == pytest.approx(math.log(3), rel=0.2)  # an untrained classifier's loss
+        assert any("from the initial state" in note for note in report.run.notes)
+    without = run(model, optimizer)  # no Monitor, no snapshot: nndx cannot know it trained
+    assert without.probes.overfit_one_batch.initial_loss < 0.05
+
+
+# --------------------------------------------------------------------------- one observation path per fact
+
+
+class Head(nn.Module):
+    """An MLP whose forward ends in a functional op (or none), as user code writes it."""
+
+    def __init__(self, end=None, out=3):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.end = nn.Linear(8, 16), nn.Linear(16, out), end
+
+    def forward(self, x):
+        logits = self.fc2(nn.functional.relu(self.fc1(x)))
+        if self.end == "softmax":
+            return nn.functional.softmax(logits, dim=1)
+        if self.end == "sigmoid":
+            return torch.sigmoid(logits)
+        if self.end == "log_softmax":
+            return torch.log_softmax(logits, dim=1)
+        return logits
+
+
+LOSS_FIT = [  # (case, model end, loss, targets, the cause nndx must name from the probe alone)
+    ("softmax before CrossEntropyLoss", "softmax", nn.CrossEntropyLoss(), "classes", "DOUBLE_SOFTMAX"),
+    ("sigmoid before BCEWithLogitsLoss", "sigmoid", nn.BCEWithLogitsLoss(), "multi_hot", "DOUBLE_SOFTMAX"),
+    ("NLLLoss on probabilities", "softmax", nn.NLLLoss(), "classes", "WRONG_LOSS"),
+    ("MSE output [N,1] vs target [N]", None, nn.MSELoss(), "values", "SHAPE_BROADCAST"),
+]
+HEALTHY_LOSS_FIT = [
+    ("logits into CrossEntropyLoss", None, nn.CrossEntropyLoss(), "classes"),
+    ("logits into BCEWithLogitsLoss", None, nn.BCEWithLogitsLoss(), "multi_hot"),
+    ("log_softmax into NLLLoss", "log_softmax", nn.NLLLoss(), "classes"),
+    ("MSE on equal shapes", None, nn.MSELoss(), "columns"),
+]
+
+
+def targets_for(kind):
+    g = torch.Generator().manual_seed(0)
+    return {"classes": torch.randint(0, 3, (16,), generator=g), "multi_hot": torch.randint(0, 2, (16, 3), generator=g).float(),
+            "values": torch.randn(16, generator=g), "columns": torch.randn(16, 1, generator=g)}[kind]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, end, loss_fn, targets, cause", LOSS_FIT, ids=[c[0] for c in LOSS_FIT])
+def test_loss_fit_causes_from_the_probe_alone(case, end, loss_fn, targets, cause):
+    model = Head(end, out=1 if targets == "values" else 3)
+    report = nndx.probe(model, (batch()[0], targets_for(targets)), loss_fn, probes=["nan_origin"])
+    assert report.loop.loss_calls and report.loop.loss_calls[0].loss_type == type(loss_fn).__name__
+    codes = [f.code.value for f in nndx.diagnose(report).findings if f.severity == "error"]
+    assert cause in codes, (case, codes)
+
+
+@pytest.mark.parametrize("case, end, loss_fn, targets", HEALTHY_LOSS_FIT, ids=[c[0] for c in HEALTHY_LOSS_FIT])
+def test_fitting_losses_stay_silent(case, end, loss_fn, targets):
+    model = Head(end, out=1 if targets == "columns" else 3)
+    report = nndx.probe(model, (batch()[0], targets_for(targets)), loss_fn, probes=["nan_origin"])
+    alarms = [(f.code.value, f.symptom) for f in nndx.diagnose(report).findings if f.severity != "info"]
+    assert alarms == [], case
+
+
+def test_loss_calls_from_the_monitor_and_the_probe_merge_once():
+    model, (x, y) = Head("softmax"), batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nndx.Monitor(model, optimizer) as monitor:
+        for _ in range(2):  # the user's own loss call: the Monitor's wrapped loss never sees it
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), monitor=monitor, probes=["nan_origin"])
+    assert [c.loss_type for c in report.loop.loss_calls] == ["CrossEntropyLoss"]
+    assert "DOUBLE_SOFTMAX" in [f.code.value for f in nndx.diagnose(report).findings]
+
+
+def test_functional_activations_are_layers_and_the_output_activation():
+    report = nndx.probe(Head("sigmoid"), (batch()[0], targets_for("multi_hot")), nn.BCELoss(), probes=["hooks"])
+    types = {layer.name: layer.type for layer in report.layers}
+    assert types["forward:relu#0"] == "ReLU" and types["forward:sigmoid#0"] == "Sigmoid"
+    assert list(types).index("forward:relu#0") < list(types).index("fc2")  # in forward order
+    assert report.model.activations == ["ReLU", "Sigmoid"] and report.model.output_activation == "Sigmoid"
+    sigmoid = {layer.name: layer for layer in report.layers}["forward:sigmoid#0"]
+    assert sigmoid.activation.saturated_fraction is not None and sigmoid.gradient is not None
+
+
+def test_dead_functional_relu_is_dead_relu_like_a_module():
+    class DeadFunctional(Head):
+        def forward(self, x):
+            return self.fc2(nn.functional.relu(self.fc1(x) - 50.0))
+
+    dead = nndx.probe(DeadFunctional(), batch(), nn.CrossEntropyLoss(), probes=["hooks"])
+    assert {f.code.value for f in nndx.diagnose(dead).findings if f.severity == "error"} >= {"DEAD_RELU"}
+    healthy = nndx.probe(Head(), batch(), nn.CrossEntropyLoss(), probes=["hooks"])
+    assert [f.code.value for f in nndx.diagnose(healthy).findings if f.severity != "info"] == []

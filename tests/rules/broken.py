@@ -16,6 +16,7 @@ from nndx.report import (
     InterventionResult,
     Interventions,
     LabelAlignmentResult,
+    LabelNoiseResult,
     LayerInfo,
     LossCall,
     LRPoint,
@@ -23,6 +24,7 @@ from nndx.report import (
     NanOriginResult,
     OverfitResult,
     Probes,
+    SampleIndependenceResult,
     ScalarPoint,
 )
 
@@ -299,6 +301,8 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX608": lambda: nan_origin("fc2", "Linear"),
     "NNDX609": lambda: probe(eval_mode=EvalModeResult(status="failed", training=True, has_dropout=True, max_abs_diff=0.4, eval_abs_diff=0.3)),
     "NNDX610": lambda: probe(label_alignment=LabelAlignmentResult(status="failed", real_accuracy=0.11, permuted_accuracy=0.1, chance_accuracy=0.1, steps=100)),
+    "NNDX611": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", batch_axis=0, samples=32, changed_samples=31, max_change=0.4, tolerance=1e-5)),
+    "NNDX612": lambda: probe(label_noise=LabelNoiseResult(status="failed", noise_fraction=0.41, noise_lower_bound=0.36, disagreement_fraction=0.46, confident_samples=449, samples=1797)),
     "NNDX701": lambda: error("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"),
     "NNDX702": lambda: error("one of the variables needed for gradient computation has been modified by an inplace operation: [torch.FloatTensor [3]]"),
     "NNDX703": lambda: error("expected target dtype to be Long or Byte, but got Float"),

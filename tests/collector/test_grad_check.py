@@ -1,17 +1,25 @@
 import numpy as np
 import pytest
 import torch
-from _probe_models import assert_untouched, batch, custom_backward_mlp, mlp, single_thread, snapshot  # noqa: F401
+from _probe_models import (  # noqa: F401
+    CustomLinear,
+    assert_untouched,
+    batch,
+    custom_backward_mlp,
+    mlp,
+    single_thread,
+    snapshot,
+)
 from torch import nn
 
-from nndx.collector.gradcheck import grad_check, grad_check_arrays
+from nndx.collector.probes.grad_check import grad_check, grad_check_arrays
 
 
 def test_healthy_model_passes_with_few_forwards_and_no_localisation():
     result = grad_check(custom_backward_mlp(None), batch(), nn.CrossEntropyLoss(), directions=3)
     assert result.status == "passed" and result.mode == "directional"
     assert result.max_relative_error < 1e-5
-    assert result.forward_passes == 1 + 2 * 3
+    assert result.forward_passes == 1 + 2 + 2 * 3  # backward's forward, the determinism check, the directions
     assert result.parameters == []
 
 
@@ -33,8 +41,9 @@ def test_elementwise_mode_samples_across_the_tensor_and_reports_the_worst_index(
     weight = {p.name: p for p in broken.parameters}["2.weight"]
     assert broken.status == "failed" and weight.status == "bug"
     assert len(weight.worst_index) == 2 and weight.worst_index[0] != weight.worst_index[1]  # off-diagonal
-    # 6 tensors, up to 8 elements each, 2 forwards per element, plus the backward's forward
-    assert broken.forward_passes == 1 + 2 * (8 + 8 + 8 + 8 + 8 + 3)
+    # 6 tensors, up to 8 elements each, 2 forwards per element, plus the backward's forward and the
+    # determinism check's two
+    assert broken.forward_passes == 1 + 2 + 2 * (8 + 8 + 8 + 8 + 8 + 3)
 
 
 def test_dropout_made_deterministic_per_evaluation():
@@ -162,3 +171,79 @@ def test_trained_to_a_tiny_loss_passes_and_a_ten_percent_scaled_backward_is_stil
     broken = grad_check(model, (x, y), nn.CrossEntropyLoss())
     assert broken.status == "failed"
     assert [p.name for p in broken.parameters if p.status == "bug"] == ["2.weight"]
+
+
+class FunctionalKinks(nn.Module):
+    """Kinks only functional code sees: relu of a shifted pre-activation, abs, a comparison
+    mask and a clamp, over many units (so some sit within ε of a kink)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.c = nn.Linear(8, 256), nn.Linear(256, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = torch.relu(h * 3 - 0.01) + torch.abs(h - 0.02) + torch.where(h > 0.01, h, 0.1 * h).clamp(-1, 1)
+        return self.c(h)
+
+
+@pytest.mark.slow
+def test_functional_kinks_are_no_broken_backward():
+    # before the functional kinks were recorded, 5 of these 12 trials reported a bug
+    for seed in range(12):
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g)
+        result = grad_check(FunctionalKinks(), (x, y), nn.CrossEntropyLoss(), seed=seed, eps=1e-3)
+        assert result.status == "passed", (seed, result.message)
+
+
+class Float32Inside(nn.Module):
+    """Casts to float32 inside forward (as mixed-precision code does): float64 rounding
+    is not what the differences can resolve."""
+
+    def __init__(self, bug=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.c = nn.Linear(8, 32), CustomLinear(32, 3, bug)
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.a(x)).float().to(x.dtype))
+
+
+def test_a_forward_that_computes_in_float32_is_judged_by_float32_rounding():
+    healthy = grad_check(Float32Inside(), batch(), nn.CrossEntropyLoss())
+    assert healthy.status == "passed" and "computes in float32" in healthy.message
+    broken = grad_check(Float32Inside("transposed"), batch(), nn.CrossEntropyLoss())
+    assert broken.status == "failed" and [p.name for p in broken.parameters if p.status == "bug"] == ["c.weight"]
+
+
+class OnlyFloat32(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.c = nn.Linear(8, 16), nn.Linear(16, 3)
+        self.register_buffer("scale", torch.ones(16))
+
+    def forward(self, x):
+        return self.c(torch.relu(self.a(x.float())) * self.scale.float())
+
+
+def test_a_model_that_cannot_run_in_float64_is_checked_in_float32():
+    result = grad_check(OnlyFloat32(), batch(), nn.CrossEntropyLoss())
+    assert result.status == "passed" and result.message.startswith("checked in float32")
+
+
+class Stateful(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.calls = nn.Linear(8, 3), 0
+
+    def forward(self, x):
+        self.calls += 1  # e.g. a cached state or a counter: the loss is no function of the weights
+        return self.a(x) * (1 + 0.01 * self.calls)
+
+
+def test_a_forward_that_keeps_state_is_skipped_not_called_broken():
+    result = grad_check(Stateful(), batch(), nn.CrossEntropyLoss())
+    assert result.status == "skipped" and "keeps state" in result.message

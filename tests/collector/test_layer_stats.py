@@ -3,7 +3,7 @@ import torch
 from _probe_models import assert_untouched, batch, dead_relu_mlp, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
-from nndx.collector.hooks import hook_statistics
+from nndx.collector.probes.layer_stats import hook_statistics
 
 
 def test_healthy_layers_parameters_and_summary_in_forward_order():

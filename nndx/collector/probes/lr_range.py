@@ -42,7 +42,9 @@ from nndx.collector._common import (
     forward,
     preserved_rng,
     split_batch,
+    train_in_float32,
 )
+from nndx.collector.probes import ProbeSpec
 from nndx.report import LRRangeResult
 
 # Points skipped before looking for the steepest descent: the moving average's warm-up.
@@ -79,13 +81,15 @@ def lr_range_test(
     diverged_at: float | None = None
     with preserved_rng():
         model_copy, opt, note = copy_with_optimizer(model, optimizer, lambda p: torch.optim.Adam(p, lr=start_lr))
+        precision = train_in_float32(model_copy, opt)
         for i in range(steps):
             lr = start_lr * (end_lr / start_lr) ** (i / (steps - 1))
             for group in opt.param_groups:
                 group["lr"] = lr
             inputs, targets = split_batch(next(source))
             opt.zero_grad(set_to_none=True)
-            loss = compute_loss(loss_fn, forward(model_copy, inputs), targets)
+            with precision:
+                loss = compute_loss(loss_fn, forward(model_copy, inputs), targets)
             value = float(loss.detach())
             lrs.append(lr)
             losses.append(value)
@@ -96,6 +100,10 @@ def lr_range_test(
             loss.backward()
             opt.step()
     return analyse(lrs, losses, smoothed, diverged_at, note=f"swept with {note}")
+
+
+SPEC = ProbeSpec(name="lr_range", title=LRRangeResult.title, function=lr_range_test, result=LRRangeResult,
+                 order=60, needs_finite_parameters=True, trains=True)  # fmt: skip
 
 
 def analyse(

@@ -15,6 +15,7 @@ optimizer (see ``copy_with_optimizer``). The user's model and optimizer are neve
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -28,15 +29,17 @@ from nndx.collector._common import (
     forward,
     preserved_rng,
     split_batch,
+    train_in_float32,
 )
+from nndx.collector.probes._observe import ForwardObserver, observed_summary
 from nndx.collector.stats import (
     LayerRecorder,
-    iter_named_leaves,
     parameter_stats,
     snapshot_parameters,
     summarize_model,
 )
-from nndx.report import LayerStats, ModelSummary, ParameterStats
+from nndx.collector.probes import ProbeSpec
+from nndx.report import DiagnosticReport, LayerStats, ModelSummary, ParameterStats
 
 
 class HookStatistics(NamedTuple):
@@ -62,21 +65,33 @@ def hook_statistics(
     with preserved_rng():
         model_copy, opt, note = copy_with_optimizer(model, optimizer, lambda p: torch.optim.Adam(p, lr=lr))
         opt.zero_grad(set_to_none=True)  # the copy may carry the user's stale .grad
-        # the recorder hooks only layers worth statistics; the summary wants every leaf
-        # (dropout, flatten...) in the order it ran
-        order: list[str] = []
-        handles = [m.register_forward_hook(lambda *_, n=n: order.append(n) if n not in order else None)
-                   for n, m in iter_named_leaves(model_copy)]  # fmt: skip
-        try:
-            with LayerRecorder(model_copy) as recorder:
-                recorder.start_step(step)
-                loss = compute_loss(loss_fn, forward(model_copy, inputs), targets)
-                loss.backward()
-                layers = recorder.finish_step()
-        finally:
-            for h in handles:
-                h.remove()
+        # nndx's own Adam on float16 weights is NaN in one step (its eps is 0 in float16):
+        # then the step is taken as mixed precision takes it; the user's optimizer as it is
+        precision = train_in_float32(model_copy, opt) if note.startswith("nndx's own") else contextlib.nullcontext()
+        with LayerRecorder(model_copy) as recorder, ForwardObserver(model_copy, layer_stats=True) as seen, precision:
+            recorder.start_step(step)
+            output = forward(model_copy, inputs)
+            loss = compute_loss(loss_fn, output, targets)
+        loss.backward()
+        layers = _in_forward_order(recorder.finish_step() + seen.layer_records(step), seen.timeline)
         before = snapshot_parameters(model_copy)
         opt.step()
         parameters = parameter_stats(model_copy, before, step)
-    return HookStatistics(layers, parameters, summarize_model(model, order), note)
+    # the summary wants every leaf (dropout, flatten...) in the order it ran
+    summary = observed_summary(summarize_model(model, [n for n in seen.timeline if n in dict(model.named_modules())]),
+                               seen, output)  # fmt: skip
+    return HookStatistics(layers, parameters, summary, note)
+
+
+def _in_forward_order(layers: list[LayerStats], timeline: list[str]) -> list[LayerStats]:
+    rank = {name: i for i, name in enumerate(timeline)}
+    return sorted(layers, key=lambda layer: rank.get(layer.name, len(rank)))
+
+
+def _record(report: DiagnosticReport, stats: HookStatistics) -> str:
+    report.layers, report.parameters, report.model = stats.layers, stats.parameters, stats.model
+    return "done"
+
+
+# named "hooks" in reports, options and the CLI since before this module had its name
+SPEC = ProbeSpec(name="hooks", title="layer statistics", function=hook_statistics, order=10, record=_record)

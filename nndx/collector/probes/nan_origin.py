@@ -5,11 +5,13 @@ How to use::
     result = nan_origin(model, (x, y), loss_fn)
     result.input_nonfinite_count, result.forward_module, result.backward_module
 
-One forward and one backward on a copy, with a forward hook on every module (leaves
-and containers). Forward hooks fire when a module finishes, so children report before
-their parent: the first module in that order with a non-finite output is the innermost
-one that produced it (a container is named only when its own code, between finite
-children, made the value). In backward, ``backward_module`` is the first module — in
+One forward and one backward on a copy. In forward, every module's output and every
+op called by a module's own code (``torch.log``, ``x / x.std()``, ``torch.exp`` written
+in ``forward``, seen through :class:`~nndx.collector.probes._observe.ForwardObserver`)
+is checked as it is made: the first non-finite one names the module whose code made it
+(``forward_module``) and, for functional code, the op (``forward_op``: ``log``,
+``exp``, ``div``...). Forward hooks fire when a module finishes, so children report
+before their parent: a container is named only when its own code made the value. In backward, ``backward_module`` is the first module — in
 the order gradients arrive — whose output gradient is non-finite; the operation that
 made it is the module (or loss) that consumed that output.
 
@@ -35,11 +37,9 @@ from nndx.collector._common import (
     split_batch,
     working_copy,
 )
+from nndx.collector.probes import ProbeSpec
+from nndx.collector.probes._observe import ForwardObserver
 from nndx.report import NanOriginResult
-
-
-def _has_nonfinite(obj: object) -> bool:
-    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
 
 
 def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResult:
@@ -47,15 +47,12 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
     inputs, targets = split_batch(batch)
     input_bad = nonfinite_count(inputs)
     target_bad = nonfinite_count(targets)
-    forward_hit: list[tuple[str, str]] = []
     backward_hit: list[tuple[str, str]] = []
     with preserved_rng():
         model_copy = working_copy(model)
 
         def watch(name: str, module: nn.Module):
             def on_forward(_module: nn.Module, _inputs: object, output: object) -> None:
-                if not forward_hit and _has_nonfinite(output):
-                    forward_hit.append((name, type(module).__name__))
                 for t in iter_tensors(output):
                     if t.requires_grad:
                         t.register_hook(on_grad)
@@ -68,14 +65,16 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
 
         handles = [m.register_forward_hook(watch(n or type(m).__name__, m)) for n, m in model_copy.named_modules()]
         try:
-            loss = compute_loss(loss_fn, forward(model_copy, inputs), targets)
+            with ForwardObserver(model_copy, nonfinite=True) as seen:
+                output = forward(model_copy, inputs)
+            loss = compute_loss(loss_fn, output, targets)
             loss_finite = math.isfinite(float(loss.detach()))
             if loss.requires_grad:
                 loss.backward()
         finally:
             for h in handles:
                 h.remove()
-    fwd = forward_hit[0] if forward_hit else (None, None)
+    fwd = seen.first_nonfinite or (None, None, None)
     bwd = backward_hit[0] if backward_hit else (None, None)
     problems = []
     if input_bad:
@@ -83,7 +82,8 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
     if target_bad:
         problems.append(f"{target_bad} non-finite target values")
     if fwd[0] is not None:
-        problems.append(f"first non-finite output in forward: {fwd[0]} ({fwd[1]})")
+        problems.append(f"first non-finite output in forward: {fwd[0]} ({fwd[1]})"
+                        + (f", made by {fwd[2]}() in its forward" if fwd[2] else ""))
     if not loss_finite:
         problems.append("the loss is non-finite")
     if bwd[0] is not None:
@@ -93,6 +93,9 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
         message="; ".join(problems) if problems else "every output, the loss and every gradient are finite",
         input_nonfinite_count=input_bad + target_bad,
         loss_finite=loss_finite,
-        forward_module=fwd[0], forward_module_type=fwd[1],
+        forward_module=fwd[0], forward_module_type=fwd[1], forward_op=fwd[2],
         backward_module=bwd[0], backward_module_type=bwd[1],
     )  # fmt: skip
+
+
+SPEC = ProbeSpec(name="nan_origin", title=NanOriginResult.title, function=nan_origin, result=NanOriginResult, order=20)

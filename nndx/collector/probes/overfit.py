@@ -14,10 +14,11 @@ loss, or 100% accuracy on the batch for classification — not the absolute
 It cannot detect misaligned labels: networks memorise random labels (Zhang et al.
 2017, "Understanding deep learning requires rethinking generalization"), so a batch with
 shuffled labels overfits just as well. The label-alignment probe
-(:mod:`nndx.collector.label_alignment`) tests that.
+(:mod:`nndx.collector.probes.label_alignment`) tests that.
 
 Runs on a deep copy with nndx's own Adam (the user's learning rate may be the bug), the
-model kept in its current train/eval mode; the user's RNG is restored afterwards.
+model kept in its current train/eval mode; the user's RNG is restored afterwards. A
+float16 model trains as mixed precision does (float32 weights, float16 autocast).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from nndx.collector._common import (
     infer_task,
     preserved_rng,
     split_batch,
+    train_in_float32,
     working_copy,
 )
+from nndx.collector.probes import ProbeSpec
 from nndx.report import OverfitResult
 
 
@@ -64,11 +67,13 @@ def overfit_one_batch(
         if not params:
             return OverfitResult(status="failed", task=task, lr=lr,
                                  message="the model has no trainable parameters")  # fmt: skip
+        precision = train_in_float32(model_copy)
         optimizer = torch.optim.Adam(params, lr=lr)
         for step in range(steps + 1):  # measure after each of the ``steps`` updates
             optimizer.zero_grad(set_to_none=True)
-            output = forward(model_copy, inputs)
-            loss = compute_loss(loss_fn, output, targets)
+            with precision:
+                output = forward(model_copy, inputs)
+                loss = compute_loss(loss_fn, output, targets)
             losses.append(float(loss.detach()))
             if task == "classification":
                 final_accuracy = accuracy(loss_fn, output, targets)
@@ -101,3 +106,7 @@ def _fits(losses: list[float], batch_accuracy: float | None, target_ratio: float
         return True
     initial, current = losses[0], losses[-1]
     return initial >= 0 and current <= target_ratio * initial
+
+
+SPEC = ProbeSpec(name="overfit_one_batch", title=OverfitResult.title, function=overfit_one_batch,
+                 result=OverfitResult, order=50, needs_finite_parameters=True, trains=True)  # fmt: skip

@@ -33,20 +33,33 @@ makes a tensor at most "suspect" (as does a kink), while a "bug" needs an error 
 
 Kinks: a difference across a ReLU kink is wrong however right the backward is, and in a
 ReLU network some pre-activation is often within ε of zero. So every forward records
-which side of zero each leaf module's input and output lie on (and the bounds of
-ReLU6/Hardtanh-like clips); when w±εv changes that pattern, the difference is redone
-with ε/10 (up to 4 times), and one that still crosses can make a tensor "suspect",
-never a "bug". Kinks inside functional code on values no module outputs (a max-pool's
-argmax, ``torch.clamp`` in a custom forward) are not seen; the numpy form sees none.
+which side of its kink each non-smooth operation is on: the sign of every leaf
+module's input and output, and, seen through
+:class:`~nndx.collector.probes._observe.ForwardObserver`, the input of every functional
+``relu``/``abs``/``leaky_relu``, the bounds of ``clamp``/``hardtanh``, a max-pool's
+argmax, ``maximum``'s winner and every comparison (``h > 0.01`` in a ``torch.where``).
+When w±εv changes that pattern, the difference is redone with ε/10 (up to 4 times), and
+one that still crosses can make a tensor "suspect", never a "bug". The numpy form sees
+no kinks.
 
-Randomness: the loss must be the same function at every evaluation, so every forward
-runs with the same seed (identical dropout masks); batch-norm in train mode is a
-deterministic function of the batch and is checked as is. The check runs in float64 on
-a copy; the user's model and RNG are untouched.
+Precision: the check runs on a float64 copy. A forward that computes in less (an
+explicit ``.float()`` inside it, a model that cannot run in float64 and is checked in
+float32) rounds at that precision: the round-off and the step ε are taken from the
+least precise dtype the forward computed in (ε at least eps^(1/3), which balances
+rounding against curvature), so float32 rounding is not called a wrong backward.
+
+Randomness and state: the loss must be the same function at every evaluation, so every
+forward runs with the same seed (identical dropout masks); batch-norm in train mode is
+a deterministic function of the batch and is checked as is. Two more evaluations at the
+unchanged parameters must give the same loss: a forward that keeps state between calls
+or draws randomness outside torch's generator is no function of the parameters, and
+the check says ``skipped`` instead of blaming the backward. Autocast is off. The user's
+model and RNG are untouched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Literal
@@ -59,12 +72,15 @@ from nndx.collector._common import (
     LossFn,
     compute_loss,
     forward,
+    forwards_under_autocast,
     map_tensors,
     preserved_rng,
     split_batch,
     working_copy,
 )
 from nndx.collector.stats import iter_named_leaves
+from nndx.collector.probes import ProbeSpec
+from nndx.collector.probes._observe import ForwardObserver
 from nndx.report import GradCheckParam, GradCheckResult
 
 OK_THRESHOLD = 1e-5
@@ -77,6 +93,9 @@ RELATIVE_FLOOR = 1e-8
 # machine epsilon; measured on a cross-entropy of 1e-5: ~3e-17 absolute). The central
 # difference (L+ − L−) / 2ε is then uncertain by ROUNDOFF · max(1, |L|) / ε.
 ROUNDOFF = 2.0**-52
+# A forward that computes in float32 or less (an explicit .float() inside it) rounds in
+# every op, not once: its loss is known to about this many of its eps.
+LOW_PRECISION_SAFETY = 16.0
 
 Mode = Literal["directional", "elementwise"]
 
@@ -106,8 +125,10 @@ class _Problem:
         loss_at: Callable[[Mapping[str, torch.Tensor]], tuple[float, Pattern | None]],
         base_loss: float,
         base_pattern: Pattern | None = None,
+        roundoff: float = ROUNDOFF,
     ) -> None:
         self.values, self.grads, self.shapes = values, grads, shapes
+        self.roundoff = roundoff
         self._loss_at = loss_at
         self.base_loss = base_loss
         self.base_pattern = base_pattern
@@ -138,7 +159,7 @@ class _Problem:
         return error, False, resolved
 
     def analytic(self, direction: Mapping[str, torch.Tensor]) -> float:
-        return float(sum(torch.dot(self.grads[n], d) for n, d in direction.items()))
+        return float(sum(torch.dot(self.grads[n].double(), d.double()) for n, d in direction.items()))
 
     def relative_error(self, numeric: float, analytic: float, eps: float) -> tuple[float, bool]:
         """(|numeric − analytic| beyond the round-off of the difference at ``eps``, relative
@@ -147,7 +168,7 @@ class _Problem:
         if not (math.isfinite(numeric) and math.isfinite(analytic)):
             return math.inf, True
         scale = max(1.0, abs(self.base_loss))
-        noise = ROUNDOFF * scale / eps
+        noise = self.roundoff * scale / eps
         floor = RELATIVE_FLOOR * scale
         magnitude = max(abs(numeric), abs(analytic))
         error = max(0.0, abs(numeric - analytic) - noise) / max(magnitude, floor)
@@ -196,27 +217,59 @@ def grad_check(
     eps: float = 1e-5,
     seed: int = 0,
 ) -> GradCheckResult:
-    """Check the model's autograd gradients of ``loss_fn`` on ``batch`` in float64."""
+    """Check the model's autograd gradients of ``loss_fn`` on ``batch`` in float64 (in
+    float32 when the model cannot run in float64)."""
     inputs, targets = split_batch(batch)
-    with preserved_rng():
-        model_copy = working_copy(model).double()
-        inputs, targets = (map_tensors(t, lambda x: x.double() if x.is_floating_point() else x)
-                           for t in (inputs, targets))  # fmt: skip
-        named = [(n, p) for n, p in model_copy.named_parameters() if p.requires_grad]
-        if not named:
-            return GradCheckResult(status="skipped", mode=mode, eps=eps, message="no trainable parameters")
-
-        def loss_now() -> torch.Tensor:
-            torch.manual_seed(seed)  # the same dropout mask at every evaluation
-            return compute_loss(loss_fn, forward(model_copy, inputs), targets)
-
-        pattern: Pattern = []
-        handles = _record_kinks(model_copy, pattern)
+    with preserved_rng(), _no_autocast(model):
         try:
+            return _check_in(torch.float64, model, inputs, targets, loss_fn, mode, directions, elements_per_tensor,
+                             eps, seed)  # fmt: skip
+        except RuntimeError as exc:
+            if "dtype" not in str(exc).lower() and "double" not in str(exc).lower():
+                raise
+            result = _check_in(torch.float32, model, inputs, targets, loss_fn, mode, directions,
+                               elements_per_tensor, eps, seed)  # fmt: skip
+            result.message = (f"checked in float32: the model does not run in float64 ({str(exc)[:120]}); "
+                              + (result.message or ""))  # fmt: skip
+            return result
+
+
+def _no_autocast(model: nn.Module) -> contextlib.AbstractContextManager:
+    """Autocast off: the check is of the backward's math, in float64, whatever the
+    training's precision."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(forwards_under_autocast(None))
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    if device in ("cpu", "cuda"):
+        stack.enter_context(torch.autocast(device_type=device, enabled=False))
+    return stack
+
+
+def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, mode: Mode,
+              directions: int, elements_per_tensor: int, eps: float, seed: int) -> GradCheckResult:  # fmt: skip
+    model_copy = working_copy(model).to(dtype)
+    inputs, targets = (map_tensors(t, lambda x: x.to(dtype) if x.is_floating_point() else x)
+                       for t in (inputs, targets))  # fmt: skip
+    named = [(n, p) for n, p in model_copy.named_parameters() if p.requires_grad]
+    if not named:
+        return GradCheckResult(status="skipped", mode=mode, eps=eps, message="no trainable parameters")
+
+    def loss_now() -> torch.Tensor:
+        torch.manual_seed(seed)  # the same dropout mask at every evaluation
+        seen.kink_pattern = pattern  # functional kinks (F.relu, clamp, max-pool, comparisons) join the modules'
+        return compute_loss(loss_fn, forward(model_copy, inputs), targets)
+
+    pattern: Pattern = []
+    handles = _record_kinks(model_copy, pattern)
+    try:
+        with ForwardObserver(model_copy, kinks=True) as seen:
             model_copy.zero_grad(set_to_none=True)
             base = loss_now()
             base.backward()
             base_pattern = list(pattern)
+            # the least precise dtype the forward computed in (an explicit .float() inside
+            # it, say): its rounding, not float64's, is what the differences can resolve
+            precision = seen.lowest_precision or dtype
             values = {n: p.detach().reshape(-1).clone() for n, p in named}
             grads = {n: (p.grad.detach().reshape(-1).clone() if p.grad is not None else torch.zeros_like(values[n]))
                      for n, p in named}  # fmt: skip
@@ -233,14 +286,39 @@ def grad_check(
                     for n in substituted:
                         params[n].copy_(values[n].reshape(params[n].shape))
 
+            roundoff = torch.finfo(precision).eps * (1.0 if precision == torch.float64 else LOW_PRECISION_SAFETY)
             problem = _Problem(values, grads, {n: list(p.shape) for n, p in named}, loss_at,
-                               float(base.detach()), base_pattern)  # fmt: skip
+                               float(base.detach()), base_pattern, roundoff)  # fmt: skip
             problem.forward_passes = 1  # the forward behind the analytic gradient
+            unstable = _not_a_function(problem)
+            if unstable is not None:
+                return GradCheckResult(status="skipped", mode=mode, eps=eps, forward_passes=problem.forward_passes,
+                                       message=unstable)  # fmt: skip
+            step = max(eps, torch.finfo(precision).eps ** (1 / 3))  # the step that balances rounding and curvature
             device = next(iter(values.values())).device
-            return _run(problem, mode, directions, elements_per_tensor, eps, seed, device)
-        finally:
-            for h in handles:
-                h.remove()
+            result = _run(problem, mode, directions, elements_per_tensor, step, seed, device)
+    finally:
+        for h in handles:
+            h.remove()
+    if precision != torch.float64:
+        result.message = (f"the forward computes in {str(precision).removeprefix('torch.')}: differences judged "
+                          f"against its rounding (eps {step:.2g}); " + (result.message or ""))  # fmt: skip
+    return result
+
+
+def _not_a_function(problem: _Problem) -> str | None:
+    """Why finite differences cannot check this loss, or None: evaluated twice more at
+    the same parameters it must give the same value (within rounding). A forward that
+    keeps state between calls (a counter, a cached hidden state) or draws randomness
+    outside torch's generator is no function of the parameters."""
+    again = [problem.loss({})[0] for _ in range(2)]
+    spread = max(abs(v - problem.base_loss) for v in again)
+    allowed = 64 * problem.roundoff * max(1.0, abs(problem.base_loss))
+    if math.isfinite(spread) and spread <= allowed:
+        return None
+    return (f"the loss changed by {spread:.3g} between evaluations at the same parameters (rounding allows "
+            f"{allowed:.2g}): the forward keeps state between calls or draws randomness outside torch's "
+            "generator, so finite differences cannot check its gradient")
 
 
 def grad_check_arrays(
@@ -394,3 +472,7 @@ def _spread_indices(numel: int, count: int, generator: torch.Generator) -> list[
         return list(range(numel))
     bounds = torch.linspace(0, numel, count + 1).long().tolist()
     return [lo + int(torch.randint(hi - lo, (1,), generator=generator)) for lo, hi in zip(bounds, bounds[1:])]
+
+
+SPEC = ProbeSpec(name="grad_check", title=GradCheckResult.title, function=grad_check, result=GradCheckResult,
+                 order=40, needs_finite_parameters=True, trains=True)  # fmt: skip

@@ -1,0 +1,117 @@
+"""What reached the loss function: one ``LossCall`` per signature, from any path.
+
+How to use::
+
+    calls = LossCallLog()
+    calls.add("CrossEntropyLoss", output, target)   # each time the loss is called
+    report.loop.loss_calls = calls.records()
+
+The probes call the loss on the model's outputs themselves, and the Monitor sees the
+calls of the loss it wraps; both record them here, so the loss-fit rules (softmax
+before CrossEntropyLoss, sigmoid before BCEWithLogitsLoss, NLLLoss on probabilities,
+shape broadcast) read the same evidence whichever path produced it.
+
+A signature is (loss type, output shape, target shape, output dtype, target dtype).
+The first call of a signature is always measured (output range and share of zeros,
+whether the rows of a class-axis output sum to one, the targets' mean and std); a later
+one only counts, unless ``measure=True`` (the Monitor measures on the steps it
+records): the range widens over calls, the rest is the latest measured. Measuring costs
+one host synchronisation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nndx.report import LossCall
+
+MAX_SIGNATURES = 16
+# rows whose sum is this close to 1 (in float32) are probabilities already
+ROWS_SUM_TOLERANCE = 1e-3
+
+
+def call_evidence(output: torch.Tensor, target: torch.Tensor | None) -> dict[str, float | None]:
+    """What one loss call shows, with one host synchronisation: the output's range, the
+    largest |row sum - 1| over its class axis (dim 1; None without one), its share of
+    exact zeros, and the mean and std of floating-point targets."""
+    x = output.detach().float()
+    lo, hi = torch.aminmax(x)
+    values = {"output_min": lo, "output_max": hi, "output_zero_fraction": (x == 0).float().mean()}
+    if x.dim() >= 2 and x.shape[1] > 1:
+        values["rows_off_one"] = (x.sum(dim=1) - 1.0).abs().max()
+    if target is not None and target.is_floating_point() and target.numel() > 1:
+        t = target.detach().float()
+        values["target_mean"], values["target_std"] = t.mean(), t.std()
+    fetched = torch.stack([v.reshape(()).to(x.device) for v in values.values()]).tolist()
+    return dict(zip(values, fetched))
+
+
+def _dtype(t: torch.Tensor | None) -> str | None:
+    return None if t is None else str(t.dtype).removeprefix("torch.")
+
+
+class LossCallLog:
+    """Loss calls, aggregated by signature (at most ``max_signatures`` kept)."""
+
+    def __init__(self, max_signatures: int = MAX_SIGNATURES) -> None:
+        self.max_signatures = max_signatures
+        self._entries: dict[tuple, dict[str, Any]] = {}
+
+    def add(self, loss_type: str, output: Any, target: Any, measure: bool = False) -> None:
+        """Count a call of ``loss_type`` on ``output`` and ``target`` (anything that is not
+        a tensor output is not evidence of its kind, and is left out)."""
+        if not isinstance(output, torch.Tensor):
+            return
+        target_t = target if isinstance(target, torch.Tensor) else None
+        key = (loss_type, tuple(output.shape), None if target_t is None else tuple(target_t.shape),
+               _dtype(output), _dtype(target_t))  # fmt: skip
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry["calls"] += 1
+            if not measure:
+                return
+        elif len(self._entries) >= self.max_signatures:
+            return
+        else:
+            entry = self._entries[key] = {
+                "loss_type": loss_type,
+                "output_shape": list(output.shape),
+                "target_shape": None if target_t is None else list(target_t.shape),
+                "output_dtype": _dtype(output),
+                "target_dtype": _dtype(target_t),
+                "calls": 1,
+            }
+        if output.is_floating_point() and output.numel() > 0:
+            seen = call_evidence(output, target_t)
+            lo, hi = seen["output_min"], seen["output_max"]
+            entry["output_min"] = lo if entry.get("output_min") is None else min(entry["output_min"], lo)
+            entry["output_max"] = hi if entry.get("output_max") is None else max(entry["output_max"], hi)
+            entry["output_zero_fraction"] = min(max(seen["output_zero_fraction"], 0.0), 1.0)
+            if "rows_off_one" in seen:
+                looks = lo >= 0.0 and hi <= 1.0 and seen["rows_off_one"] < ROWS_SUM_TOLERANCE
+                entry["output_rows_sum_to_one"] = looks and entry.get("output_rows_sum_to_one", True) is not False
+            if "target_mean" in seen:
+                entry["target_mean"], entry["target_std"] = seen["target_mean"], seen["target_std"]
+
+    def records(self) -> list[LossCall]:
+        return [LossCall(**entry) for entry in self._entries.values()]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def merge_loss_calls(first: list[LossCall], second: list[LossCall]) -> list[LossCall]:
+    """``first``, then the calls of ``second`` whose signature ``first`` lacks (a report
+    merging the Monitor's calls with the probes' keeps the training loop's counts)."""
+
+    def signature(call: LossCall) -> tuple:
+        shape = None if call.target_shape is None else tuple(call.target_shape)
+        return call.loss_type, tuple(call.output_shape), shape, call.output_dtype, call.target_dtype
+
+    seen = {signature(c) for c in first}
+    return [*first, *(c for c in second if signature(c) not in seen)]
+
+
+__all__ = ["LossCallLog", "call_evidence", "merge_loss_calls"]

@@ -1,0 +1,354 @@
+"""What ran inside a model's forward, functional code included.
+
+How to use::
+
+    with ForwardObserver(model_copy, layer_stats=True) as seen:
+        output = model_copy(x)
+    seen.calls                 # functional activations: 'forward:relu#0' (ReLU), ...
+    seen.output_activation(output)   # 'Sigmoid' when torch.sigmoid made the output
+    seen.first_nonfinite       # the first op or module whose output is NaN/Inf
+
+Why: ``F.relu``, ``torch.sigmoid`` or ``x / x.std()`` written inside ``forward`` are
+invisible to module hooks, and the same dead-ReLU bug must give the same evidence
+whether it is written ``nn.ReLU()`` or ``F.relu``. A ``torch.overrides.TorchFunctionMode``
+sees every torch function and tensor method called while it is active; forward hooks
+on the (probe's own copy of the) model tell in which module each call happened.
+
+What counts as functional code: a call whose innermost running module is not one of
+torch's own (``nn.Linear``'s ``F.linear`` or ``nn.ReLU``'s ``relu`` are the modules'
+business, and their hooks report them); calls outside the model (the loss, the probe's
+own bookkeeping) are ignored. Dropout calls are seen everywhere, to tell dropout from
+other randomness. Each call costs a few microseconds of Python, so the probes observe
+only their own few forwards, never the user's training loop.
+
+A functional activation is named after where it ran: ``forward:relu#0`` is the first
+``relu`` called by the root module's own ``forward``, ``block.forward:sigmoid#1`` the
+second ``sigmoid`` in ``block``'s, and its type is the module name of its kind
+(``ReLU``, ``Sigmoid``: see :mod:`nndx.vocab`), so the layer rules read it as they read
+a module.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from nndx import vocab
+from nndx.collector._common import first_output, iter_tensors
+from nndx.collector.stats import (
+    activation_fields,
+    activation_stats_rows,
+    gradient_fields,
+    gradient_stats_rows,
+)
+from nndx.report import ActivationStats, GradientStats, LayerStats, ModelSummary
+
+# spellings of one op, under the name the rules read
+OP_ALIASES = {"__truediv__": "div", "__rtruediv__": "div", "__rdiv__": "div", "__itruediv__": "div",
+              "__div__": "div", "true_divide": "div", "divide": "div", "div_": "div", "reciprocal": "div",
+              "rsqrt": "div", "log_": "log", "exp_": "exp", "__pow__": "pow", "pow_": "pow"}  # fmt: skip
+DROPOUT_OPS = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                         "feature_alpha_dropout", "feature_dropout"})  # fmt: skip
+# ops that only move, view or cast values: an activation's output stays that activation's
+SHAPE_OPS = frozenset({"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "permute",
+                       "transpose", "t", "__getitem__", "select", "narrow", "expand", "expand_as", "clone",
+                       "to", "float", "double", "half", "bfloat16", "type_as", "view_as", "reshape_as",
+                       "squeeze_", "unsqueeze_", "detach", "movedim", "swapaxes"})  # fmt: skip
+# non-smooth ops, by what decides which side of the kink a value is on (the grad check redoes
+# a finite difference that changed any of them with a smaller step)
+SIGN_KINK_OPS = frozenset({"relu", "relu_", "leaky_relu", "leaky_relu_", "abs", "abs_", "prelu", "rrelu",
+                           "elu", "elu_", "celu", "selu", "threshold", "threshold_", "hardswish", "sign"})  # fmt: skip
+BOUND_KINK_OPS = frozenset({"clamp", "clamp_", "clip", "clip_", "hardtanh", "hardtanh_", "relu6",
+                            "hardsigmoid"})  # fmt: skip
+DISCRETE_OPS = frozenset({"floor", "ceil", "round", "trunc", "sign", "argmax", "argmin"})
+_DEFAULT_BOUNDS = {"hardtanh": (-1.0, 1.0), "hardtanh_": (-1.0, 1.0), "relu6": (0.0, 6.0), "hardsigmoid": (-3.0, 3.0)}
+
+
+@dataclass
+class Call:
+    """One functional call inside the model."""
+
+    name: str  # where it ran: 'forward:relu#0', 'block.forward:log#0'
+    op: str  # 'relu', 'log', 'div'
+    module: str  # the module whose forward made the call ('' for the root)
+    module_type: str
+    kind: vocab.ActivationKind | None  # an activation's kind, else None
+
+
+def _op_name(func: Any) -> str:
+    name = getattr(func, "__name__", "") or ""
+    return OP_ALIASES.get(name, name)
+
+
+def _is_torch_module(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("torch.")
+
+
+class ForwardObserver(TorchFunctionMode):
+    """Observe the forwards of ``model`` run inside the ``with`` block.
+
+    ``layer_stats``: compute activation statistics of every functional activation (and
+    gradient statistics in the backward that follows) as :class:`LayerStats`.
+    ``kinks``: record on which side of its kink every non-smooth op's input is (the
+    gradient check's guard), in every module. ``nonfinite``: find the first op or
+    module whose output is NaN/Inf (a pass over every output). The observer removes its
+    hooks on exit."""
+
+    def __init__(self, model: nn.Module, *, layer_stats: bool = False, kinks: bool = False,
+                 nonfinite: bool = False) -> None:  # fmt: skip
+        super().__init__()
+        self.model = model
+        self.layer_stats = layer_stats
+        self.record_kinks = kinks
+        self.watch_nonfinite = nonfinite
+        self.calls: list[Call] = []
+        self.timeline: list[str] = []  # leaf modules and functional activations, in the order they first ran
+        self.first_nonfinite: tuple[str, str, str | None] | None = None  # (module, module type, op or None)
+        self.dropout_calls: list[tuple[float, bool]] = []  # (p, training) of every dropout call
+        self.kink_pattern: list[torch.Tensor] = []
+        self.lowest_precision: torch.dtype | None = None  # of any floating value computed inside
+        self._stack: list[tuple[str, nn.Module]] = []
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._made_by: dict[int, tuple[weakref.ref, str | None]] = {}  # tensor id -> (tensor, activation kind)
+        self._stats: list[tuple[Call, ActivationStats, list[torch.Tensor]]] = []
+        self._busy = False  # inside the observer's own hooks: their torch calls are not the model's
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._names = {id(m): n for n, m in model.named_modules()}
+
+    # -- lifecycle
+    def __enter__(self) -> ForwardObserver:
+        for module in self.model.modules():
+            self._handles.append(module.register_forward_pre_hook(self._enter_module))
+            self._handles.append(module.register_forward_hook(self._leave_module, always_call=True))
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._stack.clear()
+
+    def _enter_module(self, module: nn.Module, _args: Any) -> None:
+        self._stack.append((self._names.get(id(module), ""), module))
+
+    def _leave_module(self, module: nn.Module, _args: Any, output: Any) -> None:
+        if self._stack and self._stack[-1][1] is module:
+            self._stack.pop()
+        self._busy = True
+        try:
+            self._left(module, output)
+        finally:
+            self._busy = False
+
+    def _left(self, module: nn.Module, output: Any) -> None:
+        name = self._names.get(id(module), "")
+        is_leaf = next(module.children(), None) is None
+        if is_leaf:
+            if name not in self.timeline:
+                self.timeline.append(name)
+            kind = vocab.activation_kind(type(module).__name__)
+            for t in iter_tensors(output):
+                self._remember(t, kind.name if kind is not None else None)
+        if self.watch_nonfinite and self.first_nonfinite is None and _nonfinite(output):
+            self.first_nonfinite = (name or type(module).__name__, type(module).__name__, None)
+
+    # -- every torch call
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self._stack or self._busy:
+            return out  # outside the model, or the observer's own work
+        try:
+            self._observe(_op_name(func), func, args, kwargs, out)
+        except Exception:  # noqa: BLE001 - observing must never change what the model computes
+            pass
+        return out
+
+    def _observe(self, op: str, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if op in DROPOUT_OPS:
+            self._dropout(op, args, kwargs)
+        if first is not None and op in SHAPE_OPS:
+            made = self._made_by.get(id(first))
+            if made is not None and made[0]() is first:
+                for t in iter_tensors(out):
+                    self._remember(t, made[1])
+        for t in iter_tensors(out):
+            if t.is_floating_point() and (self.lowest_precision is None
+                                          or torch.finfo(t.dtype).eps > torch.finfo(self.lowest_precision).eps):
+                self.lowest_precision = t.dtype  # fmt: skip
+        if self.record_kinks:
+            self._kinks(op, func, args, kwargs, first, out)
+        module_name, module = self._stack[-1]
+        if _is_torch_module(module):
+            return  # the module's own code: its hooks report it
+        kind = vocab.activation_kind(op)
+        if kind is not None:
+            key = (module_name, op)
+            prefix = f"{module_name}.forward" if module_name else "forward"
+            call = Call(f"{prefix}:{op.rstrip('_')}#{self._counts[key]}", op, module_name, type(module).__name__, kind)
+            self._counts[key] += 1
+            self.calls.append(call)
+            self.timeline.append(call.name)
+            tensor = first_output(out)
+            if tensor is not None:
+                self._remember(tensor, kind.name)
+                if self.layer_stats and tensor.is_floating_point() and tensor.numel():
+                    self._measure(call, tensor)
+        if self.watch_nonfinite and self.first_nonfinite is None and _nonfinite(out) and not _nonfinite(args):
+            self.first_nonfinite = (module_name or type(module).__name__, type(module).__name__, op)
+
+    def _remember(self, t: torch.Tensor, kind: str | None) -> None:
+        self._made_by[id(t)] = (weakref.ref(t), kind)
+
+    def _dropout(self, op: str, args: tuple, kwargs: dict) -> None:
+        p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+        default = op not in ("alpha_dropout", "feature_alpha_dropout")  # their training defaults to False
+        training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else default))
+        self.dropout_calls.append((float(p), bool(training)))
+
+    def _kinks(self, op: str, func: Any, args: tuple, kwargs: dict, first: torch.Tensor | None, out: Any) -> None:
+        keep = self.kink_pattern.append
+        if first is not None and first.is_floating_point():
+            if op in SIGN_KINK_OPS:
+                keep(first.detach() > 0)
+            elif op in BOUND_KINK_OPS:
+                lo, hi = _bounds(op, args, kwargs)
+                x = first.detach()
+                keep(torch.stack([x > lo if lo is not None else x == x, x < hi if hi is not None else x == x]))
+            elif op in ("maximum", "minimum", "fmax", "fmin") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+                keep(first.detach() > args[1].detach())
+            elif "max_pool" in op:
+                indices = _pool_indices(func, args, kwargs)
+                if indices is not None:
+                    keep(indices)
+        if op in DISCRETE_OPS:
+            keep(first_output(out).detach().clone())
+        elif op in ("max", "min", "sort", "topk", "kthvalue", "median", "mode") and isinstance(out, tuple):
+            indices = getattr(out, "indices", None)
+            if isinstance(indices, torch.Tensor):
+                keep(indices.detach().clone())
+        else:
+            for t in iter_tensors(out):
+                if t.dtype == torch.bool:  # a comparison: a decision the output depends on
+                    keep(t.detach().clone())
+
+    # -- statistics of functional activations
+    def _measure(self, call: Call, t: torch.Tensor) -> None:
+        x, unit_axis = _with_units(t.detach())
+        bounds = call.kind.bounds if call.kind is not None and not call.kind.over_classes else None
+        rows, columns = activation_stats_rows(x[None], unit_axis + 1, bounds, torch.empty(x.numel(), device=x.device))
+        values = dict(zip(columns, rows[0].tolist()))
+        act = ActivationStats(**dict(zip(ActivationStats.model_fields, activation_fields(values, x.numel(), x.shape[unit_axis]))))
+        grads: list[torch.Tensor] = []
+        if t.requires_grad:
+            t.register_hook(lambda g: grads.append(g.detach().clone()) if not grads else None)
+        self._stats.append((call, act, grads))
+
+    def layer_records(self, step: int | None = None) -> list[LayerStats]:
+        """LayerStats of every functional activation called (the first call of each
+        name), with the gradient statistics of the backward that followed, if any."""
+        out = []
+        seen: set[str] = set()
+        for call, act, grads in self._stats:
+            if call.name in seen:
+                continue
+            seen.add(call.name)
+            gradient = None
+            if grads:
+                g = grads[0].reshape(1, -1)
+                rows, columns = gradient_stats_rows(g, torch.empty(g.numel(), device=g.device))
+                values = dict(zip(columns, rows[0].tolist()))
+                gradient = GradientStats(**dict(zip(GradientStats.model_fields, gradient_fields(values, g.numel(), g.numel()))))
+            out.append(LayerStats(name=call.name, type=call.kind.name, step=step, activation=act, gradient=gradient))
+        return out
+
+    # -- what the model's output is
+    def output_activation(self, output: Any) -> tuple[bool, str | None]:
+        """(known, kind): whether the observer saw what made the model's prediction, and
+        the activation that made it (None: a layer that is no activation)."""
+        t = first_output(output)
+        made = self._made_by.get(id(t)) if t is not None else None
+        if made is None or made[0]() is not t:
+            return False, None
+        return True, made[1]
+
+    def activation_order(self) -> list[str]:
+        """Kinds of the activations that ran (modules and functional calls), in order."""
+        by_name = {call.name: call.kind.name for call in self.calls if call.kind is not None}
+        modules = dict(self.model.named_modules())
+        order = []
+        for name in self.timeline:
+            if name in by_name:
+                order.append(by_name[name])
+            elif name in modules and vocab.activation_kind(type(modules[name]).__name__) is not None:
+                order.append(type(modules[name]).__name__)
+        return order
+
+
+def observed_summary(summary: ModelSummary, seen: ForwardObserver, output: Any) -> ModelSummary:
+    """``summary`` (from the modules) with the activations that actually ran, in order,
+    functional ones included, and the output activation from what made the output (a
+    ``torch.sigmoid`` on the output is an output activation as much as ``nn.Sigmoid``)."""
+    update: dict[str, Any] = {}
+    if seen.timeline:
+        update["activations"] = seen.activation_order()
+    known, kind = seen.output_activation(output)
+    if known:
+        update["output_activation"] = kind
+    return summary.model_copy(update=update)
+
+
+def _nonfinite(obj: Any) -> bool:
+    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
+
+
+def _with_units(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x`` at least 2-D, and its units' axis: channels of a conv-shaped output,
+    features otherwise; a vector is a batch of scalars."""
+    if x.dim() == 0:
+        return x.reshape(1, 1), 1
+    if x.dim() == 1:
+        return x.reshape(-1, 1), 1
+    return x, 1 if x.dim() >= 4 else x.dim() - 1
+
+
+def _bounds(op: str, args: tuple, kwargs: dict) -> tuple[float | None, float | None]:
+    if op in ("clamp", "clamp_", "clip", "clip_"):
+        lo = kwargs.get("min", args[1] if len(args) > 1 else None)
+        hi = kwargs.get("max", args[2] if len(args) > 2 else None)
+        return (_number(lo), _number(hi))
+    lo, hi = _DEFAULT_BOUNDS.get(op, (None, None))
+    if op.startswith("hardtanh"):
+        lo = _number(kwargs.get("min_val", args[1] if len(args) > 1 else lo))
+        hi = _number(kwargs.get("max_val", args[2] if len(args) > 2 else hi))
+    return lo, hi
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _pool_indices(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """Which input each max-pool output came from (the pool's kink)."""
+    if len(args) > 6 or kwargs.get("return_indices"):
+        return None
+    try:
+        with torch.no_grad():
+            result = func(*args, **{**kwargs, "return_indices": True})
+    except Exception:  # noqa: BLE001 - an unusual signature: no kink record
+        return None
+    return result[1] if isinstance(result, tuple) else None
+
+
+__all__ = ["Call", "ForwardObserver", "observed_summary"]

@@ -1,0 +1,152 @@
+"""A small reference model the data probes train on the user's arrays.
+
+How to use::
+
+    with one_thread():
+        train_mlp(x, y, num_classes, steps=200, seed=0, checkpoints={50, 200},
+                  at_checkpoint=lambda predict, step: scores.append(predict(x_test)))
+
+The label probes ask what the *data* supports, not what the user's model does: a
+one-hidden-layer ReLU MLP, full-batch Adam, its own ``torch.Generator`` (the global RNGs
+are untouched), trained on standardised features. ``predict`` returns logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Collection, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nndx.collector.data import _as_array
+
+Predict = Callable[[torch.Tensor], torch.Tensor]
+# Float labels with integral values and at most this many distinct values are classes.
+MAX_FLOAT_CLASSES = 100
+
+
+class ClassData(NamedTuple):
+    """Features (rows, float64) and class indices 0..C-1 of a classification split."""
+
+    features: np.ndarray
+    targets: np.ndarray
+    num_classes: int
+    note: str  # rows left out, in words ("" when none)
+
+
+def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int, seed: int) -> ClassData | str:
+    """The usable rows of ``(x, y)`` as :class:`ClassData` (a seeded random subset of at
+    most ``max_samples``), or why the labels cannot be judged as classes."""
+    xa, _ = _as_array(x, "inputs")
+    ya, _ = _as_array(y, "labels")
+    if xa.ndim == 0 or ya.ndim == 0 or xa.shape[0] != ya.shape[0]:
+        raise ValueError(f"inputs of shape {list(xa.shape)} and labels of shape {list(ya.shape)}: need one label per input")
+    classes, reason = _class_labels(ya)
+    if classes is None:
+        return reason
+    features = xa.reshape(xa.shape[0], -1).astype(np.float64)
+    usable = np.isfinite(features).all(axis=1) & (classes >= 0)
+    features, classes = features[usable], classes[usable]
+    dropped = int((~usable).sum())
+    note = f" ({dropped} rows with non-finite inputs/labels left out)" if dropped else ""
+    if features.shape[0] < min_samples:
+        return f"only {features.shape[0]} usable samples; need {min_samples}{note}"
+    order = np.random.default_rng(seed).permutation(features.shape[0])[:max_samples]
+    features, classes = features[order], classes[order]
+    _, targets = np.unique(classes, return_inverse=True)
+    if targets.max() < 1:
+        return f"only one class in the labels{note}"
+    return ClassData(features, targets, int(targets.max()) + 1, note)
+
+
+def _class_labels(y: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """Class indices from ``y`` (index, one-hot or integral float), or None and why not."""
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim == 2:
+        if np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all():
+            return y.argmax(axis=1).astype(np.int64), ""
+        return None, "labels are neither class indices nor one-hot rows (multi-label or multi-target)"
+    if y.ndim != 1:
+        return None, f"labels of shape {list(y.shape)}: the probe needs one class per sample"
+    if y.dtype.kind in "biu":
+        return y.astype(np.int64), ""
+    finite = np.isfinite(y)
+    values = y[finite]
+    if not np.array_equal(values, np.floor(values)) or np.unique(values).size > MAX_FLOAT_CLASSES:
+        return None, "regression targets: label alignment needs class labels"
+    # non-finite labels become -1 and are left out with the non-finite inputs
+    return np.where(finite, y, -1).astype(np.int64), ""
+
+
+
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch single-threaded, then restore the thread count: on these tiny matrices
+    thread hand-offs cost more than they save (measured 3-8x slower with two threads on
+    a busy two-core machine)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def standardise(train_x: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Every array standardised with the training split's statistics (a constant
+    feature is left at 0), so unnormalised inputs do not look like a label problem."""
+    mean, std = train_x.mean(axis=0), train_x.std(axis=0)
+    std = np.where(std == 0, 1.0, std)
+    return [(a - mean) / std for a in (train_x, *others)]
+
+
+def train_mlp(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    num_classes: int,
+    *,
+    steps: int,
+    seed: int,
+    hidden: int = 64,
+    lr: float = 1e-2,
+    checkpoints: Collection[int] = (),
+    at_checkpoint: Callable[[Predict, int], None] | None = None,
+) -> Predict:
+    """Train the MLP full-batch for ``steps`` Adam steps; call ``at_checkpoint(predict,
+    step)`` after each step in ``checkpoints``. The same ``seed`` gives the same
+    initialisation. Returns ``predict``, the logits of the trained model."""
+    generator = torch.Generator().manual_seed(seed)
+    n_features = train_x.shape[1]
+
+    def uniform(shape: tuple[int, ...], fan_in: int) -> torch.Tensor:
+        bound = 1.0 / math.sqrt(fan_in)
+        return ((torch.rand(shape, generator=generator) * 2 - 1) * bound).requires_grad_()
+
+    w1, b1 = uniform((n_features, hidden), n_features), uniform((hidden,), n_features)
+    w2, b2 = uniform((hidden, num_classes), hidden), uniform((num_classes,), hidden)
+    inputs = torch.as_tensor(train_x, dtype=torch.float32)
+    targets = torch.as_tensor(train_y, dtype=torch.long)
+    optimizer = torch.optim.Adam([w1, b1, w2, b2], lr=lr)
+
+    @torch.no_grad()
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w1 + b1) @ w2 + b2
+
+    for step in range(1, steps + 1):
+        with torch.enable_grad():
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(torch.relu(inputs @ w1 + b1) @ w2 + b2, targets).backward()
+            optimizer.step()
+        if at_checkpoint is not None and step in checkpoints:
+            at_checkpoint(predict, step)
+    return predict
+
+
+__all__ = ["ClassData", "class_data", "one_thread", "standardise", "train_mlp"]

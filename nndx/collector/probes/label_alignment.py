@@ -1,0 +1,173 @@
+"""Label alignment probe: do the labels belong to their inputs?
+
+How to use::
+
+    result = label_alignment(x, y)        # -> LabelAlignmentResult
+    result.status                         # "failed": evidence for LABELS_MISALIGNED
+
+Why it exists: labels shuffled separately from their inputs (two ``shuffle`` calls, an
+off-by-one join, a sorted file of labels next to an unsorted folder of images) crash
+nothing and pass the classic sanity check. Overfitting one batch cannot see it: a
+network memorises random labels as easily as real ones (Zhang et al. 2017,
+"Understanding deep learning requires rethinking generalization"), so a loss that
+reaches 0 on one batch proves the model *can fit*, not that there is anything to learn.
+What random labels cannot do is *generalise*.
+
+How: a small MLP (one hidden ReLU layer, full-batch Adam) is trained on the real labels
+and, from the same initialisation and with the same budget, on a few random
+permutations of them; all are scored on a held-out split with the real labels. The
+test is paired, sample by sample: the held-out cross-entropy of the true label under
+the permuted-label models minus under the real-label model (each at its best
+checkpoint), with the probabilities mixed half and half with the training prior (a model
+that memorised labels is confidently wrong on a few held-out samples, whose huge losses
+would be the noise). Cross-entropy, not accuracy, because a barely trained network's
+argmax is its initialisation's luck (on clustered data it "separates" the classes
+whatever the labels), while its probabilities are near uniform and carry no such luck.
+Labels that carry no signal at all (two classes drawn from one distribution) are
+indistinguishable from misaligned ones; the message says "probably".
+
+- ``passed``: the real labels lower the held-out cross-entropy by more than
+  ``Z_ALIGNED`` standard errors;
+- ``failed`` (LABELS_MISALIGNED): they do not, and the held-out samples are enough to
+  have seen a gain of ``MIN_EFFECT`` of the prior's entropy (the one-sided 95% bound of
+  the gain stays under it);
+- ``skipped``: too few held-out samples (fewer than ``MIN_HOLDOUT``, or a class with
+  fewer than ``MIN_PER_CLASS``), or inconclusive — a weak signal on small data is not
+  evidence of misaligned labels.
+
+``real_accuracy`` and ``permuted_accuracy`` are the held-out *balanced* accuracies (the
+mean of per-class recalls, chance = 1/C), reported for reading, not for the verdict.
+
+The probe works on a copy of the data, seeds its own ``torch.Generator`` and numpy
+generator, and leaves the global RNGs untouched. Inputs are standardised internally
+(with training-split statistics), so unnormalised data does not masquerade as
+misaligned labels — that is a separate check (``check_data``). Regression targets, a
+single class, or too little data give ``skipped`` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from nndx.collector.probes import ProbeSpec
+from nndx.collector.probes._small_model import ClassData, class_data, one_thread, standardise, train_mlp
+from nndx.report import LabelAlignmentResult
+
+__all__ = ["label_alignment"]
+
+MIN_SAMPLES = 40
+# below these, held-out scores are too coarse to judge: "skipped", never "failed"
+MIN_HOLDOUT = 30
+MIN_PER_CLASS = 3
+PERMUTATIONS = 3
+Z_ALIGNED = 3.0  # the real labels beat the permuted ones by this many standard errors: aligned
+Z_BOUND = 1.64  # one-sided 95% upper bound of the gain
+MIN_EFFECT = 0.02  # of the prior's entropy: the least gain aligned labels give a model that learns at all
+
+
+def label_alignment(
+    x: Any,
+    y: Any,
+    *,
+    steps: int = 200,
+    seed: int = 0,
+    hidden: int = 64,
+    lr: float = 1e-2,
+    holdout_fraction: float = 0.25,
+    max_samples: int = 5000,
+) -> LabelAlignmentResult:
+    """Compare held-out balanced accuracy after training on the real labels and on
+    permuted labels (same model, init and budget). ``x``/``y``: arrays or tensors, one
+    label per input (class indices, one-hot rows, or integral floats). At most
+    ``max_samples`` rows are used (a seeded random subset)."""
+    if steps < 1 or hidden < 1 or not 0.0 < holdout_fraction < 1.0 or max_samples < MIN_SAMPLES:
+        raise ValueError(
+            "label_alignment needs steps >= 1, hidden >= 1, 0 < holdout_fraction < 1 and "
+            f"max_samples >= {MIN_SAMPLES}"
+        )
+    data = class_data(x, y, min_samples=MIN_SAMPLES, max_samples=max_samples, seed=seed)
+    if not isinstance(data, ClassData):
+        return LabelAlignmentResult(status="skipped", message=data, steps=0)
+    features, targets, num_classes, note = data
+    rng = np.random.default_rng(seed + 1)
+    n_holdout = int(round(features.shape[0] * holdout_fraction))
+    train_x, test_x = features[n_holdout:], features[:n_holdout]
+    train_y, test_y = targets[n_holdout:], targets[:n_holdout]
+    train_x, test_x = standardise(train_x, test_x)
+    held_out_counts = np.bincount(test_y, minlength=num_classes)
+    if n_holdout < MIN_HOLDOUT or held_out_counts.min() < MIN_PER_CLASS:
+        return LabelAlignmentResult(status="skipped", steps=0, message=(
+            f"too few samples to judge: {n_holdout} held out, the rarest class {int(held_out_counts.min())} times "
+            f"(need {MIN_HOLDOUT} and {MIN_PER_CLASS} per class){note}"))  # fmt: skip
+
+    def score(labels: np.ndarray) -> tuple[float, np.ndarray]:
+        return _score(train_x, labels, test_x, test_y, num_classes, steps, seed, hidden, lr)
+
+    with one_thread():
+        real, real_loss = score(train_y)
+        # the null: the same model from the same initialisation, on labels that belong to nothing
+        permuted = [score(train_y[rng.permutation(train_y.shape[0])]) for _ in range(PERMUTATIONS)]
+    gains = np.mean([loss for _, loss in permuted], axis=0) - real_loss  # per held-out sample, in nats
+    gain, error = float(gains.mean()), float(gains.std(ddof=1)) / math.sqrt(gains.size)
+    z = gain / max(error, 1e-12)
+    prior = np.bincount(train_y, minlength=num_classes) / train_y.size
+    effect = MIN_EFFECT * float(-(prior[prior > 0] * np.log(prior[prior > 0])).sum())
+    null = float(np.mean([accuracy for accuracy, _ in permuted]))
+    chance = 1.0 / num_classes
+    facts = (f"held-out balanced accuracy with the real labels {real:.3f}, with permuted labels {null:.3f} "
+             f"(chance {chance:.3f}); the real labels lower the held-out cross-entropy by {gain:.3g} ± {error:.2g} "
+             f"nats (z = {z:.1f}; {train_x.shape[0]} train / {n_holdout} held-out samples){note}")
+    if z >= Z_ALIGNED:
+        status, message = "passed", f"{facts}: the labels carry signal a model learns"
+    elif gain + Z_BOUND * error < effect:
+        status, message = "failed", (f"{facts}: no better than labels that belong to nothing, with samples enough "
+                                     f"to have seen a gain of {effect:.2g} nats; the labels probably do not belong "
+                                     "to their inputs")  # fmt: skip
+    else:
+        status, message = "skipped", (f"{facts}: inconclusive, the held-out samples cannot tell a weak signal from "
+                                      "none")  # fmt: skip
+    return LabelAlignmentResult(
+        status=status,
+        message=message,
+        real_accuracy=real,
+        permuted_accuracy=null,
+        chance_accuracy=chance,
+        steps=steps,
+    )
+
+
+def _score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
+           steps: int, seed: int, hidden: int, lr: float) -> tuple[float, np.ndarray]:  # fmt: skip
+    """(best held-out balanced accuracy, the held-out cross-entropy per sample at the
+    checkpoint where its mean was lowest). Scored at a few checkpoints, alike for every
+    run: a small MLP overfits weak but real signal long before the budget ends."""
+    test_inputs, test_targets = torch.as_tensor(test_x, dtype=torch.float32), torch.as_tensor(test_y)
+    prior = torch.as_tensor(np.bincount(train_y, minlength=num_classes) / train_y.size)
+    scores: list[tuple[float, np.ndarray]] = []
+
+    def at_checkpoint(predict: Any, _step: int) -> None:
+        logits = predict(test_inputs)
+        # half the model's probabilities, half the training prior: a model that memorised
+        # labels is confidently wrong on most held-out samples, and without the prior those
+        # few samples' huge losses are the noise that hides a real signal
+        probabilities = 0.5 * torch.softmax(logits.double(), dim=1) + 0.5 * prior
+        losses = -torch.log(probabilities.gather(1, test_targets[:, None])[:, 0]).numpy()
+        scores.append((_balanced_accuracy(test_y, logits.argmax(dim=1).numpy(), num_classes), losses))
+
+    checkpoints = {max(1, steps // 8), max(1, steps // 4), max(1, steps // 2), steps}
+    train_mlp(train_x, train_y, num_classes, steps=steps, seed=seed, hidden=hidden, lr=lr, checkpoints=checkpoints,
+              at_checkpoint=at_checkpoint)  # fmt: skip
+    return max(a for a, _ in scores), min((losses for _, losses in scores), key=lambda losses: losses.mean())
+
+
+def _balanced_accuracy(truth: np.ndarray, predicted: np.ndarray, num_classes: int) -> float:
+    recalls = [float(np.mean(predicted[truth == c] == c)) for c in range(num_classes) if np.any(truth == c)]
+    return float(np.mean(recalls))
+
+
+SPEC = ProbeSpec(name="label_alignment", title=LabelAlignmentResult.title, function=label_alignment,
+                 result=LabelAlignmentResult, order=70, needs="data")  # fmt: skip

@@ -1,0 +1,140 @@
+"""Sample-independence probe: does one sample's output depend on the other samples?
+
+How to use::
+
+    result = sample_independence(model, (x, y))   # SampleIndependenceResult
+    result.changed_samples, result.max_change      # > 0: samples leak into each other
+
+In eval mode a model computes every sample on its own. When it does not, a layer runs
+along the wrong axis: an LSTM built with ``batch_first=False`` fed ``(batch, time,
+features)`` runs *over the batch* (each sample's state carries the previous samples'),
+a ``view`` where ``permute`` was meant interleaves samples, attention sums over the
+batch. None of this crashes, and a half-batch check cannot see the recurrent case (the
+first samples never see the later ones). So: replace sample 0 by another sample of the
+batch, run both batches on an eval-mode copy under the same seed, and compare the
+outputs of every *other* sample. Any change beyond the rounding tolerance is evidence
+of WRONG_RESHAPE (samples mixed).
+
+Which axis holds the samples: the inputs' axis whose length is the number of targets
+(one target per sample: class indices, regression values, one-hot rows). A time-major
+batch ``(time, batch, features)`` with targets ``(batch,)`` is read right. When that is
+ambiguous — targets per position (a language model's ``(batch, time)`` labels look the
+same as time-major ones), no targets, or two axes of that length — the probe says
+``skipped``: a recurrent model over time is as causal along time as a bug is along the
+batch, so guessing would raise false alarms.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nndx.collector._common import (
+    Batch,
+    forward,
+    iter_tensors,
+    map_tensors,
+    prediction,
+    preserved_rng,
+    roundoff_tolerance,
+    split_batch,
+    working_copy,
+)
+from nndx.collector.probes import ProbeSpec
+from nndx.collector.probes._observe import ForwardObserver
+from nndx.report import SampleIndependenceResult
+
+MIN_SAMPLES = 3
+SEED = 0
+
+
+def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceResult:
+    """Change sample 0 of the batch; count the other samples whose eval-mode outputs move."""
+    inputs, targets = split_batch(batch)
+    axis, why = _batch_axis(inputs, targets)
+    if axis is None:
+        return SampleIndependenceResult(status="skipped", message=why)
+    first = next(iter_tensors(inputs))
+    samples = int(first.shape[axis])
+    donor = _different_sample(inputs, axis, samples)
+    if donor is None:
+        return SampleIndependenceResult(status="skipped", batch_axis=axis, samples=samples,
+                                        message="every sample of the batch is the same: nothing to change")  # fmt: skip
+    changed_inputs = map_tensors(inputs, lambda t: _replace_first(t, axis, samples, donor))
+    with preserved_rng(), torch.no_grad():
+        model_copy = working_copy(model).eval()
+        with ForwardObserver(model_copy) as seen:
+            before = _prediction(model_copy, inputs)
+            after = _prediction(model_copy, changed_inputs)
+    out_axis = _output_axis(before, samples, axis)
+    if out_axis is None or after.shape != before.shape:
+        return SampleIndependenceResult(status="skipped", batch_axis=axis, samples=samples, message=(
+            f"the output {list(before.shape)} has no axis of the batch's {samples} samples to compare"))
+    tolerance = roundoff_tolerance(model_copy, [before], seen.lowest_precision)
+    change = (after - before).abs().movedim(out_axis, 0).reshape(samples, -1).amax(dim=1)[1:]
+    moved = int((change > tolerance).sum())
+    largest = float(change.max())
+    common = dict(batch_axis=axis, samples=samples, changed_samples=moved, max_change=largest, tolerance=tolerance)
+    if moved:
+        return SampleIndependenceResult(status="failed", **common, message=(
+            f"changing sample 0 moved the eval-mode outputs of {moved} of the other {samples - 1} samples (by up to "
+            f"{largest:.3g}, tolerance {tolerance:.3g}): the model mixes samples along the batch axis — a recurrent "
+            "layer run over the batch (batch_first), a view/reshape where permute was meant, or statistics over "
+            "the batch in eval mode"))  # fmt: skip
+    return SampleIndependenceResult(status="passed", **common, message=(
+        f"changing sample 0 left the other {samples - 1} samples' outputs unchanged (within {tolerance:.3g})"))
+
+
+def _batch_axis(inputs: object, targets: object) -> tuple[int | None, str]:
+    first = next(iter_tensors(inputs), None)
+    target = next(iter_tensors(targets), None) if targets is not None else None
+    if first is None or first.dim() == 0:
+        return None, "the inputs hold no batched tensor"
+    if target is None or target.dim() == 0:
+        return None, "no targets to tell which axis of the inputs holds the samples"
+    if target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()]):
+        return None, (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
+                      "the batch axis cannot be told from a time axis")  # fmt: skip
+    samples = int(target.shape[0])
+    axes = [a for a in range(first.dim()) if first.shape[a] == samples]
+    if len(axes) != 1:
+        return None, f"{len(axes)} axes of the inputs {list(first.shape)} have the {samples} samples of the targets"
+    if samples < MIN_SAMPLES:
+        return None, f"only {samples} samples; need {MIN_SAMPLES}"
+    return axes[0], ""
+
+
+def _different_sample(inputs: object, axis: int, samples: int) -> int | None:
+    """The first sample whose inputs differ from sample 0's."""
+    tensors = [t for t in iter_tensors(inputs) if t.dim() > axis and t.shape[axis] == samples]
+    for j in range(1, samples):
+        if any(not torch.equal(t.select(axis, 0), t.select(axis, j)) for t in tensors):
+            return j
+    return None
+
+
+def _replace_first(t: torch.Tensor, axis: int, samples: int, donor: int) -> torch.Tensor:
+    if t.dim() <= axis or t.shape[axis] != samples:
+        return t
+    changed = t.clone()
+    changed.select(axis, 0).copy_(t.select(axis, donor))
+    return changed
+
+
+def _prediction(model: nn.Module, inputs: object) -> torch.Tensor:
+    torch.manual_seed(SEED)  # the same random draws in both forwards: only the changed sample differs
+    out = next(iter_tensors(prediction(forward(model, inputs))), None)
+    if out is None:
+        raise ValueError("the model returned no tensor")
+    return out.detach().float()
+
+
+def _output_axis(out: torch.Tensor, samples: int, input_axis: int) -> int | None:
+    axes = [a for a in range(out.dim()) if out.shape[a] == samples]
+    if not axes:
+        return None
+    return input_axis if input_axis in axes else axes[0]
+
+
+SPEC = ProbeSpec(name="sample_independence", title=SampleIndependenceResult.title, function=sample_independence,
+                 result=SampleIndependenceResult, order=35, needs_finite_parameters=True)  # fmt: skip

@@ -1,0 +1,71 @@
+import torch
+from _probe_models import assert_untouched, batch, mlp, single_thread, snapshot  # noqa: F401
+from torch import nn
+
+import nndx
+from nndx.collector.probes.sample_independence import sample_independence
+
+
+class SequenceClassifier(nn.Module):
+    """An LSTM classifier over (batch, time, features) batches; ``batch_first=False`` is the bug."""
+
+    def __init__(self, batch_first: bool, time_major_input: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.time_major_input = time_major_input
+        self.lstm = nn.LSTM(4, 16, batch_first=batch_first)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        last = out[-1] if self.time_major_input else out[:, -1]
+        return self.head(last)
+
+
+def sequences(time_major=False, n=12, steps=7):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(n, steps, 4, generator=g)
+    return (x.transpose(0, 1) if time_major else x), torch.randint(0, 3, (n,), generator=g)
+
+
+def test_lstm_run_over_the_batch_axis_is_caught():
+    result = sample_independence(SequenceClassifier(batch_first=False), sequences())
+    assert result.status == "failed" and result.changed_samples == 11 and result.batch_axis == 0
+    report = nndx.probe(SequenceClassifier(batch_first=False), sequences(), nn.CrossEntropyLoss(),
+                        probes=["sample_independence"])  # fmt: skip
+    assert [f.code.value for f in nndx.diagnose(report).findings][:1] == ["WRONG_RESHAPE"]
+
+
+def test_correct_batch_first_and_time_major_models_pass():
+    assert sample_independence(SequenceClassifier(batch_first=True), sequences()).status == "passed"
+    time_major = sample_independence(SequenceClassifier(batch_first=False, time_major_input=True), sequences(True))
+    assert time_major.status == "passed" and time_major.batch_axis == 1
+
+
+def test_dropout_batchnorm_and_sampling_models_pass_in_eval_mode():
+    assert sample_independence(mlp(dropout=0.5, batchnorm=True), batch()).status == "passed"
+
+    class Sampler(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.fc(x) + torch.randn(x.shape[0], 3)  # noise per sample
+
+    assert sample_independence(Sampler(), batch()).status == "passed"
+
+
+def test_ambiguous_batch_axis_is_skipped_not_guessed():
+    tokens = torch.randint(0, 50, (6, 9))
+    lm = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
+    result = sample_independence(lm, (tokens, tokens))  # per-position targets: time or batch?
+    assert result.status == "skipped" and "per position" in result.message
+    assert sample_independence(mlp(), (torch.randn(8, 8), torch.randint(0, 3, (8,)))).status == "skipped"  # 2 axes of 8
+
+
+def test_model_state_untouched():
+    model = mlp(batchnorm=True, dropout=0.3)
+    before = snapshot(model)
+    sample_independence(model, batch())
+    assert_untouched(before, model)
