@@ -225,9 +225,11 @@ class LRRangeResult(ProbeResult):
     lrs: list[Float] = Field(default_factory=list)
     losses: list[Float] = Field(default_factory=list)
     smoothed: list[Float] = Field(default_factory=list)
-    suggested_lr: Float | None = Field(None, description="steepest descent of the smoothed curve")
-    valley_lr: Float | None = None
-    min_over_10_lr: Float | None = Field(None, description="lr at the minimum loss, divided by 10")
+    suggested_lr: Float | None = Field(None, description="the lr to train with (nndx.collector.lr_range.suggest)")
+    interval_low_lr: Float | None = Field(None, description="lowest lr of the interval that trains well")
+    interval_high_lr: Float | None = Field(None, description="highest lr of the interval that trains well")
+    valley_lr: Float | None = Field(None, description="fastai's valley reading; not a suggestion")
+    min_over_10_lr: Float | None = Field(None, description="lr at the minimum loss, divided by 10; not a suggestion")
     min_loss: Float | None = None
     diverged_at_lr: Float | None = None
 

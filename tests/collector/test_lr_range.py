@@ -31,13 +31,16 @@ def test_healthy_sweep_is_geometric_smoothed_and_stops_at_divergence():
     assert result.valley_lr is not None
 
 
-def test_suggestion_is_the_steepest_descent_of_the_smoothed_curve():
+def test_suggestion_is_a_quarter_of_the_knee_with_an_interval_around_it():
     lrs = [10 ** (-6 + i * 0.1) for i in range(60)]
-    # logistic drop centred at index 30, then a rise: steepest descent exactly there
+    # logistic drop from 2 to 1 centred at index 30, then a rise after 45. The knee is the
+    # first point within 30% of the drop from the minimum (1.0 + 0.3 × 1.0): the logistic
+    # reaches 0.7 at 30 + 3 ln(7/3) = 32.5, so index 33.
     smoothed = [2.0 - 1.0 / (1 + math.exp(-(i - 30) / 3)) + (0.02 * (i - 45) ** 2 if i > 45 else 0) for i in range(60)]
     result = analyse(lrs, smoothed, smoothed)
     assert result.status == "passed"
-    assert result.suggested_lr == pytest.approx(lrs[30])
+    assert result.suggested_lr == pytest.approx(lrs[33] / 4)
+    assert (result.interval_low_lr, result.interval_high_lr) == pytest.approx((lrs[33] / 8, lrs[33] / 2))
     assert result.min_over_10_lr == pytest.approx(lrs[45] / 10)
     assert lrs[20] < result.valley_lr < lrs[45]
 
