@@ -225,7 +225,7 @@ class LRRangeResult(ProbeResult):
     lrs: list[Float] = Field(default_factory=list)
     losses: list[Float] = Field(default_factory=list)
     smoothed: list[Float] = Field(default_factory=list)
-    suggested_lr: Float | None = Field(None, description="the lr to train with (nndx.collector.lr_range.suggest)")
+    suggested_lr: Float | None = Field(None, description="the lr to train with (nndx.collector.probes.lr_range.suggest)")
     interval_low_lr: Float | None = Field(None, description="lowest lr of the interval that trains well")
     interval_high_lr: Float | None = Field(None, description="highest lr of the interval that trains well")
     valley_lr: Float | None = Field(None, description="fastai's valley reading; not a suggestion")

@@ -6,7 +6,8 @@
 
 FACTORY is a function taking no arguments that returns ``(model, batch, loss_fn)`` —
 optionally a fourth item, the optimizer — or a dict with keys ``model``, ``batch``,
-``loss_fn`` and optionally ``optimizer`` and ``data``. MODULE is an importable module
+``loss_fn`` and optionally ``optimizer`` and ``data``. For ``lr-find`` the batch may be a
+DataLoader, read pass after pass. MODULE is an importable module
 (``mypkg.debug``) or a path to a Python file (``scripts/debug.py``).
 """
 
@@ -97,16 +98,18 @@ def _run_probe(args: argparse.Namespace) -> int:
     print(out)
     return 0
 def _run_lr_find(args: argparse.Namespace) -> int:
-    from nndx.collector.probes.lr_range import lr_range_test
+    setup = load_factory(args.factory)  # before torch loads: a bad factory fails fast
+    from nndx.collector.lr_find import lr_find
 
-    setup = load_factory(args.factory)
-    print(f"nndx: sweeping lr {args.start_lr:g} → {args.end_lr:g} over {args.steps} steps ...", file=sys.stderr)
     try:
-        result = lr_range_test(setup["model"], setup["batch"], setup["loss_fn"], optimizer=setup.get("optimizer"),
-                               start_lr=args.start_lr, end_lr=args.end_lr, steps=args.steps)  # fmt: skip
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    return _write_sweep(result, args.csv, args.png)
+        found = lr_find(setup["model"], setup.get("optimizer"), setup["loss_fn"], setup["batch"],
+                        start_lr=args.start_lr, end_lr=args.end_lr, steps=args.steps,
+                        progress=False if args.quiet else None)  # fmt: skip
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's model, loss or data raised: one line, no traceback
+        raise UsageError(f"the sweep stopped: {type(exc).__name__}: {exc} (`nndx probe` records where and why)") from exc
+    return _write_sweep(found.record, args.csv, args.png)
 
 
 def _run_lr_plot(args: argparse.Namespace) -> int:
@@ -114,26 +117,26 @@ def _run_lr_plot(args: argparse.Namespace) -> int:
 
     try:
         result = from_csv(args.csv)
-    except (OSError, ValueError) as exc:
-        raise UsageError(str(exc)) from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.csv}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # not a sweep CSV: the message names the line
+        raise UsageError(str(exc)) from None
     return _write_sweep(result, None, args.png)
 
 
 def _write_sweep(result: Any, csv_path: str | None, png_path: str | None) -> int:
-    from nndx.collector.probes.lr_range import plot, to_csv
+    from nndx.collector.lr_find import save_png
+    from nndx.collector.probes.lr_range import to_csv
 
     if csv_path:
         print(f"nndx: wrote {to_csv(result, csv_path)}", file=sys.stderr)
     if png_path:
-        try:
-            print(f"nndx: wrote {plot(result, png_path)}", file=sys.stderr)
-        except ImportError as exc:
-            raise UsageError(str(exc)) from exc
+        print(f"nndx: wrote {save_png(result, png_path)}", file=sys.stderr)
     if result.suggested_lr is None:
         print(f"no suggestion: {result.message}")
         return 1
-    print(f"suggested lr: {result.suggested_lr:.3g} (steepest descent); valley: {result.valley_lr:.3g}; "
-          f"min/10: {result.min_over_10_lr:.3g}")  # fmt: skip
+    print(f"suggested lr: {result.suggested_lr:.3g} (trains well from {result.interval_low_lr:.3g} "
+          f"to {result.interval_high_lr:.3g})")  # fmt: skip
     return 0
 
 

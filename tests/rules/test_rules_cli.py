@@ -114,3 +114,11 @@ def test_check_fail_on_info_fails_on_context_findings(tmp_path, capsys):
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{not json")
     assert main(["diagnose", str(garbage)]) == 2
+
+
+def test_check_fails_when_nothing_was_measured(tmp_path, capsys):
+    """An empty report is no evidence of health: the exit status follows the finding that says so."""
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["check", str(empty)]) == 1
+    assert "NOTHING_MEASURED" in capsys.readouterr().out

@@ -19,7 +19,8 @@ The copy uses a copy of the user's optimizer when it holds the model's parameter
 suggestion is specific to the optimizer), else nndx's own Adam; every param group gets
 the same swept lr (per-group lr ratios are not kept). The user's model,
 optimizer and RNG state are untouched. With a single batch the same batch is reused
-each step; pass ``batches`` (e.g. a DataLoader) to sweep over real data.
+each step; pass ``batches`` (e.g. a DataLoader, read pass after pass) to sweep over
+real data.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -44,6 +45,7 @@ from nndx.collector._common import (
     train_in_float32,
 )
 from nndx.collector.probes import ProbeSpec
+from nndx.errors import UsageError
 from nndx.report import LRRangeResult
 
 # The moving average's warm-up: the curve's start level is the mean of these points.
@@ -73,7 +75,7 @@ def lr_range_test(
         raise ValueError(f"need 0 < start_lr < end_lr, got {start_lr} and {end_lr}")
     if steps < 2 or not 0 < smooth <= 1 or diverge_factor <= 1:
         raise ValueError("need steps >= 2, 0 < smooth <= 1 and diverge_factor > 1")
-    source = itertools.cycle([batch]) if batches is None else itertools.cycle(batches)
+    source = itertools.repeat(batch) if batches is None else passes(batches)
     lrs: list[float] = []
     losses: list[float] = []
     smoothed: list[float] = []
@@ -103,6 +105,18 @@ def lr_range_test(
 
 SPEC = ProbeSpec(name="lr_range", title=LRRangeResult.title, function=lr_range_test, result=LRRangeResult,
                  order=60, needs_finite_parameters=True, trains=True)  # fmt: skip
+
+
+def passes(batches: Iterable[Batch]) -> Iterator[Batch]:
+    """Batches pass after pass, each pass a fresh ``iter(batches)``: a shuffling
+    DataLoader reshuffles (``itertools.cycle`` would replay, and keep, the first pass)."""
+    while True:
+        empty = True
+        for batch in batches:
+            empty = False
+            yield batch
+        if empty:
+            raise UsageError("the loader (batches) yielded no batch")
 
 
 def analyse(
