@@ -1,12 +1,14 @@
 """Is the LR range test's suggestion one a user can train with? (not a test)
 
-For each task × seed: train at every LR of a grid for ``--steps`` minibatch steps to find
-the best result a constant LR reaches; sweep the LR range test (on the single batch that
-``nndx.probe`` uses by default, and on a reshuffled DataLoader); train at each reading of
-the sweep the same way, and report its score as a ratio to the best grid LR's. The target
-is ratio >= 0.99 for the reading nndx shows as its suggestion; a reading that cannot meet
-it must not be shown as one. The interval nndx reports (the LRs that train well) is
-checked the same way at its two ends.
+For each task × seed: train at every LR of a grid (4 per decade) for ``--steps``
+minibatch steps to find the best result a constant LR reaches; run ``nndx.lr_find`` on the
+single batch that ``nndx.probe`` sweeps by default and on a shuffling DataLoader; train at
+its suggestion the same way, and report the score as a ratio to the best grid LR's. The
+target is ratio >= 0.99; a reading that misses it is not shown as a suggestion (the
+record keeps fastai's valley and the minimum / 10 as readings: their columns say why).
+The interval's two ends are trained too (both within 5% of the best counts). Baseline:
+torch-lr-finder's own suggestion (its ``range_test`` and steepest-gradient rule), when it
+is installed. Two tasks were held out while the suggestion rule was chosen (HELD_OUT).
 
 Scores: validation accuracy (classification) and validation R² = 1 − MSE / Var(y)
 (regression), both "higher is better" with 0 for a run that diverged, so one ratio fits
@@ -14,8 +16,9 @@ every task. The same seed fixes the initialisation and the batch order of every 
 task, so the grid and the suggestion differ only in the LR.
 
 Then the sweep's cost: ``lr_range_test`` against torch-lr-finder's ``range_test`` on the
-same CNN and batch, same number of steps, interleaved, median of per-round ratios
-(``pip install torch-lr-finder`` into the venv; a bench-only package).
+same CNN and batch, same number of steps, interleaved, median of per-round ratios.
+torch-lr-finder is a bench-only package (``pip install torch-lr-finder``), never a
+dependency of nndx; without it those columns are left out.
 
 Run: ``python bench/lr_suggestion.py [--seeds 5] [--steps 300] [--save raw.json]``
 """
@@ -23,7 +26,9 @@ Run: ``python bench/lr_suggestion.py [--seeds 5] [--steps 300] [--save raw.json]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import io
 import json
 import math
 import statistics
@@ -33,8 +38,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
+from nndx.collector.lr_find import lr_find
 from nndx.collector.lr_range import lr_range_test
+from nndx.collector.progress import progress_bar
 from nndx.report import LRRangeResult
 
 BATCH = 64
@@ -129,6 +137,7 @@ def _cnn() -> nn.Module:
     )  # fmt: skip
 
 
+HELD_OUT = ("cnn_digits_sgd", "mlp_regression_adam")
 TASKS = (
     Task("mlp_digits", "classification", "sgd", (1e-3, 10.0), _digits,
          lambda: nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))),
@@ -137,7 +146,7 @@ TASKS = (
          lambda: nn.Sequential(nn.Linear(10, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))),
     Task("gru_digits", "classification", "adam", (1e-5, 1.0), _digits, RowGRU),
     Task("lstm_sines", "regression", "momentum", (1e-4, 10.0), _sines, NextValueLSTM),
-    # held out: not looked at while the suggestion rule was chosen
+    # HELD_OUT: not looked at while the suggestion rule was chosen
     Task("cnn_digits_sgd", "classification", "momentum", (1e-4, 10.0), _digits, _cnn),
     Task("mlp_regression_adam", "regression", "adam", (1e-5, 1.0), _friedman,
          lambda: nn.Sequential(nn.Linear(10, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))),
@@ -193,24 +202,47 @@ def grid(task: Task, per_decade: int = 4) -> list[float]:
     return [10 ** (lo + i / per_decade) for i in range(n + 1)]
 
 
+def loader(x: torch.Tensor, y: torch.Tensor, seed: int) -> DataLoader:
+    return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True, drop_last=True,
+                      generator=torch.Generator().manual_seed(seed))  # fmt: skip
+
+
 def sweep(task: Task, init: nn.Module, data, seed: int, mode: str) -> LRRangeResult:
-    """The LR range test as a user runs it: on the first batch (``nndx.probe``'s default)
-    or over a reshuffled DataLoader, with the task's optimizer at its default settings."""
+    """``nndx.lr_find`` as a user runs it: on the first batch (what ``nndx.probe`` sweeps
+    by default) or over a shuffling DataLoader, with the task's optimizer."""
     x_train, y_train = data[0], data[1]
     model = copy.deepcopy(init)
     optimizer = task.make_optimizer(model.parameters(), 1e-3)
-    kwargs = {} if mode == "batch" else {"batches": batches(x_train, y_train, seed + 1000)}
-    return lr_range_test(model, (x_train[:BATCH], y_train[:BATCH]), task.loss_fn(), optimizer=optimizer, **kwargs)
+    source = (x_train[:BATCH], y_train[:BATCH]) if mode == "batch" else loader(x_train, y_train, seed + 1000)
+    return lr_find(model, optimizer, task.loss_fn(), source, progress=False).record
+
+
+def finder_suggestion(task: Task, init: nn.Module, data, seed: int, mode: str) -> float | None:
+    """torch-lr-finder's own suggestion: ``range_test`` (its defaults: smoothing 0.05,
+    stop at 5× the best loss) from 1e-7 to 10 in 100 steps, then the steepest gradient of
+    its loss history with 10 points skipped at the start and 5 at the end, as its
+    ``plot(suggest_lr=True)`` computes it."""
+    import numpy as np
+    from torch_lr_finder import LRFinder, lr_finder
+
+    lr_finder.tqdm = lambda iterable, **_: iterable  # its bar would flood this bench's table
+    x_train, y_train = data[0], data[1]
+    model = copy.deepcopy(init)
+    optimizer = task.make_optimizer(model.parameters(), 1e-7)
+    source = loader(x_train[:BATCH], y_train[:BATCH], 0) if mode == "batch" else loader(x_train, y_train, seed + 1000)
+    finder = LRFinder(model, optimizer, task.loss_fn())
+    with contextlib.redirect_stdout(io.StringIO()):  # "Learning rate search finished"
+        finder.range_test(source, start_lr=1e-7, end_lr=10, num_iter=100)
+    lrs, losses = finder.history["lr"][10:-5], finder.history["loss"][10:-5]
+    if len(losses) < 2:
+        return None
+    return float(lrs[int(np.gradient(np.array(losses)).argmin())])
 
 
 READINGS = ("suggested_lr", "interval_low_lr", "interval_high_lr", "valley_lr", "min_over_10_lr")
 
 
-def readings(result: LRRangeResult) -> dict[str, float | None]:
-    return {name: getattr(result, name, None) for name in READINGS}
-
-
-def run_task(task: Task, seed: int, steps: int, log: Callable[[str], None]) -> dict:
+def run_task(task: Task, seed: int, steps: int, baseline: bool) -> dict:
     data = task.data(seed)
     torch.manual_seed(seed)
     init = task.model()
@@ -219,57 +251,79 @@ def run_task(task: Task, seed: int, steps: int, log: Callable[[str], None]) -> d
     row = {"task": task.name, "seed": seed, "grid": grid_scores, "best_lr": best_lr, "best": grid_scores[best_lr]}
     for mode in ("batch", "loader"):
         result = sweep(task, init, data, seed, mode)
-        read = readings(result)
+        read = {name: getattr(result, name) for name in READINGS}
+        if baseline:
+            read["torch_lr_finder"] = finder_suggestion(task, init, data, seed, mode)
         trained = {name: (train(task, init, data, lr, steps, seed) if lr else None) for name, lr in read.items()}
         row[mode] = {"readings": read, "scores": trained, "lrs": result.lrs, "losses": result.losses,
                      "smoothed": result.smoothed, "diverged_at_lr": result.diverged_at_lr, "status": result.status}  # fmt: skip
-    log(f"{task.name} seed {seed}: best grid lr {best_lr:.3g} → {row['best']:.3f}; "
-        + "; ".join(f"{mode} suggestion {row[mode]['readings']['suggested_lr'] or float('nan'):.3g} → "
-                    f"{row[mode]['scores']['suggested_lr'] or 0:.3f}" for mode in ("batch", "loader")))  # fmt: skip
     return row
 
 
 # --------------------------------------------------------------------------- sweep speed
 
 
-def sweep_speed(rounds: int, steps: int = 100) -> tuple[float, float, float]:
-    """Median seconds of nndx's sweep and of torch-lr-finder's range_test on the same CNN and
-    batch (same steps, exponential schedule, no early stop reached), and the median ratio."""
-    from torch_lr_finder import LRFinder
+def sweep_speed(rounds: int, steps: int = 100) -> dict[str, float]:
+    """Median seconds of the probe's sweep (``lr_range_test``), of ``lr_find`` and of
+    torch-lr-finder's ``range_test`` (+ ``reset``), on the same CNN and batch, same steps,
+    exponential schedule ending before any early stop; interleaved, so each round's
+    ratios compare runs made under the same load."""
+    from torch_lr_finder import LRFinder, lr_finder
 
+    lr_finder.tqdm = lambda iterable, **_: iterable
     data = _digits(0)
     xb, yb = data[0][:BATCH], data[1][:BATCH]
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xb, yb), batch_size=BATCH)
+    one_batch = DataLoader(TensorDataset(xb, yb), batch_size=BATCH)
     torch.manual_seed(0)
     model = _cnn()
-    nndx_times, finder_times = [], []
+    times: dict[str, list[float]] = {"lr_range_test": [], "lr_find": [], "torch-lr-finder": []}
     for _ in range(rounds):
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-7)
         start = time.perf_counter()
-        lr_range_test(model, (xb, yb), nn.CrossEntropyLoss(), optimizer=optimizer, start_lr=1e-7, end_lr=1e-3,
-                      steps=steps)  # fmt: skip
-        nndx_times.append(time.perf_counter() - start)
+        lr_range_test(model, (xb, yb), nn.CrossEntropyLoss(), optimizer=optimizer, end_lr=1e-3, steps=steps)
+        times["lr_range_test"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        lr_find(model, optimizer, nn.CrossEntropyLoss(), (xb, yb), end_lr=1e-3, steps=steps, progress=False)
+        times["lr_find"].append(time.perf_counter() - start)
         start = time.perf_counter()
         finder = LRFinder(model, optimizer, nn.CrossEntropyLoss())
-        finder.range_test(loader, end_lr=1e-3, num_iter=steps)
+        with contextlib.redirect_stdout(io.StringIO()):
+            finder.range_test(one_batch, start_lr=1e-7, end_lr=1e-3, num_iter=steps)
         finder.reset()
-        finder_times.append(time.perf_counter() - start)
-    ratios = [a / b for a, b in zip(nndx_times, finder_times)]
-    return statistics.median(nndx_times), statistics.median(finder_times), statistics.median(ratios)
+        times["torch-lr-finder"].append(time.perf_counter() - start)
+    result = {name: statistics.median(values) for name, values in times.items()}
+    for name in ("lr_range_test", "lr_find"):
+        result[f"{name} ÷ torch-lr-finder"] = statistics.median(
+            a / b for a, b in zip(times[name], times["torch-lr-finder"]))  # fmt: skip
+    return result
 
 
 # --------------------------------------------------------------------------- report
 
 
 def summary(rows: list[dict]) -> list[dict]:
+    """Per task and sweep: how many seeds reached TARGET of the best grid score at the
+    suggestion (and the worst ratio); how many had both interval ends within 5% of it;
+    the same count for the readings nndx does not show as suggestions."""
     table = []
     for task in dict.fromkeys(r["task"] for r in rows):
         mine = [r for r in rows if r["task"] == task]
         for mode in ("batch", "loader"):
-            line = {"task": task, "sweep on": mode}
-            for name in READINGS:
-                ratios = [(r[mode]["scores"][name] or 0.0) / r["best"] for r in mine]
-                line[name] = f"{sum(x >= TARGET for x in ratios)}/{len(ratios)} (min {min(ratios):.2f})"
+            def ratios(name: str) -> list[float]:
+                return [(r[mode]["scores"].get(name) or 0.0) / r["best"] for r in mine]
+
+            def cell(name: str) -> str:
+                values = ratios(name)
+                return f"{sum(v >= TARGET for v in values)}/{len(values)} (min {min(values):.2f})"
+
+            ends = [min(a, b) for a, b in zip(ratios("interval_low_lr"), ratios("interval_high_lr"))]
+            line = {"task": task, "sweep on": "one batch" if mode == "batch" else "DataLoader",
+                    "nndx suggestion": cell("suggested_lr"),
+                    "interval ends >= 0.95": f"{sum(v >= 0.95 for v in ends)}/{len(ends)}"}  # fmt: skip
+            if "torch_lr_finder" in mine[0][mode]["scores"]:
+                line["torch-lr-finder"] = cell("torch_lr_finder")
+            line["valley (not shown)"] = cell("valley_lr")
+            line["min/10 (not shown)"] = cell("min_over_10_lr")
             table.append(line)
     return table
 
@@ -281,6 +335,14 @@ def print_table(rows: list[dict]) -> None:
     print("-|-".join("-" * w for w in widths))
     for r in rows:
         print(" | ".join(str(r[c]).ljust(w) for c, w in zip(columns, widths)))
+
+
+def _has_torch_lr_finder() -> bool:
+    try:
+        import torch_lr_finder  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def main() -> None:
@@ -295,16 +357,26 @@ def main() -> None:
     torch.set_num_threads(1)  # this machine is shared: one intra-op thread keeps runs comparable
 
     tasks = [t for t in TASKS if args.tasks is None or t.name in args.tasks]
-    rows = [run_task(t, seed, args.steps, print) for t in tasks for seed in range(args.first_seed, args.first_seed + args.seeds)]
+    runs = [(t, seed) for t in tasks for seed in range(args.first_seed, args.first_seed + args.seeds)]
+    baseline = _has_torch_lr_finder()
+    rows = []
+    bar = progress_bar(runs, desc="bench lr_suggestion", unit="run")
+    for task, seed in bar:
+        bar.set_postfix_str(f"{task.name} seed {seed}")
+        rows.append(run_task(task, seed, args.steps, baseline))
+    if not baseline:
+        print("torch-lr-finder is not installed (pip install torch-lr-finder): its column is left out")
     if args.save:
         with open(args.save, "w") as f:
             json.dump(rows, f)
-    print(f"\nruns whose score reaches {TARGET} of the best grid LR's ({args.steps} steps, grid 4 per decade)\n")
+    print(f"\nseeds whose score at each lr reached {TARGET} of the best grid lr's ({args.steps} steps, grid 4 per "
+          f"decade; {', '.join(HELD_OUT)} held out while the rule was chosen)\n")  # fmt: skip
     print_table(summary(rows))
-    if args.speed_rounds:
-        nndx_s, finder_s, ratio = sweep_speed(args.speed_rounds)
-        print(f"\nsweep of 100 steps on the CNN, one batch of {BATCH}: nndx {nndx_s:.2f} s, "
-              f"torch-lr-finder {finder_s:.2f} s, nndx ÷ torch-lr-finder {ratio:.2f} (median of {args.speed_rounds})")  # fmt: skip
+    if args.speed_rounds and baseline:
+        speed = sweep_speed(args.speed_rounds)
+        print(f"\nsweep of 100 steps on the CNN, one batch of {BATCH}, median of {args.speed_rounds} interleaved rounds:")
+        print_table([{"measure": name, "value": f"{value:.2f}" + ("" if "÷" in name else " s")}
+                     for name, value in speed.items()])  # fmt: skip
 
 
 if __name__ == "__main__":
