@@ -7,6 +7,9 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# --no-compile: no bytecode for every file of every package at install time (most of
+# torch's install CPU time); Python compiles what it imports, once, on first use
+PIP_INSTALL := $(BIN)/python -m pip install -q --no-compile
 LIBRARY_STAMP := $(VENV)/.nndx-library
 TEST_STAMP := $(VENV)/.nndx-test
 
@@ -16,12 +19,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(LIBRARY_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e .
+	$(PIP_INSTALL) "$(TORCH_SPEC)"
+	$(PIP_INSTALL) -e .
 	touch $@
 
 $(TEST_STAMP): $(LIBRARY_STAMP)
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(PIP_INSTALL) -e ".[test]"
 	touch $@
 
 demo: $(LIBRARY_STAMP)
