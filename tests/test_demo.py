@@ -1,5 +1,9 @@
 """`make demo` is the product's first impression: each scenario must be diagnosed as it claims."""
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from nndx import demo
@@ -18,3 +22,18 @@ def test_demo_scenario_diagnosed_as_claimed(scenario):
         assert not diagnosis.healthy
     text = demo.format_diagnosis(scenario.name, scenario.description, diagnosis)
     assert text.startswith(f"== {scenario.name}")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_installs_the_library_alone_and_make_test_adds_the_test_extra(tmp_path):
+    """`make demo` must not pay for Lightning, transformers, W&B...: only `make test` installs them."""
+    root = Path(__file__).resolve().parent.parent
+
+    def planned(target: str) -> str:
+        done = subprocess.run(["make", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"], cwd=root,
+                              capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+        return done.stdout
+
+    demo, test = planned("demo"), planned("test")
+    assert "torch==" in demo and "-e ." in demo and "[test]" not in demo
+    assert "-e \".[test]\"" in test and "pytest" in test
