@@ -120,8 +120,6 @@ def check_output(value: str, kind: str) -> None:
     created as a folder (its nearest existing ancestor is a writable folder)."""
     path = Path(value)
     if kind == "file":
-        if value == "-":
-            return
         if path.is_dir():
             raise UsageError(f"{value} is a folder; give a file name")
         folder = path.parent
