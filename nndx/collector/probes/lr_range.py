@@ -163,13 +163,14 @@ def suggest(lrs: list[float], curve: list[float]) -> tuple[float, float, float] 
     below what a sweep, which spends a few steps at each lr, gets away with. The lr at
     which the loss first comes within 30% of its total drop from the minimum ("the
     knee") is where a larger lr stopped buying progress; a quarter of it is the
-    suggestion. Measured on 5 tasks × 5 seeds (MLP, CNN, GRU classifiers, MLP and LSTM
-    regressors; SGD, momentum and Adam), sweeping one batch and a DataLoader, it reached
-    0.99 of the best grid lr's score in more runs than the steepest descent (which lands
-    on the first, easy drop of two-phase curves), fastai's valley (the flat start of a
-    single-batch curve) or the minimum / 10 (which moves with minibatch noise). It is
-    too low where the loss keeps falling slowly over a decade after the knee (an MLP
-    regressor with SGD), which the bench reports."""
+    suggestion, and the interval is half to twice that. bench/lr_suggestion.py trains at
+    it and at a grid of lrs (results in bench/README.md): on classifiers (MLP, CNN, GRU;
+    SGD, momentum, Adam) and an LSTM regressor it is within 1% of the best grid lr's
+    score almost always and never far off, sweeping one batch or a DataLoader, where the
+    steepest descent (the first, easy drop of a two-phase curve) and fastai's valley (the
+    flat start of a single-batch curve) miss by far more, and the minimum / 10 moves with
+    minibatch noise. It is too low for MLP regressors whose loss keeps falling slowly for
+    a decade of lr past the knee: they train, slower than they could."""
     n = len(curve)
     if n < SKIP_START + 2:
         return None
