@@ -1,4 +1,5 @@
-"""`make demo` is the product's first impression: each scenario must be diagnosed as it claims."""
+"""`make demo` is the product's first impression: each scenario must be diagnosed as it
+claims, and the README must show what it prints."""
 
 import shutil
 import subprocess
@@ -22,6 +23,14 @@ def test_demo_scenario_diagnosed_as_claimed(scenario):
         assert not diagnosis.healthy
     text = demo.format_diagnosis(scenario.name, scenario.description, diagnosis)
     assert text.startswith(f"== {scenario.name}")
+    # the README's demo output: each finding line it shows is printed, in the README's order
+    printed = [line.strip() for line in text.splitlines()]
+    shown = readme_demo_findings()[scenario.name]
+    assert shown, f"the README shows nothing of {scenario.name}"
+    at = 0
+    for line in shown:
+        assert line in printed[at:], f"README line not printed (in this order): {line!r}"
+        at = printed.index(line, at) + 1
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
@@ -37,3 +46,17 @@ def test_make_demo_installs_the_library_alone_and_make_test_adds_the_test_extra(
     demo, test = planned("demo"), planned("test")
     assert "torch==" in demo and "-e ." in demo and "[test]" not in demo
     assert "-e \".[test]\"" in test and "pytest" in test
+
+
+def readme_demo_findings() -> dict[str, list[str]]:
+    """The finding lines of the README's demo output, by scenario."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    block = text.split("## What `make demo` prints (abridged)", 1)[1].split("```", 2)[1]
+    shown: dict[str, list[str]] = {}
+    for line in block.splitlines():
+        if line.startswith("== "):
+            scenario = line[3:].split(":")[0]
+            shown[scenario] = []
+        elif line.strip().startswith("[") or line.strip() == "no findings":
+            shown[scenario].append(line.strip())
+    return shown
