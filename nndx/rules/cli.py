@@ -116,8 +116,10 @@ def load_report(path: str) -> DiagnosticReport:
 
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ReportError(f"cannot read {path}: {error}") from None
+    except OSError as error:
+        raise ReportError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ReportError(f"cannot read {path}: not UTF-8 text ({error.reason})") from None
     try:
         return DiagnosticReport.model_validate_json(text)
     except ValidationError as error:
