@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,9 +141,13 @@ def draw(record: LRRangeResult, ax: Any) -> Any:
     curve's before it diverged, so the divergence spike does not flatten the part that
     matters."""
     finite = [(lr, loss, smoothed) for lr, loss, smoothed in zip(record.lrs, record.losses, record.smoothed)
-              if _finite(loss) and _finite(smoothed)]  # fmt: skip
-    if not finite:
-        raise ValueError("the LR sweep has no finite point to plot")
+              if math.isfinite(loss) and math.isfinite(smoothed)]  # fmt: skip
+    ax.set_title("Learning-rate range test")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("loss")
+    if not finite:  # a model whose loss is NaN from the first step: the figure says so
+        ax.text(0.5, 0.5, f"no finite loss in {len(record.lrs)} steps", transform=ax.transAxes, ha="center")
+        return ax
     lrs, losses, smoothed = (list(column) for column in zip(*finite))
     ax.plot(lrs, losses, color="0.75", linewidth=1, label="loss")
     ax.plot(lrs, smoothed, color="C0", linewidth=2, label="smoothed loss")
@@ -161,9 +166,6 @@ def draw(record: LRRangeResult, ax: Any) -> Any:
     low, high = min(kept), max(kept)
     pad = 0.05 * (high - low) or 0.05 * abs(high) or 0.05
     ax.set_ylim(low - pad, high + pad)
-    ax.set_xlabel("learning rate")
-    ax.set_ylabel("loss")
-    ax.set_title("Learning-rate range test")
     ax.legend(loc="best", fontsize=8)
     return ax
 
@@ -189,10 +191,6 @@ def _pyplot() -> Any:
     except ImportError as exc:
         raise MissingExtraError("plotting the LR sweep needs matplotlib: pip install 'nndx[plot]'") from exc
     return plt
-
-
-def _finite(value: float) -> bool:
-    return value == value and abs(value) != float("inf")
 
 
 def _is_one_batch(loader: Any) -> bool:

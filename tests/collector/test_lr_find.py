@@ -12,8 +12,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import nndx
+from nndx.collector.lr_find import draw, save_png
 from nndx.collector.probes.lr_range import from_csv, lr_range_test, suggest
 from nndx.errors import UsageError
+from nndx.report import LRRangeResult
 
 
 def indexed_loader(n: int = 32, batch_size: int = 8, seed: int = 0) -> DataLoader:
@@ -129,3 +131,13 @@ def test_suggest_needs_a_clear_drop_after_the_warm_up():
     assert suggest(lrs, [1.0 - 0.01 * min(i, 3) for i in range(40)]) is None  # a 3% drop is no evidence
     assert suggest(lrs, [0.5] + [1.0] * 39) is None  # the minimum inside the warm-up
     assert suggest(lrs, [1.0] * 20 + [0.2] * 20) == pytest.approx((lrs[20] / 4, lrs[20] / 8, lrs[20] / 2))
+
+
+def test_a_sweep_with_no_finite_loss_still_plots_and_says_so(tmp_path):
+    nan = float("nan")
+    record = LRRangeResult(status="failed", lrs=[1e-7, 1e-6], losses=[nan, nan], smoothed=[nan, nan],
+                           diverged_at_lr=1e-6, message="the loss diverged within 2 steps")  # fmt: skip
+    ax = Figure().subplots()
+    draw(record, ax)
+    assert any("no finite loss" in text.get_text() for text in ax.texts)
+    assert save_png(record, tmp_path / "lr.png").read_bytes()[:4] == b"\x89PNG"
