@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from nndx.collector.lr_find import lr_find
-from nndx.collector.lr_range import lr_range_test
+from nndx.collector.probes.lr_range import lr_range_test
 from nndx.collector.progress import progress_bar
 from nndx.report import LRRangeResult
 

@@ -21,7 +21,6 @@ targets)`` is also accepted, and repeated. ``result.record`` is the
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from collections.abc import Iterable, Iterator
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nndx.collector._common import Batch, LossFn, detach_watchers, preserved_rng
+from nndx.collector._common import Batch, LossFn, copy_pair, map_tensors, preserved_rng
 from nndx.collector.probes.lr_range import lr_range_test, passes, to_csv
 from nndx.collector.progress import progress_bar
 from nndx.errors import MissingExtraError, UsageError
@@ -118,10 +117,15 @@ def lr_find(
         batches = passes(loader)
         first = next(batches)
     sweep_model, sweep_optimizer = model, optimizer
-    if device is not None:
-        sweep_model, sweep_optimizer = _copy_to(model, optimizer, torch.device(device))
-        first = _to(first, device)
-        batches = (_to(b, device) for b in batches) if batches is not None else None
+    if device is not None:  # the sweep copies again, so the user's objects are never moved
+        with preserved_rng():
+            sweep_model, sweep_optimizer = copy_pair(model, optimizer, device)
+
+        def to_device(batch: Batch) -> Batch:
+            return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
+
+        first = to_device(first)
+        batches = (to_device(b) for b in batches) if batches is not None else None
     if batches is not None:
         batches = itertools.chain([first], batches)
     bar = progress_bar(total=steps, desc="nndx lr_find", progress=progress, unit="step")
@@ -174,10 +178,10 @@ def save_png(record: LRRangeResult, path: str | Path) -> Path:
     """Draw the sweep into a PNG file, with no global matplotlib state touched (no
     pyplot, no backend switch: a notebook's inline figures are unaffected)."""
     try:
-        from matplotlib.figure import Figure
+        from matplotlib import figure as matplotlib_figure
     except ImportError as exc:
         raise MissingExtraError("plotting the LR sweep needs matplotlib: pip install 'nndx[plot]'") from exc
-    figure = Figure(figsize=(7, 4.5))
+    figure = matplotlib_figure.Figure(figsize=(7, 4.5))
     draw(record, figure.subplots())
     figure.tight_layout()
     path = Path(path)
@@ -206,33 +210,3 @@ def _count(batches: Iterable[Batch], bar: Any) -> Iterator[Batch]:
     for batch in batches:
         bar.update()
         yield batch
-
-
-def _to(batch: Any, device: torch.device | str) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to(item, device) for item in batch)
-    if isinstance(batch, dict):
-        return {key: _to(value, device) for key, value in batch.items()}
-    return batch
-
-
-def _copy_to(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-             device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer | None]:  # fmt: skip
-    """A copy of the model (and of the optimizer, sharing the copy's parameters) on
-    ``device``; the sweep copies it again, so the user's objects are never moved."""
-    with preserved_rng():
-        if optimizer is not None:
-            model_copy, optimizer_copy = copy.deepcopy((model, optimizer))
-            detach_watchers(optimizer_copy)
-        else:
-            model_copy, optimizer_copy = copy.deepcopy(model), None
-    detach_watchers(model_copy)
-    model_copy.to(device)  # parameters move in place, so the optimizer copy still holds them
-    if optimizer_copy is not None:
-        for state in optimizer_copy.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    state[key] = value.to(device)
-    return model_copy, optimizer_copy

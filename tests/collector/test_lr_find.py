@@ -19,21 +19,20 @@ from nndx.report import LRRangeResult
 
 
 def indexed_loader(n: int = 32, batch_size: int = 8, seed: int = 0) -> DataLoader:
-    """Inputs whose first feature is the sample's index, so a test can see the order read."""
+    """Targets that are the samples' indices, so a loss can see the order read."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 8, generator=g)
-    x[:, 0] = torch.arange(n, dtype=torch.float32)
-    y = torch.randint(0, 3, (n,), generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True,
-                      generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    return DataLoader(TensorDataset(torch.randn(n, 8, generator=g), torch.arange(n)), batch_size=batch_size,
+                      shuffle=True, generator=torch.Generator().manual_seed(seed))  # fmt: skip
 
 
-def recording_model(seen: list[list[int]]) -> nn.Module:
-    """An MLP whose forwards (its copies' too: the hook is the user's, so copies keep it)
-    append the sample indices of their batch to ``seen``."""
-    model = mlp()
-    model.register_forward_pre_hook(lambda _, args: seen.append(args[0][:, 0].long().tolist()))
-    return model
+def recording_loss(seen: list[list[int]]):
+    """Cross-entropy on 3 classes (index % 3) that appends each batch's indices to ``seen``."""
+
+    def loss_fn(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        seen.append(indices.tolist())
+        return nn.functional.cross_entropy(logits, indices % 3)
+
+    return loss_fn
 
 
 def test_user_objects_untouched_and_result_in_torch_lr_finder_shape():
@@ -64,8 +63,7 @@ def test_one_batch_gives_the_probe_s_own_sweep():
 def test_a_dataloader_is_reshuffled_every_pass_not_replayed():
     seen: list[list[int]] = []
     # 4 batches a pass, 12 steps: three passes
-    nndx.lr_find(recording_model(seen), None, nn.CrossEntropyLoss(), indexed_loader(), steps=12, end_lr=1e-3,
-                 progress=False)  # fmt: skip
+    nndx.lr_find(mlp(), None, recording_loss(seen), indexed_loader(), steps=12, end_lr=1e-3, progress=False)
     hooked = seen[:12]
     passes = [sorted(sum(hooked[i:i + 4], [])) for i in (0, 4, 8)]
     assert all(p == list(range(32)) for p in passes), "each pass reads every sample once"

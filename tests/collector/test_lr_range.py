@@ -6,7 +6,8 @@ import torch
 from _probe_models import assert_untouched, batch, dead_relu_mlp, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
-from nndx.collector.probes.lr_range import analyse, from_csv, lr_range_test, plot, to_csv
+from nndx.collector.lr_find import save_png
+from nndx.collector.probes.lr_range import analyse, from_csv, lr_range_test, to_csv
 
 
 def sweep(model=None, **kw):
@@ -73,7 +74,7 @@ def test_csv_round_trip_and_png(tmp_path):
     assert loaded.lrs == pytest.approx(result.lrs) and loaded.smoothed == pytest.approx(result.smoothed)
     assert loaded.suggested_lr == pytest.approx(result.suggested_lr)
     assert loaded.diverged_at_lr == result.diverged_at_lr
-    png = plot(result, tmp_path / "lr.png")
+    png = save_png(result, tmp_path / "lr.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -87,7 +88,7 @@ def test_bad_csv_and_missing_matplotlib_say_why(tmp_path, monkeypatch):
         from_csv(bad)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"nndx\[plot\]"):
-        plot(analyse([1e-3, 1e-2, 1e-1], [1.0, 0.5, 0.2], [1.0, 0.5, 0.2]), tmp_path / "x.png")
+        save_png(analyse([1e-3, 1e-2, 1e-1], [1.0, 0.5, 0.2], [1.0, 0.5, 0.2]), tmp_path / "x.png")
 
 
 def test_sweep_over_several_batches_cycles_through_them():

@@ -4,7 +4,7 @@ How to use::
 
     result = lr_range_test(model, (x, y), loss_fn, optimizer=optimizer)
     result.suggested_lr, (result.interval_low_lr, result.interval_high_lr)
-    to_csv(result, "lr.csv"); plot(result, "lr.png")      # plot needs nndx[plot]
+    to_csv(result, "lr.csv")     # nndx.lr_find draws it: .plot(ax), save_png (needs nndx[plot])
 
 A copy of the model is trained while the learning rate grows exponentially from
 ``start_lr`` to ``end_lr``; the loss is smoothed with an exponential moving average
@@ -241,41 +241,3 @@ def from_csv(path: str | Path) -> LRRangeResult:
     last = smoothed[-1]
     diverged = lrs[-1] if not math.isfinite(last) or last > 4.0 * min(s for s in smoothed if math.isfinite(s)) else None
     return analyse(lrs, losses, smoothed, diverged)
-
-
-def plot(result: LRRangeResult, path: str | Path) -> Path:
-    """Draw loss and smoothed loss against lr (log scale) with the suggestions marked,
-    as a PNG. Needs matplotlib: ``pip install 'nndx[plot]'``."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only; never open a window
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ImportError("plotting the LR range test needs matplotlib: pip install 'nndx[plot]'") from exc
-    if not result.lrs:
-        raise ValueError("the LR range result has no points to plot")
-    path = Path(path)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    try:
-        ax.plot(result.lrs, result.losses, color="0.7", linewidth=1, label="loss")
-        ax.plot(result.lrs, result.smoothed, color="C0", linewidth=2, label="smoothed loss")
-        marks = [("suggested (steepest)", result.suggested_lr, "C3"), ("valley", result.valley_lr, "C2"),
-                 ("min / 10", result.min_over_10_lr, "C1")]  # fmt: skip
-        for label, lr, color in marks:
-            if lr is not None:
-                ax.axvline(lr, color=color, linestyle="--", linewidth=1, label=f"{label}: {lr:.2g}")
-        ax.set_xscale("log")
-        finite = [s for s in result.smoothed if math.isfinite(s)]
-        if finite:  # keep the divergence spike from flattening the interesting part
-            lo, hi = min(finite), max(finite)
-            ax.set_ylim(lo - 0.05 * (hi - lo + 1e-12), hi + 0.05 * (hi - lo + 1e-12))
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel("loss")
-        ax.set_title("Learning-rate range test")
-        ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, format="png", dpi=100)
-    finally:
-        plt.close(fig)
-    return path
