@@ -3,6 +3,7 @@
 Public API (imported lazily, so ``import nndx`` and ``nndx.diagnose`` never load torch)::
 
     report = nndx.probe(model, (x, y), loss_fn)          # active probes on a copy
+    found = nndx.lr_find(model, optimizer, loss_fn, loader)  # found.suggestion, .interval, .plot()
     with nndx.Monitor(model, optimizer) as mon: ...      # passive, in your own loop
     data = nndx.check_data(x, y, x_test=xt, y_test=yt)   # data checks
     diagnosis = nndx.diagnose(report)                    # rules: ranked findings
@@ -25,6 +26,7 @@ _EXPORTS = {
     "CauseCode": "nndx.report",
     "NndxError": "nndx.errors",
     "probe": "nndx.collector.probe",
+    "lr_find": "nndx.collector.lr_find",
     "Monitor": "nndx.collector.monitor",
     "watch": "nndx.collector.monitor",
     "TrainingFailure": "nndx.collector.monitor",

@@ -82,7 +82,7 @@ def run_scenario(scenario: Scenario, steps: int = 60, batch_size: int = 64) -> t
                 monitor.log(loss_fn(val_logits, y_val), split="val",
                             accuracy=(val_logits.argmax(1) == y_val).float().mean().item())
     report = nndx.probe(model, (x_train[:batch_size], y_train[:batch_size]), loss_fn, optimizer=optimizer,
-                        monitor=monitor, data=(x_train, y_train, x_val, y_val))
+                        monitor=monitor, data=(x_train, y_train, x_val, y_val), progress=False)
     return report, nndx.diagnose(report)
 
 
@@ -111,15 +111,25 @@ def _short(value: object) -> str:
 
 
 def main(as_json: bool = False, progress: Callable[[str], None] | None = None) -> int:
+    """Run the scenarios and print their diagnoses. The networks are tiny, so torch runs
+    on one thread: for ops this small a thread pool only adds waiting for a core, and on a
+    shared machine that wait dominates (bench/README.md has the measurement)."""
+    import torch
+
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     results = {}
-    for i, scenario in enumerate(SCENARIOS, 1):
-        progress(f"[{i}/{len(SCENARIOS)}] training and probing {scenario.name} ...")
-        report, diagnosis = run_scenario(scenario)
-        results[scenario.name] = diagnosis
-        if not as_json:
-            print(format_diagnosis(scenario.name, scenario.description, diagnosis))
-            print()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i, scenario in enumerate(SCENARIOS, 1):
+            progress(f"[{i}/{len(SCENARIOS)}] training and probing {scenario.name} ...")
+            report, diagnosis = run_scenario(scenario)
+            results[scenario.name] = diagnosis
+            if not as_json:
+                print(format_diagnosis(scenario.name, scenario.description, diagnosis))
+                print()
+    finally:
+        torch.set_num_threads(threads)
     if as_json:
         print(json.dumps({name: json.loads(d.model_dump_json()) for name, d in results.items()}, indent=2))
     return 0

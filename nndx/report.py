@@ -219,24 +219,30 @@ class LRRangeResult(ProbeResult):
     ask: ClassVar[str] = "suggested lr"
     checklist: ClassVar[ChecklistItem] = ChecklistItem(
         "lr_range", "Learning rate chosen with an LR range test",
-        "LR range test: sweep the lr exponentially, pick the steepest descent",
+        "LR range test (nndx.lr_find): sweep the lr exponentially, train at its suggestion or inside its interval",
         ("LR_TOO_HIGH", "LR_TOO_LOW", "NO_LR_SCHEDULE", "LR_SCHEDULE_MISUSE", "GRAD_CLIP_TOO_SMALL"))  # fmt: skip
 
     lrs: list[Float] = Field(default_factory=list)
     losses: list[Float] = Field(default_factory=list)
     smoothed: list[Float] = Field(default_factory=list)
-    suggested_lr: Float | None = Field(None, description="steepest descent of the smoothed curve")
-    valley_lr: Float | None = None
-    min_over_10_lr: Float | None = Field(None, description="lr at the minimum loss, divided by 10")
+    suggested_lr: Float | None = Field(None, description="the lr to train with (nndx.collector.probes.lr_range.suggest)")
+    interval_low_lr: Float | None = Field(None, description="lowest lr of the interval that trains well")
+    interval_high_lr: Float | None = Field(None, description="highest lr of the interval that trains well")
+    valley_lr: Float | None = Field(None, description="fastai's valley reading; not a suggestion")
+    min_over_10_lr: Float | None = Field(None, description="lr at the minimum loss, divided by 10; not a suggestion")
     min_loss: Float | None = None
     diverged_at_lr: Float | None = None
 
     def summary(self, num: NumberFormat = str) -> str:
+        """The suggestion with its interval; the valley and min/10 readings are left out:
+        they are not suggestions (bench/lr_suggestion.py shows them training slowly)."""
+        interval = (f"{num(self.interval_low_lr)} to {num(self.interval_high_lr)}"
+                    if self.interval_low_lr is not None and self.interval_high_lr is not None else None)  # fmt: skip
         known = [(label, value) for label, value in (
-            ("suggested lr", self.suggested_lr), ("valley lr", self.valley_lr),
-            ("min-loss/10 lr", self.min_over_10_lr), ("min loss", self.min_loss),
-            ("diverged at lr", self.diverged_at_lr)) if value is not None]  # fmt: skip
-        return ", ".join([f"{label} {num(value)}" for label, value in known] + [f"{len(self.lrs)} lrs tried"])
+            ("suggested lr", self.suggested_lr and num(self.suggested_lr)), ("trains well from", interval),
+            ("min loss", self.min_loss is not None and num(self.min_loss)),
+            ("diverged at lr", self.diverged_at_lr is not None and num(self.diverged_at_lr))) if value]  # fmt: skip
+        return ", ".join([f"{label} {value}" for label, value in known] + [f"{len(self.lrs)} lrs tried"])
 
 
 class GradCheckParam(Schema):

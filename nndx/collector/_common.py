@@ -175,6 +175,32 @@ def copy_with_optimizer(
     return model_copy, opt, f"nndx's own {type(opt).__name__}"
 
 
+def copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None,
+               device: torch.device | str | None) -> tuple[nn.Module, torch.optim.Optimizer | None]:  # fmt: skip
+    """Deep copies of the model and of an optimizer that holds its parameters (one memo,
+    so the copy's optimizer steps the copy), watchers and user hooks removed, on ``device``.
+    ``nndx.probe`` and ``nndx.lr_find`` prepare their copies with it."""
+    holds = optimizer is not None and not optimizer_coverage(model, optimizer)[0]
+    try:
+        if holds:
+            model_copy, optimizer_copy = copy.deepcopy((model, optimizer))
+            detach_watchers(optimizer_copy)
+        else:
+            model_copy, optimizer_copy = copy.deepcopy(model), None
+    except Exception as exc:  # a model holding an open file, a lock, a generator...
+        raise UsageError(f"cannot deep-copy the model to probe it safely ({type(exc).__name__}: {exc})") from exc
+    detach_watchers(model_copy)
+    if device is not None:
+        model_copy.to(device)  # parameters keep their identity: the optimizer copy still holds them
+        if optimizer_copy is not None:
+            for state in optimizer_copy.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        state[key] = value.to(device)
+    # an optimizer over another model is the user's (it is only checked, never copied)
+    return model_copy, optimizer_copy if holds else optimizer
+
+
 def train_in_float32(model_copy: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> contextlib.AbstractContextManager:
     """Make a float16 copy trainable as mixed-precision training trains it: float32
     weights (and optimizer state), forwards under float16 autocast. Adam's eps (1e-8) is 0

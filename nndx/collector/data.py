@@ -38,12 +38,12 @@ few tens of MiB above the input and 1,000,000 × 100 float32 rows take a few sec
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
+from nndx.collector.progress import progress_bar, wanted
 from nndx.report import DataStats, SplitStats
 
 __all__ = ["DEFAULT_MAX_SAMPLES", "check_data"]
@@ -89,8 +89,8 @@ def check_data(
     ``num_classes`` is the number of classes the model predicts; classes in
     ``range(num_classes)`` with no sample are recorded as missing. ``max_samples`` and
     ``seed`` bound and seed the sample read from a Dataset/DataLoader (the global RNGs
-    are left as they were). ``progress`` writes progress to stderr (None: only for large
-    data on a terminal).
+    are left as they were). ``progress`` shows a progress bar on stderr (None: for large
+    data, when stderr is a terminal or in a notebook; see nndx.collector.progress).
 
     Raises ValueError/TypeError for inputs that cannot be checked (empty, non-numeric,
     labels of another length, test samples of another shape).
@@ -210,14 +210,14 @@ def _sample_torch_data(
         total: int | None = len(source.dataset if kind == "DataLoader" else source)
     except TypeError:
         total = None  # an iterable dataset without __len__
-    show = progress if progress is not None else (sys.stderr.isatty() and min(total or max_samples, max_samples) > _AUTO_PROGRESS_ITEMS)
-    bar = _Progress(bool(show), f"nndx check_data: reading {name} samples")
+    target = min(total, max_samples) if total is not None else max_samples
+    show = progress if progress is not None else (wanted(None) and target > _AUTO_PROGRESS_ITEMS)
+    bar = progress_bar(total=target, desc=f"nndx check_data: reading {name}", progress=show, unit="sample")
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
     x_dtype = y_dtype = None
     read = 0
     stopped_early = False
-    target = min(total, max_samples) if total is not None else max_samples
     # reading items (augmentations) or a shuffling DataLoader draws from the global RNGs:
     # put them back, so that checking data never changes the user's random stream. Imported
     # here: check_data on arrays never loads torch.
@@ -248,7 +248,7 @@ def _sample_torch_data(
                 ys.append(ya if batched else ya[None])
             xs.append(xa)
             read += xa.shape[0] if xa.ndim else 1
-            bar.update(min(read, target), target)
+            bar.update(min(read, target) - bar.n)
             if read >= max_samples:
                 stopped_early = total is None or read < total
                 break
@@ -275,30 +275,6 @@ def _split_item(item: Any, name: str) -> tuple[Any, Any]:
     if isinstance(item, dict):
         raise TypeError(f"{name}: items are dicts ({sorted(item)[:5]}); pass arrays or (input, label) items instead")
     return item, None
-
-
-class _Progress:
-    """A one-line progress display on stderr, rewritten at most every 0.2 s."""
-
-    def __init__(self, enabled: bool, label: str) -> None:
-        self.enabled = enabled
-        self.label = label
-        self._last = 0.0
-        self._wrote = False
-
-    def update(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self._last < 0.2 and done < total):
-            return
-        self._last = now
-        self._wrote = True
-        sys.stderr.write(f"\r{self.label} {done}/{total}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self._wrote:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------- one split
@@ -354,8 +330,8 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
     row_size = max(1, x2d.shape[1])
     chunk_rows = max(1, CHUNK_ELEMENTS // row_size)
     work = np.float64 if x.dtype == np.float64 or x.dtype.kind in "iu" else np.float32
-    show = progress if progress is not None else (sys.stderr.isatty() and x.size > _AUTO_PROGRESS_ELEMENTS)
-    bar = _Progress(bool(show), f"nndx check_data: checking {split.name} rows")
+    show = progress if progress is not None else (wanted(None) and x.size > _AUTO_PROGRESS_ELEMENTS)
+    bar = progress_bar(total=n, desc=f"nndx check_data: checking {split.name}", progress=show, unit="row")
 
     moments = _Moments(channels)
     multipliers = _hash_multipliers(_canonical(x2d[:1], hash_dtype).view(np.uint8).size)
@@ -383,7 +359,7 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
         # any() counts NaN as non-zero, so a NaN row is never a "zero sample"
         zero_rows += int(np.count_nonzero(~x2d[start:stop].any(axis=1)))
         hashes[start:stop] = _row_hashes(_canonical(x2d[start:stop], hash_dtype), multipliers)
-        bar.update(stop, n)
+        bar.update(stop - start)
     bar.close()
 
     rows = _Rows(x2d, hash_dtype, hashes)

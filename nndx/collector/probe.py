@@ -40,10 +40,7 @@ probe); an unknown one is a TypeError before anything runs.
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
-import sys
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +54,7 @@ from nndx.collector._common import (
     Batch,
     LossFn,
     compute_loss,
-    detach_watchers,
+    copy_pair,
     forward,
     forwards_under_autocast,
     infer_task,
@@ -73,6 +70,7 @@ from nndx.collector._common import (
 )
 from nndx.collector.data import check_data
 from nndx.collector.loss_call import LossCallLog, merge_loss_calls
+from nndx.collector.progress import progress_bar
 from nndx.collector.probes import ProbeSpec, specs
 from nndx.collector.probes._observe import ForwardObserver, observed_summary
 from nndx.collector.stats import has_batchnorm, has_dropout, summarize_model
@@ -100,7 +98,7 @@ def probe(
     device: torch.device | str | None = None,
     amp: torch.dtype | str | None = None,
     initial_state: Mapping[str, Any] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     **options: dict[str, Any],
 ) -> DiagnosticReport:
     """Run the selected probes and return the report: by default every batch probe,
@@ -113,7 +111,8 @@ def probe(
     depend on it (update/weight ratio, LR range). ``monitor`` is a
     :class:`nndx.collector.monitor.Monitor` whose ``report()`` is merged in; ``data`` is
     ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data` and
-    the data probes (on the training split).
+    the data probes (on the training split). ``progress`` shows a bar on stderr (default:
+    when stderr is a terminal or in a notebook; see nndx.collector.progress).
     """
     data_error = None
     if data is not None and (not isinstance(data, (tuple, list)) or len(data) not in (2, 4)):
@@ -123,7 +122,7 @@ def probe(
         if name not in PROBES:
             raise TypeError(f"unknown probe options {name!r}; options are keyed by probe name: {list(PROBES)}")
         PROBES[name].check_options(given)
-    say = _progress_printer(progress)
+    steps = progress_bar(selected, desc="nndx probe", progress=progress, unit="probe")
     report = DiagnosticReport(run=_run_info(model, device), errors=[])
     guard = _Guard(report)
     watched: DiagnosticReport | None = None
@@ -139,29 +138,22 @@ def probe(
     guard.attempt("model", lambda: _describe_model(report, model, optimizer))
     guard.attempt("describe", lambda: _describe_run(report, setup), warn=True, reraise=UsageError)
     trained_steps = watched.loop.steps if watched is not None and watched.loop is not None else 0
-    total = len(selected)
-    for i, spec in enumerate(selected, start=1):
-        head = f"[{i}/{total}] {spec.name}"
+    for spec in steps:
         why_not = _why_not(spec, setup, data is not None and data_error is None, trained_steps)
         if why_not is not None:
             spec.store_status(report, "skipped", why_not)
-            say(f"{head} skipped ({why_not.split(':')[0]})")
             continue
-        say(f"{head} ...")
-        started = time.perf_counter()
+        steps.set_postfix_str(spec.name)
         model_now, optimizer_now = setup.state_for(spec)
         ok, outcome = guard.attempt(spec.name, lambda: setup.run(spec, model_now, optimizer_now, data,
                                                                  options.get(spec.name, {})), warn=True)  # fmt: skip
         if not ok:
             spec.store_status(report, "error", outcome)
-            say(f"{head} error: {outcome[:200]}")
             continue
-        status = spec.store(report, outcome)
-        say(f"{head} {status} ({time.perf_counter() - started:.1f}s)")
+        spec.store(report, outcome)
     if watched is not None:
         guard.attempt("monitor", lambda: _merge_monitor(report, watched))
     if data is not None:
-        say("data checks ...")
         if data_error is not None:
             guard.error("data", data_error)
         else:
@@ -200,10 +192,10 @@ class _Setup:
         if note:
             notes.append(note)
         inputs, targets = _split(batch, loss_fn)
-        current, opt = _copy_pair(model, optimizer, device)
+        current, opt = copy_pair(model, optimizer, device)
         initial = initial_opt = None
         if initial_state is not None:
-            initial, initial_opt = _copy_pair(model, optimizer, device)
+            initial, initial_opt = copy_pair(model, optimizer, device)
             try:
                 initial.load_state_dict(initial_state)
             except Exception as exc:  # noqa: BLE001 - a wrong state dict is the caller's mistake
@@ -259,31 +251,6 @@ def _split(batch: Batch, loss_fn: LossFn) -> tuple[Any, Any]:
     if loss_fn is None and isinstance(batch, Mapping) and isinstance(inputs, Mapping) and targets is not None:
         inputs = dict(batch)
     return inputs, targets
-
-
-def _copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-               device: torch.device | str | None) -> tuple[nn.Module, torch.optim.Optimizer | None]:  # fmt: skip
-    """Deep copies of the model and of an optimizer that holds its parameters (one memo,
-    so the copy's optimizer steps the copy), watchers and user hooks removed, on ``device``."""
-    holds = optimizer is not None and not optimizer_coverage(model, optimizer)[0]
-    try:
-        if holds:
-            model_copy, optimizer_copy = copy.deepcopy((model, optimizer))
-            detach_watchers(optimizer_copy)
-        else:
-            model_copy, optimizer_copy = copy.deepcopy(model), None
-    except Exception as exc:  # a model holding an open file, a lock, a generator...
-        raise UsageError(f"cannot deep-copy the model to probe it safely ({type(exc).__name__}: {exc})") from exc
-    detach_watchers(model_copy)
-    if device is not None:
-        model_copy.to(device)  # parameters keep their identity: the optimizer copy still holds them
-        if optimizer_copy is not None:
-            for state in optimizer_copy.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and key != "step":
-                        state[key] = value.to(device)
-    # an optimizer over another model is the user's (it is only checked, never copied)
-    return model_copy, optimizer_copy if holds else optimizer
 
 
 def _monitor_snapshot(monitor: Any) -> Mapping[str, Any] | None:
@@ -364,14 +331,6 @@ def _select(probes: Sequence[str] | str | None, with_data: bool) -> list[ProbeSp
     if unknown:
         raise ValueError(f"unknown probes {unknown}; choose from {list(PROBES)}")
     return [spec for spec in PROBES.values() if spec.name in probes]  # run in the cheap-first order, once each
-
-
-def _progress_printer(enabled: bool) -> Callable[[str], None]:
-    def say(text: str) -> None:
-        if enabled:
-            print(f"nndx: {text}", file=sys.stderr, flush=True)
-
-    return say
 
 
 def _run_info(model: nn.Module, device: torch.device | str | None) -> RunInfo:

@@ -4,7 +4,7 @@
     nndx explain REPORT.json [--offline]       print the LLM's (or the rule-only) explanation
 
 Exit status: 0 done, 2 unreadable or invalid report, invalid NNDX_LLM_* settings, or an
-output folder that cannot be written. ``explain`` exits 0 on the rule-only fallback too:
+output folder that cannot be written (checked before rendering; nndx/cli.py prints the error). ``explain`` exits 0 on the rule-only fallback too:
 the fallback is an answer, and its first line says why the LLM was not used.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from nndx.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report", nargs="?", help="a DiagnosticReport JSON file ('-' for stdin); omit for the generic files"
     )
     render.add_argument("--out", default="outputs", help="folder to write the files into (default: outputs/)")
-    render.set_defaults(handler=_render)
+    render.set_defaults(handler=_render, outputs={"out": "folder"})
 
     explain = subparsers.add_parser(
         "explain",
@@ -45,21 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     explain.set_defaults(handler=_explain)
 
 
-def _error(command: str, message: str) -> int:
-    print(f"nndx {command}: error: {message}", file=sys.stderr)
-    return 2
-
-
 def _render(args: argparse.Namespace) -> int:
     from nndx.prompts.render import render
-    from nndx.rules.cli import ReportError, load_report
+    from nndx.rules.cli import load_report
 
-    report = None
-    if args.report is not None:
-        try:
-            report = load_report(args.report)
-        except ReportError as error:
-            return _error("render", str(error))
+    report = load_report(args.report) if args.report is not None else None
     files = render(report)
     out = Path(args.out)
     try:
@@ -67,7 +59,7 @@ def _render(args: argparse.Namespace) -> int:
         for name, text in files.items():
             (out / name).write_text(text, encoding="utf-8", newline="\n")
     except OSError as error:
-        return _error("render", f"cannot write to {out}: {error.strerror or error}")
+        raise UsageError(f"cannot write to {out}: {error.strerror or error}") from None
     for name in files:
         print(out / name)
     return 0
@@ -75,14 +67,11 @@ def _render(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from nndx.prompts.explain import explain
-    from nndx.prompts.settings import LLMSettings, SettingsError
-    from nndx.rules.cli import ReportError, load_report
+    from nndx.prompts.settings import LLMSettings
+    from nndx.rules.cli import load_report
 
-    try:
-        report = load_report(args.report)
-        settings = LLMSettings.from_env()
-    except (ReportError, SettingsError) as error:
-        return _error("explain", str(error))
+    report = load_report(args.report)
+    settings = LLMSettings.from_env()
     if settings.configured and not args.offline:
         print(f"nndx explain: asking {settings.model} (deadline {settings.timeout:g}s)…", file=sys.stderr)
     explanation = explain(report, offline=args.offline, settings=settings)

@@ -31,9 +31,10 @@ import logging
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:  # httpx is imported where a request is made: `nndx --help` and the rules never load it
+    import httpx
 
 from nndx.errors import ServiceError
 from nndx.prompts.settings import LLMSettings
@@ -66,6 +67,8 @@ def endpoint_url(base_url: str) -> str:
 
 def safe_url(url: str) -> str:
     """The URL without user info or query string (either could hold a credential)."""
+    import httpx
+
     parsed = httpx.URL(url)
     return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
 
@@ -152,6 +155,8 @@ class _Call:
         return " ".join(text.split())[:MAX_SERVER_MESSAGE]
 
     def _server_message(self, response: httpx.Response) -> str:
+        import httpx
+
         try:
             body = json.loads(response.read()[:65536])
             message = body.get("error", {}).get("message") if isinstance(body, dict) else None
@@ -213,6 +218,8 @@ class _Call:
     # ----------------------------------------------------------------- one request
 
     def _request(self, client: httpx.Client, remaining: float) -> str:
+        import httpx
+
         try:
             with client.stream("POST", self.url, json=self.payload, headers=self._headers(),
                                timeout=httpx.Timeout(remaining)) as response:  # fmt: skip
@@ -267,6 +274,8 @@ class _Call:
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def run(self) -> None:
+        import httpx
+
         try:
             with httpx.Client(transport=self.transport, follow_redirects=False) as client:
                 self.result = self._attempt_all(client)

@@ -14,9 +14,9 @@ Rendering is deterministic: no clock, no randomness, dict order from the report.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-import jinja2
 from markupsafe import Markup
 
 from nndx.prompts import checklist, evidence
@@ -38,15 +38,21 @@ def _finalize(value: Any) -> str:
     return cell(str(value))
 
 
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("nndx.prompts", "templates"),
-    undefined=jinja2.StrictUndefined,
-    autoescape=False,
-    finalize=_finalize,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-)
+@functools.cache
+def _env() -> Any:
+    """The template environment, built on first render: importing this package (as the
+    ``nndx`` command does for its help) must not load jinja2."""
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("nndx.prompts", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        finalize=_finalize,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
 
 
 def _safe(markdown: str) -> Markup | str:
@@ -157,8 +163,8 @@ def render(report: DiagnosticReport | None = None, diagnosis: Diagnosis | None =
         raise ValueError("render() got a diagnosis without its report; pass both, or neither for the generic files")
     diagnosis = resolve_diagnosis(report, diagnosis)
     return {
-        PROMPT_FILE: _ENV.get_template(f"{PROMPT_FILE}.j2").render(_prompt_context(report, diagnosis)),
-        CHECKLIST_FILE: _ENV.get_template(f"{CHECKLIST_FILE}.j2").render(_checklist_context(report, diagnosis)),
+        PROMPT_FILE: _env().get_template(f"{PROMPT_FILE}.j2").render(_prompt_context(report, diagnosis)),
+        CHECKLIST_FILE: _env().get_template(f"{CHECKLIST_FILE}.j2").render(_checklist_context(report, diagnosis)),
     }
 
 
@@ -184,7 +190,7 @@ def render_explanation(diagnosis: Diagnosis, reason: str, report: DiagnosticRepo
         "context": [f for f in diagnosis.findings if f not in alarms],
         "missing": _missing_evidence(report) if report is not None else [],
     }
-    return _ENV.get_template("explanation.md.j2").render(context)
+    return _env().get_template("explanation.md.j2").render(context)
 
 
 __all__ = ["render", "render_prompt", "render_explanation", "resolve_diagnosis", "OUTPUT_FILES"]

@@ -77,7 +77,7 @@ def _lr_range(report: DiagnosticReport):
     "test's loss diverged, or over 30x the suggested LR. Error when the loss also misbehaves; info when "
     "the train loss is decreasing anyway.",
     why="Beyond the divergence point each step overshoots the minimum.",
-    fix="Use the suggested LR of the range test (steepest descent) or min_over_10_lr.",
+    fix="Train at the range test's suggested LR, or inside its interval (nndx.lr_find: .suggestion, .interval).",
 )
 def lr_above_range(report: DiagnosticReport) -> Hit | None:
     result, lr = _lr_range(report), used_lr(report)
@@ -110,7 +110,7 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     detects="The peak LR of the user's optimizer is under 1/100 of both the suggested LR and min_over_10_lr, "
     "and the train loss is not clearly decreasing (info when it is).",
     why="Steps that small need orders of magnitude more of them; the loss looks stuck.",
-    fix="Raise the LR toward the suggestion (steepest descent of the range test).",
+    fix="Raise the LR to the range test's suggestion, or inside its interval (nndx.lr_find: .suggestion, .interval).",
 )
 def lr_below_range(report: DiagnosticReport) -> Hit | None:
     result, lr = _lr_range(report), used_lr(report)

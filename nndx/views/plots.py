@@ -660,8 +660,8 @@ def lr_range_figure(result: LRRangeResult | None) -> Figure | None:
         annotations.append({"x": (math.log10(lo) + math.log10(hi)) / 2, "xref": "x", "y": 1.0, "yref": "paper", "yanchor": "bottom",
                             "showarrow": False, "font": {"size": 10, "color": "#2ca02c"},
                             "text": f"trains well: {num(interval[0])} – {num(interval[1])}"})  # fmt: skip
-    marks = [("suggested", result.suggested_lr, "#d62728", "solid"), ("valley", result.valley_lr, "#2ca02c", "dash"),
-             ("min / 10", result.min_over_10_lr, "#ff7f0e", "dash"), ("diverged", result.diverged_at_lr, "#111", "dot")]  # fmt: skip
+    # only the suggestion is marked as one: the valley and min/10 readings often train slowly (bench/lr_suggestion.py)
+    marks = [("suggested", result.suggested_lr, "#d62728", "solid"), ("diverged", result.diverged_at_lr, "#111", "dot")]
     for row, (name, lr, color, dash) in enumerate(m for m in marks if m[1] is not None):
         x = x_scale.place(lr)[0]  # type: ignore[arg-type]
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
@@ -673,18 +673,9 @@ def lr_range_figure(result: LRRangeResult | None) -> Figure | None:
 
 
 def _interval(result: LRRangeResult) -> tuple[float, float] | None:
-    """The interval of learning rates that train well, if the result carries one
-    (``suggested_lr_interval`` as a pair or an object with ``low``/``high``)."""
-    value = getattr(result, "suggested_lr_interval", None)
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        lo, hi = value
-    else:
-        lo, hi = getattr(value, "low", None), getattr(value, "high", None)
-    if not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
-        return None
-    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+    """The interval of learning rates that train well, when the result has a usable one."""
+    lo, hi = result.interval_low_lr, result.interval_high_lr
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
         return None
     return float(lo), float(hi)
 

@@ -24,14 +24,23 @@ def not_a_setup():
     return 42
 
 
-def test_probe_writes_report_with_progress(tmp_path, capsys):
+def loader_factory():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, _ = batch(n=128)
+    y = x[:, :3].argmax(1)  # learnable labels: a sweep over minibatches must see the loss fall
+    return mlp(), DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True), nn.CrossEntropyLoss()
+
+
+def test_probe_writes_report_and_a_summary_without_progress_off_a_terminal(tmp_path, capsys):
     out = tmp_path / "report.json"
     code = main(["probe", f"{__file__}:factory", "--out", str(out), "--probes", "nan_origin", "grad_check"])
     assert code == 0
     report = DiagnosticReport.model_validate_json(out.read_text())
     assert report.probes.grad_check.status == "passed" and report.probes.overfit_one_batch is None
     captured = capsys.readouterr()
-    assert "[2/2] grad_check" in captured.err and "grad_check: passed" in captured.err
+    assert "grad_check: passed" in captured.err and "nan_origin: passed" in captured.err
+    assert "[2/2]" not in captured.err and "\r" not in captured.err  # stderr is no terminal here: no progress
     assert captured.out.strip() == str(out)
 
 
@@ -48,7 +57,7 @@ def test_lr_find_writes_csv_png_and_prints_suggestion(tmp_path, capsys):
     code = main(["lr-find", f"{__file__}:factory", "--csv", str(csv_path), "--png", str(png), "--steps", "40"])
     assert code == 0
     out = capsys.readouterr().out
-    assert out.startswith("suggested lr: ") and "valley" in out
+    assert out.startswith("suggested lr: ") and "trains well from" in out and "valley" not in out
     rows = list(csv.reader(csv_path.open()))
     assert rows[0] == ["lr", "loss", "smoothed"] and len(rows) > 10
     assert png.read_bytes()[:4] == b"\x89PNG"
@@ -57,6 +66,12 @@ def test_lr_find_writes_csv_png_and_prints_suggestion(tmp_path, capsys):
     assert main(["lr-plot", str(csv_path), "--png", str(png2)]) == 0
     assert capsys.readouterr().out.split(";")[0] == out.split(";")[0]
     assert png2.is_file()
+
+
+def test_lr_find_reads_a_dataloader_from_the_factory(capsys):
+    assert main(["lr-find", f"{__file__}:loader_factory", "--steps", "60", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("suggested lr: ") and captured.err == ""
 
 
 def test_bad_factories_and_files_are_usage_errors(tmp_path, capsys):

@@ -6,7 +6,8 @@ import torch
 from _probe_models import assert_untouched, batch, dead_relu_mlp, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
 
-from nndx.collector.probes.lr_range import analyse, from_csv, lr_range_test, plot, to_csv
+from nndx.collector.lr_find import save_png
+from nndx.collector.probes.lr_range import analyse, from_csv, lr_range_test, to_csv
 
 
 def sweep(model=None, **kw):
@@ -31,13 +32,16 @@ def test_healthy_sweep_is_geometric_smoothed_and_stops_at_divergence():
     assert result.valley_lr is not None
 
 
-def test_suggestion_is_the_steepest_descent_of_the_smoothed_curve():
+def test_suggestion_is_a_quarter_of_the_knee_with_an_interval_around_it():
     lrs = [10 ** (-6 + i * 0.1) for i in range(60)]
-    # logistic drop centred at index 30, then a rise: steepest descent exactly there
+    # logistic drop from 2 to 1 centred at index 30, then a rise after 45. The knee is the
+    # first point within 30% of the drop from the minimum (1.0 + 0.3 × 1.0): the logistic
+    # reaches 0.7 at 30 + 3 ln(7/3) = 32.5, so index 33.
     smoothed = [2.0 - 1.0 / (1 + math.exp(-(i - 30) / 3)) + (0.02 * (i - 45) ** 2 if i > 45 else 0) for i in range(60)]
     result = analyse(lrs, smoothed, smoothed)
     assert result.status == "passed"
-    assert result.suggested_lr == pytest.approx(lrs[30])
+    assert result.suggested_lr == pytest.approx(lrs[33] / 4)
+    assert (result.interval_low_lr, result.interval_high_lr) == pytest.approx((lrs[33] / 8, lrs[33] / 2))
     assert result.min_over_10_lr == pytest.approx(lrs[45] / 10)
     assert lrs[20] < result.valley_lr < lrs[45]
 
@@ -70,7 +74,7 @@ def test_csv_round_trip_and_png(tmp_path):
     assert loaded.lrs == pytest.approx(result.lrs) and loaded.smoothed == pytest.approx(result.smoothed)
     assert loaded.suggested_lr == pytest.approx(result.suggested_lr)
     assert loaded.diverged_at_lr == result.diverged_at_lr
-    png = plot(result, tmp_path / "lr.png")
+    png = save_png(result, tmp_path / "lr.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -84,7 +88,7 @@ def test_bad_csv_and_missing_matplotlib_say_why(tmp_path, monkeypatch):
         from_csv(bad)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"nndx\[plot\]"):
-        plot(analyse([1e-3, 1e-2, 1e-1], [1.0, 0.5, 0.2], [1.0, 0.5, 0.2]), tmp_path / "x.png")
+        save_png(analyse([1e-3, 1e-2, 1e-1], [1.0, 0.5, 0.2], [1.0, 0.5, 0.2]), tmp_path / "x.png")
 
 
 def test_sweep_over_several_batches_cycles_through_them():

@@ -171,10 +171,12 @@ def test_data_checks_merged_and_bad_data_recorded():
     assert bad.data is None and bad.errors[0].source == "data" and "X_train" in bad.errors[0].message
 
 
-def test_progress_on_stderr(capsys):
+def test_progress_bar_on_stderr_when_asked_and_off_a_terminal_by_default(capsys):
     run(mlp(), probes=["nan_origin", "grad_check"], progress=True)
-    err = capsys.readouterr().err
-    assert "[1/2] nan_origin" in err and "[2/2] grad_check passed" in err
+    captured = capsys.readouterr()
+    assert "nndx probe" in captured.err and "2/2" in captured.err and captured.out == ""
+    run(mlp(), probes=["nan_origin", "grad_check"])  # stderr is captured here: no terminal, no bar
+    assert capsys.readouterr().err == ""
 
 
 def test_loss_warnings_recorded_once_as_evidence():

@@ -155,10 +155,7 @@ def test_lr_figure_marks_suggestion_divergence_and_an_interval_when_there_is_one
     assert any(t.startswith("suggested") for t in texts) and any(t.startswith("diverged") for t in texts)
     assert not any(s["type"] == "rect" for s in layout["shapes"])  # no interval in this result
 
-    class WithInterval(LRRangeResult):  # the field another change may add
-        suggested_lr_interval: tuple[float, float] | None = None
-
-    figure = lr_range_figure(WithInterval(**result.model_dump(), suggested_lr_interval=(lrs[18], lrs[21])))
+    figure = lr_range_figure(result.model_copy(update={"interval_low_lr": lrs[18], "interval_high_lr": lrs[21]}))
     (rect,) = [s for s in figure.spec["layout"]["shapes"] if s["type"] == "rect"]
     assert rect["x0"] == pytest.approx(lrs[18]) and rect["x1"] == pytest.approx(lrs[21])
 

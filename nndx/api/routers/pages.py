@@ -356,7 +356,8 @@ def _summary(report: DiagnosticReport, diagnosis: Diagnosis) -> list[tuple[str, 
             cards.append(("live alerts", num(len(loop.live_findings)), f"first at step {num(first.step)}: {first.code}"))
     lr = report.probes.lr_range if report.probes else None
     if lr is not None:
-        cards.append(("LR suggestion", num(lr.suggested_lr), lr.status if lr.suggested_lr is None else "steepest descent"))
+        cards.append(("LR suggestion", num(lr.suggested_lr), lr.status if lr.suggested_lr is None else
+                      f"trains well from {num(lr.interval_low_lr)} to {num(lr.interval_high_lr)}"))  # fmt: skip
     if report.model is not None:
         cards.append(("parameters", num(report.model.param_count), f"{num(report.model.trainable_param_count)} trainable"))
     return cards
