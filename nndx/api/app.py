@@ -7,6 +7,7 @@ app is created, so a misconfigured database fails at start-up, not on the first 
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -20,7 +21,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nndx import __version__
-from nndx.api.limits import BodyLimitMiddleware
+from nndx.api.auth import bearer_project
+from nndx.api.limits import RequestGuard, SecurityHeaders
 from nndx.api.routers import health, pages, reports
 from nndx.api.settings import Settings
 from nndx.api.storage import ReportStore, StorageUnavailable
@@ -102,11 +104,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.llm_settings = llm_settings
+    # the LLM calls this process makes at once; an explain beyond it waits for a slot
+    app.state.llm_slots = asyncio.Semaphore(settings.llm_max_in_flight)
     app.state.store = store
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(StorageUnavailable, _storage_unavailable)  # type: ignore[arg-type]
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout=settings.body_timeout,
+        is_authorized=(lambda header: bearer_project(settings, header) is not None) if settings.auth_enabled else None,
+    )
+    app.add_middleware(SecurityHeaders)
     app.include_router(health.router)
     app.include_router(reports.router)
     app.include_router(pages.router)

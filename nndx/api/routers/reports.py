@@ -6,6 +6,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from fastapi.concurrency import run_in_threadpool
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel
 
@@ -22,7 +23,7 @@ from nndx.api.storage import (
     StoredReport,
     UnstorableReport,
 )
-from nndx.prompts import Explanation, explain, render
+from nndx.prompts import Explanation, explain_async, render
 from nndx.report import CauseCode, Diagnosis, DiagnosticReport, RunInfo, Severity
 
 logger = logging.getLogger("nndx.api")
@@ -78,7 +79,7 @@ def _scoped(report: DiagnosticReport, scope: str | None) -> DiagnosticReport:
     status_code=201,
     response_model=ReportCreated,
     responses={200: {"model": ReportCreated, "description": "already stored under this Idempotency-Key"}}
-    | error_responses(401, 403, 409, 413),
+    | error_responses(401, 403, 409, 413, 503),
     summary="Store a report and diagnose it",
     openapi_extra=REPORT_BODY_OPENAPI,
 )
@@ -221,17 +222,22 @@ def read_checklist(stored: StoredReport = Depends(get_report)) -> Response:
 @router.post(
     "/reports/{report_id}/explain",
     response_model=Explanation,
-    responses=error_responses(401, 404),
+    responses=error_responses(401, 404, 503),
     summary="Explain the report: the configured LLM, or rule-only",
 )
-def explain_report(
+async def explain_report(
     request: Request,
     offline: bool = Query(False, description="rule-only explanation, no LLM call"),
     stored: StoredReport = Depends(get_report),
 ) -> Response:
-    report = stored.report()
-    diagnosis = stored.diagnosis()
-    explanation = explain(report, diagnosis, offline=offline, settings=request.app.state.llm_settings)
+    """``async``: waiting on the LLM holds no thread, so a slow or hung LLM delays only
+    the explains (never past their deadline) and nothing else. The LLM calls in flight
+    are bounded (``NNDX_LLM_MAX_IN_FLIGHT``); waiting for a slot counts against the
+    deadline, after which the answer is the rule-only explanation."""
+    report, diagnosis = await run_in_threadpool(lambda: (stored.report(), stored.diagnosis()))
+    explanation = await explain_async(
+        report, diagnosis, offline=offline, settings=request.app.state.llm_settings, slots=request.app.state.llm_slots
+    )
     return json_response(explanation)
 
 
