@@ -76,6 +76,8 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # when the request arrived, for deadlines that count from it (explain's)
+        scope.setdefault("state", {})["received_at"] = asyncio.get_running_loop().time()
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await _refuse(send, 413, f"request body larger than the limit of {self.max_body_bytes} bytes")

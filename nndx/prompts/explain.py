@@ -57,6 +57,14 @@ def explain(
     return run_blocking(lambda: explain_async(report, diagnosis, offline=offline, settings=settings))
 
 
+async def _diagnosed(report: DiagnosticReport, diagnosis: Diagnosis | None) -> Diagnosis:
+    """The given diagnosis, or the rule engine's, run in a worker thread."""
+    if diagnosis is None:
+        diagnosis = await asyncio.to_thread(resolve_diagnosis, report, None)
+    assert diagnosis is not None
+    return diagnosis
+
+
 async def explain_async(
     report: DiagnosticReport,
     diagnosis: Diagnosis | None = None,
@@ -64,18 +72,19 @@ async def explain_async(
     offline: bool = False,
     settings: LLMSettings | None = None,
     slots: asyncio.Semaphore | None = None,
+    budget: float | None = None,
 ) -> Explanation:
     """:func:`explain` for an event loop: the LLM call holds no thread while it waits,
-    and the rendering runs in a worker thread.
+    and the prompt is rendered in a worker thread.
 
     ``slots`` bounds the LLM calls in flight (the service shares one semaphore between
-    its requests). Waiting for a slot counts against ``settings.timeout``: a request
-    that gets none in time is answered rule-only, like any other LLM failure.
+    its requests). Waiting for a slot counts against the deadline: a request that gets
+    none in time is answered rule-only, like any other LLM failure. ``budget``: the
+    seconds left of the deadline (default ``settings.timeout``; the service passes
+    what its request has left).
     """
     if not isinstance(report, DiagnosticReport):
         raise TypeError(f"report must be a DiagnosticReport, not {type(report).__name__}")
-    diagnosis = await asyncio.to_thread(resolve_diagnosis, report, diagnosis)
-    assert diagnosis is not None
     reason = None
     if offline:
         reason = "offline mode was requested"
@@ -86,25 +95,34 @@ async def explain_async(
         elif not settings.model:
             reason = f"no LLM model is configured ({ENV_MODEL} is not set)"
     if reason is not None:
-        return await asyncio.to_thread(_rule_only, report, diagnosis, reason)
+        return _rule_only(report, await _diagnosed(report, diagnosis), reason)
     assert settings is not None
-    prompt = await asyncio.to_thread(render_prompt, report, diagnosis)
     got_slot = False
+    attempts = 0
 
-    async def call_in_a_slot() -> tuple[str, int]:
-        nonlocal got_slot
+    async def ask() -> str:
+        """Everything up to the LLM's answer, so that the deadline covers all of it:
+        the diagnosis and prompt (in a worker thread), the wait for a slot, the call."""
+        nonlocal diagnosis, got_slot, attempts
+        diagnosis = await _diagnosed(report, diagnosis)
+        prompt = await asyncio.to_thread(render_prompt, report, diagnosis)
         if slots is None:
-            return await complete_async(prompt, settings)
+            text, attempts = await complete_async(prompt, settings)
+            return text
         async with slots:
             got_slot = True
-            return await complete_async(prompt, settings)
+            text, attempts = await complete_async(prompt, settings)
+            return text
 
     try:
-        text, attempts = await asyncio.wait_for(call_in_a_slot(), settings.timeout)
+        text = await asyncio.wait_for(ask(), settings.timeout if budget is None else max(0.0, budget))
     except LLMUnavailable as exc:
-        return await asyncio.to_thread(_rule_only, report, diagnosis, exc.reason, exc.attempts)
+        reason, attempts = exc.reason, exc.attempts
     except asyncio.TimeoutError:
-        reason = (f"no complete answer within the {settings.timeout:g}s deadline" if got_slot else
+        reason = (f"no complete answer within the {settings.timeout:g}s deadline" if got_slot or slots is None else
                   f"the LLM was busy: no call slot came free within the {settings.timeout:g}s deadline")
-        return await asyncio.to_thread(_rule_only, report, diagnosis, reason)
+    if reason is not None:
+        # on the loop: the rule-only text is cheap, and a thread hop each for many
+        # explains failing together would delay their answers past the deadline
+        return _rule_only(report, await _diagnosed(report, diagnosis), reason, attempts)
     return Explanation(text=text, source="llm", model=settings.model, attempts=attempts)

@@ -32,9 +32,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import email.utils
+import functools
 import json
 import logging
 import re
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
@@ -266,7 +268,9 @@ class _Call:
 
     async def attempt_all(self, transport: httpx.AsyncBaseTransport | None) -> str:
         s = self.settings
-        async with httpx.AsyncClient(transport=transport, follow_redirects=False, timeout=s.timeout) as client:
+        async with httpx.AsyncClient(
+            transport=transport, follow_redirects=False, timeout=s.timeout, verify=_ssl_context()
+        ) as client:
             for attempt in range(1, s.max_attempts + 1):
                 self.attempts = attempt
                 logger.debug("LLM request, attempt %d of %d, to %s", attempt, s.max_attempts, self.shown_url)
@@ -279,6 +283,13 @@ class _Call:
                     logger.warning("LLM endpoint: %s; retrying in %.2gs", retry.reason, delay)
                     await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # the loop returns or raises
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One TLS context for every call: building one (certificates loaded) costs more CPU
+    than a whole short LLM request, and a client per call would build one each time."""
+    return httpx.create_ssl_context()
 
 
 async def complete_async(

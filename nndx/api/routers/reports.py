@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime
 from typing import Any
@@ -235,8 +236,13 @@ async def explain_report(
     are bounded (``NNDX_LLM_MAX_IN_FLIGHT``); waiting for a slot counts against the
     deadline, after which the answer is the rule-only explanation."""
     report, diagnosis = await run_in_threadpool(lambda: (stored.report(), stored.diagnosis()))
+    settings = request.app.state.llm_settings
+    loop = asyncio.get_running_loop()
+    # the deadline counts from the request's arrival (nndx.api.limits), not from here
+    elapsed = loop.time() - getattr(request.state, "received_at", loop.time())
     explanation = await explain_async(
-        report, diagnosis, offline=offline, settings=request.app.state.llm_settings, slots=request.app.state.llm_slots
+        report, diagnosis, offline=offline, settings=settings, slots=request.app.state.llm_slots,
+        budget=settings.timeout - elapsed,
     )
     return json_response(explanation)
 
