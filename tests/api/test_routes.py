@@ -238,3 +238,61 @@ def test_a_rule_engine_failure_is_422_and_stores_nothing(make_app):
         assert response.status_code == 422
         assert "ValueError: rule crashed" in response.json()["detail"][0]["msg"]
     assert client.get("/v1/reports").json()["items"] == []
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", "application/jsonx"])
+def test_a_body_that_is_not_declared_json_is_415(client, content_type):
+    """What a web page can send to a service on the user's machine without a CORS
+    preflight (text/plain, a form) never stores a report."""
+    headers = {"content-type": content_type} if content_type else {}
+    for path in ("/v1/reports", "/v1/diagnose"):
+        response = client.post(path, content=make_report().model_dump_json(), headers=headers)
+        assert response.status_code == 415, (path, content_type)
+    assert client.get("/v1/reports").json()["items"] == []
+    assert post(client, make_report(), **{"content-type": "application/json; charset=utf-8"}).status_code == 201
+
+
+def test_every_answer_carries_the_security_headers(client):
+    from nndx.api.limits import CONTENT_SECURITY_POLICY
+
+    report_id = post(client, make_report()).json()["id"]
+    for path in ("/", f"/reports/{report_id}", "/v1/reports", "/healthz", "/nowhere"):
+        headers = client.get(path).headers
+        assert headers["content-security-policy"] == CONTENT_SECURITY_POLICY, path
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
+        assert "script-src 'self';" in headers["content-security-policy"]
+        assert headers["x-content-type-options"] == "nosniff" and headers["x-frame-options"] == "DENY"
+
+
+def test_a_store_that_cannot_answer_is_a_json_503_on_a_connection_kept_open(make_app, live_server):
+    """The database stopped under the service: JSON 503 with Retry-After, not a reset
+    connection; the same connection serves the next request."""
+    import socket
+
+    from sqlalchemy import create_engine
+
+    app = make_app()
+    server = live_server(app)
+    app.state.store.engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    port = int(server.url.rsplit(":", 1)[1])
+    body = make_report().model_dump_json().encode()
+    requests = [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v1/reports HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /v1/reports HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode() + b"\r\n\r\n" + body,
+    ]
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        reader = sock.makefile("rb")
+        for request in requests:
+            sock.sendall(request)
+            status = reader.readline()
+            headers = {}
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                headers[name.strip().lower()] = value.strip()
+            content = reader.read(int(headers["content-length"]))
+            assert status.startswith(b"HTTP/1.1 503"), (request[:20], status, content)
+            assert headers["retry-after"] == "5" and headers.get("connection") != "close"
+            assert json.loads(content)["detail"].startswith("the report store is unavailable")
