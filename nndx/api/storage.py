@@ -483,7 +483,10 @@ class _GroupCommitWriter:
             waiting = [(row, future) for row, future in (i for i in batch if i is not _STOP)
                        if future.set_running_or_notify_cancel()]  # fmt: skip
             if waiting:
-                outcomes = self._write([row for row, _ in waiting])
+                try:
+                    outcomes = self._write([row for row, _ in waiting])
+                except Exception as exc:  # noqa: BLE001 - a bug here must not strand the waiters
+                    outcomes = [exc] * len(waiting)
                 for (_, future), outcome in zip(waiting, outcomes):
                     if isinstance(outcome, BaseException):
                         future.set_exception(outcome)

@@ -83,3 +83,42 @@ def test_the_service_and_the_rules_run_without_torch(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "served without torch" in result.stdout
+
+
+LIBRARY_SCRIPT = r'''
+import sys
+
+SERVER = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "httptools", "psycopg")
+
+class RefuseServer:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in SERVER:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, RefuseServer())
+import nndx
+import nndx.client
+import nndx.prompts
+from nndx.cli import build_parser, main
+
+assert nndx.prompts.render()  # the generic prompt and checklist
+args = build_parser().parse_args(["serve", "--port", "1"])
+assert args.handler(args) == 2
+loaded = sorted(name for name in sys.modules if name.split(".")[0] in SERVER)
+assert not loaded, loaded
+print("library without the server extra")
+'''
+
+
+def test_the_library_runs_without_the_server_extra(tmp_path):
+    """`pip install nndx` (no [server]): the library, its client and its CLI import;
+    `nndx serve` says which extra it needs instead of a traceback."""
+    root = Path(__file__).resolve().parents[2]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("NNDX_")}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), environment.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", LIBRARY_SCRIPT], env=environment, capture_output=True,
+                            text=True, timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "library without the server extra" in result.stdout
+    assert "pip install 'nndx[server]'" in result.stderr
