@@ -46,6 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from fastapi import FastAPI, Request, Response
 
 from nndx.report import (
     ActivationStats,
@@ -189,8 +190,6 @@ class Server:
 
 def bare_app():  # type: ignore[no-untyped-def]
     """The baseline: FastAPI reading a POST body and answering 201 with an id."""
-    from fastapi import FastAPI, Request, Response
-
     app = FastAPI()
 
     @app.post("/v1/reports")
