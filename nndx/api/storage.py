@@ -23,8 +23,8 @@ Writes have two paths that store the same rows:
   caller's thread.
 - :meth:`ReportStore.add_async`, what the service uses: requests hand their rows to one
   writer thread, which commits everything waiting in one transaction (group commit: one
-  fsync for many reports). If that transaction fails, each report of it is written again
-  alone, so one bad report fails only itself.
+  fsync for many reports). If the database refuses that transaction for what a report
+  holds, each report of it is written again alone, so one bad report fails only itself.
 
 Writers of several processes sharing one SQLite file take turns on an ``flock`` of
 ``<file>.write-lock`` (see :class:`_WriteTurn`).
@@ -75,7 +75,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import StaticPool
 
@@ -485,6 +485,8 @@ class _GroupCommitWriter:
             if waiting:
                 try:
                     outcomes = self._write([row for row, _ in waiting])
+                    if len(outcomes) != len(waiting):
+                        raise AssertionError(f"{len(outcomes)} outcomes for {len(waiting)} rows")
                 except Exception as exc:  # noqa: BLE001 - a bug here must not strand the waiters
                     outcomes = [exc] * len(waiting)
                 for (_, future), outcome in zip(waiting, outcomes):
@@ -580,11 +582,11 @@ class ReportStore:
                 self._insert(conn, rows)
             return [(row.stored, True) for row in rows]
         except Exception as exc:  # noqa: BLE001 - the outcome of the rows, reported to them
-            if len(rows) > 1:
+            if len(rows) > 1 and _refused_for_its_content(exc):
                 return [self._write_rows([row])[0] for row in rows]
-            if isinstance(exc, IntegrityError) and rows[0].idempotency_key is not None:
+            if len(rows) == 1 and isinstance(exc, IntegrityError) and rows[0].idempotency_key is not None:
                 return [self._repeated(rows[0], exc)]
-            return [exc]
+            return [exc] * len(rows)
 
     def _repeated(self, row: _Row, error: IntegrityError) -> tuple[StoredReport, bool] | BaseException:
         """The outcome of a row whose idempotency key its project already used."""
@@ -730,6 +732,18 @@ class ReportStore:
             report_json=row.report_json,
             diagnosis_json=row.diagnosis_json,
         )
+
+
+def _refused_for_its_content(exc: BaseException) -> bool:
+    """Whether the database refused ``exc``'s transaction for what a row holds (a
+    constraint, a value it cannot store, a row over a limit), so that the rows of a
+    batch are worth writing one by one; not for a database that is down or broken,
+    where each row would only fail again."""
+    cause = exc.__cause__ if isinstance(exc, StorageUnavailable) else exc
+    if isinstance(cause, (IntegrityError, DataError)):
+        return True
+    sqlstate = getattr(getattr(cause, "orig", None), "sqlstate", None) or ""
+    return sqlstate[:2] in ("22", "23", "54")  # data exception, integrity, program limit exceeded
 
 
 def _utc(moment: datetime) -> datetime:

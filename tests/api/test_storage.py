@@ -493,7 +493,9 @@ def test_an_add_whose_event_loop_closed_does_not_stop_the_writer(tmp_path):
             loop.run_until_complete(asyncio.sleep(0))
             loop.close()
         done: list = []
-        adder = threading.Thread(target=lambda: done.append(_add(store, name="next")), daemon=True)
+        after = make_report(name="next")  # through the writer too: queued after the orphan
+        adder = threading.Thread(target=lambda: done.append(asyncio.run(store.add_async(after, fake_diagnosis(after)))),
+                                 daemon=True)  # fmt: skip
         adder.start()
         adder.join(30)
         assert done, "the writer thread died with the abandoned add"
@@ -502,3 +504,21 @@ def test_an_add_whose_event_loop_closed_does_not_stop_the_writer(tmp_path):
     finally:
         store.close()
         other.close()
+
+
+def test_a_batch_on_a_stopped_database_fails_once_not_row_by_row(store, monkeypatch):
+    """A database that cannot be reached fails the whole batch with one error: retrying
+    each of its rows alone would wait on the dead server once per row."""
+    store.engine.dispose()
+    store.engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none", connect_args={"connect_timeout": 5})
+    attempts = []
+    transaction = store._transaction
+
+    def counted():
+        attempts.append(1)
+        return transaction()
+
+    monkeypatch.setattr(store, "_transaction", counted)
+    outcomes = _add_all_at_once(store, [(make_report(name=f"r{i}"), None) for i in range(20)])
+    assert all(isinstance(o, StorageUnavailable) for o in outcomes)
+    assert len(attempts) < 20
