@@ -1,19 +1,31 @@
-"""Load and durability of `nndx serve` on loopback with the default SQLite store.
+"""Load and durability of `nndx serve` on loopback, on SQLite and on PostgreSQL, beside a
+bare FastAPI app measured in the same run.
 
-Not a test: prints a table. Four phases, each bounded in count and time:
+Not a test: prints a table. For each server (the bare app, nndx on SQLite, nndx on
+PostgreSQL when a server is given), each phase bounded in count and time:
 
 1. load    — 16 concurrent clients POST distinct 50-layer reports for a fixed number
              of requests, each as soon as its last was answered; throughput and
              p50/p99 latency of the acknowledged (201) POSTs.
 2. paced   — the same clients at ``--rate`` POSTs/s on a fixed schedule; latency from
              the scheduled send.
-3. verify  — every acknowledged report is read back through the API: count and content.
-4. crash   — the same load, and the server is SIGKILLed in the middle of it; the
-             database must pass PRAGMA integrity_check, and after a restart every
-             report acknowledged before the kill must be there, byte for byte.
+3. verify  — (nndx) every acknowledged report is read back through the API: count and
+             content.
+4. crash   — (nndx) the same load, and the server is SIGKILLed in the middle of it;
+             after a restart every report acknowledged before the kill must be there,
+             byte for byte (SQLite: and PRAGMA integrity_check must pass).
+5. explain — (nndx, SQLite) 80 concurrent explains against an LLM that never answers
+             (NNDX_LLM_TIMEOUT=5): the longest explain, and the latency of /healthz
+             and GET requests sent meanwhile.
+
+The bare app is FastAPI under the same uvicorn (2 workers, httptools) whose POST reads
+the body and answers 201 with an id: the framework's own ceiling on this machine, so
+that "nndx ÷ bare" is a ratio measured side by side.
 
 Usage: .venv/bin/python bench/api_load.py [--requests 3000] [--concurrency 16] [--workers 2]
-Targets on the 2-core dev machine: >= 200 reports/s, p99 < 100 ms, zero acknowledged lost.
+           [--postgres-url postgresql+psycopg://user@host:5432/db]   (or NNDX_TEST_POSTGRES_URL)
+Targets on the 2-core dev machine: >= 400 reports/s saturated, p99 < 100 ms paced at
+200/s, zero acknowledged lost; /healthz and GET p99 < 100 ms during the hung explains.
 """
 
 from __future__ import annotations
@@ -29,9 +41,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from fastapi import FastAPI, Request, Response
 
 from nndx.report import (
     ActivationStats,
@@ -109,20 +124,30 @@ def free_port() -> int:
 
 
 class Server:
-    """`nndx serve` as a subprocess in its own session (so SIGKILL reaches it all)."""
+    """A server as a subprocess in its own session (so SIGKILL reaches it all)."""
 
-    def __init__(self, database: Path, port: int, workers: int) -> None:
-        self.database, self.port, self.workers = database, port, workers
+    def __init__(self, command: list[str], port: int, workers: int, env: dict[str, str] | None = None) -> None:
+        self.command, self.port, self.workers = command, port, workers
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("NNDX_")} | (env or {})
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen | None = None
 
+    @classmethod
+    def nndx(cls, database_url: str, workers: int, env: dict[str, str] | None = None) -> Server:
+        port = free_port()
+        return cls([sys.executable, "-m", "nndx.cli", "serve", "--port", str(port), "--workers", str(workers),
+                    "--database-url", database_url], port, workers, env)  # fmt: skip
+
+    @classmethod
+    def bare(cls, workers: int) -> Server:
+        port = free_port()
+        return cls([sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).parent), "api_load:bare_app",
+                    "--factory", "--port", str(port), "--workers", str(workers), "--log-level", "warning",
+                    "--http", "httptools"], port, workers)  # fmt: skip
+
     def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NNDX_")}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "nndx.cli", "serve", "--port", str(self.port), "--workers", str(self.workers),
-             "--database-url", f"sqlite:///{self.database}"],
-            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -131,9 +156,9 @@ class Server:
             except httpx.TransportError:
                 pass
             if self.process.poll() is not None:
-                raise RuntimeError("nndx serve exited during start-up")
+                raise RuntimeError(f"{self.command[2]} exited during start-up")
             time.sleep(0.1)
-        raise RuntimeError("nndx serve did not become healthy within 60 s")
+        raise RuntimeError("the server did not become healthy within 60 s")
 
     def wait_idle(self) -> None:
         """Wait until every worker has started: /healthz answers as soon as the first
@@ -148,7 +173,7 @@ class Server:
             if len(now) >= processes and busy < 0.02:
                 return
             previous = now
-        raise RuntimeError("nndx serve workers still starting after 60 s")
+        raise RuntimeError("server workers still starting after 60 s")
 
     def kill(self) -> None:
         os.killpg(self.process.pid, signal.SIGKILL)
@@ -163,6 +188,22 @@ class Server:
                 self.kill()
 
 
+def bare_app():  # type: ignore[no-untyped-def]
+    """The baseline: FastAPI reading a POST body and answering 201 with an id."""
+    app = FastAPI()
+
+    @app.post("/v1/reports")
+    async def create(request: Request) -> Response:
+        await request.body()
+        return Response(f'{{"id": "{uuid.uuid4().hex}"}}', status_code=201, media_type="application/json")
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return Response('{"status": "ok"}', media_type="application/json")
+
+    return app
+
+
 class RawHTTPConnection:
     """A minimal keep-alive HTTP/1.1 client for the load phase. httpx costs ~2 ms of CPU
     per request here — CPU taken from the server on the same two cores — this ~0.2 ms."""
@@ -173,10 +214,16 @@ class RawHTTPConnection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
+        return await self.request(head, body)
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        return await self.request(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode(), b"")
+
+    async def request(self, head: bytes, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         try:
             self.writer.write(head + body)
             await self.writer.drain()
@@ -273,100 +320,185 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
+def hung_llm() -> tuple[socket.socket, str]:
+    """A listening socket that accepts and never answers: an LLM that hangs."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
+def measure_load(server: Server, args: argparse.Namespace, first: int, verify_reports: bool) -> list[tuple[str, str]]:
+    """The load, paced and (nndx) verify phases against a started server."""
+    bodies = report_bodies(first, args.requests)
+    cpu_before = session_cpu_seconds(server.process.pid)
+    acknowledged, latencies, elapsed, errors = asyncio.run(load(server.url, bodies, args.concurrency))
+    cpu_after = session_cpu_seconds(server.process.pid)
+    server_cpu = sum(cpu_after[pid] - cpu_before.get(pid, 0.0) for pid in cpu_after)
+    throughput = len(acknowledged) / elapsed
+    p50, p99 = (percentile(latencies, q) * 1e3 for q in (50, 99))
+    paced_bodies = report_bodies(first + 2 * 10**6, args.requests)
+    paced, paced_latencies, paced_elapsed, paced_errors = asyncio.run(
+        load(server.url, paced_bodies, args.concurrency, rate=args.rate))
+    paced_p50, paced_p99 = (percentile(paced_latencies, q) * 1e3 for q in (50, 99))
+    rows = [
+        ("saturated throughput", f"{throughput:.0f} reports/s ({len(acknowledged)} acknowledged, {errors} errors)"),
+        ("saturated latency p50 / p99", f"{p50:.1f} / {p99:.1f} ms"),
+        ("server CPU per report", f"{server_cpu / max(1, len(acknowledged)) * 1e3:.2f} ms"),
+        (f"paced {args.rate:.0f}/s: latency p50 / p99", f"{paced_p50:.1f} / {paced_p99:.1f} ms "
+         f"({len(paced)} acknowledged, {paced_errors} errors)"),
+    ]
+    if verify_reports:
+        same, different = asyncio.run(verify(server.url, acknowledged, bodies, args.concurrency))
+        paced_same, paced_different = asyncio.run(verify(server.url, paced, paced_bodies, args.concurrency))
+        total = len(acknowledged) + len(paced)
+        rows.append(("acknowledged read back identical",
+                     f"{same + paced_same} / {total} ({different + paced_different} missing or different)"))
+    return [("_throughput", str(throughput))] + rows
+
+
+def measure_crash(database_url: str, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """SIGKILL under load, restart, and look for every acknowledged report."""
+    server = Server.nndx(database_url, args.workers)
+    server.start()
+    bodies = report_bodies(10**6, args.requests)
+    try:
+        acked, _, _, crash_errors = asyncio.run(
+            load(server.url, bodies, args.concurrency, kill_after=len(bodies) // 3, on_kill=server.kill))
+    finally:
+        if server.process.poll() is None:
+            server.kill()
+    rows = []
+    if database_url.startswith("sqlite:///"):
+        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:  # replays the WAL, as a restart would
+            rows.append(("PRAGMA integrity_check after SIGKILL", conn.execute("PRAGMA integrity_check").fetchone()[0]))
+    server.start()
+    try:
+        same, different = asyncio.run(verify(server.url, acked, bodies, args.concurrency))
+    finally:
+        server.stop()
+    return rows + [("acknowledged before SIGKILL, present after restart", f"{same} / {len(acked)} (lost {different})")]
+
+
+def measure_explain_starvation(database_url: str, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """80 explains on a hung LLM; the latency of /healthz and GET meanwhile."""
+    llm_socket, llm_url = hung_llm()
+    deadline_s = 5.0
+    server = Server.nndx(database_url, 1, {"NNDX_LLM_BASE_URL": llm_url, "NNDX_LLM_MODEL": "m",
+                                           "NNDX_LLM_TIMEOUT": str(deadline_s)})  # fmt: skip
+    server.start()
+    try:
+        report_id = httpx.post(f"{server.url}/v1/reports", content=report_bodies(5 * 10**6, 1)[0],
+                               headers=JSON, trust_env=False).json()["id"]  # fmt: skip
+
+        async def run() -> tuple[list[float], list[float]]:
+            async def explain() -> float:
+                connection = RawHTTPConnection("127.0.0.1", server.port)
+                started = time.perf_counter()
+                status, _ = await connection.post(f"/v1/reports/{report_id}/explain", b"")
+                connection.close()
+                assert status == 200, status
+                return time.perf_counter() - started
+
+            explains = [asyncio.create_task(explain()) for _ in range(80)]
+            await asyncio.sleep(0.5)
+            connection, latencies = RawHTTPConnection("127.0.0.1", server.port), []
+            while not any(task.done() for task in explains):
+                for path in ("/healthz", f"/v1/reports/{report_id}"):
+                    started = time.perf_counter()
+                    status, _ = await connection.get(path)
+                    assert status == 200, (path, status)
+                    latencies.append(time.perf_counter() - started)
+                await asyncio.sleep(0.01)
+            connection.close()
+            return await asyncio.gather(*explains), latencies
+
+        explain_times, latencies = asyncio.run(run())
+    finally:
+        server.stop()
+        llm_socket.close()
+    return [
+        ("explains answered / longest", f"{len(explain_times)} / {max(explain_times):.2f} s "
+         f"(deadline {deadline_s:g} s; target < deadline + 1 s)"),
+        ("/healthz + GET meanwhile: p50 / p99", f"{percentile(latencies, 50) * 1e3:.1f} / "
+         f"{percentile(latencies, 99) * 1e3:.1f} ms over {len(latencies)} requests (target p99 < 100 ms)"),
+    ]
+
+
+def postgres_schema_url(server_url: str) -> tuple[str, Callable[[], None]]:
+    """A fresh schema on ``server_url`` for one measurement, and how to drop it."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    base = make_url(server_url)
+    plain = base.set(drivername="postgresql").render_as_string(hide_password=False)
+    schema = f"nndx_bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+
+    def drop() -> None:
+        with psycopg.connect(plain, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+    url = base.set(drivername="postgresql+psycopg").update_query_dict({"options": f"-csearch_path={schema}"})
+    return url.render_as_string(hide_password=False), drop
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000, help="POSTs in the load phase (default 3000)")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=2, help="nndx serve --workers (default 2, one per core)")
+    parser.add_argument("--workers", type=int, default=2, help="server workers (default 2, one per core)")
     parser.add_argument("--rate", type=float, default=200.0, help="POSTs/s of the paced phase (default 200, the target)")
+    parser.add_argument("--postgres-url", default=os.environ.get("NNDX_TEST_POSTGRES_URL"),
+                        help="a PostgreSQL server to measure too (default $NNDX_TEST_POSTGRES_URL)")
     args = parser.parse_args()
 
-    print(f"building {args.requests} distinct 50-layer reports ...", file=sys.stderr)
-    bodies = report_bodies(0, args.requests)
-    rows: list[tuple[str, str, str]] = []
+    columns: dict[str, list[tuple[str, str]]] = {}
     with tempfile.TemporaryDirectory(prefix="nndx-bench-") as folder:
-        database = Path(folder) / "nndx.sqlite3"
-        server = Server(database, free_port(), args.workers)
-        server.start()
-        server.wait_idle()
+        print("bare FastAPI app ...", file=sys.stderr)
+        bare = Server.bare(args.workers)
+        bare.start()
+        bare.wait_idle()
         try:
-            print("load phase ...", file=sys.stderr)
-            cpu_before = session_cpu_seconds(server.process.pid)
-            client_cpu_before = time.process_time()
-            acknowledged, latencies, elapsed, errors = asyncio.run(load(server.url, bodies, args.concurrency))
-            cpu_after = session_cpu_seconds(server.process.pid)
-            per_process = sorted((cpu_after[pid] - cpu_before.get(pid, 0.0) for pid in cpu_after), reverse=True)
-            server_cpu = sum(per_process)
-            client_cpu = time.process_time() - client_cpu_before
-            throughput = len(acknowledged) / elapsed
-            p50, p90, p99 = (percentile(latencies, q) * 1e3 for q in (50, 90, 99))
-            print(f"paced phase ({args.rate:.0f}/s) ...", file=sys.stderr)
-            paced_bodies = report_bodies(2 * 10**6, args.requests)
-            paced, paced_latencies, paced_elapsed, paced_errors = asyncio.run(
-                load(server.url, paced_bodies, args.concurrency, rate=args.rate)
-            )
-            paced_p50, paced_p90, paced_p99 = (percentile(paced_latencies, q) * 1e3 for q in (50, 90, 99))
-            print("verify phase ...", file=sys.stderr)
-            same, different = asyncio.run(verify(server.url, acknowledged, bodies, args.concurrency))
-            paced_same, paced_different = asyncio.run(verify(server.url, paced, paced_bodies, args.concurrency))
-            same, different = same + paced_same, different + paced_different
-            listed = httpx.get(f"{server.url}/v1/reports", params={"limit": 1}, trust_env=False).status_code
+            columns["bare FastAPI"] = measure_load(bare, args, 3 * 10**6, verify_reports=False)
         finally:
-            server.stop()
-        rows += [
-            ("load", "report size", f"{len(bodies[0]) / 1024:.1f} KiB JSON, 50 layers"),
-            ("load", "clients / server workers", f"{args.concurrency} / {args.workers}"),
-            ("load", "acknowledged (201) / sent", f"{len(acknowledged)} / {args.requests} ({errors} errors)"),
-            ("load", "throughput", f"{throughput:.0f} reports/s (target >= 200)"),
-            ("load", "latency p50 / p90", f"{p50:.1f} / {p90:.1f} ms"),
-            ("load", "latency p99", f"{p99:.1f} ms (target < 100)"),
-            ("load", "server CPU per report", f"{server_cpu / max(1, len(acknowledged)) * 1e3:.2f} ms"
-             f" (= {max(1, len(acknowledged)) / max(server_cpu, 1e-9):.0f} reports/s per free core)"),
-            ("load", "cores used by each server process", " / ".join(
-                f"{c / elapsed:.2f}" for c in per_process if c / elapsed >= 0.01)),
-            ("load", "bench client CPU per report", f"{client_cpu / max(1, len(acknowledged)) * 1e3:.2f} ms"),
-            ("load", "machine load average (1 min)", f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"),
-            ("paced", "offered / achieved", f"{args.rate:.0f} / {len(paced) / paced_elapsed:.0f} reports/s, "
-             f"{len(paced)} acknowledged ({paced_errors} errors)"),
-            ("paced", "latency p50 / p90 (from the scheduled send)", f"{paced_p50:.1f} / {paced_p90:.1f} ms"),
-            ("paced", "latency p99", f"{paced_p99:.1f} ms (target < 100)"),
-            ("verify", "acknowledged read back identical", f"{same} / {len(acknowledged) + len(paced)} ({different} missing or different)"),
-        ]
-        assert listed == 200
+            bare.stop()
+        backends = [("nndx, SQLite", f"sqlite:///{Path(folder) / 'load.sqlite3'}", None)]
+        if args.postgres_url:
+            url, drop = postgres_schema_url(args.postgres_url)
+            backends.append(("nndx, PostgreSQL", url, drop))
+        for name, url, drop in backends:
+            print(f"{name} ...", file=sys.stderr)
+            server = Server.nndx(url, args.workers)
+            server.start()
+            server.wait_idle()
+            try:
+                rows = measure_load(server, args, 0, verify_reports=True)
+            finally:
+                server.stop()
+            crash_url = url.replace("load.sqlite3", "crash.sqlite3")
+            if drop is not None:
+                drop()
+                crash_url, drop = postgres_schema_url(args.postgres_url)
+            rows += measure_crash(crash_url, args)
+            if drop is not None:
+                drop()
+            else:
+                rows += measure_explain_starvation(f"sqlite:///{Path(folder) / 'explain.sqlite3'}", args)
+            columns[name] = rows
+    bare_throughput = float(dict(columns["bare FastAPI"])["_throughput"])
+    for name, rows in columns.items():
+        throughput = float(dict(rows)["_throughput"])
+        rows.insert(1, ("throughput ÷ bare FastAPI", f"{throughput / bare_throughput:.2f}"))
 
-        print("crash phase ...", file=sys.stderr)
-        crash_db = Path(folder) / "crash.sqlite3"
-        server = Server(crash_db, free_port(), args.workers)
-        server.start()
-        crash_bodies = report_bodies(10**6, args.requests)
-        try:
-            acked, _, _, crash_errors = asyncio.run(
-                load(server.url, crash_bodies, args.concurrency, kill_after=len(crash_bodies) // 3, on_kill=server.kill)
-            )
-        finally:
-            if server.process.poll() is None:
-                server.kill()
-        with sqlite3.connect(crash_db) as conn:  # opening replays the WAL, as a restart would
-            integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
-            rows_on_disk = conn.execute("SELECT count(*) FROM reports").fetchone()[0]
-        server.start()
-        try:
-            same, different = asyncio.run(verify(server.url, acked, crash_bodies, args.concurrency))
-        finally:
-            server.stop()
-        rows += [
-            ("crash", "SIGKILL after", f"{len(crash_bodies) // 3} acknowledged; {crash_errors} requests failed after"),
-            ("crash", "acknowledged before the kill", f"{len(acked)}"),
-            ("crash", "PRAGMA integrity_check", integrity),
-            ("crash", "rows on disk", f"{rows_on_disk} (>= acknowledged; extra = committed, answer lost in the kill)"),
-            ("crash", "acknowledged present after restart", f"{same} / {len(acked)} (lost: {different})"),
-        ]
-
-    width = max(len(r[1]) for r in rows)
-    print(f"\n| phase  | {'measure'.ljust(width)} | value |")
-    print(f"|--------|{'-' * (width + 2)}|-------|")
-    for phase, measure, value in rows:
-        print(f"| {phase.ljust(6)} | {measure.ljust(width)} | {value} |")
+    print(f"\n{args.concurrency} clients, {args.workers} workers, 50-layer reports of "
+          f"{len(report_bodies(0, 1)[0]) / 1024:.1f} KiB; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    for name, rows in columns.items():
+        print(f"\n| {name} | value |\n|---|---|")
+        for measure, value in rows:
+            if not measure.startswith("_"):
+                print(f"| {measure} | {value} |")
     return 0
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from nndx.api.settings import ClientSettings
 from nndx.errors import ServiceError
 from nndx.report import Diagnosis, DiagnosticReport
 
@@ -67,7 +68,8 @@ class PushResult:
 
 
 def default_spool_dir() -> Path:
-    return Path(os.environ.get("NNDX_SPOOL_DIR") or Path.home() / ".cache" / "nndx" / "spool")
+    """``NNDX_SPOOL_DIR``, default ``~/.cache/nndx/spool`` (nndx.api.settings.ClientSettings)."""
+    return ClientSettings.from_env().spool_dir
 
 
 def _endpoint(url: str) -> str:

@@ -9,7 +9,8 @@ environment, in one place (``nndx.api.settings``): ``NNDX_DATABASE_URL``,
 Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``)::
 
     POST /v1/reports                      validate, diagnose, store → 201 {id, diagnosis}
-    GET  /v1/reports                      ?project= &run_name= &cause= &limit= &cursor=
+    GET  /v1/reports                      ?project= &run_name= &q= &cause= &severity= &since= &until=
+                                          &limit= &cursor=  (newest first)
     GET  /v1/reports/{id}                 the report as stored
     GET  /v1/reports/{id}/diagnosis       the diagnosis made when it was stored
     GET  /v1/reports/{id}/prompt          prompt-nn-debugger.md (text/markdown)
@@ -25,14 +26,20 @@ and one fsync for every report waiting, and none answered before its commit, so 
 SIGKILL or power cut after a 201 loses nothing. Several workers of one ``nndx serve``
 may share the SQLite file; for API processes on several hosts use PostgreSQL
 (``NNDX_DATABASE_URL=postgresql+psycopg://user:pass@host/nndx``, ``pip install
-psycopg``). Reports are immutable; ``Idempotency-Key`` makes a client's retry harmless.
+'nndx[postgres]'``). Reports are immutable; ``Idempotency-Key`` makes a client's retry
+harmless (a key is scoped to its project; reused for a different report: 409).
 
 Auth (``nndx.api.auth``): with tokens configured every endpoint but ``/healthz``
 needs ``Authorization: Bearer <token>``, and a token sees only its project's reports
 (another project's id answers 404, like a missing one). The HTML pages take the same
 header — put a proxy that adds it in front of browsers.
 
-Bad input is a 4xx, never a 5xx: 413 over the body limit (chunked bodies too), 422
-for malformed JSON or a schema violation (``loc`` names the field), 404 for an
-unknown id.
+Bad input is a 4xx, never a 5xx: 413 over the body limit (chunked bodies too), 415
+for a body not sent as JSON, 408 for a body slower than ``NNDX_BODY_TIMEOUT``, 422 for
+malformed JSON, a schema violation or text no index can hold (``loc`` names the field),
+404 for an unknown id. A store that is down or full answers 503 with Retry-After.
+A POST without a valid token is refused before its body is read. Every answer carries
+a Content-Security-Policy (``nndx.api.limits.CONTENT_SECURITY_POLICY``: scripts and
+styles from the service itself only), ``X-Content-Type-Options: nosniff`` and
+``X-Frame-Options: DENY``.
 """

@@ -7,7 +7,9 @@ app is created, so a misconfigured database fails at start-up, not on the first 
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,11 +21,14 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nndx import __version__
-from nndx.api.limits import BodyLimitMiddleware
+from nndx.api.auth import bearer_project
+from nndx.api.limits import RequestGuard, SecurityHeaders
 from nndx.api.routers import health, pages, reports
 from nndx.api.settings import Settings
-from nndx.api.storage import ReportStore
+from nndx.api.storage import ReportStore, StorageUnavailable
 from nndx.prompts import LLMSettings
+
+logger = logging.getLogger("nndx.api")
 
 #: Allocations between generation-0 collections while the service runs (CPython: 700).
 GC_THRESHOLD = 10_000
@@ -37,6 +42,22 @@ async def _validation_error(_request: Request, exc: RequestValidationError) -> J
         for error in exc.errors()
     ]
     return JSONResponse({"detail": errors}, status_code=422)
+
+
+#: Seconds a client is asked to wait before retrying when the store cannot answer.
+RETRY_AFTER_S = 5
+
+
+async def _storage_unavailable(_request: Request, exc: StorageUnavailable) -> JSONResponse:
+    """503 with Retry-After, as a normal answer: the connection stays open for the retry.
+    The reason names the exception type only; the database's own message is logged."""
+    logger.warning("%s", exc)
+    cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "StorageUnavailable"
+    return JSONResponse(
+        {"detail": f"the report store is unavailable ({cause}); retry later"},
+        status_code=503,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException):  # type: ignore[no-untyped-def]
@@ -83,10 +104,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.llm_settings = llm_settings
+    # the LLM calls this process makes at once; an explain beyond it waits for a slot
+    app.state.llm_slots = asyncio.Semaphore(settings.llm_max_in_flight)
     app.state.store = store
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_exception_handler(StorageUnavailable, _storage_unavailable)  # type: ignore[arg-type]
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout=settings.body_timeout,
+        is_authorized=(lambda header: bearer_project(settings, header) is not None) if settings.auth_enabled else None,
+    )
+    app.add_middleware(SecurityHeaders)
     app.include_router(health.router)
     app.include_router(reports.router)
     app.include_router(pages.router)

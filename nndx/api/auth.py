@@ -27,6 +27,14 @@ def find_project(settings: Settings, token: str) -> str | None:
     return project
 
 
+def bearer_project(settings: Settings, authorization: str | None) -> str | None:
+    """The project of an ``Authorization: Bearer <token>`` header's token, or None."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return find_project(settings, token.strip())
+
+
 async def get_scope(
     request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
 ) -> str | None:

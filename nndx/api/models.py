@@ -54,9 +54,11 @@ def error_responses(*codes: int) -> dict[int | str, dict]:
         401: "no valid bearer token",
         403: "the report's project is not the token's project",
         404: "no such report (or not visible to this token)",
-        409: "idempotency key already used by another project",
+        408: "the request body did not arrive in time (NNDX_BODY_TIMEOUT)",
+        409: "the Idempotency-Key was already used for a different report of this project",
         413: "request body over the limit",
-        503: "the database is unavailable",
+        415: "the body is not sent as application/json",
+        503: "the report store is unavailable (down or full); retry after Retry-After seconds",
     }
     # content spelled out: on HTML routes FastAPI would otherwise document errors as text/html
     json_error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorDetail"}}}

@@ -8,7 +8,7 @@ LLM settings come from NNDX_LLM_BASE_URL, NNDX_LLM_MODEL, NNDX_LLM_API_KEY,
 NNDX_LLM_TIMEOUT and NNDX_LLM_STREAM (see ``nndx.prompts.settings``).
 """
 
-from nndx.prompts.explain import Explanation, explain
+from nndx.prompts.explain import Explanation, explain, explain_async
 from nndx.prompts.llm import LLMUnavailable
 from nndx.prompts.render import OUTPUT_FILES, render, render_explanation, render_prompt
 from nndx.prompts.settings import LLMSettings, SettingsError
@@ -20,6 +20,7 @@ __all__ = [
     "LLMUnavailable",
     "SettingsError",
     "explain",
+    "explain_async",
     "render",
     "render_explanation",
     "render_prompt",

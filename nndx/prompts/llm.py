@@ -2,7 +2,8 @@
 
 How to use::
 
-    text, attempts = complete(prompt, LLMSettings.from_env())   # raises LLMUnavailable
+    text, attempts = complete(prompt, LLMSettings.from_env())              # raises LLMUnavailable
+    text, attempts = await complete_async(prompt, LLMSettings.from_env())  # in an event loop
 
 It sends ``POST {base_url}/chat/completions`` with the prompt as the one user message,
 ``Authorization: Bearer <key>`` when a key is set, and reads either a JSON answer or,
@@ -11,36 +12,44 @@ Hosted APIs, vLLM, llama.cpp server and Ollama all speak this.
 
 Why it is built this way:
 
+- Asynchronous, so that a service waiting on a slow LLM holds no thread: the nndx
+  service awaits :func:`complete_async`; :func:`complete` runs it on an event loop of
+  its own for scripts and the CLI.
 - The deadline is total. httpx timeouts bound each connect and each read, so a server
-  that trickles one byte a second would never time out; the request therefore runs in
-  a worker thread and the caller waits at most ``timeout`` seconds for it. On expiry
-  the worker is told to stop (it checks between chunks) and the caller moves on.
+  that trickles one byte a second would never time out; the whole call (retries and
+  backoff included) is therefore cancelled when ``timeout`` seconds have passed.
 - Retries only where a retry can help: 429 and 5xx, with exponential backoff, honouring
   a small ``Retry-After``, and never a retry that cannot finish before the deadline.
   Anything else (4xx, connection refused, malformed answer) fails at once.
 - The key lives only in the request header. Every reason, log line and exception is
   built from status codes, exception type names and redacted server messages, never
-  from the request, so the key cannot leak through them.
+  from the request, so the key cannot leak through them. A server message that echoes
+  the key, whole or in part (a prefix, a suffix, a masked middle), is redacted.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import email.utils
+import functools
 import json
 import logging
-import threading
+import re
+import ssl
 import time
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:  # httpx is imported where a request is made: `nndx --help` and the rules never load it
-    import httpx
+import httpx
 
 from nndx.errors import ServiceError
 from nndx.prompts.settings import LLMSettings
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 MAX_SERVER_MESSAGE = 200
 
@@ -67,8 +76,6 @@ def endpoint_url(base_url: str) -> str:
 
 def safe_url(url: str) -> str:
     """The URL without user info or query string (either could hold a credential)."""
-    import httpx
-
     parsed = httpx.URL(url)
     return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
 
@@ -127,10 +134,32 @@ def _delta_text(chunk: Any) -> tuple[str, bool]:
     return (content if isinstance(content, str) else ""), first.get("finish_reason") is not None
 
 
-class _Call:
-    """One ``complete`` call: its retry loop runs in a worker thread."""
+#: A run of this many characters of the key, anywhere in a server message, is redacted.
+MIN_ECHO_CHARS = 4
 
-    def __init__(self, prompt: str, settings: LLMSettings, transport: httpx.BaseTransport | None) -> None:
+
+def redact(text: str, secret: str) -> str:
+    """``text`` with every echo of ``secret`` replaced by ``***``: the whole key, and
+    any run of at least MIN_ECHO_CHARS of its characters that appears in the text (the
+    "sk-...1234" a server prints when it masks a key it refuses)."""
+    if not secret:
+        return text
+    text = text.replace(secret, "***")
+    if len(secret) > 512:  # not a key: no search for its pieces
+        return text
+    length = len(secret)
+    pieces = {secret[start:start + size] for size in range(length - 1, MIN_ECHO_CHARS - 1, -1)
+              for start in range(length - size + 1)}  # fmt: skip
+    pieces = {piece for piece in pieces if piece in text}
+    for piece in sorted(pieces, key=len, reverse=True):
+        text = text.replace(piece, "***")
+    return re.sub(r"(\*\*\*)+", "***", text)
+
+
+class _Call:
+    """One ``complete`` call: its attempts, their count, and what each one read."""
+
+    def __init__(self, prompt: str, settings: LLMSettings) -> None:
         self.settings = settings
         self.url = endpoint_url(settings.base_url or "")
         self.shown_url = safe_url(self.url)
@@ -139,34 +168,22 @@ class _Call:
             "messages": [{"role": "user", "content": prompt}],
             "stream": settings.stream,
         }
-        self.transport = transport
-        self.deadline = 0.0
+        self.deadline = time.monotonic() + settings.timeout
         self.attempts = 0
-        self.cancelled = threading.Event()
-        self.result: str | None = None
-        self.error: LLMUnavailable | None = None
 
     # ----------------------------------------------------------------- helpers
 
     def _redact(self, text: str) -> str:
         key = self.settings.api_key.get_secret_value() if self.settings.api_key else ""
-        if key:
-            text = text.replace(key, "***")
-        return " ".join(text.split())[:MAX_SERVER_MESSAGE]
+        return " ".join(redact(text, key).split())[:MAX_SERVER_MESSAGE]
 
-    def _server_message(self, response: httpx.Response) -> str:
-        import httpx
-
+    async def _server_message(self, response: httpx.Response) -> str:
         try:
-            body = json.loads(response.read()[:65536])
+            body = json.loads((await response.aread())[:65536])
             message = body.get("error", {}).get("message") if isinstance(body, dict) else None
         except (ValueError, AttributeError, httpx.HTTPError):
             message = None
         return f": {self._redact(message)}" if isinstance(message, str) and message.strip() else ""
-
-    def _check_alive(self) -> None:
-        if self.cancelled.is_set() or time.monotonic() > self.deadline:
-            raise LLMUnavailable(f"no complete answer within the {self.settings.timeout:g}s deadline")
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "text/event-stream" if self.settings.stream else "application/json"}
@@ -176,22 +193,20 @@ class _Call:
 
     # ----------------------------------------------------------------- reading
 
-    def _read_body(self, response: httpx.Response) -> bytes:
+    async def _read_body(self, response: httpx.Response) -> bytes:
         chunks, size = [], 0
-        for chunk in response.iter_bytes():
-            self._check_alive()
+        async for chunk in response.aiter_bytes():
             size += len(chunk)
             if size > MAX_RESPONSE_BYTES:
                 raise LLMUnavailable(f"the endpoint's answer exceeds {MAX_RESPONSE_BYTES} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _read_stream(self, response: httpx.Response) -> str:
+    async def _read_stream(self, response: httpx.Response) -> str:
         parts: list[str] = []
         finished = False
         size = 0
-        for line in response.iter_lines():
-            self._check_alive()
+        async for line in response.aiter_lines():
             size += len(line)
             if size > MAX_RESPONSE_BYTES:
                 raise LLMUnavailable(f"the endpoint's answer exceeds {MAX_RESPONSE_BYTES} bytes")
@@ -217,28 +232,23 @@ class _Call:
 
     # ----------------------------------------------------------------- one request
 
-    def _request(self, client: httpx.Client, remaining: float) -> str:
-        import httpx
-
+    async def _request(self, client: httpx.AsyncClient) -> str:
         try:
-            with client.stream("POST", self.url, json=self.payload, headers=self._headers(),
-                               timeout=httpx.Timeout(remaining)) as response:  # fmt: skip
+            async with client.stream("POST", self.url, json=self.payload, headers=self._headers()) as response:
                 status = response.status_code
                 if status == 429 or status >= 500:
                     raise _Retryable(f"HTTP {status} from {self.shown_url}",
                                      parse_retry_after(response.headers.get("retry-after")))  # fmt: skip
                 if not 200 <= status < 300:
-                    raise LLMUnavailable(f"HTTP {status} from {self.shown_url}{self._server_message(response)}")
+                    raise LLMUnavailable(f"HTTP {status} from {self.shown_url}{await self._server_message(response)}")
                 content_type = response.headers.get("content-type", "")
                 if self.settings.stream and "text/event-stream" in content_type:
-                    return self._read_stream(response)
+                    return await self._read_stream(response)
                 # A server that ignores stream=true answers with plain JSON: accept it.
-                return parse_completion(self._read_body(response))
+                return parse_completion(await self._read_body(response))
         except httpx.TimeoutException:
             raise LLMUnavailable(f"no complete answer within the {self.settings.timeout:g}s deadline") from None
         except httpx.HTTPError as exc:
-            if self.cancelled.is_set():
-                raise LLMUnavailable(f"no complete answer within the {self.settings.timeout:g}s deadline") from None
             raise LLMUnavailable(f"could not talk to {self.shown_url} ({type(exc).__name__})") from None
 
     # ----------------------------------------------------------------- retry loop
@@ -256,51 +266,65 @@ class _Call:
             raise LLMUnavailable(f"{retry.reason}; no time left to retry within the {s.timeout:g}s deadline")
         return delay
 
-    def _attempt_all(self, client: httpx.Client) -> str:
+    async def attempt_all(self, transport: httpx.AsyncBaseTransport | None) -> str:
         s = self.settings
-        for attempt in range(1, s.max_attempts + 1):
-            self._check_alive()
-            self.attempts = attempt
-            logger.debug("LLM request, attempt %d of %d, to %s", attempt, s.max_attempts, self.shown_url)
-            try:
-                return self._request(client, self.deadline - time.monotonic())
-            except _Retryable as retry:
-                if attempt == s.max_attempts:
-                    raise LLMUnavailable(f"{retry.reason}; gave up after {attempt} attempts") from None
-                delay = self._delay(attempt, retry)
-                logger.warning("LLM endpoint: %s; retrying in %.2gs", retry.reason, delay)
-                if self.cancelled.wait(delay):
-                    self._check_alive()
+        async with httpx.AsyncClient(
+            transport=transport, follow_redirects=False, timeout=s.timeout, verify=_ssl_context()
+        ) as client:
+            for attempt in range(1, s.max_attempts + 1):
+                self.attempts = attempt
+                logger.debug("LLM request, attempt %d of %d, to %s", attempt, s.max_attempts, self.shown_url)
+                try:
+                    return await self._request(client)
+                except _Retryable as retry:
+                    if attempt == s.max_attempts:
+                        raise LLMUnavailable(f"{retry.reason}; gave up after {attempt} attempts") from None
+                    delay = self._delay(attempt, retry)
+                    logger.warning("LLM endpoint: %s; retrying in %.2gs", retry.reason, delay)
+                    await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # the loop returns or raises
 
-    def run(self) -> None:
-        import httpx
 
-        try:
-            with httpx.Client(transport=self.transport, follow_redirects=False) as client:
-                self.result = self._attempt_all(client)
-        except LLMUnavailable as exc:
-            self.error = exc
-        except Exception as exc:  # noqa: BLE001 - a client bug must become a fallback, never a crash
-            self.error = LLMUnavailable(f"unexpected {type(exc).__name__} in the LLM client")
-        if self.error is not None:
-            self.error.attempts = self.attempts
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One TLS context for every call: building one (certificates loaded) costs more CPU
+    than a whole short LLM request, and a client per call would build one each time."""
+    return httpx.create_ssl_context()
 
 
-def complete(prompt: str, settings: LLMSettings, *, transport: httpx.BaseTransport | None = None) -> tuple[str, int]:
-    """Send ``prompt`` and return ``(answer, attempts)``; never blocks past
+async def complete_async(
+    prompt: str, settings: LLMSettings, *, transport: httpx.AsyncBaseTransport | None = None
+) -> tuple[str, int]:
+    """Send ``prompt`` and return ``(answer, attempts)``; never takes longer than
     ``settings.timeout`` seconds. Raises ``LLMUnavailable`` with a safe reason."""
     if not settings.configured:
         raise LLMUnavailable("no LLM endpoint configured (set NNDX_LLM_BASE_URL and NNDX_LLM_MODEL)")
-    call = _Call(prompt, settings, transport)
-    call.deadline = time.monotonic() + settings.timeout
-    worker = threading.Thread(target=call.run, name="nndx-llm-request", daemon=True)
-    worker.start()
-    worker.join(settings.timeout)
-    if worker.is_alive():
-        call.cancelled.set()  # the worker stops at its next chunk or backoff
-        raise LLMUnavailable(f"no complete answer within the {settings.timeout:g}s deadline", call.attempts)
-    if call.error is not None:
-        raise call.error
-    assert call.result is not None
-    return call.result, call.attempts
+    call = _Call(prompt, settings)
+    try:
+        return await asyncio.wait_for(call.attempt_all(transport), settings.timeout), call.attempts
+    except asyncio.TimeoutError:
+        raise LLMUnavailable(f"no complete answer within the {settings.timeout:g}s deadline", call.attempts) from None
+    except LLMUnavailable as exc:
+        exc.attempts = call.attempts
+        raise
+    except Exception as exc:  # noqa: BLE001 - a client bug must become a fallback, never a crash
+        raise LLMUnavailable(f"unexpected {type(exc).__name__} in the LLM client", call.attempts) from None
+
+
+def run_blocking(make_coroutine: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from code without an event loop (scripts, the CLI).
+    Called where a loop already runs (a notebook), it runs on a loop of its own in a
+    worker thread, since that loop cannot be re-entered."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coroutine())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nndx-llm") as pool:
+        return pool.submit(lambda: asyncio.run(make_coroutine())).result()
+
+
+def complete(
+    prompt: str, settings: LLMSettings, *, transport: httpx.AsyncBaseTransport | None = None
+) -> tuple[str, int]:
+    """:func:`complete_async`, blocking (see :func:`run_blocking`)."""
+    return run_blocking(lambda: complete_async(prompt, settings, transport=transport))

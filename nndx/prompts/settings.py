@@ -11,16 +11,21 @@ NNDX_LLM_MODEL         model name sent with every request                    uns
 NNDX_LLM_API_KEY       bearer token; never logged or shown                   none
 NNDX_LLM_TIMEOUT       total deadline in seconds, retries included           60
 NNDX_LLM_STREAM        ``1``/``true``: ask for a streamed (SSE) answer       false
+NNDX_LLM_MAX_ATTEMPTS  first try plus retries on 429/5xx                     4
 =====================  ====================================================  =======
+
+:func:`settings_from_env` is the one reader of the environment that both this and
+the service's settings (``nndx.api.settings``) go through.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Mapping
+from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from nndx.errors import SettingsError
 
 ENV_BASE_URL = "NNDX_LLM_BASE_URL"
@@ -29,15 +34,42 @@ ENV_API_KEY = "NNDX_LLM_API_KEY"
 ENV_TIMEOUT = "NNDX_LLM_TIMEOUT"
 ENV_STREAM = "NNDX_LLM_STREAM"
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
+AnySettings = TypeVar("AnySettings", bound=BaseSettings)
 
 
-class LLMSettings(BaseModel):
+def settings_from_env(
+    cls: type[AnySettings], environ: Mapping[str, str] | None, *, secret_fields: set[str] = frozenset()
+) -> AnySettings:
+    """``cls`` from ``environ`` (``os.environ`` when None, through pydantic-settings).
+    An invalid value raises ``SettingsError`` naming its variable; the value itself is
+    shown only for fields that cannot hold a secret."""
+    prefix = cls.model_config.get("env_prefix", "")
+    try:
+        if environ is None:
+            return cls()
+        values = {
+            name: environ[prefix + name.upper()]
+            for name in cls.model_fields
+            if environ.get(prefix + name.upper(), "").strip()
+        }
+        return cls.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            message = str(error["msg"]).removeprefix("Value error, ")
+            message = message[:1].lower() + message[1:]
+            if field and field not in secret_fields and "input" in error:
+                message += f", got {str(error['input'])[:100]!r}"
+            problems.append(f"{prefix}{field.upper()}: {message}" if field else message)
+        raise SettingsError("; ".join(problems)) from None
+
+
+class LLMSettings(BaseSettings):
     """Where and how to reach the LLM. ``api_key`` is a ``SecretStr``: its repr, str and
     JSON are masked, and only the HTTP client reads the value."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="NNDX_LLM_", env_ignore_empty=True, frozen=True, extra="forbid")
 
     base_url: str | None = None
     model: str | None = None
@@ -51,6 +83,19 @@ class LLMSettings(BaseModel):
     backoff_max: float = Field(8.0, ge=0)
     max_retry_after: float = Field(10.0, ge=0, description="a longer Retry-After ends the attempts")
 
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        value = value.strip() if value else None
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value or None
+
+    @field_validator("model")
+    @classmethod
+    def _stripped(cls, value: str | None) -> str | None:
+        return value.strip() or None if value else None
+
     @property
     def configured(self) -> bool:
         return bool(self.base_url and self.model)
@@ -58,29 +103,4 @@ class LLMSettings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LLMSettings:
         """Settings from ``environ`` (default ``os.environ``); raises ``SettingsError``."""
-        env = os.environ if environ is None else environ
-        base_url = env.get(ENV_BASE_URL, "").strip() or None
-        if base_url is not None and not base_url.startswith(("http://", "https://")):
-            raise SettingsError(f"{ENV_BASE_URL} must start with http:// or https://, got {base_url!r}")
-        raw_timeout = env.get(ENV_TIMEOUT, "").strip()
-        timeout = 60.0
-        if raw_timeout:
-            try:
-                timeout = float(raw_timeout)
-            except ValueError:
-                raise SettingsError(f"{ENV_TIMEOUT} must be a number of seconds, got {raw_timeout!r}") from None
-            if not math.isfinite(timeout) or not 0 < timeout <= 86400:
-                raise SettingsError(
-                    f"{ENV_TIMEOUT} must be a positive number of seconds (at most a day), got {raw_timeout!r}"
-                )
-        raw_stream = env.get(ENV_STREAM, "").strip().lower()
-        if raw_stream not in _TRUE | _FALSE:
-            raise SettingsError(f"{ENV_STREAM} must be 1/true or 0/false, got {raw_stream!r}")
-        key = env.get(ENV_API_KEY, "").strip()
-        return cls(
-            base_url=base_url,
-            model=env.get(ENV_MODEL, "").strip() or None,
-            api_key=SecretStr(key) if key else None,
-            timeout=timeout,
-            stream=raw_stream in _TRUE,
-        )
+        return settings_from_env(cls, environ, secret_fields={"api_key"})

@@ -1,8 +1,17 @@
-"""Fixtures for the service tests: an app on a fresh SQLite file, a live server, reports."""
+"""Fixtures for the service tests: an app on a fresh store, a live server, reports.
+
+The store is a fresh SQLite file by default. A module that sets
+``database_url = both_backends`` runs each of its tests on SQLite and on PostgreSQL:
+the server named by ``NNDX_TEST_POSTGRES_URL`` (``.ci/run`` starts one; so does
+``.ci/postgres-server``), each test in a schema of its own. Without that variable, or
+with the server unreachable, the PostgreSQL runs skip and say why.
+"""
 
 from __future__ import annotations
 
+import os
 import socket
+import uuid
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -94,15 +103,71 @@ def fake_diagnosis(report: DiagnosticReport) -> Diagnosis:
     )
 
 
+POSTGRES_ENV = "NNDX_TEST_POSTGRES_URL"
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> str:
+    """The PostgreSQL server of this test run, or a skip that says why there is none."""
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        pytest.skip(f"PostgreSQL tests skipped: {POSTGRES_ENV} is not set, so no PostgreSQL server was "
+                    "given to this run (.ci/run installs and starts one; locally: "
+                    "export NNDX_TEST_POSTGRES_URL=$(.ci/postgres-server))")
+    psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: psycopg is not installed "
+                                  "(pip install -e '.[test]' installs nndx[postgres])")
+    from sqlalchemy.engine import make_url
+
+    plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        psycopg.connect(plain, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        pytest.skip(f"PostgreSQL tests skipped: the server at {POSTGRES_ENV} is unreachable: {exc}")
+    return url
+
+
 @pytest.fixture
-def make_app(tmp_path) -> Callable[..., FastAPI]:
-    """Build an app on a fresh SQLite file; ``fake_rules=True`` swaps in :func:`fake_diagnosis`."""
+def postgres_url(postgres_server_url) -> Iterator[str]:
+    """A SQLAlchemy URL on the test server whose tables live in a fresh schema, dropped after."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    schema = f"nndx_test_{uuid.uuid4().hex[:16]}"
+    base = make_url(postgres_server_url)
+    plain = base.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield base.set(drivername="postgresql+psycopg").update_query_dict(
+            {"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(plain, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def database_url(tmp_path) -> str:
+    """The store of a test: a fresh SQLite file."""
+    return f"sqlite:///{tmp_path / 'nndx.sqlite3'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"], name="database_url")
+def both_backends(request, tmp_path) -> str:
+    """``database_url = both_backends`` in a module: each test on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'nndx.sqlite3'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def make_app(database_url) -> Callable[..., FastAPI]:
+    """Build an app on the test's store; ``fake_rules=True`` swaps in :func:`fake_diagnosis`."""
     apps: list[FastAPI] = []
 
     def build(*, tokens: dict[str, str] | None = None, max_body_bytes: int = 4 * 1024 * 1024,
-              fake_rules: bool = True, database: str = "nndx.sqlite3") -> FastAPI:
+              fake_rules: bool = True, **settings_values) -> FastAPI:
         settings = Settings(
-            database_url=f"sqlite:///{tmp_path / database}", tokens=tokens or {}, max_body_bytes=max_body_bytes
+            database_url=database_url, tokens=tokens or {}, max_body_bytes=max_body_bytes, **settings_values
         )
         app = create_app(settings)
         if fake_rules:

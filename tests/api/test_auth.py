@@ -6,7 +6,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from nndx.api.settings import Settings, SettingsError
-from tests.api.conftest import make_report
+from tests.api.conftest import both_backends, make_report
+
+database_url = both_backends  # every test here on SQLite and on PostgreSQL
 
 TOKENS = {"token-a": "alpha", "token-b": "beta"}
 JSON = {"content-type": "application/json"}
@@ -91,3 +93,14 @@ def test_malformed_token_settings_are_refused_without_echoing_secrets(tokens):
     with pytest.raises(SettingsError) as info:
         Settings.from_env({"NNDX_TOKENS": tokens})
     assert "no-colon" not in str(info.value) and "broken" not in str(info.value)
+
+
+def test_another_projects_idempotency_key_behaves_as_unused(client):
+    """A key that project beta used tells alpha nothing: alpha's report is stored anew."""
+    key = {"idempotency-key": "shared-key"}
+    theirs = client.post("/v1/reports", content=make_report(project=None, name="b").model_dump_json(),
+                         headers=JSON | auth("token-b") | key)
+    mine = client.post("/v1/reports", content=make_report(project=None, name="a").model_dump_json(),
+                       headers=JSON | auth("token-a") | key)
+    assert (theirs.status_code, mine.status_code) == (201, 201)
+    assert mine.json()["id"] != theirs.json()["id"] and mine.json()["project"] == "alpha"

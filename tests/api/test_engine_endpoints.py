@@ -6,7 +6,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from nndx.report import DataStats, DiagnosticReport, RunInfo, SplitStats
-from tests.api.conftest import make_report
+from tests.api.conftest import both_backends, make_report
+
+database_url = both_backends  # every test here on SQLite and on PostgreSQL
 
 JSON = {"content-type": "application/json"}
 

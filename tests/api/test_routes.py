@@ -7,7 +7,9 @@ import json
 import pytest
 
 from nndx.report import Diagnosis, DiagnosticReport
-from tests.api.conftest import make_report
+from tests.api.conftest import both_backends, make_report
+
+database_url = both_backends  # every test here on SQLite and on PostgreSQL
 
 JSON = {"content-type": "application/json"}
 
@@ -62,13 +64,43 @@ def test_list_filters_and_paginates(client):
     assert [r["id"] for r in rest["items"]] == [ids["dead_relu-1"]] and rest["next_cursor"] is None
 
 
+def test_list_filters_for_the_run_browser(client):
+    """Project, cause, least severity, date range and run-name search, with pagination."""
+    names = ["ResNet dead_relu", "resnet overfitting", "mlp lr_too_high", "MLP healthy", "resnet-b dead_relu"]
+    ids = {name: post(client, make_report(name=name, project="a" if i < 3 else "b")).json()["id"]
+           for i, name in enumerate(names)}
+
+    def listed(**params):
+        return [r["run_name"] for r in client.get("/v1/reports", params=params).json()["items"]]
+
+    assert listed(q="RESNET") == ["resnet-b dead_relu", "resnet overfitting", "ResNet dead_relu"]
+    assert listed(q="resnet", project="a", cause="DEAD_RELU") == ["ResNet dead_relu"]
+    assert listed(severity="error", project="b") == ["resnet-b dead_relu"]
+    assert "MLP healthy" not in listed(severity="info")
+    created = client.get(f"/v1/reports/{ids['MLP healthy']}")
+    assert created.status_code == 200
+    assert listed(since="2000-01-01T00:00:00Z", until="2000-01-02T00:00:00+01:00") == []
+    assert len(listed(since="2000-01-01T00:00:00Z")) == 5
+    first = client.get("/v1/reports", params={"q": "resnet", "limit": 2}).json()
+    rest = client.get("/v1/reports", params={"q": "resnet", "limit": 2, "cursor": first["next_cursor"]}).json()
+    assert [r["run_name"] for r in first["items"] + rest["items"]] == listed(q="resnet")
+    assert rest["next_cursor"] is None
+
+
 @pytest.mark.parametrize(
     "params, field",
     [({"cause": "NOT_A_CAUSE"}, "cause"), ({"limit": 0}, "limit"), ({"limit": 10_000}, "limit"),
-     ({"cursor": "garbage"}, "cursor")],
+     ({"cursor": "garbage"}, "cursor"), ({"cursor": "djE6OTIyMzM3MjAzNjg1NDc3NTgwOA"}, "cursor"),  # v1:2**63
+     ({"cursor": "djE6MjE0NzQ4MzY0OA"}, None),  # v1:2**31 is a valid position
+     ({"severity": "fatal"}, "severity"), ({"since": "yesterday"}, "since"), ({"until": "99999-01-01"}, "until"),
+     ({"project": "a\x00b"}, "project"), ({"q": "x\x00"}, "q"), ({"run_name": "r" * 501}, "run_name"),
+     ({"project": "p" * 201}, "project")],
 )
 def test_bad_list_parameters_are_422_naming_the_parameter(client, params, field):
     response = client.get("/v1/reports", params=params)
+    if field is None:
+        assert response.status_code == 200 and response.json()["items"] == []
+        return
     assert response.status_code == 422
     assert ["query", field] in [e["loc"] for e in response.json()["detail"]]
 
@@ -120,6 +152,24 @@ def test_body_over_the_limit_is_413_with_or_without_content_length(make_app):
     assert len(client.get("/v1/reports").json()["items"]) == 1
 
 
+@pytest.mark.parametrize("run, loc", [
+    ({"name": "nul\x00here"}, ["body", "run", "name"]), ({"project": "\x00"}, ["body", "run", "project"]),
+    ({"name": "n" * 3000}, ["body", "run", "name"]), ({"project": "p" * 3000}, ["body", "run", "project"]),
+])
+def test_text_no_backend_can_index_is_422_naming_the_field(client, run, loc):
+    response = client.post("/v1/reports", content=json.dumps({"run": run}), headers=JSON)
+    assert response.status_code == 422
+    assert loc in [e["loc"] for e in response.json()["detail"]]
+    assert client.get("/v1/reports").json()["items"] == []
+
+
+def test_nul_in_ids_and_filters_is_never_a_5xx(client):
+    report_id = post(client, make_report(name="n")).json()["id"]
+    assert client.get("/v1/reports/abc%00def").status_code == 404
+    assert client.get(f"/v1/reports/{report_id}%00").status_code == 404
+    assert client.get("/", params={"cursor": "\x00"}).status_code == 422
+
+
 def test_stateless_diagnose_stores_nothing(client):
     response = client.post("/v1/diagnose", content=make_report(name="dead_relu").model_dump_json(), headers=JSON)
     assert response.status_code == 200
@@ -132,6 +182,14 @@ def test_idempotency_key_makes_a_retry_harmless(client):
     again = post(client, make_report(), **{"idempotency-key": "abc"})
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"]
+    assert len(client.get("/v1/reports").json()["items"]) == 1
+
+
+def test_an_idempotency_key_reused_for_another_report_is_409_naming_it(client):
+    assert post(client, make_report(name="one"), **{"idempotency-key": "key-1"}).status_code == 201
+    response = post(client, make_report(name="two"), **{"idempotency-key": "key-1"})
+    assert response.status_code == 409
+    assert "key-1" in response.json()["detail"]
     assert len(client.get("/v1/reports").json()["items"]) == 1
 
 
@@ -180,3 +238,61 @@ def test_a_rule_engine_failure_is_422_and_stores_nothing(make_app):
         assert response.status_code == 422
         assert "ValueError: rule crashed" in response.json()["detail"][0]["msg"]
     assert client.get("/v1/reports").json()["items"] == []
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", "application/jsonx"])
+def test_a_body_that_is_not_declared_json_is_415(client, content_type):
+    """What a web page can send to a service on the user's machine without a CORS
+    preflight (text/plain, a form) never stores a report."""
+    headers = {"content-type": content_type} if content_type else {}
+    for path in ("/v1/reports", "/v1/diagnose"):
+        response = client.post(path, content=make_report().model_dump_json(), headers=headers)
+        assert response.status_code == 415, (path, content_type)
+    assert client.get("/v1/reports").json()["items"] == []
+    assert post(client, make_report(), **{"content-type": "application/json; charset=utf-8"}).status_code == 201
+
+
+def test_every_answer_carries_the_security_headers(client):
+    from nndx.api.limits import CONTENT_SECURITY_POLICY
+
+    report_id = post(client, make_report()).json()["id"]
+    for path in ("/", f"/reports/{report_id}", "/v1/reports", "/healthz", "/nowhere"):
+        headers = client.get(path).headers
+        assert headers["content-security-policy"] == CONTENT_SECURITY_POLICY, path
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
+        assert "script-src 'self';" in headers["content-security-policy"]
+        assert headers["x-content-type-options"] == "nosniff" and headers["x-frame-options"] == "DENY"
+
+
+def test_a_store_that_cannot_answer_is_a_json_503_on_a_connection_kept_open(make_app, live_server):
+    """The database stopped under the service: JSON 503 with Retry-After, not a reset
+    connection; the same connection serves the next request."""
+    import socket
+
+    from sqlalchemy import create_engine
+
+    app = make_app()
+    server = live_server(app)
+    app.state.store.engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    port = int(server.url.rsplit(":", 1)[1])
+    body = make_report().model_dump_json().encode()
+    requests = [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v1/reports HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /v1/reports HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode() + b"\r\n\r\n" + body,
+    ]
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        reader = sock.makefile("rb")
+        for request in requests:
+            sock.sendall(request)
+            status = reader.readline()
+            headers = {}
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                headers[name.strip().lower()] = value.strip()
+            content = reader.read(int(headers["content-length"]))
+            assert status.startswith(b"HTTP/1.1 503"), (request[:20], status, content)
+            assert headers["retry-after"] == "5" and headers.get("connection") != "close"
+            assert json.loads(content)["detail"].startswith("the report store is unavailable")

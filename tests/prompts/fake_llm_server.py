@@ -8,6 +8,8 @@ that closing the server never waits on them.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,6 +47,9 @@ class FakeLLM:
         self.replies: list[Reply] = [Reply(body=completion("ok"))]
         self.received: list[Received] = []
         self.release = threading.Event()
+        self.in_flight = 0  # requests being answered now
+        self.peak_in_flight = 0
+        self._count_lock = threading.Lock()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,9 +64,19 @@ class FakeLLM:
                 fake.received.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()},
                                               json.loads(raw)))  # fmt: skip
                 index = min(len(fake.received), len(fake.replies)) - 1
-                fake.serve(self, fake.replies[index])
+                with fake._count_lock:
+                    fake.in_flight += 1
+                    fake.peak_in_flight = max(fake.peak_in_flight, fake.in_flight)
+                try:
+                    fake.serve(self, fake.replies[index])
+                finally:
+                    with fake._count_lock:
+                        fake.in_flight -= 1
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # many clients connecting at once are queued, not refused
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
 
@@ -73,8 +88,11 @@ class FakeLLM:
         self.replies = list(replies)
 
     def serve(self, handler: BaseHTTPRequestHandler, reply: Reply) -> None:
-        if reply.hang:
-            self.release.wait(30)
+        if reply.hang:  # until released, or until the client gives up and closes
+            while not self.release.wait(0.05):
+                readable, _, _ = select.select([handler.connection], [], [], 0)
+                if readable and not handler.connection.recv(1, socket.MSG_PEEK):
+                    return
             return
         if reply.trickle:
             handler.send_response(200)

@@ -181,6 +181,18 @@ def test_the_key_never_appears_in_reasons_logs_or_reprs(llm, broken_report, brok
     assert [text for text in shown if KEY in text] == []
 
 
+@pytest.mark.parametrize("echo", [
+    f"Incorrect API key provided: {KEY[:8]}***************{KEY[-4:]}",  # the masked form hosted APIs print
+    f"key ending in {KEY[-6:]} is revoked", f"unknown key prefix {KEY[:10]}", f"bad key {KEY[3:-3]}",
+])
+def test_partial_echoes_of_the_key_are_redacted(llm, broken_report, broken_diagnosis, echo):
+    llm.script(Reply(status=401, body={"error": {"message": echo}}))
+    result = explain(broken_report, broken_diagnosis, settings=settings_for(llm))
+    assert "HTTP 401" in result.reason and "***" in result.reason
+    for start in range(len(KEY) - 3):
+        assert KEY[start:start + 4] not in result.reason
+
+
 def test_settings_from_the_environment():
     env = {"NNDX_LLM_BASE_URL": "http://localhost:11434/v1/", "NNDX_LLM_MODEL": "llama3", "NNDX_LLM_API_KEY": KEY,
            "NNDX_LLM_TIMEOUT": "12.5", "NNDX_LLM_STREAM": "true"}  # fmt: skip
@@ -193,10 +205,10 @@ def test_settings_from_the_environment():
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("NNDX_LLM_TIMEOUT", "soon", "NNDX_LLM_TIMEOUT must be a number"),
-        ("NNDX_LLM_TIMEOUT", "-1", "positive"),
-        ("NNDX_LLM_TIMEOUT", "nan", "positive"),
-        ("NNDX_LLM_TIMEOUT", "1e300", "at most a day"),
+        ("NNDX_LLM_TIMEOUT", "soon", "NNDX_LLM_TIMEOUT: input should be a valid number"),
+        ("NNDX_LLM_TIMEOUT", "-1", "NNDX_LLM_TIMEOUT: input should be greater than 0"),
+        ("NNDX_LLM_TIMEOUT", "nan", "NNDX_LLM_TIMEOUT: input should be a finite number"),
+        ("NNDX_LLM_TIMEOUT", "1e300", "NNDX_LLM_TIMEOUT: input should be less than or equal to 86400"),
         ("NNDX_LLM_BASE_URL", "localhost:8000", "must start with http"),
         ("NNDX_LLM_STREAM", "maybe", "NNDX_LLM_STREAM"),
     ],
@@ -204,6 +216,12 @@ def test_settings_from_the_environment():
 def test_bad_settings_are_clear_errors(name, value, message):
     with pytest.raises(SettingsError, match=message):
         LLMSettings.from_env({name: value})
+
+
+def test_a_bad_key_setting_is_never_echoed():
+    with pytest.raises(SettingsError) as info:
+        LLMSettings.from_env({"NNDX_LLM_API_KEY": KEY, "NNDX_LLM_TIMEOUT": "soon"})
+    assert KEY not in str(info.value)
 
 
 def test_retry_after_parsing():

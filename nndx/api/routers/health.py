@@ -13,12 +13,7 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz", response_model=Health, responses=error_responses(503), summary="Service and database health")
 def healthz(store: ReportStore = Depends(get_store)) -> Response:
-    try:
-        store.ping()
-    except Exception as exc:  # any database failure means "not ready", never a crash
-        return Response(
-            f'{{"detail": "database unavailable: {type(exc).__name__}"}}',
-            status_code=503,
-            media_type="application/json",
-        )
+    """200 when the store takes a write of about a report's size now; otherwise the
+    StorageUnavailable it raised becomes a JSON 503 with Retry-After (nndx.api.app)."""
+    store.check_writable()
     return Response(Health(schema_version=SCHEMA_VERSION).model_dump_json(), media_type="application/json")

@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from datetime import datetime
+from typing import Any
+
+from fastapi.concurrency import run_in_threadpool
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel
 
 from nndx.api.auth import get_scope
 from nndx.api.deps import REPORT_BODY_OPENAPI, Diagnose, get_diagnose, get_report, get_store, report_body
 from nndx.api.models import ReportCreated, ReportList, ReportSummary, error_responses
-from nndx.api.storage import MAX_LIMIT, IdempotencyConflict, InvalidCursor, ReportStore, StoredReport
-from nndx.prompts import Explanation, explain, render
-from nndx.report import CauseCode, Diagnosis, DiagnosticReport, RunInfo
+from nndx.api.storage import (
+    MAX_LIMIT,
+    MAX_PROJECT_CHARS,
+    MAX_RUN_NAME_CHARS,
+    IdempotencyConflict,
+    InvalidCursor,
+    ReportStore,
+    StoredReport,
+    UnstorableReport,
+)
+from nndx.prompts import Explanation, explain_async, render
+from nndx.report import CauseCode, Diagnosis, DiagnosticReport, RunInfo, Severity
 
 logger = logging.getLogger("nndx.api")
 router = APIRouter(prefix="/v1", tags=["reports"])
@@ -22,6 +36,11 @@ MARKDOWN = {200: {"content": {"text/markdown": {"schema": {"type": "string"}}}, 
 def json_response(model: BaseModel, status_code: int = 200) -> Response:
     """Serialise with pydantic, which writes NaN/Infinity as strings (FastAPI's encoder would not)."""
     return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
+def invalid_input(loc: tuple[str, ...], message: str) -> HTTPException:
+    """A 422 in the shape of FastAPI's own, naming the field."""
+    return HTTPException(422, detail=[{"loc": list(loc), "msg": message, "type": "value_error"}])
 
 
 def _diagnosed(diagnose: Diagnose, report: DiagnosticReport) -> Diagnosis:
@@ -61,7 +80,7 @@ def _scoped(report: DiagnosticReport, scope: str | None) -> DiagnosticReport:
     status_code=201,
     response_model=ReportCreated,
     responses={200: {"model": ReportCreated, "description": "already stored under this Idempotency-Key"}}
-    | error_responses(401, 403, 409, 413),
+    | error_responses(401, 403, 409, 413, 503),
     summary="Store a report and diagnose it",
     openapi_extra=REPORT_BODY_OPENAPI,
 )
@@ -83,6 +102,8 @@ async def create_report(
     diagnosis = _diagnosed(diagnose, report)
     try:
         stored, created = await store.add_async(report, diagnosis, idempotency_key=idempotency_key)
+    except UnstorableReport as exc:
+        raise invalid_input(("body", *exc.loc), exc.message) from None
     except IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
     if not created:
@@ -98,18 +119,27 @@ async def create_report(
     return json_response(body, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
+def text_filter(description: str, max_length: int) -> Any:
+    """A text query parameter that no backend chokes on: no NUL, bounded length (422)."""
+    return Query(None, description=description, max_length=max_length, pattern=r"^[^\x00]*$")
+
+
 @router.get(
     "/reports",
     response_model=ReportList,
-    responses=error_responses(401),
-    summary="List reports, newest first",
+    responses=error_responses(401, 503),
+    summary="List reports, newest first, filtered",
 )
 def list_reports(
-    project: str | None = Query(None, description="only this project"),
-    run_name: str | None = Query(None, description="only runs of this name"),
+    project: str | None = text_filter("only this project", MAX_PROJECT_CHARS),
+    run_name: str | None = text_filter("only runs of exactly this name", MAX_RUN_NAME_CHARS),
+    q: str | None = text_filter("only runs whose name contains this text (case-insensitive)", MAX_RUN_NAME_CHARS),
     cause: CauseCode | None = Query(None, description="only reports with a finding of this cause"),
+    severity: Severity | None = Query(None, description="only reports whose worst finding is at least this severe"),
+    since: datetime | None = Query(None, description="only reports stored at or after this time (ISO 8601)"),
+    until: datetime | None = Query(None, description="only reports stored before this time (ISO 8601)"),
     limit: int = Query(50, ge=1, le=MAX_LIMIT),
-    cursor: str | None = Query(None, description="next_cursor of the previous page"),
+    cursor: str | None = Query(None, max_length=64, description="next_cursor of the previous page"),
     scope: str | None = Depends(get_scope),
     store: ReportStore = Depends(get_store),
 ) -> Response:
@@ -118,15 +148,16 @@ def list_reports(
             scope=scope,
             project=project,
             run_name=run_name,
+            search=q,
             cause=cause.value if cause else None,
+            severity=severity,
+            since=since,
+            until=until,
             limit=limit,
             cursor=cursor,
         )
     except InvalidCursor as exc:
-        # the same shape as FastAPI's own 422, naming the parameter
-        raise HTTPException(
-            422, detail=[{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]
-        ) from None
+        raise invalid_input(("query", "cursor"), str(exc)) from None
     items = [
         ReportSummary(
             id=s.id,
@@ -192,17 +223,27 @@ def read_checklist(stored: StoredReport = Depends(get_report)) -> Response:
 @router.post(
     "/reports/{report_id}/explain",
     response_model=Explanation,
-    responses=error_responses(401, 404),
+    responses=error_responses(401, 404, 503),
     summary="Explain the report: the configured LLM, or rule-only",
 )
-def explain_report(
+async def explain_report(
     request: Request,
     offline: bool = Query(False, description="rule-only explanation, no LLM call"),
     stored: StoredReport = Depends(get_report),
 ) -> Response:
-    report = stored.report()
-    diagnosis = stored.diagnosis()
-    explanation = explain(report, diagnosis, offline=offline, settings=request.app.state.llm_settings)
+    """``async``: waiting on the LLM holds no thread, so a slow or hung LLM delays only
+    the explains (never past their deadline) and nothing else. The LLM calls in flight
+    are bounded (``NNDX_LLM_MAX_IN_FLIGHT``); waiting for a slot counts against the
+    deadline, after which the answer is the rule-only explanation."""
+    report, diagnosis = await run_in_threadpool(lambda: (stored.report(), stored.diagnosis()))
+    settings = request.app.state.llm_settings
+    loop = asyncio.get_running_loop()
+    # the deadline counts from the request's arrival (nndx.api.limits), not from here
+    elapsed = loop.time() - getattr(request.state, "received_at", loop.time())
+    explanation = await explain_async(
+        report, diagnosis, offline=offline, settings=settings, slots=request.app.state.llm_slots,
+        budget=settings.timeout - elapsed,
+    )
     return json_response(explanation)
 
 
