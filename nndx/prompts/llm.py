@@ -40,9 +40,10 @@ import ssl
 import time
 from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
+if TYPE_CHECKING:  # imported where a request is made: `nndx --help` and the rules never load httpx
+    import httpx
 
 from nndx.errors import ServiceError
 from nndx.prompts.settings import LLMSettings
@@ -76,6 +77,8 @@ def endpoint_url(base_url: str) -> str:
 
 def safe_url(url: str) -> str:
     """The URL without user info or query string (either could hold a credential)."""
+    import httpx
+
     parsed = httpx.URL(url)
     return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
 
@@ -178,6 +181,8 @@ class _Call:
         return " ".join(redact(text, key).split())[:MAX_SERVER_MESSAGE]
 
     async def _server_message(self, response: httpx.Response) -> str:
+        import httpx
+
         try:
             body = json.loads((await response.aread())[:65536])
             message = body.get("error", {}).get("message") if isinstance(body, dict) else None
@@ -233,6 +238,8 @@ class _Call:
     # ----------------------------------------------------------------- one request
 
     async def _request(self, client: httpx.AsyncClient) -> str:
+        import httpx
+
         try:
             async with client.stream("POST", self.url, json=self.payload, headers=self._headers()) as response:
                 status = response.status_code
@@ -267,6 +274,8 @@ class _Call:
         return delay
 
     async def attempt_all(self, transport: httpx.AsyncBaseTransport | None) -> str:
+        import httpx
+
         s = self.settings
         async with httpx.AsyncClient(
             transport=transport, follow_redirects=False, timeout=s.timeout, verify=_ssl_context()
@@ -289,6 +298,8 @@ class _Call:
 def _ssl_context() -> ssl.SSLContext:
     """One TLS context for every call: building one (certificates loaded) costs more CPU
     than a whole short LLM request, and a client per call would build one each time."""
+    import httpx
+
     return httpx.create_ssl_context()
 
 
