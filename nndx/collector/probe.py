@@ -27,7 +27,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -49,6 +49,7 @@ from nndx.collector.eval_mode import eval_mode_consistency
 from nndx.collector.gradcheck import grad_check
 from nndx.collector.hooks import hook_statistics
 from nndx.collector.lr_range import lr_range_test
+from nndx.collector.merge import merge_monitor
 from nndx.collector.nan_origin import nan_origin
 from nndx.collector.overfit import overfit_one_batch
 from nndx.collector.stats import has_batchnorm, has_dropout, summarize_model
@@ -173,7 +174,7 @@ def probe(
         report.probes = Probes(**results)
     if monitor is not None:
         try:
-            _merge_monitor(report, monitor.report())
+            merge_monitor(report, monitor.report())
         except Exception as exc:  # noqa: BLE001
             record_error("monitor", exc)
     if data is not None:
@@ -278,44 +279,6 @@ def _describe(report: DiagnosticReport, model: nn.Module, batch: Batch, loss_fn:
         report.num_classes = num_classes(loss_fn, output) if report.task == "classification" else None
     except Exception as exc:  # noqa: BLE001
         record_error("describe", exc)
-
-
-def _union(first: Iterable[str], second: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys([*first, *second]))
-
-
-def _merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
-    """Fold a Monitor's report in: its loop, loss history and recorded steps are what the
-    training run saw; the probes' own static facts fill what it left out."""
-    if watched.loop is not None:
-        loop = watched.loop
-        if report.loop is not None:
-            loop = loop.model_copy(update={
-                "params_not_in_optimizer": _union(loop.params_not_in_optimizer, report.loop.params_not_in_optimizer),
-                "frozen_params": _union(loop.frozen_params, report.loop.frozen_params),
-                "has_dropout": loop.has_dropout or report.loop.has_dropout,
-                "has_batchnorm": loop.has_batchnorm or report.loop.has_batchnorm,
-                "trainable_param_count": loop.trainable_param_count or report.loop.trainable_param_count,
-            })  # fmt: skip
-        report.loop = loop
-    for split, points in watched.loss_history.items():
-        report.loss_history.setdefault(split, []).extend(points)
-    # the probe measured the model as it is now, after the monitored steps: stamp its
-    # records with the next step so they neither collide with nor precede the loop's
-    seen = [r.step for r in (*watched.layers, *watched.parameters) if r.step is not None]
-    now = max([watched.loop.steps if watched.loop else 0, *(s + 1 for s in seen)])
-    probed = [r.model_copy(update={"step": now}) for r in report.layers]
-    probed_params = [r.model_copy(update={"step": now}) for r in report.parameters]
-    report.layers = watched.layers + probed
-    report.parameters = watched.parameters + probed_params
-    report.errors.extend(watched.errors)
-    report.model = report.model or watched.model
-    report.task = report.task or watched.task
-    report.num_classes = report.num_classes if report.num_classes is not None else watched.num_classes
-    if watched.run is not None and report.run is not None:
-        report.run.name = report.run.name or watched.run.name
-        report.run.project = report.run.project or watched.run.project
-        report.run.started_at = watched.run.started_at or report.run.started_at
 
 
 def _check_data(data: Sequence[Any], report: DiagnosticReport) -> Any:

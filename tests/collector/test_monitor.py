@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 import nndx
-from nndx.collector import monitor as monitor_module
-from nndx.collector.monitor import Monitor, TrainingFailure, _History, watch
+from nndx.collector.watch import History as _History
+from nndx.collector.watch import layers as layers_module
+from nndx.integrations.monitor import Monitor, TrainingFailure, watch
 from nndx.report import CauseCode, DiagnosticReport, Finding
 
 STEPS = 6
@@ -152,7 +153,7 @@ def test_a_failing_hook_is_recorded_and_training_goes_on(monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("snapshot exploded")
 
-    monkeypatch.setattr(monitor_module, "snapshot_parameters", broken)
+    monkeypatch.setattr(layers_module, "snapshot_parameters", broken)
     model, opt, mon = monitored(every=1)
     report = train(model, opt, mon)
     mon.close()
