@@ -36,7 +36,7 @@ def merge_ranks(reports: Sequence[DiagnosticReport]) -> DiagnosticReport:
     - counters (steps, backward passes, resets, forwards): rank 0's; ``world_size`` is
       the number of reports. Lists of parameter names: union. Counts of suspicious
       events (no-grad forwards in train mode, optimizer parameters not in the model):
-      the largest over ranks.
+      the largest over ranks. Limitations: union.
     - losses: mean over ranks per (split, step) — the loss of the global batch. Input
       norms: the smallest per step, so a zeroed batch on any one rank still shows.
     - layer statistics, per (layer, step): means averaged, min of minima, max of maxima,
@@ -57,6 +57,7 @@ def merge_ranks(reports: Sequence[DiagnosticReport]) -> DiagnosticReport:
         loop.params_not_in_optimizer = _union(l.params_not_in_optimizer for l in loops)
         loop.params_grad_none = _union(l.params_grad_none for l in loops)
         loop.frozen_params = _union(l.frozen_params for l in loops)
+        loop.limitations = _union(l.limitations for l in loops)
         loop.no_grad_forwards_in_train_mode = max(l.no_grad_forwards_in_train_mode for l in loops)
         loop.optimizer_params_not_in_model = max(l.optimizer_params_not_in_model for l in loops)
         loop.input_norm_history = _min_by_step([l.input_norm_history for l in loops])

@@ -18,12 +18,48 @@ see :mod:`nndx.integrations.monitor`)::
             mon.log(loss)                     # train loss; mon.log(v, split="val", accuracy=a)
     report = mon.report()                     # also callable while training
 
+The loops people write:
+
+- No optimizer (``p.data.add_(p.grad, alpha=-lr)``, as the PyTorch word-language-model
+  example): ``Monitor(model)``. A step is then an update detected after a backward
+  pass — at the next forward, gradient reset or backward pass, the parameters' version
+  counters or a few sampled values changed — and the learning rate is unknown
+  (``loop.optimizers == []``, no LR history; ``loop.limitations`` says so).
+- Several models and optimizers (a GAN): one Monitor over all of them,
+  ``Monitor({"G": netG, "D": netD}, [optG, optD])``. Parameter and layer names start
+  with the model's name ("G.main.0.weight"); each optimizer's ``step()`` is a step of the
+  clock, so a GAN iteration is two steps; a step's update ratios cover the parameters
+  that optimizer moves. Two Monitors on one model or optimizer also work: their
+  ``zero_grad`` wrappers chain and unwind in any order.
+- Models returning tuples, dicts or ``ModelOutput`` s, integer token inputs (no input
+  norm: ``loop.input_dtype`` says int64), time-major ``[T, B, ...]`` sequences: layer
+  statistics come from each layer's first output tensor, and nothing assumes axis 0
+  is the batch but the ``max_elements`` sample.
+- What cannot be hooked (a scripted model) is a limitation in the report, not an
+  exception in the loop.
+
+Arguments: ``model`` — a module, or several as ``{"name": module}`` (or a list);
+``optimizer`` — an optimizer, a list of them, or None; ``every`` — record per-layer and
+per-parameter statistics every this many steps (1 = every step); ``loss_fn`` — a loss
+to wrap, available as ``mon.loss_fn``; ``name``/``project`` — for ``report().run``;
+``history_size`` / ``layer_history_size`` — bounds of the histories;
+``checksum_every`` — steps between parameter checksums across ranks; ``process_group``
+— the group to use (default: the world); ``max_elements`` — layer statistics from the
+leading samples of each batch that fit in this many elements, update ratios from this
+many sampled elements of each parameter (None: everything, at a cost that grows with
+activation size; see :mod:`nndx.collector.stats`); ``initial_state`` — where to keep a
+copy of the parameters and buffers as they were at attach time ("cpu"; None: not kept),
+for ``mon.initial_state()`` (probes that start from it), up to
+``initial_state_max_bytes`` (512 MiB: past it nothing is kept, and
+``loop.limitations`` says so); ``observers`` — see below.
+
 The Monitor is a clock and its watchers (:mod:`nndx.collector.watch`). The clock hears
 the loop's events — forwards, the start and end of each backward pass, gradient resets,
 ``optimizer.step()`` — and hands each watcher a :class:`StepContext`; each watcher owns
 one measured thing (loop counts, losses, learning rates, the gradient norm, input norms,
-layer statistics, parameter updates, loss calls, replica desync) and gives its part of
-the report. Every step the watchers keep counters and python floats; every ``every``
+layer statistics, parameter updates, loss calls, replica desync, the autograd graph
+kept across steps, parameters that never moved, the initial state) and gives its part
+of the report. Every step the watchers keep counters and python floats; every ``every``
 steps (the recorded steps) the statistics that cost a pass over tensors. Values are
 fetched from the device together, once per recorded step.
 
@@ -33,7 +69,8 @@ the step its backward belonged to, a loss of any other split with the last compl
 step; ``mon.log(..., step=n)`` overrides both.
 
 Memory: python floats only, O(layers + parameter tensors) per recorded step and a few
-floats per step; no activation-sized tensor outlives the step that made it. Histories
+floats per step; no activation-sized tensor outlives the step that made it; the
+initial-state copy (``initial_state``, bounded; on the CPU by default). Histories
 are bounded (``history_size`` points, ``layer_history_size`` recorded steps; see
 :class:`~nndx.collector.watch.base.History`).
 
@@ -57,19 +94,18 @@ bit-for-bit training without it. A watcher that raises is recorded in
 from __future__ import annotations
 
 from functools import partial
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from nndx.collector import distributed
-from nndx.collector.stats import trainable
 from nndx.collector.watch import (
-    Deferred, Desync, ErrorGuard, GradientNorm, InputNorms, LayerStatistics, LearningRate, LossCalls, LossHistory, LoopCounts,
-    ParameterUpdates, RunFacts, StepContext, Watched, Watcher,
+    Deferred, Desync, ErrorGuard, GradientNorm, GraphSize, InitialState, InputNorms, LayerStatistics, LearningRate,
+    LossCalls, LossHistory, LoopCounts, ParameterUpdates, RunFacts, StepContext, UnchangedParameters, Watched, Watcher,
 )
-from nndx.collector.watch.events import BackwardPasses, patch_zero_grad, unpatch_zero_grad
+from nndx.collector.watch.events import BackwardPasses, Hooks, UpdateDetector
 from nndx.report import DiagnosticReport
 
 __all__ = ["Monitor"]
@@ -81,25 +117,14 @@ _SOURCES = {"on_forward": "forward", "on_forward_end": "forward", "on_backward_s
 
 
 class Monitor:
-    """Watch a training loop: ``Monitor(model, optimizer, every=1, loss_fn=None, ...)``.
-
-    Hooks are attached on construction and removed by :meth:`close` (or leaving the
-    ``with`` block), which leaves the model and optimizer exactly as they were.
-    ``every``: record per-layer and per-parameter statistics every this many steps;
-    ``loss_fn``: a loss to wrap, available as ``mon.loss_fn``; ``name``/``project``: for
-    ``report().run``; ``history_size`` / ``layer_history_size``: bounds of the
-    histories; ``checksum_every``: steps between parameter checksums across ranks;
-    ``process_group``: the group to use (default: the world); ``max_elements``: layer
-    statistics from the leading samples of each batch that fit in this many elements,
-    update ratios from this many sampled elements of each parameter (None: everything,
-    at a cost that grows with activation size; see :mod:`nndx.collector.stats`);
-    ``observers``: see the module docstring.
-    """
+    """Watch a training loop: ``Monitor(model, optimizer, every=1, loss_fn=None, ...)``;
+    attached on construction, removed by :meth:`close` (or leaving the ``with`` block).
+    The arguments are described in the module docstring."""
 
     def __init__(
         self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        model: nn.Module | Mapping[str, nn.Module] | Sequence[nn.Module],
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         *,
         every: int = 1,
         loss_fn: Callable[..., torch.Tensor] | None = None,
@@ -110,11 +135,13 @@ class Monitor:
         checksum_every: int = 50,
         process_group: Any = None,
         max_elements: int | None = 65536,
+        initial_state: str | torch.device | None = "cpu",
+        initial_state_max_bytes: int = 512 << 20,
         observers: Sequence[Any] = (),
     ) -> None:
-        _check_options(model, optimizer, every, loss_fn, checksum_every)
+        _check_options(every, loss_fn, checksum_every)
+        self.watched = Watched.of(model, optimizer)
         self.model, self.optimizer, self.every = model, optimizer, every
-        self.watched = Watched(root=model, models={"": model}, optimizers=[optimizer], params=trainable(model))
         self._deferred = Deferred()
         self.ctx = StepContext(self.watched, self._deferred)
         self.errors = ErrorGuard(MAX_ERRORS)
@@ -124,11 +151,14 @@ class Monitor:
         self.parameters = ParameterUpdates(self.watched, max_elements, layer_history_size)
         self.loss_calls = LossCalls()
         self.facts = RunFacts(self.watched, name, project, lambda: self.layers.forward_order)
+        self.initial = InitialState(self.watched, initial_state, initial_state_max_bytes)
         self.watchers: list[Watcher] = [
             self.facts, LoopCounts(self.watched), self.losses, LearningRate(self.watched, history_size),
             GradientNorm(self.watched, history_size),  # before ParameterUpdates: it shares ctx.grad_norms
-            InputNorms(history_size), self.layers, self.parameters, self.loss_calls,
+            InputNorms(history_size), self.layers, self.parameters, self.loss_calls, GraphSize(layer_history_size),
+            self.initial, UnchangedParameters(self.watched),
         ]  # fmt: skip
+        self._updates = UpdateDetector(self.watched.params, self.errors) if self.watched.manual else None
         self._world_size = distributed.world_size(process_group)
         self._desync = Desync(self.watched, checksum_every, process_group, self._world_size) if self._world_size > 1 else None
         self.watchers += [self._desync] if self._desync else []
@@ -136,10 +166,8 @@ class Monitor:
         self._events = {event: [w for w in self.watchers if w.overrides(event)] for event in _SOURCES}
         self.loss_fn = self.loss_calls.wrap(loss_fn, self.ctx, self._guard) if loss_fn is not None else None
         self._closed = False
-        self._backward = BackwardPasses(partial(self._dispatch, "on_backward_start"),
-                                        self._guard("backward_end", self._on_backward_end))  # fmt: skip
-        self._handles: list[Any] = []
-        self._patched: list[tuple] = []
+        self._backward = BackwardPasses(self._event("on_backward_start"), self._guard("backward_end", self._on_backward_end))
+        self.hooks = Hooks()
         self._attach()
 
     def __enter__(self) -> Monitor:
@@ -158,28 +186,27 @@ class Monitor:
         return self.ctx.step
 
     def _attach(self) -> None:
-        for model in self.watched.models.values():
-            self._handles.append(model.register_forward_pre_hook(partial(self._dispatch, "on_forward"), with_kwargs=True))
-        for optimizer in self.watched.optimizers:
-            self._handles.append(optimizer.register_step_pre_hook(self._guard("step_pre", self._on_step_begin)))
-            self._handles.append(optimizer.register_step_post_hook(self._on_step_end))
-        hook = self._guard("backward", self._backward.parameter_hook)
-        self._handles += [p.register_hook(hook) for _, p in self.watched.params]
-        for owner in [*self.watched.optimizers, *self.watched.models.values()]:
-            self._patched.append(patch_zero_grad(owner, self, partial(self._dispatch, "on_zero_grad")))
+        hooks, watched = self.hooks, self.watched
+        for name, m in watched.models.items():
+            hooks.add(f"model {name!r}", lambda m=m: [m.register_forward_pre_hook(self._event("on_forward"), with_kwargs=True),
+                                                      m.register_forward_hook(partial(self._dispatch, "on_forward_end"))])
+        for i, o in enumerate(watched.optimizers):
+            hooks.add(f"optimizer {i}", lambda o=o: [o.register_step_pre_hook(self._guard("step_pre", self._on_step_begin)),
+                                                     o.register_step_post_hook(self._on_step_end)])  # fmt: skip
+        for owner in [*watched.optimizers, *watched.models.values()]:
+            hooks.add(f"{type(owner).__name__}.zero_grad", lambda o=owner: hooks.patch_zero_grad(o, self, self._event("on_zero_grad")) or [])
+        parameter_hook = self._guard("backward", self._backward.parameter_hook)
+        hooks.add("parameters", lambda: [p.register_hook(parameter_hook) for _, p in watched.params])
+        hooks.add("layer statistics", self.layers.attach)
         self._dispatch("on_record_start")
 
     def close(self) -> None:
         """Remove every hook and wrapper; the model and optimizer are as before. Idempotent."""
         if self._closed:
             return
+        self._step_if_updated()
         self._closed = True
-        for handle in self._handles:
-            handle.remove()
-        for patched in reversed(self._patched):
-            unpatch_zero_grad(*patched)
-        self._handles.clear()
-        self._patched.clear()
+        self.hooks.remove()
         for part in [*self.watchers, *self.observers]:
             getattr(part, "close", lambda: None)()
         self._deferred.flush()
@@ -192,11 +219,28 @@ class Monitor:
             except Exception as exc:  # noqa: BLE001 - one watcher failing must not stop the others
                 self.record_error(_SOURCES[event], exc)
 
+    def _event(self, event: str) -> Callable[..., None]:
+        """The hook of a loop event; in a loop without an optimizer, the first such event
+        after a backward pass whose parameters then changed ends the step."""
+
+        def hook(*args: Any) -> None:
+            self._step_if_updated()
+            self._dispatch(event, *args)
+
+        return hook
+
+    def _step_if_updated(self) -> None:
+        if self._updates is not None and self.ctx.backward_since_step and self._updates.updated():
+            self._on_step_begin(None)
+            self._on_step_end()
+
     def _on_backward_end(self) -> None:
         self.ctx.backward_step, self.ctx.backward_since_step = self.ctx.step, True
         self._dispatch("on_backward_end")
+        if self._updates is not None:
+            self._updates.arm()
 
-    def _on_step_begin(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def _on_step_begin(self, optimizer: torch.optim.Optimizer | None, *_: Any) -> None:
         self.ctx.optimizer = optimizer
         self._dispatch("on_step_begin")
 
@@ -216,16 +260,19 @@ class Monitor:
     # ------------------------------------------------------------------ public API
 
     def log(self, loss: Any, split: str = "train", accuracy: Any = None, *, step: int | None = None) -> None:
-        """Record a loss (tensor or number) and optional accuracy for ``split``.
-
-        Tensors are read without a host synchronisation now: their values are fetched
-        together, once, every ``every`` steps. Non-finite values are kept as they are.
-        """
+        """Record a loss (tensor or number) and optional accuracy for ``split``; a
+        tensor's value is fetched later, with the step's others (no synchronisation now)."""
         record = self.losses.log(self.ctx, loss, split, accuracy, step)
         for observer in self.observers:
             if hasattr(observer, "on_log"):  # a live chart needs the value now: one host sync
                 acc = None if record.accuracy is None else float(record.accuracy)
                 observer.on_log(self, record.step, split, float(record.value), acc)
+
+    def initial_state(self, model: nn.Module | str | None = None) -> dict[str, torch.Tensor] | None:
+        """The parameters and buffers when the Monitor attached, keyed as ``state_dict``
+        (see :class:`~nndx.collector.watch.initial.InitialState`; several models: pass
+        one, or its name); None when not kept (``report().loop.limitations`` says why)."""
+        return self.initial.of(model)
 
     @property
     def workspace_bytes(self) -> int:
@@ -238,6 +285,7 @@ class Monitor:
 
         Distributed: a collective — call it on every rank; rank 0 returns the merged
         report of all ranks, the others their own."""
+        self._step_if_updated()
         if self._desync is not None and distributed.is_initialized():
             try:
                 self._desync.check(self.ctx.step)
@@ -251,26 +299,42 @@ class Monitor:
         newest ``window`` points of each history, the first and newest recorded steps,
         no input norms (see :func:`nndx.collector.watch.base.recorded_steps`)."""
         self._deferred.flush()
-        fields: dict[str, Any] = {"loop": {"steps": self.ctx.step}, "errors": []}
-        for part in [*self.watchers, *self.observers]:
-            try:
-                contribution = dict(part.report(window)) if hasattr(part, "report") else {}
-            except Exception as exc:  # noqa: BLE001
-                self.record_error(f"report.{getattr(part, 'name', type(part).__name__)}", exc)
-                continue
-            fields["loop"].update(contribution.pop("loop", {}))
-            fields["errors"] += contribution.pop("errors", [])
-            fields.update(contribution)
-        fields["errors"] = [*self.errors.records, *fields["errors"]]
-        return DiagnosticReport(**fields)
+        limitations = [*_limitations(self.watched), *self.hooks.limitations]
+        fields = _assemble([*self.watchers, *self.observers], window, self.record_error)
+        fields["loop"] = {"steps": self.ctx.step, **fields["loop"], "limitations": limitations + fields["loop"].get("limitations", [])}
+        return DiagnosticReport(**{**fields, "errors": [*self.errors.records, *fields.get("errors", [])]})
 
 
-def _check_options(model: Any, optimizer: Any, every: Any, loss_fn: Any, checksum_every: int) -> None:
+def _assemble(parts: list[Any], window: int | None, record_error: Callable[[str, BaseException], None]) -> dict[str, Any]:
+    """The report's fields from each part's contribution: ``loop`` fields, ``errors`` and
+    ``limitations`` gathered from all, every other field from the part that gives it."""
+    fields: dict[str, Any] = {"loop": {"limitations": []}, "errors": []}
+    for part in parts:
+        try:
+            contribution = dict(part.report(window)) if hasattr(part, "report") else {}
+        except Exception as exc:  # noqa: BLE001 - one part failing must not lose the report
+            record_error(f"report.{getattr(part, 'name', type(part).__name__)}", exc)
+            continue
+        loop = dict(contribution.pop("loop", {}))
+        fields["loop"]["limitations"] += loop.pop("limitations", [])
+        fields["loop"].update(loop)
+        fields["errors"] += contribution.pop("errors", [])
+        fields.update(contribution)
+    return fields
+
+
+def _limitations(watched: Watched) -> list[str]:
+    out = []
+    if watched.manual:
+        out.append("no optimizer: steps are the parameter updates detected after each backward pass; "
+                   "the learning rate is unknown")  # fmt: skip
+    if not watched.params:
+        out.append("no trainable parameters: backward passes and updates cannot be seen")
+    return out
+
+
+def _check_options(every: Any, loss_fn: Any, checksum_every: int) -> None:
     """Wrong arguments are clear errors, raised before anything is attached."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise ValueError(f"every must be an integer >= 1, got {every!r}")
     if loss_fn is not None and not callable(loss_fn):

@@ -442,11 +442,17 @@ class LayerRecorder:
 
     # -- lifecycle
     def attach(self) -> LayerRecorder:
+        """Hook the layers (all or none: a module that refuses a hook, a scripted one,
+        leaves nothing attached and raises)."""
         if not self._handles:
-            for name, module in self.modules:
-                self._handles.append(module.register_forward_hook(self._forward_hook(name, module)))
-            for root in self.roots:
-                self._handles.append(root.register_forward_hook(lambda *_: self._reduce()))
+            try:
+                for name, module in self.modules:
+                    self._handles.append(module.register_forward_hook(self._forward_hook(name, module)))
+                for root in self.roots:
+                    self._handles.append(root.register_forward_hook(lambda *_: self._reduce()))
+            except Exception:
+                self.detach()
+                raise
         return self
 
     def detach(self) -> None:

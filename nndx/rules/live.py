@@ -32,9 +32,10 @@ logger = logging.getLogger("nndx")
 # The rules that need only what a running loop has shown so far, and cannot be fooled
 # by a run that is merely young — NaN/Inf loss (NNDX101/102), dead units (NNDX201/208),
 # exploding gradients (NNDX204), missing zero_grad (NNDX301), optimizer not connected
-# (NNDX303), LR collapsed by the schedule (NNDX307). None of them reads input norms,
-# which a live window leaves out.
-LIVE_RULES = ("NNDX101", "NNDX102", "NNDX201", "NNDX204", "NNDX208", "NNDX301", "NNDX303", "NNDX307")
+# (NNDX303), LR collapsed by the schedule (NNDX307), an autograd graph growing across
+# steps (NNDX320), no optimizer step (NNDX321). None of them reads input norms or the
+# unchanged parameters, which a live window leaves out.
+LIVE_RULES = ("NNDX101", "NNDX102", "NNDX201", "NNDX204", "NNDX208", "NNDX301", "NNDX303", "NNDX307", "NNDX320", "NNDX321")
 LIVE_WINDOW = 256  # newest points of each history the live rules read
 _LOG_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 

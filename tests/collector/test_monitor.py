@@ -600,3 +600,13 @@ def test_sampled_layer_statistics_estimate_the_whole_batch():
     for name in exact:
         ratio = sampled[name].gradient.norm / exact[name].gradient.norm
         assert 0.6 < ratio < 1.6, (name, ratio)  # scaled to the whole batch, not 1/sqrt(8) of it
+
+
+def test_relu_on_logits_and_target_scale_are_seen_at_the_loss():
+    (clipped,) = loss_calls(nn.CrossEntropyLoss(), lambda out: torch.relu(out))
+    assert 0.2 < clipped.output_zero_fraction < 0.8 and clipped.output_min == 0.0
+    (healthy,) = loss_calls(nn.CrossEntropyLoss())
+    assert healthy.output_zero_fraction == 0.0 and healthy.target_mean is None  # integer targets: no scale
+    (regression,) = loss_calls(nn.MSELoss(), lambda out: out.squeeze(1), lambda y: y.float() * 1000 + 5000, out_features=1)
+    assert regression.target_mean == pytest.approx(5000 + 1000 * batch()[1].float().mean().item(), rel=1e-5)
+    assert regression.target_std == pytest.approx(1000 * batch()[1].float().std().item(), rel=1e-5)

@@ -13,6 +13,9 @@ part of the report.
 :class:`LossCalls`          what reached the wrapped ``mon.loss_fn``
 :class:`Desync`             data-parallel replicas drifting apart
 :class:`RunFacts`           the run and the model summary
+:class:`GraphSize`          the autograd graph kept alive across steps
+:class:`InitialState`       a copy of the parameters and buffers at attach time
+:class:`UnchangedParameters` trainable parameters that never moved
 ==========================  =====================================================
 """
 
@@ -27,6 +30,8 @@ from nndx.collector.watch.base import (
 )
 from nndx.collector.watch.desync import Desync
 from nndx.collector.watch.facts import RunFacts
+from nndx.collector.watch.graph import GraphSize
+from nndx.collector.watch.initial import InitialState, UnchangedParameters
 from nndx.collector.watch.layers import LayerStatistics, ParameterUpdates
 from nndx.collector.watch.loop import LoopCounts
 from nndx.collector.watch.loss_calls import LossCalls
@@ -38,7 +43,9 @@ __all__ = [
     "Desync",
     "ErrorGuard",
     "GradientNorm",
+    "GraphSize",
     "History",
+    "InitialState",
     "InputNorms",
     "LayerStatistics",
     "LearningRate",
@@ -48,6 +55,7 @@ __all__ = [
     "ParameterUpdates",
     "RunFacts",
     "StepContext",
+    "UnchangedParameters",
     "Watched",
     "Watcher",
 ]

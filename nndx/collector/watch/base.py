@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,37 @@ class Watched:
     def manual(self) -> bool:
         """No optimizer: steps are detected from parameter changes, the LR is unknown."""
         return not self.optimizers
+
+    def params_of(self, optimizer: torch.optim.Optimizer | None) -> list[tuple[str, nn.Parameter]]:
+        """The trainable parameters a step of ``optimizer`` may move: all of them, but
+        those that only another watched optimizer holds (a GAN's other network)."""
+        others = {id(p) for o in self.optimizers if o is not optimizer for g in o.param_groups for p in g["params"]}
+        if optimizer is None or not others:
+            return self.params
+        own = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        return [(n, p) for n, p in self.params if id(p) in own or id(p) not in others]
+
+    @classmethod
+    def of(cls, model: Any, optimizer: Any) -> Watched:
+        """What ``Monitor(model, optimizer)`` watches. ``model``: a module, or several as a
+        mapping name -> module (or a sequence: names "0", "1", ...), e.g. a GAN's
+        ``{"G": generator, "D": discriminator}``. ``optimizer``: an optimizer, a sequence of
+        them, or None for a loop that updates the parameters by hand."""
+        if isinstance(model, nn.Module):
+            models, root = {"": model}, model
+        elif isinstance(model, (Mapping, list, tuple)) and model:
+            models = dict(model) if isinstance(model, Mapping) else {str(i): m for i, m in enumerate(model)}
+            bad = [k for k, m in models.items() if not isinstance(m, nn.Module) or not isinstance(k, str) or not k or "." in k]
+            if bad:
+                raise TypeError(f"models must map names (no dots) to torch.nn.Module; check {bad}")
+            root = nn.ModuleDict(models)
+        else:
+            raise TypeError(f"model must be a torch.nn.Module (or a dict of them), got {type(model).__name__}")
+        optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        for opt in optimizers:
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them, or None), got {type(opt).__name__}")
+        return cls(root, models, optimizers, [(n, p) for n, p in root.named_parameters() if p.requires_grad])
 
 
 @dataclass
@@ -76,7 +107,7 @@ class Watcher:
 
     def on_forward(self, ctx: StepContext, module: nn.Module, args: tuple, kwargs: dict) -> None: ...
 
-    def on_forward_end(self, ctx: StepContext, module: nn.Module, output: Any) -> None: ...
+    def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None: ...
 
     def on_backward_start(self, ctx: StepContext) -> None: ...
 

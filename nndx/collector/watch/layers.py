@@ -33,7 +33,11 @@ class LayerStatistics(Watcher):
         self.recorder = LayerRecorder(watched.root, max_elements=max_elements, roots=watched.models.values())
         self.history = History(capacity)
         self.forward_order: list[str] | None = None  # names in the order they ran, once seen
+
+    def attach(self) -> list:
+        """Hook the layers (the Monitor calls it, and records a failure as a limitation)."""
         self.recorder.attach()
+        return []
 
     def on_record_start(self, ctx: StepContext) -> None:
         self.recorder.start_step(ctx.step)
@@ -69,7 +73,8 @@ def _layer_models(records: tuple[LayerRecord, ...]) -> list:
 
 class ParameterUpdates(Watcher):
     """Weight norm, gradient norm and update/weight ratio of each parameter: a snapshot
-    of the trainable parameters before ``optimizer.step()``, compared after it; the
+    of the trainable parameters the optimizer steps, taken before ``optimizer.step()``
+    (in loops without an optimizer: at the end of backward) and compared after it; the
     spent snapshot's memory is reused by the next one (fresh memory costs a page fault
     per 4 KiB on a CPU) unless it passes ``stats.PENDING_BYTES``."""
 
@@ -82,9 +87,14 @@ class ParameterUpdates(Watcher):
         self._snapshot: dict | None = None
         self._spent: dict | None = None  # memory for the next snapshot
 
+    def on_backward_end(self, ctx: StepContext) -> None:
+        if ctx.recording and self.watched.manual:  # updated by hand: the next thing we hear is after the update
+            self._snapshot = snapshot_parameters(self.watched.params, self.max_elements, into=self._snapshot or self._spent)
+
     def on_step_begin(self, ctx: StepContext) -> None:
-        if ctx.recording:
-            self._snapshot = snapshot_parameters(self.watched.params, self.max_elements, into=self._spent)
+        if ctx.recording and not self.watched.manual:
+            # not those only another optimizer steps (a GAN's other network): they do not move now
+            self._snapshot = snapshot_parameters(self.watched.params_of(ctx.optimizer), self.max_elements, into=self._spent)
 
     def on_step_end(self, ctx: StepContext) -> None:
         if not ctx.recording or self._snapshot is None:

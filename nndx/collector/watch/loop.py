@@ -101,6 +101,7 @@ class LoopCounts(Watcher):
             "frozen_params": [n for n, p in named if not p.requires_grad],
             "has_dropout": self._has_dropout,
             "has_batchnorm": self._has_batchnorm,
+            "optimizers": [type(o).__name__ for o in self.watched.optimizers],
         }
         if not self.watched.manual:  # without an optimizer there is nothing to be connected to
             in_optimizer = {id(p) for o in self.watched.optimizers for g in o.param_groups for p in g["params"]}

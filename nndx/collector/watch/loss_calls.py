@@ -68,7 +68,9 @@ class LossCalls(Watcher):
                 "calls": 1,
             }
         if output.is_floating_point() and output.numel() > 0:
-            lo, hi, rows_off_one = _probability_evidence(output.detach())
+            evidence = value_evidence(output.detach(), None if target_t is None else target_t.detach())
+            lo, hi, rows_off_one = evidence["output_min"], evidence["output_max"], evidence.pop("rows_off_one")
+            entry.update(evidence)  # the newest measurement; the extremes over all of them
             entry["output_min"] = lo if entry.get("output_min") is None else min(entry["output_min"], lo)
             entry["output_max"] = hi if entry.get("output_max") is None else max(entry["output_max"], hi)
             if rows_off_one is not None:
@@ -79,14 +81,19 @@ class LossCalls(Watcher):
         return {"loop": {"loss_calls": [LossCall(**entry) for entry in self.calls.values()]}}
 
 
-def _probability_evidence(output: torch.Tensor) -> tuple[float, float, float | None]:
-    """min, max and the largest |row sum - 1| over the class axis (dim 1), one sync.
-    The last is None when there is no class axis to sum over."""
+def value_evidence(output: torch.Tensor, target: torch.Tensor | None) -> dict[str, Any]:
+    """What a loss's inputs say about the model's last layer and the targets, with one
+    host read: the outputs' extremes, the share of exact zeros (a ReLU on logits clips
+    about half), the largest |row sum - 1| over the class axis (dim 1; None without one:
+    probabilities where logits belong), and floating targets' mean and std."""
     x = output.float()
     lo, hi = torch.aminmax(x)
+    parts = {"output_min": lo, "output_max": hi, "output_zero_fraction": (x == 0).float().mean()}
     if x.dim() >= 2 and x.shape[1] > 1:
-        off = (x.sum(dim=1) - 1.0).abs().max()
-        values = torch.stack([lo, hi, off]).tolist()
-        return values[0], values[1], values[2]
-    values = torch.stack([lo, hi]).tolist()
-    return values[0], values[1], None
+        parts["rows_off_one"] = (x.sum(dim=1) - 1.0).abs().max()
+    if target is not None and target.is_floating_point() and target.numel() > 1:
+        t = target.float()
+        parts["target_mean"], parts["target_std"] = t.mean(), t.std()
+    values = dict(zip(parts, torch.stack(list(parts.values())).tolist()))
+    values.setdefault("rows_off_one", None)
+    return values

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from nndx.collector._common import iter_tensors
 from nndx.collector.stats import norms, single_threaded
 from nndx.collector.watch.base import History, StepContext, Watched, Watcher
 from nndx.report import GradNormPoint, LossPoint, LRPoint, ScalarPoint
@@ -94,7 +95,8 @@ class LearningRate(Watcher):
         return [float(g["lr"]) for o in self.watched.optimizers for g in o.param_groups]
 
     def on_step_begin(self, ctx: StepContext) -> None:
-        ctx.defer(self.history, LRRecord(ctx.step, tuple(self.current())))
+        if self.watched.optimizers:  # without one the LR is unknown: nothing is recorded, not 0
+            ctx.defer(self.history, LRRecord(ctx.step, tuple(self.current())))
 
     def report(self, window: int | None) -> dict[str, Any]:
         return {"loop": {"lr_history": self.history.models(_lr_point, newest=window)}}
@@ -143,7 +145,7 @@ class GradientNorm(Watcher):
             return
         grads = [p.grad for _, p in self.watched.params if p.grad is not None]
         after = None
-        if [(id(g), g._version) for g in grads] != self._versions:
+        if grads and [(id(g), g._version) for g in grads] != self._versions:
             ctx.grad_norms = None  # changed since backward: parameter statistics measure anew
             with single_threaded(grads[0].device if grads else "cpu"):
                 after = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
@@ -175,18 +177,23 @@ class ScalarRecord(NamedTuple):
 class InputNorms(Watcher):
     """The L2 norm of each training input batch (forwards with grad enabled): a zeroed
     or corrupted batch shows as a norm far from its neighbours. The input is the first
-    tensor argument of the model's forward."""
+    tensor given to the model's forward (positional or keyword); when it holds integers
+    (token ids) it has no meaningful norm, and only its dtype is recorded."""
 
     name = "inputs"
 
     def __init__(self, capacity: int) -> None:
         self.history = History(capacity)
+        self.dtype: str | None = None
 
     def on_forward(self, ctx: StepContext, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if not torch.is_grad_enabled():
             return
-        x = _first_float_tensor(args, kwargs)
-        if x is not None:
+        x = next(iter_tensors((args, kwargs)), None)
+        if x is None:
+            return
+        self.dtype = str(x.dtype).removeprefix("torch.")
+        if x.is_floating_point():
             with single_threaded(x.device):
                 norm = torch.linalg.vector_norm(x.detach().float())
             ctx.defer(self.history, ScalarRecord(ctx.step, norm))
@@ -194,15 +201,8 @@ class InputNorms(Watcher):
     def report(self, window: int | None) -> dict[str, Any]:
         # no live rule reads input norms: a live report (window set) leaves them out
         points = [] if window is not None else self.history.models(_scalar_point)
-        return {"loop": {"input_norm_history": points}}
+        return {"loop": {"input_norm_history": points, "input_dtype": self.dtype}}
 
 
 def _scalar_point(r: ScalarRecord) -> ScalarPoint:
     return ScalarPoint(step=r.step, value=r.value)
-
-
-def _first_float_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value
-    return None
