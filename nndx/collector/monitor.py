@@ -204,7 +204,7 @@ class Monitor:
         """Remove every hook and wrapper; the model and optimizer are as before. Idempotent."""
         if self._closed:
             return
-        self._step_if_updated()
+        self._step_if_updated(notify=False)
         self._closed = True
         self.hooks.remove()
         for part in [*self.watchers, *self.observers]:
@@ -229,10 +229,10 @@ class Monitor:
 
         return hook
 
-    def _step_if_updated(self) -> None:
+    def _step_if_updated(self, notify: bool = True) -> None:
         if self._updates is not None and self.ctx.backward_since_step and self._updates.updated():
             self._on_step_begin(None)
-            self._on_step_end()
+            self._on_step_end(notify=notify)
 
     def _on_backward_end(self) -> None:
         self.ctx.backward_step, self.ctx.backward_since_step = self.ctx.step, True
@@ -244,7 +244,7 @@ class Monitor:
         self.ctx.optimizer = optimizer
         self._dispatch("on_step_begin")
 
-    def _on_step_end(self, *_: Any) -> None:
+    def _on_step_end(self, *_: Any, notify: bool = True) -> None:
         ctx = self.ctx
         self._dispatch("on_step_end")
         step, recorded = ctx.step, ctx.recording
@@ -253,7 +253,7 @@ class Monitor:
             ctx.recording = True
             self._dispatch("on_record_start")
             self._deferred.flush()
-        for observer in self.observers:  # unguarded: raising is how an observer stops training
+        for observer in self.observers if notify else ():  # unguarded: raising is how an observer stops training
             if hasattr(observer, "on_step"):
                 observer.on_step(self, step, recorded)
 
@@ -285,7 +285,7 @@ class Monitor:
 
         Distributed: a collective — call it on every rank; rank 0 returns the merged
         report of all ranks, the others their own."""
-        self._step_if_updated()
+        self._step_if_updated(notify=False)
         if self._desync is not None and distributed.is_initialized():
             try:
                 self._desync.check(self.ctx.step)

@@ -481,3 +481,30 @@ def test_update_detection_ignores_a_nan_that_stays_nan():
     with Monitor(model, every=5) as mon:
         manual_loop(mon, model, update="none", steps=3)
     assert mon.report().loop.steps == 0
+
+
+@pytest.mark.parametrize("reset", ["zero_", "none", "never"])
+def test_manual_loop_gradient_resets_by_hand(reset):
+    """The tutorial's loop: update under no_grad, then ``p.grad.zero_()``."""
+    model = mlp()
+    x, y = data()
+    with Monitor(model, every=4) as mon:
+        for _ in range(STEPS):
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    if reset == "zero_":
+                        p.grad.zero_()
+                    elif reset == "none":
+                        p.grad = None
+            mon.log(loss)
+    report = mon.report()
+    assert report.loop.steps == STEPS
+    if reset == "never":
+        assert report.loop.zero_grad_calls == 0
+        assert fired(report, "NNDX301")
+    else:
+        assert report.loop.zero_grad_calls == STEPS
+        assert not fired(report, "NNDX301")

@@ -24,7 +24,6 @@ from nndx.report import ErrorRecord
 logger = logging.getLogger("nndx")
 
 
-
 @dataclass
 class Watched:
     """What a Monitor watches, fixed at attach time. ``root`` is the model, or a
@@ -60,16 +59,17 @@ class Watched:
             models, root = {"": model}, model
         elif isinstance(model, (Mapping, list, tuple)) and model:
             models = dict(model) if isinstance(model, Mapping) else {str(i): m for i, m in enumerate(model)}
-            bad = [k for k, m in models.items() if not isinstance(m, nn.Module) or not isinstance(k, str) or not k or "." in k]
+            bad = [k for k, m in models.items() if not (isinstance(m, nn.Module) and isinstance(k, str) and k and "." not in k)]
             if bad:
                 raise TypeError(f"models must map names (no dots) to torch.nn.Module; check {bad}")
             root = nn.ModuleDict(models)
         else:
             raise TypeError(f"model must be a torch.nn.Module (or a dict of them), got {type(model).__name__}")
-        optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [] if optimizer is None else [optimizer]
         for opt in optimizers:
             if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them, or None), got {type(opt).__name__}")
+                kind = type(opt).__name__
+                raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them, or None), got {kind}")
         return cls(root, models, optimizers, [(n, p) for n, p in root.named_parameters() if p.requires_grad])
 
 
@@ -84,8 +84,8 @@ class StepContext:
     ``backward_since_step``: a backward pass ran since the last step ended.
     ``optimizer``: the optimizer whose ``step()`` is running (None between steps and in
     loops without an optimizer). ``grad_norms``: each parameter's gradient norm at the end
-    of the last backward pass, on recorded steps (one pass, shared by the watchers).
-    ``defer``: queue a record holding 0-d tensors; their values are fetched together,
+    of the last backward pass, on recorded steps (one pass, shared by the watchers), and
+    ``total_grad_norm`` their global norm. ``defer``: queue a record holding 0-d tensors; their values are fetched together,
     with one host synchronisation per recorded step."""
 
     watched: Watched
@@ -125,7 +125,7 @@ class Watcher:
     def report(self, window: int | None) -> dict[str, Any]:
         """This watcher's part of the report: keys are ``DiagnosticReport`` fields, and
         ``"loop"`` maps ``LoopStats`` fields. With ``window``: only what the live rules
-        read (the newest ``window`` points of each history, see :func:`windowed`)."""
+        read (the newest ``window`` points of each history; see :func:`recorded_steps`)."""
         return {}
 
     def close(self) -> None:
