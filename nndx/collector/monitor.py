@@ -147,7 +147,7 @@ class Monitor:
         self.errors = ErrorGuard(MAX_ERRORS)
         self._guard, self.record_error = self.errors.guard, self.errors.record
         self.losses = LossHistory(history_size)
-        self.layers = LayerStatistics(self.watched, max_elements, layer_history_size)
+        self.layers = LayerStatistics(self.watched, max_elements, layer_history_size, self._guard)
         self.parameters = ParameterUpdates(self.watched, max_elements, layer_history_size)
         self.loss_calls = LossCalls()
         self.facts = RunFacts(self.watched, name, project, lambda: self.layers.forward_order)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -421,8 +421,12 @@ class LayerRecorder:
         modules: Iterable[tuple[str, nn.Module]] | None = None,
         max_elements: int | None = None,
         roots: Iterable[nn.Module] | None = None,
+        guard: Callable[[str, Callable[..., None]], Callable[..., None]] | None = None,
     ) -> None:
         self.model = model
+        # guard(source, hook) -> a hook that never raises (the Monitor's error guard);
+        # without one a hook's exception reaches the caller (the probes catch it)
+        self._guarded = guard or (lambda _source, hook: hook)
         self.max_elements = max_elements
         self.modules = list(modules) if modules is not None else watched_modules(model)
         self.roots = list(roots) if roots is not None else [model]
@@ -438,7 +442,7 @@ class LayerRecorder:
         self._where: dict[tuple[str, str], tuple[int, int, int, int]] = {}
         self._order: list[str] = []  # forward order of the recorded step
         self._types = {name: type(module).__name__ for name, module in self.modules}
-        self._gradient_hooks = {name: self._gradient_hook(name) for name, _ in self.modules}
+        self._gradient_hooks = {name: self._guarded("layer_gradient", self._gradient_hook(name)) for name, _ in self.modules}
 
     # -- lifecycle
     def attach(self) -> LayerRecorder:
@@ -447,9 +451,9 @@ class LayerRecorder:
         if not self._handles:
             try:
                 for name, module in self.modules:
-                    self._handles.append(module.register_forward_hook(self._forward_hook(name, module)))
+                    self._handles.append(module.register_forward_hook(self._guarded("layer_forward", self._forward_hook(name, module))))
                 for root in self.roots:
-                    self._handles.append(root.register_forward_hook(lambda *_: self._reduce()))
+                    self._handles.append(root.register_forward_hook(self._guarded("layer_reduce", lambda *_: self._reduce())))
             except Exception:
                 self.detach()
                 raise
@@ -582,8 +586,10 @@ class LayerRecorder:
         return hook
 
     def _gradient_hook(self, name: str):
-        def hook(grad: torch.Tensor) -> None:
-            if self._recording or ("grad", name) not in self._where:
+        def hook(grad: torch.Tensor | None) -> None:
+            # None: an output that got no gradient in this pass (the unused state of a
+            # recurrent layer whose graph was retained from an earlier step)
+            if grad is not None and (self._recording or ("grad", name) not in self._where):
                 sample = leading_samples(grad, self.max_elements)
                 group = ("grad", None, None, sample.shape, sample.device, statistics_dtype(sample.dtype))
                 self._keep("grad", name, sample, group, sample.numel(), grad.numel())

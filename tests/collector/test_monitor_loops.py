@@ -508,3 +508,39 @@ def test_manual_loop_gradient_resets_by_hand(reset):
     else:
         assert report.loop.zero_grad_calls == STEPS
         assert not fired(report, "NNDX301")
+
+
+def test_a_failing_layer_hook_is_recorded_and_training_goes_on(monkeypatch):
+    import nndx.collector.stats as stats
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("sample exploded")
+
+    monkeypatch.setattr(stats, "leading_samples", broken)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt, every=1) as mon:
+        optimizer_loop(mon, model, opt, steps=3)
+    report = mon.report()
+    assert report.loop.steps == 3
+    assert {e.source for e in report.errors} == {"monitor.layer_forward"}
+
+
+def test_a_recurrent_state_whose_graph_is_kept_does_not_break_the_layer_hooks():
+    """An LSTM's (h, c) carried without detach: later backward passes run through earlier
+    steps' outputs, whose gradient hooks then get None for the state no loss used."""
+    torch.manual_seed(0)
+    lstm, head = nn.LSTM(4, 8), nn.Linear(8, 2)
+    model = nn.ModuleDict({"lstm": lstm, "head": head})
+    x, y = torch.randn(5, 3, 4), torch.randint(0, 2, (5 * 3,))
+    state = None
+    with Monitor(model, every=1) as mon:
+        for _ in range(4):
+            model.zero_grad()
+            out, state = lstm(x, state)
+            loss = nn.functional.cross_entropy(head(out).reshape(-1, 2), y)
+            loss.backward(retain_graph=True)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+    report = mon.report()
+    assert report.errors == [] and report.loop.steps == 4

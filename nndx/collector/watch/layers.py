@@ -9,6 +9,7 @@ each layer's statistics come from the leading samples of the batch that fit in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nndx.collector.stats import (
@@ -29,8 +30,8 @@ class LayerStatistics(Watcher):
 
     name = "layers"
 
-    def __init__(self, watched: Watched, max_elements: int | None, capacity: int) -> None:
-        self.recorder = LayerRecorder(watched.root, max_elements=max_elements, roots=watched.models.values())
+    def __init__(self, watched: Watched, max_elements: int | None, capacity: int, guard: Callable) -> None:
+        self.recorder = LayerRecorder(watched.root, max_elements=max_elements, roots=watched.models.values(), guard=guard)
         self.history = History(capacity)
         self.forward_order: list[str] | None = None  # names in the order they ran, once seen
 
