@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -270,35 +270,64 @@ def gradient_stats_rows(g: torch.Tensor) -> tuple[torch.Tensor, tuple[str, ...]]
     return _stack_columns(columns, flat.shape[1] <= _EXACT_COUNT)
 
 
-def activation_fields(values: dict[str, float], n: int, units: int) -> dict[str, Any]:
-    """The :class:`ActivationStats` fields, by name, of one fetched row of
-    :func:`activation_stats_rows` over ``n`` elements and ``units`` units."""
+class ActivationRecord(NamedTuple):
+    """:class:`ActivationStats` as a tuple (a fifth of its memory; the Monitor keeps
+    hundreds), whose fields are read by name: see :meth:`model`."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    zero_fraction: float
+    dead_unit_fraction: float
+    saturated_fraction: float | None
+    nonfinite_count: int
+    unit_count: int
+
+    def model(self) -> ActivationStats:
+        return ActivationStats(**self._asdict())
+
+
+class GradientRecord(NamedTuple):
+    """:class:`GradientStats` as a tuple, read by name (see :meth:`model`)."""
+
+    abs_mean: float
+    max: float
+    norm: float
+    nonfinite_count: int
+
+    def model(self) -> GradientStats:
+        return GradientStats(**self._asdict())
+
+
+def activation_fields(values: dict[str, float], n: int, units: int) -> ActivationRecord:
+    """The activation statistics of one fetched row of :func:`activation_stats_rows`
+    over ``n`` elements and ``units`` units."""
     nonzero, live_units, saturated = values["nonzero"], values["live_units"], values.get("saturated")
     # fractions of a non-finite tensor are still well defined; clamp float noise
-    return {
-        "mean": values["mean"],
-        "std": values["centered_norm"] / math.sqrt(n - 1) if n > 1 else 0.0,
-        "min": values["min"],
-        "max": values["max"],
-        "zero_fraction": min(max((n - nonzero) / n, 0.0), 1.0),
-        "dead_unit_fraction": min(max((units - live_units) / units, 0.0), 1.0),
-        "saturated_fraction": None if saturated is None else saturated / n,
-        "nonfinite_count": int(values.get("nonfinite", 0)),
-        "unit_count": units,
-    }
+    return ActivationRecord(
+        mean=values["mean"],
+        std=values["centered_norm"] / math.sqrt(n - 1) if n > 1 else 0.0,
+        min=values["min"],
+        max=values["max"],
+        zero_fraction=min(max((n - nonzero) / n, 0.0), 1.0),
+        dead_unit_fraction=min(max((units - live_units) / units, 0.0), 1.0),
+        saturated_fraction=None if saturated is None else saturated / n,
+        nonfinite_count=int(values.get("nonfinite", 0)),
+        unit_count=units,
+    )
 
 
-def gradient_fields(values: dict[str, float], n: int, full: int) -> dict[str, Any]:
-    """The :class:`GradientStats` fields, by name, of one fetched row of
-    :func:`gradient_stats_rows` over ``n`` of the gradient's ``full`` elements; the norm
-    is scaled to all of them."""
+def gradient_fields(values: dict[str, float], n: int, full: int) -> GradientRecord:
+    """The gradient statistics of one fetched row of :func:`gradient_stats_rows` over
+    ``n`` of the gradient's ``full`` elements; the norm is scaled to all of them."""
     lo, hi = values["min"], values["max"]
-    return {
-        "abs_mean": values["abs_sum"] / max(n, 1),
-        "max": math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi),
-        "norm": values["norm"] * (math.sqrt(full / n) if n else 1.0),
-        "nonfinite_count": int(values.get("nonfinite", 0)),
-    }
+    return GradientRecord(
+        abs_mean=values["abs_sum"] / max(n, 1),
+        max=math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi),
+        norm=values["norm"] * (math.sqrt(full / n) if n else 1.0),
+        nonfinite_count=int(values.get("nonfinite", 0)),
+    )
 
 
 # --------------------------------------------------------------------------- reference
@@ -348,27 +377,26 @@ def reference_update_ratio(before: torch.Tensor, after: torch.Tensor) -> float:
 
 
 class LayerRecord(NamedTuple):
-    """One layer's statistics at one recorded step; ``activation`` and ``gradient`` map
-    :class:`ActivationStats` / :class:`GradientStats` field names to values."""
+    """One layer's statistics at one recorded step."""
 
     name: str
     type: str
     step: int | None
-    activation: dict[str, Any] | None
-    gradient: dict[str, Any] | None
+    activation: ActivationRecord | None
+    gradient: GradientRecord | None
 
     def model(self) -> LayerStats:
         return LayerStats(
             name=self.name,
             type=self.type,
             step=self.step,
-            activation=None if self.activation is None else ActivationStats(**self.activation),
-            gradient=None if self.gradient is None else GradientStats(**self.gradient),
+            activation=None if self.activation is None else self.activation.model(),
+            gradient=None if self.gradient is None else self.gradient.model(),
         )
 
     @property
     def nonfinite(self) -> bool:
-        return bool((self.activation and self.activation["nonfinite_count"]) or (self.gradient and self.gradient["nonfinite_count"]))
+        return any(r is not None and r.nonfinite_count for r in (self.activation, self.gradient))
 
 
 class _Slots:
@@ -518,7 +546,7 @@ class LayerRecorder:
         for rows, _ in self._rows:
             starts.append(starts[-1] + rows.numel())
 
-        def fields(kind: str, name: str) -> dict[str, Any] | None:
+        def fields(kind: str, name: str) -> ActivationRecord | GradientRecord | None:
             where = self._where.get((kind, name))
             if where is None:
                 return None

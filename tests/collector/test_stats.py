@@ -256,7 +256,7 @@ def test_activation_fast_path_agrees_with_reference(case):
         reference = reference_activation_stats(member, unit_axis - 1, bounds).model_dump()
         scale = finite_scale(member)
         for field, value in reference.items():
-            assert agree(fast[field], value, scale, x.dtype), (field, fast[field], value, x.dtype)
+            assert agree(getattr(fast, field), value, scale, x.dtype), (field, fast, value, x.dtype)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -268,7 +268,7 @@ def test_gradient_fast_path_agrees_with_reference(case):
         fast = gradient_fields(dict(zip(columns, row)), member.numel(), member.numel())
         reference = reference_gradient_stats(member).model_dump()
         for field, value in reference.items():
-            assert agree(fast[field], value, finite_scale(member), g.dtype), (field, fast[field], value, g.dtype)
+            assert agree(getattr(fast, field), value, finite_scale(member), g.dtype), (field, fast, value, g.dtype)
 
 
 class InPlace(nn.Module):
@@ -360,3 +360,14 @@ def test_monitor_and_hooks_probe_measure_models_of_each_dtype(dtype):
     # with the user's SGD (Adam's eps underflows in float16: its step makes Inf weights)
     probed = hook_statistics(model, (x, y), lambda out, t: nn.functional.cross_entropy(out.float(), t), optimizer=opt)
     assert len(probed.layers) == 5 and all(p.update_ratio is not None and p.update_ratio > 0 for p in probed.parameters)
+
+
+def test_records_name_every_field_of_their_report_model():
+    """Records are converted by field name: a field renamed in the report model fails
+    loudly here instead of shifting values into the wrong fields."""
+    from nndx.collector.stats import ActivationRecord, GradientRecord, LayerRecord, ParameterRecord
+    from nndx.report import ActivationStats, GradientStats, LayerStats, ParameterStats
+
+    for record, model in ((ActivationRecord, ActivationStats), (GradientRecord, GradientStats),
+                          (LayerRecord, LayerStats), (ParameterRecord, ParameterStats)):
+        assert set(record._fields) == set(model.model_fields), record.__name__

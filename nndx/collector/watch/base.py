@@ -142,9 +142,10 @@ class History:
     is always kept, and pinned points (those holding a non-finite value: a NaN is the
     datum that matters) survive decimation, up to an eighth of the capacity.
 
-    Records are small NamedTuples; :meth:`models` turns them into report models once
-    each (a live alert reads the newest points every few steps: converting them anew
-    each time was most of its cost)."""
+    Records are small NamedTuples; :meth:`models` turns them into report models. A live
+    alert reads the newest points every few steps, and converting them anew each time was
+    most of its cost: the models of the last window read are kept for the next one (only
+    those: a report model takes several times a record's memory)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(int(capacity), 2)
@@ -170,22 +171,22 @@ class History:
         if len(self._items) > self.capacity:
             self._stride *= 2
             self._items = [t for t in self._items if t[0] % self._stride == 0 or t[2]]
-            kept = {t[0] for t in self._items}
-            self._models = {i: m for i, m in self._models.items() if i in kept}
 
     def values(self, newest: int | None = None) -> list[Any]:
         """The kept records, oldest first (only the ``newest`` ones when given)."""
         return [record for _, record in self._indexed(newest)]
 
-    def models(self, convert: Callable[[Any], Any], newest: int | None = None) -> list[Any]:
-        """:meth:`values`, each converted by ``convert`` (once per kept record)."""
-        out = []
-        for index, record in self._indexed(newest):
-            model = self._models.get(index)
-            if model is None:
-                model = self._models[index] = convert(record)
-            out.append(model)
-        return out
+    def models(self, convert: Callable[[Any], Any], newest: int | None = None, first: int = 0) -> list[Any]:
+        """The kept records converted by ``convert``, oldest first; with ``newest``, a
+        window: the ``first`` oldest and the ``newest`` newest only, whose models are
+        kept for the next window."""
+        indexed = self._indexed(None if newest is None else newest + first)
+        if newest is not None and first and len(indexed) > first + newest:
+            indexed = self._indexed(None)[:first] + indexed[-newest:]
+        models = {index: self._models.get(index) or convert(record) for index, record in indexed}
+        if newest is not None:
+            self._models = models
+        return list(models.values())
 
     def _indexed(self, newest: int | None) -> list[tuple[int, Any]]:
         items = self._items if newest is None else self._items[-newest:]
@@ -204,9 +205,7 @@ def recorded_steps(history: History, convert: Callable[[Any], list[Any]], window
     """The report models of a history of recorded steps (``convert`` turns one step's
     record into a list), flattened: every kept step, or for a live window (``window``
     set) the first and the newest :data:`LIVE_RECORDED_STEPS` ones."""
-    steps = history.models(convert)
-    if window is not None and len(steps) > LIVE_RECORDED_STEPS + 1:
-        steps = steps[:1] + steps[-LIVE_RECORDED_STEPS:]
+    steps = history.models(convert) if window is None else history.models(convert, newest=LIVE_RECORDED_STEPS, first=1)
     return [model for step in steps for model in step]
 
 
