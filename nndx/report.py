@@ -379,6 +379,10 @@ class LoopStats(Schema):
     limitations: list[str] = Field(
         default_factory=list, description="what the Monitor could not attach to or measure, in words"
     )
+    backward_calls_in_step: Count = Field(
+        0, description="of backward_calls, those run inside optimizer.step() (a closure, as L-BFGS evaluates "
+        "the loss several times per step): not gradient accumulation"
+    )
 
 
 # --------------------------------------------------------------------------- data

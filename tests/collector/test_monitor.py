@@ -559,6 +559,7 @@ def test_closure_step_backward_inside_optimizer_step_is_seen():
     loop = mon.report().loop
     mon.close()
     assert (loop.steps, loop.backward_calls, loop.zero_grad_calls) == (STEPS,) * 3
+    assert loop.backward_calls_in_step == STEPS  # inside optimizer.step(closure): not accumulation
     assert [p.step for p in loop.grad_norm_history] == list(range(STEPS))
     assert all(p.before_clip > 0 and p.after_clip is None for p in loop.grad_norm_history)
 

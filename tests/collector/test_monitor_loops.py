@@ -264,6 +264,7 @@ def test_one_monitor_over_a_gan(d_every):
     d_steps = len(range(0, iterations, d_every))
     assert report.errors == [] and loop.limitations == []
     assert loop.steps == iterations + d_steps and loop.optimizers == ["Adam", "Adam"]
+    assert loop.backward_calls == iterations + d_steps and loop.backward_calls_in_step == 0
     assert loop.params_not_in_optimizer == [] and loop.optimizer_params_not_in_model == 0
     assert {p.name.split(".")[0] for p in report.parameters} == {"G", "D"}
     assert {s.name.split(".")[0] for s in report.layers} == {"G", "D"}

@@ -36,6 +36,7 @@ class LoopCounts(Watcher):
     def __init__(self, watched: Watched) -> None:
         self.watched = watched
         self.backward_calls = 0
+        self.backward_calls_in_step = 0  # inside optimizer.step(): a closure (L-BFGS, Lightning)
         self.zero_grad_calls = 0
         self.forward_calls = 0
         self.no_grad_forwards_in_train_mode = 0
@@ -59,6 +60,7 @@ class LoopCounts(Watcher):
 
     def on_backward_end(self, ctx: StepContext) -> None:
         self.backward_calls += 1
+        self.backward_calls_in_step += ctx.optimizer is not None
         self._reset_since_backward = False
         if self._never_grad:
             for name in [n for n, p in self._never_grad.items() if p.grad is not None]:
@@ -101,6 +103,7 @@ class LoopCounts(Watcher):
         trainable = [(n, p) for n, p in named if p.requires_grad]
         loop: dict[str, Any] = {
             "backward_calls": self.backward_calls,
+            "backward_calls_in_step": self.backward_calls_in_step,
             "zero_grad_calls": self.zero_grad_calls,
             "forward_calls": self.forward_calls,
             "no_grad_forwards_in_train_mode": self.no_grad_forwards_in_train_mode,
