@@ -11,9 +11,10 @@ threads; less sensitive to other processes on a loaded machine).
     .venv/bin/python bench/overhead.py              # full run (a few minutes on 2 loaded cores)
     .venv/bin/python bench/overhead.py --steps 10   # quicker, noisier
     .venv/bin/python bench/overhead.py --device cuda
+    .venv/bin/python bench/overhead.py --tricks     # only: each speed trick of stats.py vs the plain op
 
 Step = forward + loss + backward + Adam step (+ ``mon.log(loss)`` when monitored).
-Targets (CPU): Monitor <= 1.05x at every=1, <= 1.01x at every=10.
+Targets (CPU): every=10 with live alerts <= 1.03x on both workloads, every=1 <= 1.25x.
 
 Memory: a small MLP is trained 1,000 steps under each configuration; "retained" is
 what tracemalloc sees still allocated by Python afterwards (the monitor's floats and
@@ -42,7 +43,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from network_debugger import NetworkDebugger  # noqa: E402
 
-from nndx.collector.monitor import Monitor  # noqa: E402
+from nndx.integrations.monitor import Monitor  # noqa: E402
 
 
 def mlp() -> nn.Module:
@@ -175,13 +176,60 @@ def retained_memory(config: str, steps: int = 1000) -> tuple[int, int, str]:
     return python_bytes, tensor_bytes, detail
 
 
+def stats_tricks(reps: int = 200) -> None:
+    """Each speed trick of nndx.collector.stats beside the plain op it replaces, on the
+    bench MLP's and CNN's recorded tensors (batches of same-shaped layers, sampled to
+    max_elements=65,536), one thread as in the hooks; median microseconds, interleaved."""
+    def median_us(fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(reps):
+            for k, f in fns.items():
+                start = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - start)
+        return {k: statistics.median(v) * 1e6 for k, v in times.items()}
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    print("\nSpeed tricks of nndx/collector/stats.py (median us, one thread; the trick first):\n")
+    print("| tensors | statistic | trick | plain | plain / trick |")
+    print("|---|---|---|---|---|")
+    for label, shape in (("3 Linear outputs 64x1024", (3, 64, 1024)), ("2 conv outputs 2x32x32x32", (2, 2, 32, 32, 32))):
+        flat = torch.relu(torch.randn(shape)).reshape(shape[0], -1)
+        mean = flat.mean(dim=1)
+        scratch = torch.empty_like(flat)
+        cases = {
+            "nonzero count": ("sign().abs_().sum()", lambda: torch.sign(flat).abs_().sum(dim=1),
+                              "count_nonzero", lambda: torch.count_nonzero(flat, dim=1)),
+            "skip the non-finite count": ("read min/max", lambda: torch.cat([flat.amin(1), flat.amax(1)]).tolist(),
+                                          "count it", lambda: (~torch.isfinite(flat)).sum(dim=1)),
+            "std": ("norm of centred", lambda: torch.linalg.vector_norm(flat - mean[:, None], dim=1),
+                    "torch.std", lambda: flat.std(dim=1)),
+            "min and max": ("amin + amax", lambda: (flat.amin(1), flat.amax(1)),
+                            "aminmax", lambda: torch.aminmax(flat, dim=1)),
+            "abs sum": ("abs().sum()", lambda: flat.abs().sum(dim=1),
+                        "vector_norm(ord=1)", lambda: torch.linalg.vector_norm(flat, ord=1, dim=1)),
+            "(removed) scratch buffer": ("abs(out=scratch)", lambda: torch.abs(flat, out=scratch).sum(dim=1),
+                                         "fresh abs()", lambda: flat.abs().sum(dim=1)),
+        }
+        for statistic, (trick_name, trick, plain_name, plain) in cases.items():
+            times = median_us({"trick": trick, "plain": plain})
+            print(f"| {label} | {statistic} | {trick_name} {times['trick']:.0f} | {plain_name} {times['plain']:.0f} | "
+                  f"{times['plain'] / times['trick']:.2f}x |")
+    torch.set_num_threads(threads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=25, help="timed steps per configuration and model")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-memory", action="store_true", help="skip the 1,000-step memory measurement")
+    parser.add_argument("--tricks", action="store_true", help="only time stats.py's speed tricks against plain ops")
     args = parser.parse_args()
+    if args.tricks:
+        stats_tricks()
+        return
     generator = torch.Generator().manual_seed(0)
     workloads = {
         "MLP 784-1024x3-10, batch 256": (mlp, torch.randn(256, 784, generator=generator), torch.randint(0, 10, (256,), generator=generator)),

@@ -480,6 +480,17 @@ class ScalarPoint(Schema):
     value: Float
 
 
+class GraphPoint(Schema):
+    """The autograd graph behind the model's outputs at one recorded step."""
+
+    step: Count
+    nodes: Count = Field(description="autograd nodes reachable from the outputs (a bounded walk: at most the cap)")
+    earlier_nodes: Count = Field(
+        0, description="of those, nodes created at an earlier recorded step: a graph kept alive across steps"
+    )
+    truncated: bool = Field(False, description="the walk stopped at its cap; nodes is a lower bound")
+
+
 class LossCall(Schema):
     """What reached the loss function, seen when the Monitor wraps ``loss_fn``."""
 
@@ -531,6 +542,29 @@ class LoopStats(Schema):
     max_desync: Float | None = None
     live_findings: list[LiveFinding] = Field(
         default_factory=list, description="findings the Monitor's live rule evaluation raised, in firing order"
+    )
+    optimizers: list[str] | None = Field(
+        None, description="class names of the optimizers the Monitor watched; [] when the loop updated the "
+        "parameters by hand (steps are then the updates detected from parameter changes, and the learning rate "
+        "is unknown: lr_history stays empty); None when no Monitor watched the loop"
+    )
+    input_dtype: str | None = Field(
+        None, description="dtype of the model's first tensor input; an integer dtype means token ids, which get "
+        "no input norm"
+    )
+    graph_nodes_history: list[GraphPoint] = Field(
+        default_factory=list, description="size of the autograd graph behind the model's outputs, per recorded step"
+    )
+    params_never_changed: list[str] | None = Field(
+        None, description="trainable parameters whose values when the report was made equal those when the "
+        "Monitor attached (None: not checked)"
+    )
+    limitations: list[str] = Field(
+        default_factory=list, description="what the Monitor could not attach to or measure, in words"
+    )
+    backward_calls_in_step: Count = Field(
+        0, description="of backward_calls, those run inside optimizer.step() (a closure, as L-BFGS evaluates "
+        "the loss several times per step): not gradient accumulation"
     )
 
 

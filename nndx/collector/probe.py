@@ -69,13 +69,20 @@ from nndx.collector._common import (
     working_copy,
 )
 from nndx.collector.data import check_data
-from nndx.collector.loss_call import LossCallLog, merge_loss_calls
-from nndx.collector.progress import progress_bar
+from nndx.collector.loss_call import LossCallLog
+from nndx.collector.merge import merge_monitor
 from nndx.collector.probes import ProbeSpec, specs
 from nndx.collector.probes._observe import ForwardObserver, observed_summary
+from nndx.collector.progress import progress_bar
 from nndx.collector.stats import has_batchnorm, has_dropout, summarize_model
 from nndx.errors import UsageError
-from nndx.report import MAX_ERROR_MESSAGE, DiagnosticReport, ErrorRecord, LoopStats, RunInfo
+from nndx.report import (
+    MAX_ERROR_MESSAGE,
+    DiagnosticReport,
+    ErrorRecord,
+    LoopStats,
+    RunInfo,
+)
 
 # name -> spec of every probe, cheap first
 PROBES: dict[str, ProbeSpec] = {spec.name: spec for spec in specs()}
@@ -152,7 +159,7 @@ def probe(
             continue
         spec.store(report, outcome)
     if watched is not None:
-        guard.attempt("monitor", lambda: _merge_monitor(report, watched))
+        guard.attempt("monitor", lambda: merge_monitor(report, watched))
     if data is not None:
         if data_error is not None:
             guard.error("data", data_error)
@@ -198,7 +205,7 @@ class _Setup:
             initial, initial_opt = copy_pair(model, optimizer, device)
             try:
                 initial.load_state_dict(initial_state)
-            except Exception as exc:  # noqa: BLE001 - a wrong state dict is the caller's mistake
+            except Exception as exc:
                 raise UsageError(f"initial_state does not fit the model: {exc}") from exc
             if initial_opt is not None:
                 initial_opt.state.clear()  # the optimizer's state at the start: none
@@ -380,45 +387,6 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         report.model = observed_summary(report.model, seen, output)
     report.loop = report.loop or LoopStats()
     report.loop.loss_calls = calls.records()
-
-
-def _union(first: Iterable[str], second: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys([*first, *second]))
-
-
-def _merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
-    """Fold a Monitor's report in: its loop, loss history and recorded steps are what the
-    training run saw; the probes' own static facts fill what it left out."""
-    if watched.loop is not None:
-        loop = watched.loop
-        if report.loop is not None:
-            loop = loop.model_copy(update={
-                "params_not_in_optimizer": _union(loop.params_not_in_optimizer, report.loop.params_not_in_optimizer),
-                "frozen_params": _union(loop.frozen_params, report.loop.frozen_params),
-                "has_dropout": loop.has_dropout or report.loop.has_dropout,
-                "has_batchnorm": loop.has_batchnorm or report.loop.has_batchnorm,
-                "trainable_param_count": loop.trainable_param_count or report.loop.trainable_param_count,
-            })  # fmt: skip
-        report.loop = loop.model_copy(update={"loss_calls": merge_loss_calls(
-            loop.loss_calls, report.loop.loss_calls if report.loop is not None else [])})  # fmt: skip
-    for split, points in watched.loss_history.items():
-        report.loss_history.setdefault(split, []).extend(points)
-    # the probe measured the model as it is now, after the monitored steps: stamp its
-    # records with the next step so they neither collide with nor precede the loop's
-    seen = [r.step for r in (*watched.layers, *watched.parameters) if r.step is not None]
-    now = max([watched.loop.steps if watched.loop else 0, *(s + 1 for s in seen)])
-    probed = [r.model_copy(update={"step": now}) for r in report.layers]
-    probed_params = [r.model_copy(update={"step": now}) for r in report.parameters]
-    report.layers = watched.layers + probed
-    report.parameters = watched.parameters + probed_params
-    report.errors.extend(watched.errors)
-    report.model = report.model or watched.model
-    report.task = report.task or watched.task
-    report.num_classes = report.num_classes if report.num_classes is not None else watched.num_classes
-    if watched.run is not None and report.run is not None:
-        report.run.name = report.run.name or watched.run.name
-        report.run.project = report.run.project or watched.run.project
-        report.run.started_at = watched.run.started_at or report.run.started_at
 
 
 def _check_data(data: Sequence[Any], report: DiagnosticReport) -> Any:

@@ -8,17 +8,15 @@ How to use::
         loss_fn(model(x), y).backward()
         layer_stats = recorder.finish_step() # one host synchronisation for all layers
 
-Why it is built this way:
+Why it is built this way (the measurements behind each choice are in bench/README.md):
 
 - Every statistic is reduced on its device, and all layers of a step are fetched with
   a single ``.tolist()``: on a GPU every ``.item()`` stalls the stream.
-- On a CPU a recorded step's cost is ops, passes and fresh pages, not arithmetic: a
-  tensor op run between a step's matmuls costs 10-30 us whatever its size (measured in
-  bench/overhead.py's MLP step), and a new temporary over glibc's mmap threshold
-  (128 KiB at first) costs a page fault per 4 KiB. So a hook only copies its tensor
-  into a buffer kept for that shape; tensors of one shape are reduced together, one
-  batch of ops for all of them, with a kept scratch buffer for the temporaries; each
-  kind of parameter norm is one foreach call.
+- On a CPU a recorded step's cost is the number of ops and passes, not arithmetic. So a
+  hook only copies its tensor into a buffer kept for that shape (the copy also keeps
+  later in-place ops, such as ``ReLU(inplace=True)`` or a residual ``+=``, out of the
+  statistics); tensors of one shape are reduced together, one batch of ops for all of
+  them; each kind of parameter norm is one foreach call.
 - Hooked: every leaf module that owns parameters and every activation module. A Linear
   followed by a ReLU is hooked twice (its pre-activation and post-activation are
   different evidence: dead units show only after the ReLU).
@@ -27,24 +25,31 @@ Why it is built this way:
 - Dead units: a unit (a feature of a Linear/sequence output, a channel of a conv
   output) that is exactly zero for every sample of the batch. Zero *elements* are ~50%
   on every healthy ReLU layer and prove nothing.
+- Precision: statistics of float64 tensors are computed in float64, of every other
+  floating dtype (float32, bfloat16, float16) in float32.
 - ``max_elements`` (LayerRecorder, snapshot_parameters, parameter_stats; default None =
   everything): on a CPU the cost of a recorded step is the passes over each tensor, so
   a watcher that records often (the Monitor) computes each layer's activation and
   gradient statistics on the leading samples of the batch that fit in
-  ``max_elements`` (at least one sample) and update/weight ratios on
-  an evenly spread sample of each parameter's elements (strided blocks of 16). The first samples of a
+  ``max_elements`` (at least one sample) and update/weight ratios on an evenly spread
+  sample of each parameter's elements (strided blocks of 16). The first samples of a
   shuffled batch stand for it; the costs: a unit that fires on few inputs can look
   dead in few samples (a Linear layer gets max_elements / width samples: 64 for 1024
   units at 65,536), extremes are those of the sample, and a NaN confined to later
   samples is missed there (the loss and the global gradient norm still show it).
   Gradient norms are scaled to the whole batch.
+
+Each statistic has a plain reference implementation beside the batched fast path
+(:func:`reference_activation_stats`, :func:`reference_gradient_stats`,
+:func:`reference_update_ratio`); a property test checks that they agree.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -86,10 +91,9 @@ def single_threaded(device: torch.device | str = "cpu") -> Iterator[None]:
 
     Why: each reduction over more than torch's grain size (32k elements) opens an
     OpenMP parallel region, and on a loaded machine every region waits a scheduler
-    slice for its second thread — measured 20 ms per op on this 2-core machine under
-    load against 25 us single-threaded. A hook's reductions are small next to the
-    step's matmuls; one thread does them without those waits. Off the CPU it does
-    nothing."""
+    slice for its other threads (bench/README.md has the numbers). A hook's reductions
+    are small next to the step's matmuls; one thread does them without those waits.
+    Off the CPU it does nothing."""
     threads = torch.get_num_threads()
     if torch.device(device).type != "cpu" or threads == 1:
         yield
@@ -175,6 +179,25 @@ def _finite(lo: torch.Tensor, hi: torch.Tensor) -> bool:
     return lo.device.type == "cpu" and all(map(math.isfinite, torch.cat([lo, hi]).tolist()))
 
 
+def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype statistics of a tensor of ``dtype`` are computed in: float64 for
+    float64, float32 for every other dtype (half types have too few bits to sum in)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The L2 norm of each tensor (0-d, float32 — float64 for float64 tensors), one
+    foreach call per dtype instead of one op per tensor."""
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(statistics_dtype(t.dtype), []).append(i)
+    for dtype, where in by_dtype.items():
+        for i, norm in zip(where, torch._foreach_norm([tensors[i] for i in where], 2, dtype=dtype)):
+            out[i] = norm
+    return out  # type: ignore[return-value]
+
+
 def _stack_columns(columns: dict[str, torch.Tensor], exact_float32: bool) -> tuple[torch.Tensor, tuple[str, ...]]:
     """One ``(k, columns)`` tensor of the named per-member columns (type promotion makes
     it float32, or float64 where a count could pass float32's exact integers)."""
@@ -184,37 +207,34 @@ def _stack_columns(columns: dict[str, torch.Tensor], exact_float32: bool) -> tup
     return torch.stack(parts, dim=1), tuple(columns)
 
 
+# --------------------------------------------------------------------------- fast path
+
+
 def activation_stats_rows(
-    x: torch.Tensor,
-    unit_axis: int,
-    bounds: tuple[float, float] | None,
-    scratch: torch.Tensor,
+    x: torch.Tensor, unit_axis: int, bounds: tuple[float, float] | None
 ) -> tuple[torch.Tensor, tuple[str, ...]]:
     """The activation statistics of a batch of ``k`` same-shaped tensors ``x[0..k-1]``:
     a ``(k, columns)`` tensor of raw sums and extremes on their device, and the columns'
     names; :func:`activation_fields` turns a fetched row into the statistics.
     ``unit_axis``: the units' axis of ``x`` (not of one tensor); a unit is dead when it
-    is zero at every other index. ``scratch``: a float32 tensor of ``x``'s size for the
-    element-wise temporaries.
+    is zero at every other index. :func:`reference_activation_stats` is the same, plainly.
 
-    Why batched, and why scratch: on a CPU each tensor op costs microseconds whatever
-    its size, and a fresh temporary of more than glibc's mmap threshold costs a page
-    fault per 4 KiB — more than the arithmetic. Layers of one shape share every op, the
-    temporaries reuse one buffer, and divisions and constants are left to the host."""
+    Batched because on a CPU each tensor op costs microseconds whatever its size: layers
+    of one shape share every op, and divisions and constants are left to the host."""
     k = x.shape[0]
-    x = x.float()
+    x = x.to(statistics_dtype(x.dtype))
     flat = x.reshape(k, -1)
     n = flat.shape[1]
-    temp = scratch.view(k, n)
     others = [d for d in range(1, x.dim()) if d != unit_axis]
-    # two reductions: on this build aminmax(dim=...) is ~10x slower than amin + amax
+    # amin + amax, not aminmax(dim=...), which is several times slower on a CPU
     unit_lo, unit_hi = x.amin(dim=others), x.amax(dim=others)
     lo, hi = unit_lo.amin(dim=1), unit_hi.amax(dim=1)
     mean = flat.mean(dim=1)
     columns = {
         "mean": mean,
-        # two-pass std (as torch.std), at a third of its cost on a CPU
-        "centered_norm": torch.linalg.vector_norm(torch.sub(flat, mean[:, None], out=temp), dim=1),
+        # two-pass std (as torch.std), from the norm of the centred values: torch.std over
+        # dim=1 is much slower on a CPU
+        "centered_norm": torch.linalg.vector_norm(flat - mean[:, None], dim=1),
         "min": lo,
         "max": hi,
         # a unit is live unless zero at every other index: max(hi, -lo) > 0
@@ -223,26 +243,24 @@ def activation_stats_rows(
     if bounds is not None:
         columns["saturated"] = ((flat <= bounds[0] + SATURATION_MARGIN) | (flat >= bounds[1] - SATURATION_MARGIN)).sum(dim=1)
     if _finite(lo, hi):
-        # |sign(x)| is 1 where x != 0 and 0 where x == 0: the nonzero count from a float sum,
-        # at a quarter of the cost of count_nonzero on a CPU (x is finite here)
-        columns["nonzero"] = torch.sign(flat, out=temp).abs_().sum(dim=1)
+        # |sign(x)| is 1 where x != 0 and 0 where x == 0: the nonzero count from a float
+        # sum, several times cheaper than count_nonzero on a CPU (x is finite here)
+        columns["nonzero"] = torch.sign(flat).abs_().sum(dim=1)
     else:
         columns["nonfinite"] = (~torch.isfinite(flat)).sum(dim=1)
         columns["nonzero"] = torch.count_nonzero(flat, dim=1)
     return _stack_columns(columns, n <= _EXACT_COUNT)
 
 
-def gradient_stats_rows(g: torch.Tensor, scratch: torch.Tensor) -> tuple[torch.Tensor, tuple[str, ...]]:
+def gradient_stats_rows(g: torch.Tensor) -> tuple[torch.Tensor, tuple[str, ...]]:
     """Sum of |g|, min, max, L2 norm (and the non-finite count, where there are any) of
     each of a batch of ``k`` same-shaped gradients ``g[0..k-1]``, as
-    :func:`activation_stats_rows` returns them; :func:`gradient_fields` reads a row.
-    ``scratch`` as there."""
+    :func:`activation_stats_rows` returns them; :func:`gradient_fields` reads a row."""
     k = g.shape[0]
-    flat = g.float().reshape(k, -1)
-    temp = scratch.view(flat.shape)
+    flat = g.to(statistics_dtype(g.dtype)).reshape(k, -1)
     lo, hi = flat.amin(dim=1), flat.amax(dim=1)
     columns = {
-        "abs_sum": torch.abs(flat, out=temp).sum(dim=1),  # a quarter of vector_norm(ord=1)'s cost on a CPU
+        "abs_sum": flat.abs().sum(dim=1),  # vector_norm(ord=1) is several times slower on a CPU
         "min": lo,
         "max": hi,
         "norm": torch.linalg.vector_norm(flat, dim=1),
@@ -252,78 +270,158 @@ def gradient_stats_rows(g: torch.Tensor, scratch: torch.Tensor) -> tuple[torch.T
     return _stack_columns(columns, flat.shape[1] <= _EXACT_COUNT)
 
 
-ACTIVATION_FIELDS = tuple(ActivationStats.model_fields)
-GRADIENT_FIELDS = tuple(GradientStats.model_fields)
+class ActivationRecord(NamedTuple):
+    """:class:`ActivationStats` as a tuple (a fifth of its memory; the Monitor keeps
+    hundreds), whose fields are read by name: see :meth:`model`."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    zero_fraction: float
+    dead_unit_fraction: float
+    saturated_fraction: float | None
+    nonfinite_count: int
+    unit_count: int
+
+    def model(self) -> ActivationStats:
+        return ActivationStats(**self._asdict())
 
 
-def activation_fields(values: dict[str, float], n: int, units: int) -> tuple:
-    """The :class:`ActivationStats` fields (in ``ACTIVATION_FIELDS`` order) of one
-    fetched row of :func:`activation_stats_rows` over ``n`` elements and ``units`` units."""
+class GradientRecord(NamedTuple):
+    """:class:`GradientStats` as a tuple, read by name (see :meth:`model`)."""
+
+    abs_mean: float
+    max: float
+    norm: float
+    nonfinite_count: int
+
+    def model(self) -> GradientStats:
+        return GradientStats(**self._asdict())
+
+
+def activation_fields(values: dict[str, float], n: int, units: int) -> ActivationRecord:
+    """The activation statistics of one fetched row of :func:`activation_stats_rows`
+    over ``n`` elements and ``units`` units."""
     nonzero, live_units, saturated = values["nonzero"], values["live_units"], values.get("saturated")
     # fractions of a non-finite tensor are still well defined; clamp float noise
-    return (
-        values["mean"],
-        values["centered_norm"] / math.sqrt(n - 1) if n > 1 else 0.0,
-        values["min"],
-        values["max"],
-        min(max((n - nonzero) / n, 0.0), 1.0),
-        min(max((units - live_units) / units, 0.0), 1.0),
-        None if saturated is None else saturated / n,
-        int(values.get("nonfinite", 0)),
-        units,
+    return ActivationRecord(
+        mean=values["mean"],
+        std=values["centered_norm"] / math.sqrt(n - 1) if n > 1 else 0.0,
+        min=values["min"],
+        max=values["max"],
+        zero_fraction=min(max((n - nonzero) / n, 0.0), 1.0),
+        dead_unit_fraction=min(max((units - live_units) / units, 0.0), 1.0),
+        saturated_fraction=None if saturated is None else saturated / n,
+        nonfinite_count=int(values.get("nonfinite", 0)),
+        unit_count=units,
     )
 
 
-def gradient_fields(values: dict[str, float], n: int, full: int) -> tuple:
-    """The :class:`GradientStats` fields (in ``GRADIENT_FIELDS`` order) of one fetched row
-    of :func:`gradient_stats_rows` over ``n`` of the gradient's ``full`` elements; the
-    norm is scaled to all of them."""
+def gradient_fields(values: dict[str, float], n: int, full: int) -> GradientRecord:
+    """The gradient statistics of one fetched row of :func:`gradient_stats_rows` over
+    ``n`` of the gradient's ``full`` elements; the norm is scaled to all of them."""
     lo, hi = values["min"], values["max"]
-    return (
-        values["abs_sum"] / max(n, 1),
-        math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi),
-        values["norm"] * (math.sqrt(full / n) if n else 1.0),
-        int(values.get("nonfinite", 0)),
+    return GradientRecord(
+        abs_mean=values["abs_sum"] / max(n, 1),
+        max=math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi),
+        norm=values["norm"] * (math.sqrt(full / n) if n else 1.0),
+        nonfinite_count=int(values.get("nonfinite", 0)),
     )
 
 
-def unpack_layer(packed: tuple) -> LayerStats:
-    """The :class:`LayerStats` of a ``(name, type, step, activation fields, gradient
-    fields)`` tuple, as :meth:`LayerRecorder.finish_step_packed` returns them (and the
-    Monitor keeps them: a fifth of the model's memory)."""
-    name, type_, step, act, grad = packed
-    return LayerStats(
-        name=name,
-        type=type_,
-        step=step,
-        activation=None if act is None else ActivationStats(**dict(zip(ACTIVATION_FIELDS, act))),
-        gradient=None if grad is None else GradientStats(**dict(zip(GRADIENT_FIELDS, grad))),
+# --------------------------------------------------------------------------- reference
+
+
+def reference_activation_stats(x: torch.Tensor, unit_axis: int, bounds: tuple[float, float] | None = None) -> ActivationStats:
+    """The activation statistics of one tensor, plainly, in float64: what the fast path
+    (:func:`activation_stats_rows`) computes, without its tricks."""
+    x = x.detach().double()
+    n = x.numel()
+    per_unit = x.movedim(unit_axis, 0).reshape(x.shape[unit_axis], -1)
+    saturated = None
+    if bounds is not None:
+        low, high = bounds
+        saturated = ((x <= low + SATURATION_MARGIN) | (x >= high - SATURATION_MARGIN)).sum().item() / n
+    return ActivationStats(
+        mean=x.mean().item(),
+        std=x.std().item() if n > 1 else 0.0,
+        min=x.min().item(),
+        max=x.max().item(),
+        zero_fraction=(x == 0).sum().item() / n,
+        dead_unit_fraction=(per_unit == 0).all(dim=1).double().mean().item(),
+        saturated_fraction=saturated,
+        nonfinite_count=(~torch.isfinite(x)).sum().item(),
+        unit_count=per_unit.shape[0],
     )
+
+
+def reference_gradient_stats(g: torch.Tensor) -> GradientStats:
+    """The gradient statistics of one tensor, plainly, in float64."""
+    g = g.detach().double()
+    return GradientStats(
+        abs_mean=g.abs().mean().item(),
+        max=g.abs().max().item(),
+        norm=g.norm().item(),
+        nonfinite_count=(~torch.isfinite(g)).sum().item(),
+    )
+
+
+def reference_update_ratio(before: torch.Tensor, after: torch.Tensor) -> float:
+    """‖after − before‖ / ‖after‖: how far one optimizer step moved a parameter."""
+    before, after = before.detach().double(), after.detach().double()
+    return ((after - before).norm() / after.norm().clamp_min(1e-12)).item()
+
+
+# --------------------------------------------------------------------------- layer records
+
+
+class LayerRecord(NamedTuple):
+    """One layer's statistics at one recorded step."""
+
+    name: str
+    type: str
+    step: int | None
+    activation: ActivationRecord | None
+    gradient: GradientRecord | None
+
+    def model(self) -> LayerStats:
+        return LayerStats(
+            name=self.name,
+            type=self.type,
+            step=self.step,
+            activation=None if self.activation is None else self.activation.model(),
+            gradient=None if self.gradient is None else self.gradient.model(),
+        )
+
+    @property
+    def nonfinite(self) -> bool:
+        return any(r is not None and r.nonfinite_count for r in (self.activation, self.gradient))
 
 
 class _Slots:
-    """Persistent float32 storage for one step's copies of same-shaped tensors (a group),
-    and a scratch of the same size for the statistics' temporaries; reused every step,
-    grown by a slot when a step needs one more."""
+    """Persistent storage for one step's copies of same-shaped tensors (a group), reused
+    every step, grown by a slot when a step needs one more. float32 (float64 for float64
+    tensors): the dtype the statistics are computed in."""
 
-    def __init__(self, shape: torch.Size, device: torch.device) -> None:
-        self.shape, self.device = shape, device
-        self.data = self.scratch = torch.empty(0)
+    def __init__(self, shape: torch.Size, device: torch.device, dtype: torch.dtype) -> None:
+        self.shape, self.device, self.dtype = shape, device, dtype
+        self.data = torch.empty(0, dtype=dtype)
         self.used = 0
         self.touched = False  # used in the current step
 
     @property
     def nbytes(self) -> int:
-        return (self.data.numel() + self.scratch.numel()) * 4
+        return self.data.numel() * self.data.element_size()
 
     def put(self, sample: torch.Tensor) -> int:
         if self.used == len(self.data):
             with torch.inference_mode(False):  # buffers made during eval must be writable later
-                grown = torch.empty((self.used + 1, *self.shape), device=self.device)
+                grown = torch.empty((self.used + 1, *self.shape), device=self.device, dtype=self.dtype)
                 if self.used:
                     grown[: self.used].copy_(self.data[: self.used])
-                self.data, self.scratch = grown, torch.empty(grown.numel(), device=self.device)
-        with single_threaded(self.device):  # a 256 KiB copy on two threads waits ~60 us for the second
+                self.data = grown
+        with single_threaded(self.device):
             self.data[self.used].copy_(sample.detach())
         self.used += 1
         self.touched = True
@@ -340,20 +438,26 @@ class LayerRecorder:
     ``max_elements``) into a buffer kept for tensors of that shape; the copy keeps later
     in-place ops, such as ``ReLU(inplace=True)`` or a residual ``+=``, out of the
     statistics. The copies are reduced together, one batch of ops per shape: the
-    activations when the model's forward returns, the gradients at ``finish_step`` (and
-    everything pending as soon as it passes ``PENDING_BYTES``). The buffers are kept
-    from step to step unless they pass ``PENDING_BYTES``. On a CPU a statistic costs per
-    op and per freshly mapped page far more than per element."""
+    activations when a forward of one of ``roots`` (default: the model) returns, the
+    gradients at ``finish_step`` (and everything pending as soon as it passes
+    ``PENDING_BYTES``). The buffers are kept from step to step unless they pass
+    ``PENDING_BYTES``."""
 
     def __init__(
         self,
         model: nn.Module,
         modules: Iterable[tuple[str, nn.Module]] | None = None,
         max_elements: int | None = None,
+        roots: Iterable[nn.Module] | None = None,
+        guard: Callable[[str, Callable[..., None]], Callable[..., None]] | None = None,
     ) -> None:
         self.model = model
+        # guard(source, hook) -> a hook that never raises (the Monitor's error guard);
+        # without one a hook's exception reaches the caller (the probes catch it)
+        self._guarded = guard or (lambda _source, hook: hook)
         self.max_elements = max_elements
         self.modules = list(modules) if modules is not None else watched_modules(model)
+        self.roots = list(roots) if roots is not None else [model]
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._recording = False
         self._step: int | None = None
@@ -366,14 +470,21 @@ class LayerRecorder:
         self._where: dict[tuple[str, str], tuple[int, int, int, int]] = {}
         self._order: list[str] = []  # forward order of the recorded step
         self._types = {name: type(module).__name__ for name, module in self.modules}
-        self._gradient_hooks = {name: self._gradient_hook(name) for name, _ in self.modules}
+        self._gradient_hooks = {name: self._guarded("layer_gradient", self._gradient_hook(name)) for name, _ in self.modules}
 
     # -- lifecycle
     def attach(self) -> LayerRecorder:
+        """Hook the layers (all or none: a module that refuses a hook, a scripted one,
+        leaves nothing attached and raises)."""
         if not self._handles:
-            for name, module in self.modules:
-                self._handles.append(module.register_forward_hook(self._forward_hook(name, module)))
-            self._handles.append(self.model.register_forward_hook(lambda *_: self._reduce()))
+            try:
+                for name, module in self.modules:
+                    self._handles.append(module.register_forward_hook(self._guarded("layer_forward", self._forward_hook(name, module))))
+                for root in self.roots:
+                    self._handles.append(root.register_forward_hook(self._guarded("layer_reduce", lambda *_: self._reduce())))
+            except Exception:
+                self.detach()
+                raise
         return self
 
     def detach(self) -> None:
@@ -419,23 +530,23 @@ class LayerRecorder:
 
     def finish_step(self) -> list[LayerStats]:
         """Stop recording and return this step's statistics, fetched with one sync."""
-        return [unpack_layer(packed) for packed in self.finish_step_packed()]
+        return [record.model() for record in self.finish_step_records()]
 
-    def finish_step_packed(self) -> list[tuple]:
-        """:meth:`finish_step` as plain tuples (see :func:`unpack_layer`), without
-        building the report models."""
+    def finish_step_records(self) -> list[LayerRecord]:
+        """:meth:`finish_step` as :class:`LayerRecord` s, without building the report
+        models (the Monitor keeps these: a fifth of the models' memory)."""
         self._recording = False
         self._reduce()
         # buffers of shapes this step did not have (variable batch or sequence lengths) go
         self._slots = {group: slots for group, slots in self._slots.items() if slots.touched}
         if self.workspace_bytes > PENDING_BYTES:
             self._slots.clear()
-        flat = torch.cat([rows.reshape(-1).to(self._rows[0][0].device) for rows, _ in self._rows]).tolist() if self._rows else []
+        flat = torch.cat([rows.reshape(-1).to(self._rows[0][0].device, torch.float64) for rows, _ in self._rows]).tolist() if self._rows else []
         starts = [0]
         for rows, _ in self._rows:
             starts.append(starts[-1] + rows.numel())
 
-        def values(kind: str, name: str) -> tuple | None:
+        def fields(kind: str, name: str) -> ActivationRecord | GradientRecord | None:
             where = self._where.get((kind, name))
             if where is None:
                 return None
@@ -445,21 +556,22 @@ class LayerRecorder:
             fetched = dict(zip(columns, flat[start:start + len(columns)]))
             return (activation_fields if kind == "act" else gradient_fields)(fetched, n, extra)
 
-        packed = [(name, self._types[name], self._step, values("act", name), values("grad", name)) for name in self._order]
+        records = [LayerRecord(name, self._types[name], self._step, fields("act", name), fields("grad", name)) for name in self._order]
         self._rows.clear()
         self._where.clear()
-        return packed
+        return records
 
     def _keep(self, kind: str, name: str, sample: torch.Tensor, group: tuple, n: int, extra: int) -> None:
         """Copy ``sample`` into its group's buffer for the next reduction (a module
         called twice in one step: the last call wins)."""
-        if self._pending_bytes + 4 * sample.numel() > PENDING_BYTES:
+        nbytes = sample.numel() * (8 if group[-1] == torch.float64 else 4)
+        if self._pending_bytes + nbytes > PENDING_BYTES:
             self._reduce()
         slots = self._slots.get(group)
         if slots is None:
-            slots = self._slots[group] = _Slots(sample.shape, sample.device)
+            slots = self._slots[group] = _Slots(sample.shape, sample.device, group[-1])
         self._pending[kind, name] = (group, slots.put(sample), n, extra)
-        self._pending_bytes += 4 * sample.numel()
+        self._pending_bytes += nbytes
 
     def _reduce(self) -> None:
         """Reduce every pending copy, one batch of ops per group of same-shaped tensors."""
@@ -473,11 +585,8 @@ class LayerRecorder:
                 if not slots.used:
                     continue
                 kind, unit_axis, bounds = group[:3]
-                batch, scratch = slots.data[: slots.used], slots.scratch[: slots.used * math.prod(slots.shape)]
-                if kind == "act":
-                    rows = activation_stats_rows(batch, unit_axis + 1, bounds, scratch)
-                else:
-                    rows = gradient_stats_rows(batch, scratch)
+                batch = slots.data[: slots.used]
+                rows = activation_stats_rows(batch, unit_axis + 1, bounds) if kind == "act" else gradient_stats_rows(batch)
                 reduced[group] = len(self._rows)
                 self._rows.append(rows)
                 slots.used = 0
@@ -497,7 +606,7 @@ class LayerRecorder:
                 self._order.append(name)
             x, unit_axis = _with_units(out, unit_dim(module, out))
             sample = leading_samples(x, self.max_elements)
-            group = ("act", unit_axis, bounds, sample.shape, sample.device)
+            group = ("act", unit_axis, bounds, sample.shape, sample.device, statistics_dtype(sample.dtype))
             self._keep("act", name, sample, group, sample.numel(), sample.shape[unit_axis])
             if out.requires_grad:
                 out.register_hook(self._gradient_hooks[name])
@@ -505,10 +614,12 @@ class LayerRecorder:
         return hook
 
     def _gradient_hook(self, name: str):
-        def hook(grad: torch.Tensor) -> None:
-            if self._recording or ("grad", name) not in self._where:
+        def hook(grad: torch.Tensor | None) -> None:
+            # None: an output that got no gradient in this pass (the unused state of a
+            # recurrent layer whose graph was retained from an earlier step)
+            if grad is not None and (self._recording or ("grad", name) not in self._where):
                 sample = leading_samples(grad, self.max_elements)
-                group = ("grad", None, None, sample.shape, sample.device)
+                group = ("grad", None, None, sample.shape, sample.device, statistics_dtype(sample.dtype))
                 self._keep("grad", name, sample, group, sample.numel(), grad.numel())
 
         return hook
@@ -524,25 +635,57 @@ def _with_units(x: torch.Tensor, unit_axis: int) -> tuple[torch.Tensor, int]:
     return x, unit_axis
 
 
+# --------------------------------------------------------------------------- parameters
+
+
+def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
 def snapshot_parameters(
-    model: nn.Module, max_elements: int | None = None, into: dict[str, torch.Tensor] | None = None
+    model: nn.Module | list[tuple[str, torch.Tensor]],
+    max_elements: int | None = None,
+    into: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Detached copies of trainable parameters (or of an evenly spread sample of
-    at most ``max_elements`` of each), to measure an optimizer step's update.
-    ``into``: an earlier snapshot to overwrite when it still fits (the Monitor takes
-    one every recorded step; new memory would cost a page fault per 4 KiB)."""
-    samples = {n: flat_sample(p, max_elements) for n, p in model.named_parameters() if p.requires_grad}
+    """Detached copies of trainable parameters (a model's, or the given named ones), or
+    of an evenly spread sample of at most ``max_elements`` of each, to measure an
+    optimizer step's update. Copies of half-precision parameters are float32, so the
+    update (a small difference of two close values) is not rounded to their few bits.
+    ``into``: an earlier snapshot to overwrite when it still fits (the Monitor takes one
+    every recorded step, and reuses the memory)."""
+    named = trainable(model) if isinstance(model, nn.Module) else model
+    samples = {n: flat_sample(p, max_elements) for n, p in named}
     if not samples:
         return {}
     with single_threaded(next(iter(samples.values())).device):
         fits = into is not None and list(into) == list(samples) and all(
-            into[n].shape == s.shape and into[n].dtype == s.dtype and into[n].device == s.device
+            into[n].shape == s.shape and into[n].dtype == statistics_dtype(s.dtype) and into[n].device == s.device
             for n, s in samples.items()
         )
         if not fits:
-            return {n: s.clone() for n, s in samples.items()}
+            return {n: s.to(statistics_dtype(s.dtype), copy=True) for n, s in samples.items()}
         torch._foreach_copy_(list(into.values()), list(samples.values()))
         return into
+
+
+class ParameterRecord(NamedTuple):
+    """One parameter's norms at one recorded step (see :class:`ParameterStats`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    step: int | None
+    requires_grad: bool
+    weight_norm: float
+    grad_norm: float | None
+    update_ratio: float | None
+
+    def model(self) -> ParameterStats:
+        return ParameterStats(name=self.name, shape=list(self.shape), step=self.step, requires_grad=self.requires_grad,
+                              weight_norm=self.weight_norm, grad_norm=self.grad_norm, update_ratio=self.update_ratio)
+
+    @property
+    def nonfinite(self) -> bool:
+        return not math.isfinite(self.weight_norm) or (self.grad_norm is not None and not math.isfinite(self.grad_norm))
 
 
 def parameter_stats(
@@ -559,19 +702,20 @@ def parameter_stats(
     snapshot is spent (overwritten with the update).
     ``grad_norms``: per-parameter gradient norms already computed for this step (the
     Monitor has them from the end of backward), to save a pass over the gradients."""
-    return [unpack_parameter(p) for p in parameter_stats_packed(model, before, step, max_elements, grad_norms)]
+    named = list(model.named_parameters())
+    return [r.model() for r in parameter_records(named, before, step, max_elements, grad_norms)]
 
 
-def parameter_stats_packed(
-    model: nn.Module,
+def parameter_records(
+    named: list[tuple[str, torch.Tensor]],
     before: dict[str, torch.Tensor] | None = None,
     step: int | None = None,
     max_elements: int | None = None,
     grad_norms: dict[str, torch.Tensor] | None = None,
-) -> list[tuple]:
-    """:func:`parameter_stats` as plain tuples (see :func:`unpack_parameter`). Each kind
-    of norm is one foreach call over all parameters, not an op per parameter."""
-    named = list(model.named_parameters())
+) -> list[ParameterRecord]:
+    """:func:`parameter_stats` over the given named parameters, as records. Each kind of
+    norm is one foreach call over all parameters, not an op per parameter;
+    :func:`reference_update_ratio` is the ratio, plainly."""
     if not named:
         return []
     device = named[0][1].device
@@ -579,20 +723,19 @@ def parameter_stats_packed(
     # every norm goes into one list, stacked and fetched once; which entries a parameter
     # has (and the ratio's division) is bookkeeping on the host
     with single_threaded(device):
-        norms = list(torch._foreach_norm(weights, 2, dtype=torch.float32))
+        all_norms = norms(weights)
         grad_at: dict[int, int] = {}
         measure = []
         for i, (n, p) in enumerate(named):
             known = grad_norms.get(n) if grad_norms is not None and p.grad is not None else None
             if known is not None:
-                grad_at[i] = len(norms)
-                norms.append(known)
+                grad_at[i] = len(all_norms)
+                all_norms.append(known)
             elif p.grad is not None:
                 measure.append(i)
-        if measure:
-            for i, norm in zip(measure, torch._foreach_norm([named[i][1].grad.detach() for i in measure], 2, dtype=torch.float32)):
-                grad_at[i] = len(norms)
-                norms.append(norm)
+        for i, norm in zip(measure, norms([named[i][1].grad.detach() for i in measure])):
+            grad_at[i] = len(all_norms)
+            all_norms.append(norm)
         ratio_at: dict[int, tuple[int, int]] = {}  # parameter -> (update norm, weight norm of the same elements)
         compared = [i for i, (n, _) in enumerate(named) if before is not None and n in before]
         if compared:
@@ -601,19 +744,19 @@ def parameter_stats_packed(
             sampled = [j for j, i in enumerate(compared) if nows[j].numel() != weights[i].numel()]
             # a sampled ratio's denominator is the norm of the same elements before the step,
             # read from the contiguous snapshot: a pass over the strided sample of the live
-            # weights costs 5x. (Before or after differ by at most the update itself.)
-            sample_norms = torch._foreach_norm([spent[j] for j in sampled], 2, dtype=torch.float32) if sampled else []
-            torch._foreach_sub_(spent, nows)  # before - after: the update, negated
-            updates = torch._foreach_norm(spent, 2, dtype=torch.float32)
-            scale_at = dict(zip(sampled, range(len(norms) + len(updates), len(norms) + len(updates) + len(sampled))))
+            # weights costs several times more (before or after differ by at most the update)
+            sample_norms = norms([spent[j] for j in sampled]) if sampled else []
+            torch._foreach_sub_(spent, [now.to(s.dtype) for now, s in zip(nows, spent)])  # before - after
+            updates = norms(spent)
+            scale_at = dict(zip(sampled, range(len(all_norms) + len(updates), len(all_norms) + len(updates) + len(sampled))))
             for j, (i, update) in enumerate(zip(compared, updates)):
-                ratio_at[i] = (len(norms) + j, scale_at.get(j, i))
-            norms += [*updates, *sample_norms]
-        values = torch.stack([n if n.device == device else n.to(device) for n in norms]).tolist()
-    packed = []
+                ratio_at[i] = (len(all_norms) + j, scale_at.get(j, i))
+            all_norms += [*updates, *sample_norms]
+        values = torch.stack([v.to(device, torch.float64) for v in all_norms]).tolist()
+    records = []
     for i, (n, p) in enumerate(named):
         ratio = ratio_at.get(i)
-        packed.append((
+        records.append(ParameterRecord(
             n,
             tuple(p.shape),
             step,
@@ -622,14 +765,7 @@ def parameter_stats_packed(
             values[grad_at[i]] if i in grad_at else None,
             None if ratio is None else values[ratio[0]] / max(values[ratio[1]], 1e-12),
         ))
-    return packed
-
-
-def unpack_parameter(packed: tuple) -> ParameterStats:
-    """The :class:`ParameterStats` of a tuple from :func:`parameter_stats_packed`."""
-    name, shape, step, requires_grad, weight_norm, grad_norm, update_ratio = packed
-    return ParameterStats(name=name, shape=list(shape), step=step, requires_grad=requires_grad,
-                          weight_norm=weight_norm, grad_norm=grad_norm, update_ratio=update_ratio)
+    return records
 
 
 def summarize_model(model: nn.Module, forward_order: list[str] | None = None) -> ModelSummary:

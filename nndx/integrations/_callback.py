@@ -20,8 +20,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from nndx.collector.merge import merge_monitor
 from nndx.integrations._common import save_artifacts
+from nndx.integrations.monitor import Monitor
 from nndx.report import SEVERITY_ORDER, DiagnosticReport, ErrorRecord, Finding
+from nndx.rules.live import TrainingFailure
 
 logger = logging.getLogger("nndx")
 
@@ -59,7 +62,7 @@ def innermost_optimizer(optimizer: Any) -> Any:
 class TrainingSession:
     """One training run seen by a framework callback.
 
-    ``monitor_options`` go to :class:`~nndx.collector.monitor.Monitor` (e.g.
+    ``monitor_options`` go to :class:`~nndx.integrations.monitor.Monitor` (e.g.
     ``every=10``); ``preflight_options`` to :func:`nndx.probe`, keyed by probe name
     (e.g. ``{"overfit_one_batch": {"steps": 50}}``).
 
@@ -129,8 +132,6 @@ class TrainingSession:
         if self.monitor is not None:
             return
         try:
-            from nndx.collector.monitor import Monitor
-
             options = {"name": name, **self.monitor_options, "on_finding": self._on_finding}
             self.monitor = Monitor(model, innermost_optimizer(optimizer), **options)
         except Exception as exc:  # noqa: BLE001
@@ -150,8 +151,6 @@ class TrainingSession:
             return False
         if not self._stop_recorded:
             self._stop_recorded = True
-            from nndx.collector.monitor import TrainingFailure
-
             failure = TrainingFailure(self.stop_findings)
             self.errors.append(ErrorRecord.of(f"{self.source}.stop_on", failure))
             logger.error("%s (stop_on=%r); asking the %s trainer to stop", failure, self.stop_on, self.source)
@@ -180,9 +179,7 @@ class TrainingSession:
                 if self.preflight_report is None:
                     report = watched
                 else:
-                    from nndx.collector.probe import _merge_monitor
-
-                    _merge_monitor(report, watched)
+                    merge_monitor(report, watched)
             except Exception as exc:  # noqa: BLE001
                 self.record_error("report", exc)
         report.errors = [*report.errors, *self.errors]

@@ -620,3 +620,114 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
             score=1.0,
         )
     return None
+
+
+# --------------------------------------------------------------------------- loops nobody here wrote
+
+
+@rule(
+    "NNDX320",
+    C.GRAPH_RETAINED,
+    "warning",
+    "The autograd graph is kept alive across steps and grows",
+    detects="At least 4 recorded steps where the autograd graph behind the model's outputs holds nodes "
+    "created at an earlier step (at 2 or more of them), and grows at each of the last 4 to at least 1.5x its "
+    "first size; error from 3x or when the bounded walk hit its cap. A recurrent state detached each "
+    "batch (truncated BPTT), or a graph that varies in size, does not fire.",
+    why="A tensor carried from step to step without .detach() (an RNN hidden state, a running sum of "
+    "losses) links every new graph to all the old ones: memory and step time grow with every step until "
+    "the run dies, and backward needs retain_graph=True to run at all.",
+    fix="Detach what crosses steps: hidden = hidden.detach() (repackage_hidden) at each batch; log "
+    "loss.item() instead of summing loss tensors; drop retain_graph=True.",
+)
+def graph_retained(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    points = sorted(loop.graph_nodes_history, key=lambda p: p.step) if loop is not None else []
+    if len(points) < 4 or sum(1 for p in points if p.earlier_nodes > 0) < 2:
+        return None
+    tail = points[-4:]
+    growing = all(b.nodes > a.nodes or b.truncated for a, b in zip(tail, tail[1:]))
+    first, last = points[0], points[-1]
+    if not growing or last.nodes < 1.5 * max(first.nodes, 1):
+        return None
+    growth = last.nodes / max(first.nodes, 1)
+    return Hit(
+        symptom=f"the autograd graph grew from {first.nodes} nodes at step {first.step} to "
+        f"{'at least ' if last.truncated else ''}{last.nodes} at step {last.step}, reaching back to earlier steps",
+        evidence={
+            "graph_nodes_first": first.nodes,
+            "graph_nodes_last": last.nodes,
+            "first_step": first.step,
+            "last_step": last.step,
+            "earlier_nodes_last": last.earlier_nodes,
+            "walk_truncated": last.truncated,
+        },
+        severity="error" if growth >= 3 or last.truncated else "warning",
+        score=1.0 + min(3.0, math.log10(growth) * 2),
+        step=next((p.step for p in points if p.earlier_nodes > 0), None),
+    )
+
+
+@rule(
+    "NNDX321",
+    C.OPTIMIZER_NOT_CONNECTED,
+    "error",
+    "No optimizer step: backward passes, but the parameters are never updated",
+    detects="At least 10 backward passes in a loop the Monitor watched and no optimizer.step() call (in a "
+    "loop without an optimizer: no parameter update detected after any of them).",
+    why="The gradients are computed and thrown away: optimizer.step() is missing (or never reached), so "
+    "the model stays at its initialisation however long it trains.",
+    fix="Call optimizer.step() after loss.backward() in every iteration (and after any gradient clipping); "
+    "in a hand-written update, change the parameters in place under torch.no_grad().",
+)
+def no_optimizer_step(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or loop.optimizers is None or loop.steps > 0 or loop.backward_calls < 10:
+        return None
+    what = "optimizer.step() calls" if loop.optimizers else "parameter updates"
+    return Hit(
+        symptom=f"{loop.backward_calls} backward passes and 0 {what}",
+        evidence={"backward_calls": loop.backward_calls, "steps": loop.steps, "optimizers": loop.optimizers},
+        score=3.0,
+    )
+
+
+@rule(
+    "NNDX322",
+    C.OPTIMIZER_NOT_CONNECTED,
+    "warning",
+    "Trainable parameters never changed",
+    detects="After at least 5 steps, trainable parameters whose values equal those when the Monitor attached, "
+    "leaving out those NNDX303/NNDX304 already name (not in the optimizer, no gradient). Error when they are "
+    "at least half of the trainable tensors; under half, only those whose recorded gradient norm reached "
+    "1e-3 of their weight norm (a bias before batch-norm gets a vanishing gradient and rightly stays).",
+    why="They receive gradients but no update reaches them: gradients zeroed between backward and step, a "
+    "learning rate of 0 for their group, or a hand-written update loop that skips them.",
+    fix="Call optimizer.zero_grad() before backward, not between backward and step; check each param group's "
+    "lr; in a hand-written update, loop over every trainable parameter.",
+    explained_by=(C.DEAD_RELU, C.LR_SCHEDULE_MISUSE),
+)
+def params_never_changed(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or not loop.params_never_changed or loop.steps < 5:
+        return None
+    named_elsewhere = {*loop.params_not_in_optimizer, *loop.params_grad_none, *loop.frozen_params}
+    names = [n for n in loop.params_never_changed if n not in named_elsewhere]
+    trainable = {p.name for p in report.parameters if p.requires_grad} | set(names)
+    share = len(names) / len(trainable) if trainable and report.parameters else None
+    severe = share is None or share >= 0.5
+    if not severe:
+        relative_grad: dict[str, float] = {}
+        for p in report.parameters:
+            if p.grad_norm is not None and math.isfinite(p.grad_norm) and p.weight_norm > 0:
+                relative_grad[p.name] = max(relative_grad.get(p.name, 0.0), p.grad_norm / p.weight_norm)
+        names = [n for n in names if relative_grad.get(n, 0.0) >= 1e-3]
+    if not names:
+        return None
+    return Hit(
+        symptom=f"{len(names)} trainable parameters unchanged after {loop.steps} steps",
+        evidence={"params_never_changed": names[:20], "count": len(names), "share_of_trainable": share,
+                  "steps": loop.steps},  # fmt: skip
+        severity="error" if severe else "warning",
+        score=1.0 + (share if share is not None else 1.0),
+    )

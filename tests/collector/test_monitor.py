@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 import nndx
-from nndx.collector import monitor as monitor_module
-from nndx.collector.monitor import Monitor, TrainingFailure, _History, watch
+from nndx.collector.watch import History as _History
+from nndx.collector.watch import layers as layers_module
+from nndx.integrations.monitor import Monitor, TrainingFailure, watch
 from nndx.report import CauseCode, DiagnosticReport, Finding
 
 STEPS = 6
@@ -152,7 +153,7 @@ def test_a_failing_hook_is_recorded_and_training_goes_on(monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("snapshot exploded")
 
-    monkeypatch.setattr(monitor_module, "snapshot_parameters", broken)
+    monkeypatch.setattr(layers_module, "snapshot_parameters", broken)
     model, opt, mon = monitored(every=1)
     report = train(model, opt, mon)
     mon.close()
@@ -558,6 +559,7 @@ def test_closure_step_backward_inside_optimizer_step_is_seen():
     loop = mon.report().loop
     mon.close()
     assert (loop.steps, loop.backward_calls, loop.zero_grad_calls) == (STEPS,) * 3
+    assert loop.backward_calls_in_step == STEPS  # inside optimizer.step(closure): not accumulation
     assert [p.step for p in loop.grad_norm_history] == list(range(STEPS))
     assert all(p.before_clip > 0 and p.after_clip is None for p in loop.grad_norm_history)
 
@@ -599,3 +601,13 @@ def test_sampled_layer_statistics_estimate_the_whole_batch():
     for name in exact:
         ratio = sampled[name].gradient.norm / exact[name].gradient.norm
         assert 0.6 < ratio < 1.6, (name, ratio)  # scaled to the whole batch, not 1/sqrt(8) of it
+
+
+def test_relu_on_logits_and_target_scale_are_seen_at_the_loss():
+    (clipped,) = loss_calls(nn.CrossEntropyLoss(), lambda out: torch.relu(out))
+    assert 0.2 < clipped.output_zero_fraction < 0.8 and clipped.output_min == 0.0
+    (healthy,) = loss_calls(nn.CrossEntropyLoss())
+    assert healthy.output_zero_fraction == 0.0 and healthy.target_mean is None  # integer targets: no scale
+    (regression,) = loss_calls(nn.MSELoss(), lambda out: out.squeeze(1), lambda y: y.float() * 1000 + 5000, out_features=1)
+    assert regression.target_mean == pytest.approx(5000 + 1000 * batch()[1].float().mean().item(), rel=1e-5)
+    assert regression.target_std == pytest.approx(1000 * batch()[1].float().std().item(), rel=1e-5)

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from nndx.collector.monitor import LIVE_RULES, Monitor, TrainingFailure
+from nndx.integrations.monitor import Monitor, TrainingFailure
+from nndx.rules.live import LIVE_RULES
 from nndx.rules import REGISTRY
 
 

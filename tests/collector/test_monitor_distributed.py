@@ -19,8 +19,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from nndx.collector.distributed import merge_reports
-from nndx.collector.monitor import Monitor
+from nndx.collector.merge import merge_ranks
+from nndx.integrations.monitor import Monitor
 from nndx.report import ActivationStats, DiagnosticReport, LayerStats, LoopStats, LossPoint, ScalarPoint
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
@@ -66,7 +66,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
                 opt.step()
                 mon.log(loss)
             results[scenario] = mon.report().model_dump_json()
-            results[f"{scenario}_local"] = mon._local_report().model_dump_json()
+            results[f"{scenario}_local"] = mon.local_report().model_dump_json()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
@@ -125,14 +125,14 @@ def test_merge_reports_combines_ranks():
             loop=LoopStats(steps=3, params_grad_none=grad_none, input_norm_history=[ScalarPoint(step=0, value=input_norm)]),
         )
 
-    merged = merge_reports([report(1.0, 0.5, 3.0, ["a"]), report(3.0, 0.25, 0.0, ["b"])])
+    merged = merge_ranks([report(1.0, 0.5, 3.0, ["a"]), report(3.0, 0.25, 0.0, ["b"])])
     assert merged.loss_history["train"][0].value == 2.0
     layer = merged.layers[0].activation
     assert (layer.mean, layer.min, layer.max, layer.dead_unit_fraction, layer.nonfinite_count) == (2.0, -3.0, 3.0, 0.25, 2)
     assert merged.loop.world_size == 2 and merged.loop.steps == 3
     assert merged.loop.input_norm_history[0].value == 0.0  # the zeroed batch on rank 1 shows
     assert merged.loop.params_grad_none == ["a", "b"]
-    nan_merged = merge_reports([report(float("nan"), 0.0, 1.0, []), report(1.0, 0.0, 1.0, [])])
+    nan_merged = merge_ranks([report(float("nan"), 0.0, 1.0, []), report(1.0, 0.0, 1.0, [])])
     assert math.isnan(nan_merged.loss_history["train"][0].value)
     with pytest.raises(ValueError):
-        merge_reports([])
+        merge_ranks([])

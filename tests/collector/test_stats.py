@@ -159,7 +159,7 @@ def test_recorded_statistics_equal_direct_computation_across_steps(monkeypatch):
 def test_update_ratio_exact_over_consecutive_recorded_steps(max_elements):
     """Whole parameters: ||w_after - w_before|| / ||w_after||. Sampled (64 elements of the
     16x16 weights): the same elements' update over their norm before the step."""
-    from nndx.collector.monitor import Monitor
+    from nndx.integrations.monitor import Monitor
     from nndx.collector.stats import flat_sample
 
     torch.manual_seed(0)
@@ -183,3 +183,193 @@ def test_update_ratio_exact_over_consecutive_recorded_steps(max_elements):
     assert any(p.numel() > 64 for p in model.parameters())
     for p in report.parameters:
         assert p.update_ratio == pytest.approx(expected[p.step][p.name], rel=1e-4), (p.step, p.name)
+
+
+# ---------------------------------------------------------------- the fast path agrees with the reference
+
+import hypothesis.strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from nndx.collector.stats import (  # noqa: E402
+    activation_fields,
+    activation_stats_rows,
+    gradient_fields,
+    gradient_stats_rows,
+    reference_activation_stats,
+    reference_gradient_stats,
+    reference_update_ratio,
+    statistics_dtype,
+)
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def agree(fast: float | None, reference: float | None, scale: float, dtype: torch.dtype) -> bool:
+    """Equal within the rounding of the dtype the fast path computes in (float32, or
+    float64 for float64 tensors), relative to the tensor's magnitude; NaN agrees with NaN."""
+    if fast is None or reference is None:
+        return fast is reference
+    if math.isnan(fast) or math.isnan(reference):
+        return math.isnan(fast) and math.isnan(reference)
+    if math.isinf(fast) or math.isinf(reference):
+        return fast == reference
+    info = torch.finfo(statistics_dtype(dtype))
+    # below sqrt(tiny) a square underflows in the fast path's dtype (a norm of 1e-27s is 0 in float32)
+    floor = math.sqrt(info.tiny)
+    return math.isclose(fast, reference, rel_tol=1e3 * info.eps, abs_tol=max(1e3 * info.eps * scale, floor))
+
+
+@st.composite
+def tensors(draw, max_dims: int = 4):
+    """A batch of 1-3 same-shaped tensors of a random dtype and shape, with dead units,
+    exact zeros, values near the saturation bounds and NaN / Inf planted at random."""
+    dtype = draw(st.sampled_from(DTYPES))
+    ndim = draw(st.integers(2, max_dims))
+    shape = draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim))
+    k = draw(st.integers(1, 3))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    x = torch.randn(k, *shape, generator=g, dtype=torch.float64) * 10 ** draw(st.floats(-3, 3))
+    if draw(st.booleans()):
+        x = x.clamp_min(0)  # a ReLU output: half zeros
+    if draw(st.booleans()):
+        x = torch.sigmoid(x * 100)  # mostly saturated
+    unit_axis = draw(st.integers(1, ndim))  # an axis of each member (axis 0 of x is the member)
+    if draw(st.booleans()):
+        x.select(unit_axis, 0).zero_()  # unit 0 dead in every member
+    flat = x.view(-1)
+    for value in draw(st.lists(st.sampled_from([math.nan, math.inf, -math.inf, 0.0]), max_size=3)):
+        flat[int(torch.randint(flat.numel(), (1,), generator=g))] = value
+    return x.to(dtype), unit_axis, draw(st.sampled_from([None, (0.0, 1.0), (-1.0, 1.0)]))
+
+
+def finite_scale(x: torch.Tensor) -> float:
+    finite = x.double()[torch.isfinite(x.double())]
+    return finite.abs().max().item() if finite.numel() else 1.0
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tensors())
+def test_activation_fast_path_agrees_with_reference(case):
+    x, unit_axis, bounds = case
+    rows, columns = activation_stats_rows(x.to(statistics_dtype(x.dtype)), unit_axis, bounds)
+    member_shape = x.shape[1:]
+    for member, row in zip(x, rows.tolist()):
+        fast = activation_fields(dict(zip(columns, row)), member.numel(), member_shape[unit_axis - 1])
+        reference = reference_activation_stats(member, unit_axis - 1, bounds).model_dump()
+        scale = finite_scale(member)
+        for field, value in reference.items():
+            assert agree(getattr(fast, field), value, scale, x.dtype), (field, fast, value, x.dtype)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tensors())
+def test_gradient_fast_path_agrees_with_reference(case):
+    g, _, _ = case
+    rows, columns = gradient_stats_rows(g.to(statistics_dtype(g.dtype)))
+    for member, row in zip(g, rows.tolist()):
+        fast = gradient_fields(dict(zip(columns, row)), member.numel(), member.numel())
+        reference = reference_gradient_stats(member).model_dump()
+        for field, value in reference.items():
+            assert agree(getattr(fast, field), value, finite_scale(member), g.dtype), (field, fast, value, g.dtype)
+
+
+class InPlace(nn.Module):
+    """In-place ops after the hooks ran: a ReLU(inplace=True) rewrites the Linear's
+    output, and ``+=`` the head's. The statistics must be those of each output as its
+    module returned it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 12)
+        self.act = nn.ReLU(inplace=True)
+        self.out = nn.Linear(12, 3)
+
+    def forward(self, x):
+        y = self.out(self.act(self.fc(x)))
+        y += 5.0
+        return y
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_recorder_agrees_with_reference_for_each_dtype_and_in_place_ops(dtype):
+    torch.manual_seed(0)
+    model = InPlace().to(dtype)
+    outputs, grads, handles = reference_record(model, None, None)
+    x = torch.randn(16, 6, dtype=dtype)
+    with LayerRecorder(model) as recorder:
+        recorder.start_step(0)
+        model(x).float().sum().backward()
+        recorded = {s.name: s for s in recorder.finish_step()}
+    for h in handles:
+        h.remove()
+    assert set(recorded) == {"fc", "act", "out"}
+    for name, out in outputs.items():
+        axis = out.dim() - 1
+        fast, reference = recorded[name].activation.model_dump(), reference_activation_stats(out, axis).model_dump()
+        for field, value in reference.items():
+            assert agree(fast[field], value, finite_scale(out), dtype), (name, field, fast[field], value)
+        fast, reference = recorded[name].gradient.model_dump(), reference_gradient_stats(grads[name]).model_dump()
+        for field, value in reference.items():
+            assert agree(fast[field], value, finite_scale(grads[name]), dtype), (name, field, fast[field], value)
+    assert recorded["fc"].activation.min < 0  # before the in-place ReLU
+    assert abs(recorded["out"].activation.mean) < 2  # before the in-place += 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("max_elements", [None, 32])
+def test_update_ratio_agrees_with_reference_for_each_dtype(dtype, max_elements):
+    from nndx.collector.stats import flat_sample
+
+    torch.manual_seed(0)
+    model = mlp().to(dtype)
+    before = snapshot_parameters(model, max_elements)
+    assert all(t.dtype == statistics_dtype(dtype) for t in before.values())  # half types copied to float32
+    old = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(torch.randn(8, 8, dtype=dtype)).float().sum().backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    stats = {s.name: s for s in parameter_stats(model, before, step=1, max_elements=max_elements)}
+    for name, p in model.named_parameters():
+        now, was = flat_sample(p, max_elements), flat_sample(old[name], max_elements)
+        if now.numel() == p.numel():
+            expected = reference_update_ratio(was, now)
+        else:  # sampled: the same elements' update over their norm before the step
+            expected = ((now.double() - was.double()).norm() / was.double().norm()).item()
+        assert stats[name].update_ratio == pytest.approx(expected, rel=1e-3, abs=1e-7), name
+        assert stats[name].weight_norm == pytest.approx(p.double().norm().item(), rel=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_monitor_and_hooks_probe_measure_models_of_each_dtype(dtype):
+    from nndx.collector.probes.layer_stats import hook_statistics
+    from nndx.integrations.monitor import Monitor
+
+    model = mlp().to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8, dtype=dtype), torch.randint(0, 3, (32,))
+    with Monitor(model, opt, every=1, alert_every=0) as mon:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+            loss.backward()
+            opt.step()
+            mon.log(loss)
+    report = mon.report()
+    assert report.errors == []
+    assert {s.step for s in report.layers} == {0, 1, 2} and len(report.parameters) == 3 * 6
+    assert all(math.isfinite(s.activation.std) and s.gradient.norm > 0 for s in report.layers)
+    assert all(p.update_ratio > 0 for p in report.parameters)
+    assert all(p.before_clip > 0 for p in report.loop.grad_norm_history) and report.run.dtype == str(dtype)[6:]
+    # with the user's SGD (Adam's eps underflows in float16: its step makes Inf weights)
+    probed = hook_statistics(model, (x, y), lambda out, t: nn.functional.cross_entropy(out.float(), t), optimizer=opt)
+    assert len(probed.layers) == 5 and all(p.update_ratio is not None and p.update_ratio > 0 for p in probed.parameters)
+
+
+def test_records_name_every_field_of_their_report_model():
+    """Records are converted by field name: a field renamed in the report model fails
+    loudly here instead of shifting values into the wrong fields."""
+    from nndx.collector.stats import ActivationRecord, GradientRecord, LayerRecord, ParameterRecord
+    from nndx.report import ActivationStats, GradientStats, LayerStats, ParameterStats
+
+    for record, model in ((ActivationRecord, ActivationStats), (GradientRecord, GradientStats),
+                          (LayerRecord, LayerStats), (ParameterRecord, ParameterStats)):
+        assert set(record._fields) == set(model.model_fields), record.__name__

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from nndx.collector.monitor import Monitor
+from nndx.integrations.monitor import Monitor
 
 from . import wandb_files
 from .conftest import DEAD_UNITS, HIDDEN, tiny_model

@@ -13,6 +13,7 @@ from nndx.report import (
     GradCheckParam,
     GradCheckResult,
     GradNormPoint,
+    GraphPoint,
     InterventionResult,
     Interventions,
     LabelAlignmentResult,
@@ -237,6 +238,12 @@ def narrow_model() -> DiagnosticReport:
     return update(model=mlp_model(layers=layers), parameters=[], **train(flat(4, level=1.9)))
 
 
+def graph_growing() -> DiagnosticReport:
+    """A hidden state carried without .detach(): each recorded step's graph reaches back."""
+    history = [GraphPoint(step=s, nodes=8 + 6 * s, earlier_nodes=6 * s) for s in range(0, 50, 5)]
+    return with_loop(BASE, graph_nodes_history=history, optimizers=["SGD"])
+
+
 BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX101": lambda: update(**train([math.inf] + noisy_decreasing(0)[1:])),
     "NNDX110": lambda: update(**train([math.nan] * 30)),
@@ -314,4 +321,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX709": lambda: error("Function 'LogBackward0' returned nan values in its 0th output."),
     "NNDX710": lambda: error("Function 'DivBackward0' returned nan values in its 1th output."),
     "NNDX711": lambda: error("Function 'ExpBackward0' returned nan values in its 0th output."),
+    "NNDX320": graph_growing,
+    "NNDX321": lambda: with_loop(BASE, steps=0, backward_calls=200, optimizers=["SGD"]),
+    "NNDX322": lambda: with_loop(BASE, optimizers=["SGD"], params_never_changed=[p.name for p in BASE.parameters if p.step == BASE.parameters[0].step]),
 }

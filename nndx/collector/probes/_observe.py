@@ -48,7 +48,7 @@ from nndx.collector.stats import (
     gradient_fields,
     gradient_stats_rows,
 )
-from nndx.report import ActivationStats, GradientStats, LayerStats, ModelSummary
+from nndx.report import ActivationStats, LayerStats, ModelSummary
 
 # spellings of one op, under the name the rules read
 OP_ALIASES = {"__truediv__": "div", "__rtruediv__": "div", "__rdiv__": "div", "__itruediv__": "div",
@@ -245,9 +245,9 @@ class ForwardObserver(TorchFunctionMode):
     def _measure(self, call: Call, t: torch.Tensor) -> None:
         x, unit_axis = _with_units(t.detach())
         bounds = call.kind.bounds if call.kind is not None and not call.kind.over_classes else None
-        rows, columns = activation_stats_rows(x[None], unit_axis + 1, bounds, torch.empty(x.numel(), device=x.device))
+        rows, columns = activation_stats_rows(x[None], unit_axis + 1, bounds)
         values = dict(zip(columns, rows[0].tolist()))
-        act = ActivationStats(**dict(zip(ActivationStats.model_fields, activation_fields(values, x.numel(), x.shape[unit_axis]))))
+        act = activation_fields(values, x.numel(), x.shape[unit_axis]).model()
         grads: list[torch.Tensor] = []
         if t.requires_grad:
             t.register_hook(lambda g: grads.append(g.detach().clone()) if not grads else None)
@@ -265,9 +265,9 @@ class ForwardObserver(TorchFunctionMode):
             gradient = None
             if grads:
                 g = grads[0].reshape(1, -1)
-                rows, columns = gradient_stats_rows(g, torch.empty(g.numel(), device=g.device))
+                rows, columns = gradient_stats_rows(g)
                 values = dict(zip(columns, rows[0].tolist()))
-                gradient = GradientStats(**dict(zip(GradientStats.model_fields, gradient_fields(values, g.numel(), g.numel()))))
+                gradient = gradient_fields(values, g.numel(), g.numel()).model()
             out.append(LayerStats(name=call.name, type=call.kind.name, step=step, activation=act, gradient=gradient))
         return out
 

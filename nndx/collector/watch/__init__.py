@@ -1,0 +1,61 @@
+"""The Monitor's watchers: one measured thing each (Cockpit's quantities), called by the
+Monitor's clock with a :class:`StepContext`, keeping named records, and giving their
+part of the report.
+
+==========================  =====================================================
+:class:`LoopCounts`         forwards, backward passes, gradient resets, coverage
+:class:`LossHistory`        the losses logged with ``mon.log``
+:class:`LearningRate`       each param group's LR, every step
+:class:`GradientNorm`       global gradient norm, before and after clipping
+:class:`InputNorms`         the norm of each training input batch
+:class:`LayerStatistics`    per-layer activation and gradient statistics
+:class:`ParameterUpdates`   per-parameter norms and update/weight ratios
+:class:`LossCalls`          what reached the wrapped ``mon.loss_fn``
+:class:`Desync`             data-parallel replicas drifting apart
+:class:`RunFacts`           the run and the model summary
+:class:`GraphSize`          the autograd graph kept alive across steps
+:class:`InitialState`       a copy of the parameters and buffers at attach time
+:class:`UnchangedParameters` trainable parameters that never moved
+==========================  =====================================================
+"""
+
+from nndx.collector.watch.base import (
+    LIVE_RECORDED_STEPS,
+    Deferred,
+    ErrorGuard,
+    History,
+    StepContext,
+    Watched,
+    Watcher,
+)
+from nndx.collector.watch.desync import Desync
+from nndx.collector.watch.facts import RunFacts
+from nndx.collector.watch.graph import GraphSize
+from nndx.collector.watch.initial import InitialState, UnchangedParameters
+from nndx.collector.watch.layers import LayerStatistics, ParameterUpdates
+from nndx.collector.watch.loop import LoopCounts
+from nndx.collector.watch.loss_calls import LossCalls
+from nndx.collector.watch.series import GradientNorm, InputNorms, LearningRate, LossHistory
+
+__all__ = [
+    "LIVE_RECORDED_STEPS",
+    "Deferred",
+    "Desync",
+    "ErrorGuard",
+    "GradientNorm",
+    "GraphSize",
+    "History",
+    "InitialState",
+    "InputNorms",
+    "LayerStatistics",
+    "LearningRate",
+    "LossCalls",
+    "LossHistory",
+    "LoopCounts",
+    "ParameterUpdates",
+    "RunFacts",
+    "StepContext",
+    "UnchangedParameters",
+    "Watched",
+    "Watcher",
+]

@@ -1,0 +1,84 @@
+"""The autograd graph kept alive across steps: a recurrent state carried from batch to
+batch without ``.detach()`` (with ``backward(retain_graph=True)`` to silence the error)
+makes every step's graph reach back through all the steps before it — memory and step
+time grow until the run dies.
+
+On recorded steps, a bounded walk from the model's outputs counts the autograd nodes
+reachable from them and tags each new node with the step (``node.metadata``, which lives
+and dies with the node and changes nothing autograd computes). A node found with an
+earlier step's tag was kept alive from that step. Parameters' gradient accumulators are
+left out: they are shared by every graph that uses the parameter, healthy or not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from nndx.collector._common import iter_tensors
+from nndx.collector.watch.base import History, StepContext, Watcher, recorded_steps
+from nndx.report import GraphPoint
+
+_TAG = "nndx_step"
+
+
+class GraphRecord(NamedTuple):
+    step: int
+    nodes: int
+    earlier_nodes: int
+    truncated: bool
+
+
+class GraphSize(Watcher):
+    """Per recorded step, the largest graph behind one forward's outputs (several
+    forwards in a step — a GAN's — are not added up) and its nodes from earlier steps."""
+
+    name = "graph"
+    MAX_NODES = 10_000  # bounds a walk's cost (python, per node), paid on recorded steps only
+
+    def __init__(self, capacity: int) -> None:
+        self.history = History(capacity)
+        self._current: GraphRecord | None = None
+
+    def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
+        if not ctx.recording or not torch.is_grad_enabled():
+            return
+        roots = [t.grad_fn for t in iter_tensors(output) if t.grad_fn is not None]
+        if not roots:
+            return
+        record = GraphRecord(ctx.step, *self.walk(roots, ctx.step))
+        current = self._current
+        if current is None or current.step != ctx.step:
+            self._current = record
+        else:
+            self._current = GraphRecord(ctx.step, max(current.nodes, record.nodes),
+                                        max(current.earlier_nodes, record.earlier_nodes),
+                                        current.truncated or record.truncated)  # fmt: skip
+
+    def walk(self, roots: list[Any], step: int) -> tuple[int, int, bool]:
+        """(nodes reached, nodes tagged at an earlier step, walk truncated)."""
+        seen: dict[int, Any] = {}  # id -> node: holding the nodes keeps their ids unique
+        stack, earlier = list(roots), 0
+        while stack and len(seen) < self.MAX_NODES:
+            node = stack.pop()
+            if node is None or id(node) in seen or type(node).__name__ == "AccumulateGrad":
+                continue
+            seen[id(node)] = node
+            tag = node.metadata.setdefault(_TAG, step)
+            earlier += tag < step
+            stack.extend(child for child, _ in node.next_functions)
+        return len(seen), earlier, bool(stack)
+
+    def on_step_end(self, ctx: StepContext) -> None:
+        if self._current is not None and self._current.step == ctx.step:
+            self.history.append(self._current)
+        self._current = None
+
+    def report(self, window: int | None) -> dict[str, Any]:
+        return {"loop": {"graph_nodes_history": recorded_steps(self.history, _points, None)}}
+
+
+def _points(record: GraphRecord) -> list[GraphPoint]:
+    return [GraphPoint(step=record.step, nodes=record.nodes, earlier_nodes=record.earlier_nodes, truncated=record.truncated)]

@@ -1,0 +1,130 @@
+"""Recorded-step statistics: per-layer activation and gradient statistics, and
+per-parameter weight norm, gradient norm and update/weight ratio.
+
+Both run every ``every`` steps only (the recorded steps). To bound the cost on a CPU,
+each layer's statistics come from the leading samples of the batch that fit in
+``max_elements`` and update ratios from an evenly spread sample of each parameter
+(see :mod:`nndx.collector.stats`); weight and gradient norms are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from nndx.collector.stats import (
+    PENDING_BYTES,
+    LayerRecord,
+    LayerRecorder,
+    ParameterRecord,
+    parameter_records,
+    snapshot_parameters,
+)
+from nndx.collector.watch.base import History, StepContext, Watched, Watcher, recorded_steps
+
+
+class LayerStatistics(Watcher):
+    """Activation statistics of each hooked layer's output and gradient statistics of
+    the gradient w.r.t. it (:class:`~nndx.collector.stats.LayerRecorder`), every
+    recorded step."""
+
+    name = "layers"
+
+    def __init__(self, watched: Watched, max_elements: int | None, capacity: int, guard: Callable) -> None:
+        self.recorder = LayerRecorder(watched.root, max_elements=max_elements, roots=watched.models.values(), guard=guard)
+        self.history = History(capacity)
+        self.forward_order: list[str] | None = None  # names in the order they ran, once seen
+
+    def attach(self) -> list:
+        """Hook the layers (the Monitor calls it, and records a failure as a limitation)."""
+        self.recorder.attach()
+        return []
+
+    def on_record_start(self, ctx: StepContext) -> None:
+        self.recorder.start_step(ctx.step)
+
+    def on_step_end(self, ctx: StepContext) -> None:
+        if not self.recorder.recording:
+            return
+        records = self.recorder.finish_step_records()
+        if records:
+            self.history.append(tuple(records), pinned=any(r.nonfinite for r in records))
+            if self.forward_order is None:
+                self.forward_order = [r.name for r in records]
+
+    def latest(self) -> list[LayerRecord]:
+        """The newest recorded step's records."""
+        steps = self.history.values(newest=1)
+        return list(steps[-1]) if steps else []
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.recorder.workspace_bytes
+
+    def report(self, window: int | None) -> dict[str, Any]:
+        return {"layers": recorded_steps(self.history, _layer_models, window)}
+
+    def close(self) -> None:
+        self.recorder.detach()
+
+
+def _layer_models(records: tuple[LayerRecord, ...]) -> list:
+    return [r.model() for r in records]
+
+
+class ParameterUpdates(Watcher):
+    """Weight norm, gradient norm and update/weight ratio of each parameter: a snapshot
+    of the trainable parameters the optimizer steps, taken before ``optimizer.step()``
+    (in loops without an optimizer: at the end of backward) and compared after it; the
+    spent snapshot's memory is reused by the next one (fresh memory costs a page fault
+    per 4 KiB on a CPU) unless it passes ``stats.PENDING_BYTES``."""
+
+    name = "parameters"
+
+    def __init__(self, watched: Watched, max_elements: int | None, capacity: int) -> None:
+        self.watched = watched
+        self.max_elements = max_elements
+        self.history = History(capacity)
+        self._snapshot: dict | None = None
+        self._spent: dict | None = None  # memory for the next snapshot
+
+    def on_backward_end(self, ctx: StepContext) -> None:
+        if ctx.recording and self.watched.manual:  # updated by hand: the next thing we hear is after the update
+            self._snapshot = snapshot_parameters(self.watched.params, self.max_elements, into=self._snapshot or self._spent)
+
+    def on_step_begin(self, ctx: StepContext) -> None:
+        if ctx.recording and not self.watched.manual:
+            # not those only another optimizer steps (a GAN's other network): they do not move now
+            self._snapshot = snapshot_parameters(self.watched.params_of(ctx.optimizer), self.max_elements, into=self._spent)
+
+    def on_step_end(self, ctx: StepContext) -> None:
+        if not ctx.recording or self._snapshot is None:
+            return
+        named = list(self.watched.root.named_parameters())
+        records = parameter_records(named, self._snapshot, ctx.step, self.max_elements, ctx.grad_norms)
+        self._spent = self._snapshot if _nbytes(self._snapshot) <= PENDING_BYTES else None
+        self._snapshot = None
+        if records:
+            self.history.append(tuple(records), pinned=any(r.nonfinite for r in records))
+
+    def latest(self) -> list[ParameterRecord]:
+        steps = self.history.values(newest=1)
+        return list(steps[-1]) if steps else []
+
+    @property
+    def workspace_bytes(self) -> int:
+        return _nbytes(self._spent or {})
+
+    def report(self, window: int | None) -> dict[str, Any]:
+        return {"parameters": recorded_steps(self.history, _parameter_models, window)}
+
+    def close(self) -> None:
+        self._snapshot = self._spent = None
+
+
+def _parameter_models(records: tuple[ParameterRecord, ...]) -> list:
+    return [r.model() for r in records]
+
+
+def _nbytes(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())

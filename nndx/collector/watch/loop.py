@@ -1,0 +1,124 @@
+"""What the loop did: forwards, backward passes, gradient resets, and which parameters
+the optimizer and the gradients reached.
+
+Counting conventions (what the rules read):
+
+- ``backward_calls`` counts each backward pass (``loss.backward()`` or
+  ``torch.autograd.grad`` reaching a watched parameter) once.
+- ``zero_grad_calls`` counts gradient *resets*: ``optimizer.zero_grad()``,
+  ``model.zero_grad()``, or gradients of the first trainable parameter cleared by hand
+  (``p.grad = None`` / ``p.grad.zero_()``) — at most one between two backward passes, so
+  calling both ``optimizer.zero_grad()`` and ``model.zero_grad()`` counts once. Hence
+  ``backward_calls / zero_grad_calls`` is the accumulation factor: 1 for a plain loop,
+  ``k`` for deliberate accumulation, and ``zero_grad_calls == 0`` with several steps
+  means gradients were never reset.
+- ``no_grad_forwards_in_train_mode`` counts forwards run with grad disabled
+  (``torch.no_grad`` / ``inference_mode``) while ``model.training`` is True, only for
+  models with dropout or batch-norm (where train mode changes the output).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from nndx.collector.stats import has_batchnorm, has_dropout
+from nndx.collector.watch.base import StepContext, Watched, Watcher
+
+
+class LoopCounts(Watcher):
+    """Counters of the loop's events and the parameter coverage facts."""
+
+    name = "loop"
+
+    def __init__(self, watched: Watched) -> None:
+        self.watched = watched
+        self.backward_calls = 0
+        self.backward_calls_in_step = 0  # inside optimizer.step(): a closure (L-BFGS, Lightning)
+        self.zero_grad_calls = 0
+        self.forward_calls = 0
+        self.no_grad_forwards_in_train_mode = 0
+        self._reset_since_backward = False
+        self._never_grad = dict(watched.params)
+        # per model: does train mode change its output (dropout, batch-norm)?
+        self._has_dropout = any(has_dropout(m) for m in watched.models.values())
+        self._has_batchnorm = any(has_batchnorm(m) for m in watched.models.values())
+        self._mode_matters = {id(m): has_dropout(m) or has_batchnorm(m) for m in watched.models.values()}
+        self._reference: torch.Tensor | None = None  # one parameter whose .grad tells a reset by hand
+        self._reference_grad: tuple[int, int] | None = None
+
+    def on_forward(self, ctx: StepContext, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.forward_calls += 1
+        if not torch.is_grad_enabled() and module.training and self._mode_matters.get(id(module), False):
+            self.no_grad_forwards_in_train_mode += 1
+
+    def on_backward_start(self, ctx: StepContext) -> None:
+        if not self._reset_since_backward and self._reset_by_hand():
+            self.zero_grad_calls += 1
+
+    def on_backward_end(self, ctx: StepContext) -> None:
+        self.backward_calls += 1
+        self.backward_calls_in_step += ctx.optimizer is not None
+        self._reset_since_backward = False
+        if self._never_grad:
+            for name in [n for n, p in self._never_grad.items() if p.grad is not None]:
+                del self._never_grad[name]
+        self._reference = next((p for _, p in self.watched.params if p.grad is not None), None)
+        self._remember_reference()
+
+    def on_zero_grad(self, ctx: StepContext) -> None:
+        if not self._reset_since_backward:
+            self.zero_grad_calls += 1
+            self._reset_since_backward = True
+
+    def on_step_end(self, ctx: StepContext) -> None:
+        if self.watched.manual and not self._reset_since_backward and self._reset_by_hand(zeroed=True):
+            # without an optimizer the step ends at the next forward, after a reset by hand
+            # (p.grad = None, p.grad.zero_() as in the PyTorch tutorial) if there was one;
+            # gradients clipped in place also changed version, but are not all zero
+            self.on_zero_grad(ctx)
+        self._remember_reference()
+
+    def _reset_by_hand(self, zeroed: bool = False) -> bool:
+        """The reference gradient was replaced, deleted or changed in place since the
+        last backward (with ``zeroed``: changed in place to all zeros)."""
+        if self._reference_grad is None or self._reference is None:
+            return False
+        grad = self._reference.grad
+        if grad is None or id(grad) != self._reference_grad[0]:
+            return True
+        changed = grad._version != self._reference_grad[1]
+        return changed and (not zeroed or not bool(grad.detach().any()))
+
+    def _remember_reference(self) -> None:
+        # (identity, version) of one parameter's gradient: if it changes before the next
+        # backward without a zero_grad call, the user reset the gradients by hand
+        grad = self._reference.grad if self._reference is not None else None
+        self._reference_grad = None if grad is None else (id(grad), grad._version)
+
+    def report(self, window: int | None) -> dict[str, Any]:
+        named = list(self.watched.root.named_parameters())
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        loop: dict[str, Any] = {
+            "backward_calls": self.backward_calls,
+            "backward_calls_in_step": self.backward_calls_in_step,
+            "zero_grad_calls": self.zero_grad_calls,
+            "forward_calls": self.forward_calls,
+            "no_grad_forwards_in_train_mode": self.no_grad_forwards_in_train_mode,
+            "trainable_param_count": sum(p.numel() for _, p in trainable),
+            "params_grad_none": (
+                [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
+            ),
+            "frozen_params": [n for n, p in named if not p.requires_grad],
+            "has_dropout": self._has_dropout,
+            "has_batchnorm": self._has_batchnorm,
+            "optimizers": [type(o).__name__ for o in self.watched.optimizers],
+        }
+        if not self.watched.manual:  # without an optimizer there is nothing to be connected to
+            in_optimizer = {id(p) for o in self.watched.optimizers for g in o.param_groups for p in g["params"]}
+            in_model = {id(p) for _, p in named}
+            loop["params_not_in_optimizer"] = [n for n, p in trainable if id(p) not in in_optimizer]
+            loop["optimizer_params_not_in_model"] = len(in_optimizer - in_model)
+        return {"loop": loop}

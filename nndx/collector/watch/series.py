@@ -1,0 +1,208 @@
+"""The per-step series: logged losses, learning rates, the global gradient norm
+(before and after clipping) and the norm of each training input batch.
+
+Every value is read without a host synchronisation when it is taken: the records hold
+0-d tensors until the Monitor fetches all pending values at once, every ``every``
+steps (see :class:`~nndx.collector.watch.base.Deferred`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from nndx.collector._common import iter_tensors
+from nndx.collector.stats import norms, single_threaded
+from nndx.collector.watch.base import History, StepContext, Watched, Watcher
+from nndx.report import GradNormPoint, LossPoint, LRPoint, ScalarPoint
+
+
+class LossRecord(NamedTuple):
+    step: int
+    value: Any  # float, or a 0-d tensor until fetched
+    accuracy: Any
+
+
+class LossHistory(Watcher):
+    """The losses the loop logs with ``mon.log(loss, split=..., accuracy=...)``, one
+    bounded history per split. Non-finite values are kept as they are."""
+
+    name = "loss"
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.splits: dict[str, History] = {}
+
+    def log(self, ctx: StepContext, loss: Any, split: str, accuracy: Any, step: int | None) -> LossRecord:
+        """Validate and queue one logged loss; returns its record (values not fetched)."""
+        if not isinstance(split, str) or not split:
+            raise ValueError(f"split must be a non-empty string, got {split!r}")
+        value = _scalar(loss, "loss")
+        acc = None if accuracy is None else _scalar(accuracy, "accuracy")
+        if step is None:
+            # a train loss belongs to the step its backward belonged to; any other split
+            # (validation) to the last completed step
+            step = ctx.backward_step if split == "train" else max(ctx.step - 1, 0)
+        elif not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        history = self.splits.get(split)
+        if history is None:
+            history = self.splits[split] = History(self.capacity)
+        record = LossRecord(step, value, acc)
+        ctx.defer(history, record)
+        return record
+
+    def report(self, window: int | None) -> dict[str, Any]:
+        return {"loss_history": {
+            split: history.models(_loss_point, newest=window) for split, history in self.splits.items()
+        }}
+
+
+def _loss_point(r: LossRecord) -> LossPoint:
+    return LossPoint(step=r.step, value=r.value, accuracy=r.accuracy)
+
+
+def _scalar(value: Any, what: str) -> torch.Tensor | float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"log a scalar {what}; got a tensor of shape {list(value.shape)}")
+        return value.detach()
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a number or a tensor, got a bool")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a number or a one-element tensor, got {type(value).__name__}") from None
+
+
+class LRRecord(NamedTuple):
+    step: int
+    lrs: tuple[float, ...]  # every param group of every optimizer, in order
+
+
+class LearningRate(Watcher):
+    """The learning rate of each param group, at every optimizer step."""
+
+    name = "lr"
+
+    def __init__(self, watched: Watched, capacity: int) -> None:
+        self.watched = watched
+        self.history = History(capacity)
+
+    def current(self) -> list[float]:
+        return [float(g["lr"]) for o in self.watched.optimizers for g in o.param_groups]
+
+    def on_step_begin(self, ctx: StepContext) -> None:
+        if self.watched.optimizers:  # without one the LR is unknown: nothing is recorded, not 0
+            ctx.defer(self.history, LRRecord(ctx.step, tuple(self.current())))
+
+    def report(self, window: int | None) -> dict[str, Any]:
+        return {"loop": {"lr_history": self.history.models(_lr_point, newest=window)}}
+
+
+def _lr_point(r: LRRecord) -> LRPoint:
+    return LRPoint(step=r.step, lrs=list(r.lrs))
+
+
+class GradNormRecord(NamedTuple):
+    step: int
+    before_clip: Any
+    after_clip: Any  # None unless the gradients changed between backward and the step
+
+
+class GradientNorm(Watcher):
+    """The global gradient norm at the end of backward and, when the loop changed the
+    gradients before ``optimizer.step()`` (clipping, or unscaling by a GradScaler), again
+    at the step. One pass over every gradient, so on recorded steps only; its
+    per-parameter norms are shared through ``ctx.grad_norms`` (parameter statistics
+    reuse them: run this watcher before :class:`ParameterUpdates`)."""
+
+    name = "grad_norm"
+
+    def __init__(self, watched: Watched, capacity: int) -> None:
+        self.watched = watched
+        self.history = History(capacity)
+        self._versions: list[tuple[int, int]] = []
+        self._recorded = False
+
+    def on_backward_end(self, ctx: StepContext) -> None:
+        ctx.grad_norms = ctx.total_grad_norm = None
+        named = [(n, p.grad) for n, p in self.watched.params if p.grad is not None] if ctx.recording else []
+        if not named:
+            return
+        grads = [g for _, g in named]
+        with single_threaded(grads[0].device):
+            per_param = norms(grads)  # one pass: per-parameter norms and their total
+            ctx.total_grad_norm = torch.linalg.vector_norm(torch.stack([n.to(per_param[0].device) for n in per_param]))
+        ctx.grad_norms = {n: norm for (n, _), norm in zip(named, per_param)}
+        self._versions = [(id(g), g._version) for g in grads]
+
+    def on_step_begin(self, ctx: StepContext) -> None:
+        self._recorded = ctx.backward_since_step and ctx.total_grad_norm is not None
+        if not self._recorded:
+            return
+        grads = [p.grad for _, p in self.watched.params if p.grad is not None]
+        after = None
+        if grads and [(id(g), g._version) for g in grads] != self._versions:
+            ctx.grad_norms = None  # changed since backward: parameter statistics measure anew
+            with single_threaded(grads[0].device if grads else "cpu"):
+                after = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        ctx.defer(self.history, GradNormRecord(ctx.step, ctx.total_grad_norm, after))
+
+    def on_step_end(self, ctx: StepContext) -> None:
+        if not self._recorded and ctx.backward_since_step and ctx.total_grad_norm is not None:
+            # a closure step (LBFGS, Lightning): backward ran inside optimizer.step()
+            ctx.defer(self.history, GradNormRecord(ctx.step, ctx.total_grad_norm, None))
+        self._recorded = False
+
+    def report(self, window: int | None) -> dict[str, Any]:
+        return {"loop": {"grad_norm_history": self.history.models(_grad_norm_point, newest=window)}}
+
+
+def _grad_norm_point(r: GradNormRecord) -> GradNormPoint:
+    # clip_grad_norm_ rescales in place even under its threshold (by 1.0): a changed
+    # gradient whose norm did not change was not clipped
+    after, before = r.after_clip, r.before_clip
+    unclipped = after is None or after == before or abs(after - before) <= 1e-6 * abs(before)
+    return GradNormPoint(step=r.step, before_clip=before, after_clip=None if unclipped else after)
+
+
+class ScalarRecord(NamedTuple):
+    step: int
+    value: Any
+
+
+class InputNorms(Watcher):
+    """The L2 norm of each training input batch (forwards with grad enabled): a zeroed
+    or corrupted batch shows as a norm far from its neighbours. The input is the first
+    tensor given to the model's forward (positional or keyword); when it holds integers
+    (token ids) it has no meaningful norm, and only its dtype is recorded."""
+
+    name = "inputs"
+
+    def __init__(self, capacity: int) -> None:
+        self.history = History(capacity)
+        self.dtype: str | None = None
+
+    def on_forward(self, ctx: StepContext, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not torch.is_grad_enabled():
+            return
+        x = next(iter_tensors((args, kwargs)), None)
+        if x is None:
+            return
+        self.dtype = str(x.dtype).removeprefix("torch.")
+        if x.is_floating_point():
+            with single_threaded(x.device):
+                norm = torch.linalg.vector_norm(x.detach().float())
+            ctx.defer(self.history, ScalarRecord(ctx.step, norm))
+
+    def report(self, window: int | None) -> dict[str, Any]:
+        # no live rule reads input norms: a live report (window set) leaves them out
+        points = [] if window is not None else self.history.models(_scalar_point)
+        return {"loop": {"input_norm_history": points, "input_dtype": self.dtype}}
+
+
+def _scalar_point(r: ScalarRecord) -> ScalarPoint:
+    return ScalarPoint(step=r.step, value=r.value)

@@ -1,0 +1,547 @@
+"""The Monitor on the loops people write (issue 14, class 3): no optimizer, several
+models and optimizers, tuple/dict/ModelOutput outputs, token inputs, time-major
+sequences; and the detectors whose evidence is the Monitor's (class 6): the autograd
+graph kept across steps, no optimizer step, parameters that never change — each
+firing on the broken loop and silent on healthy ones that look suspicious."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import pytest
+import torch
+from torch import nn
+
+import nndx
+from nndx.integrations.monitor import Monitor
+
+STEPS = 12
+
+
+def fired(report, rule_id):
+    return [f for f in nndx.diagnose(report).findings if f.rule_id == rule_id]
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def data(n=32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def hook_count(*objects):
+    count = 0
+    for obj in objects:
+        if isinstance(obj, nn.Module):
+            count += sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in obj.modules())
+            count += sum(len(p._backward_hooks or {}) for p in obj.parameters())
+        else:
+            count += len(obj._optimizer_step_pre_hooks) + len(obj._optimizer_step_post_hooks)
+        count += "zero_grad" in obj.__dict__
+    return count
+
+
+# ---------------------------------------------------------------- no optimizer: updates by hand
+
+
+def manual_loop(mon, model, steps=STEPS, *, update="data", lr=0.1, accumulate=1, clip=None, skip=()):
+    x, y = data()
+    for i in range(steps):
+        if i % accumulate == 0:
+            model.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        mon.log(loss)
+        if (i + 1) % accumulate:
+            continue
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        for name, p in model.named_parameters():
+            if p.grad is None or name.startswith(skip):
+                continue
+            if update == "data":  # the word-language-model example: no version bump
+                p.data.add_(p.grad, alpha=-lr)
+            elif update == "no_grad":
+                with torch.no_grad():
+                    p.sub_(lr * p.grad)
+
+
+@pytest.mark.parametrize("update", ["data", "no_grad"])
+def test_manual_updates_are_steps_with_update_ratios_and_an_unknown_lr(update):
+    model = mlp()
+    with Monitor(model, every=3) as mon:
+        manual_loop(mon, model, update=update)
+    report = mon.report()
+    loop = report.loop
+    assert report.errors == []
+    assert (loop.steps, loop.backward_calls, loop.zero_grad_calls) == (STEPS, STEPS, STEPS)
+    assert loop.optimizers == [] and loop.lr_history == []  # unknown, not 0
+    assert any("no optimizer" in text for text in loop.limitations)
+    assert sorted({p.step for p in report.parameters}) == [0, 3, 6, 9]
+    assert all(p.update_ratio is not None and p.update_ratio > 0 for p in report.parameters)
+    assert [p.step for p in loop.grad_norm_history] == [0, 3, 6, 9]
+    assert [p.step for p in report.loss_history["train"]] == list(range(STEPS))
+    assert loop.params_never_changed == []
+    assert not fired(report, "NNDX321") and not fired(report, "NNDX322") and not fired(report, "NNDX301")
+
+
+def test_manual_accumulation_and_clipping_are_seen():
+    model = mlp()
+    with Monitor(model, every=1) as mon:
+        manual_loop(mon, model, accumulate=3, clip=0.01)
+    loop = mon.report().loop
+    assert loop.steps == STEPS // 3 and loop.backward_calls == STEPS and loop.zero_grad_calls == STEPS // 3
+    assert loop.grad_norm_history and all(p.after_clip == pytest.approx(0.01, rel=1e-3) for p in loop.grad_norm_history)
+
+
+def test_manual_loop_without_any_update_fires_no_optimizer_step():
+    model = mlp()
+    with Monitor(model, every=5) as mon:
+        manual_loop(mon, model, update="none")
+    report = mon.report()
+    assert report.loop.steps == 0 and report.loop.backward_calls == STEPS
+    (finding,) = fired(report, "NNDX321")
+    assert finding.severity == "error" and "0 parameter updates" in finding.symptom
+
+
+def test_manual_loop_that_skips_parameters_is_seen():
+    model = mlp()
+    with Monitor(model, every=5) as mon:
+        manual_loop(mon, model, skip=("0.",))  # forgets the first layer
+    report = mon.report()
+    assert report.loop.params_never_changed == ["0.weight", "0.bias"]
+    (finding,) = fired(report, "NNDX322")
+    assert finding.evidence["params_never_changed"] == ["0.weight", "0.bias"]
+
+
+# ---------------------------------------------------------------- no optimizer step, parameters that never change
+
+
+def optimizer_loop(mon, model, opt, steps=STEPS, *, step=True, zero_before_step=False):
+    x, y = data()
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        if zero_before_step:
+            opt.zero_grad()  # the gradients are gone before the step
+        if step:
+            opt.step()
+        mon.log(loss)
+
+
+def test_optimizer_step_never_called_fires_live_and_in_the_report():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt, every=5) as mon:
+        optimizer_loop(mon, model, opt, step=False)
+        assert mon.check_now()  # no step ever ends, so the live check runs by hand here
+    report = mon.report()
+    (finding,) = fired(report, "NNDX321")
+    assert finding.code.value == "OPTIMIZER_NOT_CONNECTED" and "0 optimizer.step() calls" in finding.symptom
+    assert "NNDX321" in {f.rule_id for f in mon.findings}
+
+
+def test_gradients_zeroed_before_the_step_leave_every_parameter_unchanged():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with Monitor(model, opt, every=5) as mon:
+        optimizer_loop(mon, model, opt, zero_before_step=True)
+    report = mon.report()
+    assert report.loop.params_never_changed == [n for n, _ in model.named_parameters()]
+    (finding,) = fired(report, "NNDX322")
+    assert finding.severity == "error"
+    assert not fired(report, "NNDX321")  # steps ran
+
+
+class FrozenBackbone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.head = nn.Linear(16, 3)
+        self.backbone.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+class BiasBeforeBatchNorm(nn.Module):
+    """A biased conv before batch-norm: the bias's gradient vanishes (batch-norm removes
+    any constant shift), so plain SGD leaves it unchanged — healthy."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, bias=True)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("make", [FrozenBackbone, BiasBeforeBatchNorm])
+def test_healthy_models_with_parameters_that_do_not_move_are_silent(make):
+    model = make()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05)
+    x = torch.randn(16, 8) if make is FrozenBackbone else torch.randn(16, 3, 8, 8)
+    y = torch.randint(0, 3, (16,))
+    with Monitor(model, opt, every=2) as mon:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            mon.log(loss)
+    report = mon.report()
+    assert not fired(report, "NNDX321") and not fired(report, "NNDX322") and not fired(report, "NNDX320")
+    if make is FrozenBackbone:
+        assert report.loop.params_never_changed == []  # frozen ones are not trainable
+
+
+# ---------------------------------------------------------------- several models and optimizers: a GAN
+
+
+class Generator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8), nn.Tanh())
+
+    def forward(self, z):
+        return self.net(z)
+
+
+class Discriminator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def gan_loop(iterations, G, D, opt_g, opt_d, log, d_every=1):
+    """The DCGAN example's loop: D on real and fake (every d_every iterations), then G."""
+    g = torch.Generator().manual_seed(2)
+    bce = nn.BCEWithLogitsLoss()
+    for i in range(iterations):
+        real = torch.randn(16, 8, generator=g) * 0.5 + 1.0
+        fake = G(torch.randn(16, 4, generator=g))
+        if i % d_every == 0:
+            D.zero_grad()
+            loss_d = bce(D(real), torch.ones(16, 1)) + bce(D(fake.detach()), torch.zeros(16, 1))
+            loss_d.backward()
+            opt_d.step()
+            log(loss_d, "D")
+        G.zero_grad()
+        loss_g = bce(D(fake), torch.ones(16, 1))
+        loss_g.backward()
+        opt_g.step()
+        log(loss_g, "G")
+
+
+def gan():
+    torch.manual_seed(0)
+    G, D = Generator(), Discriminator()
+    return G, D, torch.optim.Adam(G.parameters(), lr=2e-4), torch.optim.Adam(D.parameters(), lr=2e-4)
+
+
+@pytest.mark.parametrize("d_every", [1, 3])
+def test_one_monitor_over_a_gan(d_every):
+    G, D, opt_g, opt_d = gan()
+    iterations = 9
+    with Monitor({"G": G, "D": D}, [opt_g, opt_d], every=1) as mon:
+        gan_loop(iterations, G, D, opt_g, opt_d, lambda loss, split: mon.log(loss, split=split), d_every=d_every)
+        assert hook_count(G, D, opt_g, opt_d) > 0
+    assert hook_count(G, D, opt_g, opt_d) == 0
+    report = mon.report()
+    loop = report.loop
+    d_steps = len(range(0, iterations, d_every))
+    assert report.errors == [] and loop.limitations == []
+    assert loop.steps == iterations + d_steps and loop.optimizers == ["Adam", "Adam"]
+    assert loop.backward_calls == iterations + d_steps and loop.backward_calls_in_step == 0
+    assert loop.params_not_in_optimizer == [] and loop.optimizer_params_not_in_model == 0
+    assert {p.name.split(".")[0] for p in report.parameters} == {"G", "D"}
+    assert {s.name.split(".")[0] for s in report.layers} == {"G", "D"}
+    assert set(report.loss_history) == {"D", "G"} and len(report.loss_history["G"]) == iterations
+    for step in {p.step for p in report.parameters}:
+        moved = {p.name[0] for p in report.parameters if p.step == step and p.update_ratio is not None}
+        assert len(moved) == 1  # each step's update ratios are those of the network it stepped
+    assert all(len(p.lrs) == 2 for p in loop.lr_history)
+    assert loop.params_never_changed == []
+    for rule_id in ("NNDX320", "NNDX321", "NNDX322", "NNDX303", "NNDX304"):
+        assert not fired(report, rule_id), rule_id
+
+
+def test_two_monitors_on_a_gan_do_not_fight():
+    G, D, opt_g, opt_d = gan()
+    mon_g, mon_d = Monitor(G, opt_g, every=2), Monitor(D, opt_d, every=2)
+
+    def log(loss, split):
+        (mon_d if split == "D" else mon_g).log(loss)
+
+    gan_loop(6, G, D, opt_g, opt_d, log)
+    mon_d.close()
+    mon_g.close()
+    assert hook_count(G, D, opt_g, opt_d) == 0
+    assert (mon_g.report().loop.steps, mon_d.report().loop.steps) == (6, 6)
+    assert mon_g.report().errors == mon_d.report().errors == []
+
+
+def test_model_names_must_be_usable():
+    with pytest.raises(TypeError, match="names"):
+        Monitor({"a.b": mlp()})
+    with pytest.raises(TypeError, match="Optimizer"):
+        Monitor(mlp(), [object()])
+
+
+# ---------------------------------------------------------------- outputs, token inputs, sequences
+
+
+class ModelOutput(OrderedDict):
+    """What Hugging Face models return: a dict whose keys are also attributes."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class TokenModel(nn.Module):
+    """Token ids in, an output of the given kind out, with the loss computed inside (HF)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        torch.manual_seed(0)
+        self.kind = kind
+        self.embed = nn.Embedding(20, 8)
+        self.rnn = nn.GRU(8, 16)  # time-major: [T, B, F]
+        self.head = nn.Linear(16, 20)
+
+    def forward(self, input_ids, labels=None):
+        out, hidden = self.rnn(self.embed(input_ids))
+        logits = self.head(out)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 20), labels.reshape(-1))
+        if self.kind == "tuple":
+            return loss, logits, hidden
+        if self.kind == "dict":
+            return {"loss": loss, "logits": logits}
+        return ModelOutput(loss=loss, logits=logits)
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "model_output"])
+def test_outputs_of_any_shape_token_inputs_and_time_major_sequences(kind):
+    model = TokenModel(kind)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    with Monitor(model, opt, every=2) as mon:
+        for _ in range(6):
+            tokens = torch.randint(0, 20, (7, 4), generator=g)  # [T=7, B=4]
+            opt.zero_grad()
+            out = model(input_ids=tokens, labels=tokens)
+            loss = out[0] if kind == "tuple" else out["loss"] if kind == "dict" else out.loss
+            loss.backward()
+            opt.step()
+            mon.log(loss)
+    report = mon.report()
+    assert report.errors == [] and report.loop.limitations == []
+    assert report.loop.input_dtype == "int64" and report.loop.input_norm_history == []  # tokens: no norm
+    layers = {s.name: s for s in report.layers if s.step == 4}
+    assert set(layers) == {"embed", "rnn", "head"}
+    assert layers["rnn"].activation.unit_count == 16 and layers["rnn"].gradient.norm > 0
+    assert report.loop.graph_nodes_history and all(p.earlier_nodes == 0 for p in report.loop.graph_nodes_history)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_a_scripted_model_is_a_limitation_not_an_exception():
+    model = torch.jit.script(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        optimizer_loop(mon, model, opt, steps=3)
+    report = mon.report()
+    assert report.loop.steps == 3 and report.loop.backward_calls == 3
+    assert any("not watched" in text and "RuntimeError" in text for text in report.loop.limitations)
+    assert hook_count(opt) == 0
+
+
+# ---------------------------------------------------------------- the autograd graph kept across steps
+
+
+class Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.rec, self.out = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+
+    def forward(self, x, h):
+        h = torch.tanh(self.inp(x) + self.rec(h))
+        return self.out(h), h
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_hidden_state_carried_without_detach_grows_the_graph(detach):
+    """The word-language-model loop without ``repackage_hidden``: updates through
+    ``p.data`` bump no version counter, so backward(retain_graph=True) runs through every
+    earlier step's graph without an error while it grows."""
+    model = Recurrent()
+    x, y = data()
+    h = torch.zeros(32, 16)
+    with Monitor(model, every=2) as mon:
+        for _ in range(STEPS):
+            model.zero_grad()
+            out, h = model(x, h.detach() if detach else h)
+            loss = nn.functional.cross_entropy(out, y)
+            loss.backward(retain_graph=not detach)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.01)
+            mon.log(loss)
+    report = mon.report()
+    history = report.loop.graph_nodes_history
+    assert report.loop.steps == STEPS and [p.step for p in history] == list(range(0, STEPS, 2))
+    if detach:  # truncated BPTT done right: the same graph every step
+        assert len({p.nodes for p in history}) == 1 and all(p.earlier_nodes == 0 for p in history)
+        assert not fired(report, "NNDX320")
+    else:
+        assert all(b.nodes > a.nodes for a, b in zip(history, history[1:]))
+        assert all(p.earlier_nodes > 0 for p in history[1:])
+        (finding,) = fired(report, "NNDX320")
+        assert finding.code.value == "GRAPH_RETAINED" and finding.severity == "error"
+        assert "NNDX320" in {f.rule_id for f in mon.findings}  # a live alert too
+
+
+def test_graph_walk_is_bounded():
+    from nndx.collector.watch.graph import GraphSize
+
+    x = torch.ones(3, requires_grad=True)
+    y = x
+    for _ in range(GraphSize.MAX_NODES + 10):
+        y = y * 1.0
+    nodes, earlier, truncated = GraphSize(4).walk([y.grad_fn], step=0)
+    assert nodes == GraphSize.MAX_NODES and truncated and earlier == 0
+
+
+# ---------------------------------------------------------------- the initial state
+
+
+def test_initial_state_is_the_state_at_attach_time_and_not_aliased():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        optimizer_loop(mon, model, opt, steps=3)
+    state = mon.initial_state()
+    assert list(state) == list(model.state_dict())  # parameters and buffers, state_dict keys
+    for key, value in state.items():
+        assert torch.equal(value, before[key]), key
+        assert value.device.type == "cpu"
+        assert value.data_ptr() != model.state_dict()[key].data_ptr()
+    assert not torch.equal(state["0.weight"], model[0].weight)  # training moved the model, not the copy
+    assert state["1.num_batches_tracked"].item() == 0 and model[1].num_batches_tracked.item() == 3
+    state["0.weight"].add_(1.0)  # writing to the returned copy leaves the model alone
+    assert not torch.equal(model[0].weight, before["0.weight"] + 1.0)
+    copy = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    copy.load_state_dict(Monitor(copy, initial_state="cpu").initial_state())
+
+
+def test_initial_state_is_bounded_and_says_so():
+    model = mlp()
+    with Monitor(model, initial_state_max_bytes=100) as mon:
+        pass
+    assert mon.initial_state() is None
+    (limitation,) = [text for text in mon.report().loop.limitations if "initial state" in text]
+    assert "initial_state_max_bytes" in limitation
+    with Monitor(model, initial_state=None) as off:
+        pass
+    assert off.initial_state() is None
+
+
+def test_initial_state_of_each_model():
+    G, D, opt_g, opt_d = gan()
+    expected = {k: v.clone() for k, v in G.state_dict().items()}
+    with Monitor({"G": G, "D": D}, [opt_g, opt_d]) as mon:
+        gan_loop(2, G, D, opt_g, opt_d, lambda *_: None)
+    assert set(mon.initial_state()) == {f"G.{k}" for k in G.state_dict()} | {f"D.{k}" for k in D.state_dict()}
+    for by in ("G", G):
+        state = mon.initial_state(by)
+        assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in state)
+    with pytest.raises(KeyError):
+        mon.initial_state("E")
+
+
+def test_update_detection_ignores_a_nan_that_stays_nan():
+    model = mlp()
+    with torch.no_grad():
+        model[0].weight[0, 0] = math.nan
+    with Monitor(model, every=5) as mon:
+        manual_loop(mon, model, update="none", steps=3)
+    assert mon.report().loop.steps == 0
+
+
+@pytest.mark.parametrize("reset", ["zero_", "none", "never"])
+def test_manual_loop_gradient_resets_by_hand(reset):
+    """The tutorial's loop: update under no_grad, then ``p.grad.zero_()``."""
+    model = mlp()
+    x, y = data()
+    with Monitor(model, every=4) as mon:
+        for _ in range(STEPS):
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    if reset == "zero_":
+                        p.grad.zero_()
+                    elif reset == "none":
+                        p.grad = None
+            mon.log(loss)
+    report = mon.report()
+    assert report.loop.steps == STEPS
+    if reset == "never":
+        assert report.loop.zero_grad_calls == 0
+        assert fired(report, "NNDX301")
+    else:
+        assert report.loop.zero_grad_calls == STEPS
+        assert not fired(report, "NNDX301")
+
+
+def test_a_failing_layer_hook_is_recorded_and_training_goes_on(monkeypatch):
+    import nndx.collector.stats as stats
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("sample exploded")
+
+    monkeypatch.setattr(stats, "leading_samples", broken)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt, every=1) as mon:
+        optimizer_loop(mon, model, opt, steps=3)
+    report = mon.report()
+    assert report.loop.steps == 3
+    assert {e.source for e in report.errors} == {"monitor.layer_forward"}
+
+
+def test_a_recurrent_state_whose_graph_is_kept_does_not_break_the_layer_hooks():
+    """An LSTM's (h, c) carried without detach: later backward passes run through earlier
+    steps' outputs, whose gradient hooks then get None for the state no loss used."""
+    torch.manual_seed(0)
+    lstm, head = nn.LSTM(4, 8), nn.Linear(8, 2)
+    model = nn.ModuleDict({"lstm": lstm, "head": head})
+    x, y = torch.randn(5, 3, 4), torch.randint(0, 2, (5 * 3,))
+    state = None
+    with Monitor(model, every=1) as mon:
+        for _ in range(4):
+            model.zero_grad()
+            out, state = lstm(x, state)
+            loss = nn.functional.cross_entropy(head(out).reshape(-1, 2), y)
+            loss.backward(retain_graph=True)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+    report = mon.report()
+    assert report.errors == [] and report.loop.steps == 4
