@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -81,13 +82,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.v:
             print(_verdict(record), file=sys.stderr)
     seconds = time.perf_counter() - started
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(u.ru_utime + u.ru_stime for u in usage)
     records.sort(key=lambda r: r["id"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     meta = {"commit": _commit(), "argv": sys.argv[1:] if argv is None else argv, "seconds": round(seconds, 1),
-            "jobs": args.jobs, "seeds": list(seeds), "quick": args.quick}  # fmt: skip
+            "cpu_seconds": round(cpu, 1), "jobs": args.jobs, "seeds": list(seeds), "quick": args.quick}  # fmt: skip
     args.json.write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=str))
     print(report.render(records, seconds))
-    print(f"\nper-case records: {args.json}")
+    print(f"\nCPU time {cpu:.0f} s (all processes): {cpu / 120:.1f} min on 2 fully available cores")
+    print(f"per-case records: {args.json}")
     return 1 if any(r["status"] == "harness_error" for r in records) else 0
 
 

@@ -35,6 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for netw
 
 from network_debugger import NetworkDebugger  # noqa: E402
 
+from .runner import CASE_TIMEOUT_S, score, time_limit  # noqa: E402
+from .styles import StyleResult  # noqa: E402
+
 SEED = 0
 
 # --------------------------------------------------------------------------- data
@@ -810,9 +813,11 @@ CASES: dict[str, tuple[C | None, Callable[[], Setup]]] = {
 
 def run_case(name: str) -> dict[str, Any]:
     """One hand-written case through Monitor + probe + diagnose, as a benchmark record."""
-    from .runner import score
-    from .styles import StyleResult
+    with time_limit(CASE_TIMEOUT_S):
+        return _run_case(name)
 
+
+def _run_case(name: str) -> dict[str, Any]:
     expected, build = CASES[name]
     started = time.perf_counter()
     torch.manual_seed(SEED)

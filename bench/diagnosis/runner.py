@@ -13,11 +13,13 @@ on one thread, so a case gives the same record in any worker and any order.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import logging
 import os
 import random
+import signal
 import sys
 import time
 import traceback
@@ -39,6 +41,7 @@ from .training import Outcome, build, manual_loop, torch_loop
 from .twins import differs, learned
 
 SEEDS = (0, 1, 2)
+CASE_TIMEOUT_S = 300  # one style run of one tiny case; past it nndx (or the harness) is stuck
 WARNING, ERROR = 1, 2
 SEVERITY = {"info": 0, "warning": WARNING, "error": ERROR}
 QUICK_FAMILIES = ("mlp", "lstm", "rescnn", "binary")
@@ -123,6 +126,28 @@ def worker_init() -> None:
     lit.quiet()
 
 
+class CaseTimeout(Exception):
+    """A case ran past CASE_TIMEOUT_S; raised inside whatever was running (recorded like its error)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    if not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise CaseTimeout(f"the case ran past {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
@@ -198,7 +223,8 @@ def _run_generated(task: Task) -> list[dict[str, Any]]:
             continue
         started, cpu = time.perf_counter(), time.process_time()
         seed_everything(task.seed)
-        result = styles.run(style, spec)
+        with time_limit(CASE_TIMEOUT_S):
+            result = styles.run(style, spec)
         record["seconds"] = round(time.perf_counter() - started, 2)
         record["cpu_seconds"] = round(time.process_time() - cpu, 2)
         score(record, result, accepted, plain[loop].crashed)
