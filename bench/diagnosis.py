@@ -77,18 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(todo)} tasks, {n_cases} cases, {args.jobs} jobs", file=sys.stderr)
     started = time.perf_counter()
     records = []
-    for record in runner.run_all(todo, args.jobs, progress=True):
-        records.append(record)
-        if args.v:
-            print(_verdict(record), file=sys.stderr)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.json.with_suffix(".partial.jsonl")  # records as they arrive, for a run cut short
+    with partial.open("w") as stream:
+        for record in runner.run_all(todo, args.jobs, progress=True):
+            records.append(record)
+            stream.write(json.dumps(record, default=str) + "\n")
+            stream.flush()
+            if args.v:
+                print(_verdict(record), file=sys.stderr)
     seconds = time.perf_counter() - started
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     cpu = sum(u.ru_utime + u.ru_stime for u in usage)
     records.sort(key=lambda r: r["id"])
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     meta = {"commit": _commit(), "argv": sys.argv[1:] if argv is None else argv, "seconds": round(seconds, 1),
             "cpu_seconds": round(cpu, 1), "jobs": args.jobs, "seeds": list(seeds), "quick": args.quick}  # fmt: skip
     args.json.write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=str))
+    partial.unlink()
     print(report.render(records, seconds))
     print(f"\nCPU time {cpu:.0f} s (all processes): {cpu / 120:.1f} min on 2 fully available cores")
     print(f"per-case records: {args.json}")

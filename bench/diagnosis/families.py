@@ -107,36 +107,36 @@ def _digits() -> tuple[torch.Tensor, torch.Tensor]:
 
 def digit_images(seed: int, spec: Spec) -> Data:
     """load_digits as 1×8×8 images scaled to [0, 1] and normalised by the global mean/std
-    (like torchvision's Normalize), 400 held out."""
+    (like torchvision's Normalize): 800 for training, 400 held out."""
     x, y = _digits()
-    order = torch.randperm(len(y), generator=_gen(seed, 4))
+    order = torch.randperm(len(y), generator=_gen(seed, 4))[:1200]
     x = x[order].view(-1, 1, 8, 8) / 16.0
     x = (x - 0.30) / 0.37
     return _split(x, y[order], 400, 10)
 
 
 def digit_vectors(seed: int, spec: Spec) -> Data:
-    """load_digits as 64 pixels in [0, 1]; the VAE's target is its input."""
+    """load_digits as 64 pixels in [0, 1] (800 + 400 held out); the VAE's target is its input."""
     x, _ = _digits()
-    x = x[torch.randperm(len(x), generator=_gen(seed, 5))] / 16.0
+    x = x[torch.randperm(len(x), generator=_gen(seed, 5))[:1200]] / 16.0
     return _split(x, x, 400, None)
 
 
 def spikes(seed: int, spec: Spec) -> Data:
-    """Sequence classes: 16 steps × 4 noisy channels; the class is the channel that
-    spikes (+2.5) at 3 random steps. With ``spec.token_inputs``: 16 tokens where the
+    """Sequence classes: 12 steps × 4 noisy channels; the class is the channel that
+    spikes (+2.5) at 3 random steps. With ``spec.token_inputs``: 12 tokens where the
     class's signature token appears 3 times."""
     gen = _gen(seed, 6)
     n = 1024
     y = torch.randint(0, 4, (n,), generator=gen)
     if spec.token_inputs:
-        x = torch.randint(4, 12, (n, 16), generator=gen)
+        x = torch.randint(4, 12, (n, 12), generator=gen)
         for _ in range(3):
-            x[torch.arange(n), torch.randint(0, 16, (n,), generator=gen)] = y
+            x[torch.arange(n), torch.randint(0, 12, (n,), generator=gen)] = y
         return _split(x, y, 256, 4)
-    x = torch.randn(n, 16, 4, generator=gen)
+    x = torch.randn(n, 12, 4, generator=gen)
     for _ in range(3):
-        x[torch.arange(n), torch.randint(0, 16, (n,), generator=gen), y] += 2.5
+        x[torch.arange(n), torch.randint(0, 12, (n,), generator=gen), y] += 2.5
     return _split(x, y, 256, 4)
 
 
@@ -207,7 +207,7 @@ def _lstm(spec: Spec, data: Data) -> nn.Module:
 
 def _char_lm(spec: Spec, data: Data) -> nn.Module:
     f = FAMILIES[spec.family]
-    return models.CharLM(spec, VOCAB, BLOCK, spec.width or 24, 2, 4, _dropout(spec, f), _functional(spec, f))
+    return models.CharLM(spec, VOCAB, BLOCK, spec.width or 24, 1, 4, _dropout(spec, f), _functional(spec, f))
 
 
 def _vae(spec: Spec, data: Data) -> nn.Module:
@@ -222,17 +222,17 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
         Family("mlp", "multiclass", "tabular", clusters, _mlp(4, 64, 2, "relu"),
-               HEAD_SWITCHES | HIDDEN_SWITCHES | {"softmax_out"}, "adam", 3e-3, 0.05, 0.2, 64, 150,
+               HEAD_SWITCHES | HIDDEN_SWITCHES | {"softmax_out"}, "adam", 3e-3, 0.05, 0.2, 64, 120,
                functional=False, dead_bias=lambda m: m.hidden[0].bias, mlp_like=True),
         Family("cnn_bn", "multiclass", "image", digit_images, _cnn,
                HEAD_SWITCHES | HIDDEN_SWITCHES | {"softmax_out"}, "adam", 3e-3, 0.05, 0.2, 32, 100,
                functional=True, dropout=0.25, has_batchnorm=True, dead_bias=lambda m: m.bn1.bias),
         Family("lstm", "multiclass", "sequence", spikes, _lstm,
                HEAD_SWITCHES | HIDDEN_SWITCHES | {"softmax_out", "batch_first", "time_major_view", "time_major"},
-               "adam", 1e-2, 0.1, 1.0, 32, 150, functional=False, dropout=0.2, dead_bias=lambda m: m.fc.bias,
+               "adam", 1e-2, 0.1, 1.0, 32, 120, functional=False, dropout=0.2, dead_bias=lambda m: m.fc.bias,
                manual_clip=1.0),
         Family("regression", "regression", "tabular", smooth_regression, _mlp(1, 64, 2, "relu"),
-               HEAD_SWITCHES - {"relu_out"} | HIDDEN_SWITCHES | {"sigmoid_out"}, "adam", 3e-3, 0.02, 0.2, 64, 150,
+               HEAD_SWITCHES - {"relu_out"} | HIDDEN_SWITCHES | {"sigmoid_out"}, "adam", 3e-3, 0.02, 0.2, 64, 120,
                functional=False, dead_bias=lambda m: m.hidden[0].bias, mlp_like=True),
         Family("rescnn", "multiclass", "image", digit_images, _rescnn,
                HEAD_SWITCHES | HIDDEN_SWITCHES | {"softmax_out"}, "adamw", 5e-3, 0.05, 1.0, 32, 80,
@@ -241,10 +241,10 @@ FAMILIES: dict[str, Family] = {
                HEAD_SWITCHES | {"no_activation", "softmax_out", "heads_view"}, "adamw", 1e-2, 0.3, 1.0, 16, 100,
                functional=False, dropout=0.1, manual_clip=0.25),
         Family("vae", "vae", "tabular", digit_vectors, _vae,
-               HIDDEN_SWITCHES | {"sigmoid_out", "detach_body", "dropout_always"}, "adam", 3e-3, 0.01, 0.05, 64, 150,
+               HIDDEN_SWITCHES | {"sigmoid_out", "detach_body", "dropout_always"}, "adam", 3e-3, 0.01, 0.05, 64, 120,
                functional=True, dead_bias=lambda m: m.fc1.bias),
         Family("binary", "binary", "tabular", xor, _mlp(1, 32, 2, "relu"),
-               HEAD_SWITCHES | HIDDEN_SWITCHES | {"sigmoid_out"}, "adam", 1e-2, 0.1, 1.0, 64, 150,
+               HEAD_SWITCHES | HIDDEN_SWITCHES | {"sigmoid_out"}, "adam", 1e-2, 0.1, 1.0, 64, 100,
                functional=True, dead_bias=lambda m: m.hidden[0].bias, mlp_like=True),
     )
 }  # fmt: skip

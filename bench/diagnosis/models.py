@@ -177,15 +177,14 @@ class ResCNN(WithHead):
         self.bugs = spec.bugs
         self.stem, self.stem_bn = nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
         self.act = activation(spec, "relu", functional)
-        self.block1 = Block(spec, width, width, 1, functional)
-        self.block2 = Block(spec, width, 2 * width, 2, functional)
+        self.block = Block(spec, width, 2 * width, 2, functional)
         self.drop = nn.Dropout(dropout) if dropout else None
         self.out = Head(spec, 2 * width, 10, functional)
 
     def forward(self, x):
         x = standardize_in_forward(x, self.bugs)
         h = apply(self.act, self.stem_bn(self.stem(x)))
-        h = self.block2(self.block1(h))
+        h = self.block(h)
         h = F.adaptive_avg_pool2d(h, 1).flatten(1)
         if self.drop is not None:
             h = self.drop(h)

@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -123,6 +124,9 @@ def worker_init() -> None:
     """One thread per worker (the cases are tiny; threads only add noise), quiet logs."""
     torch.set_num_threads(1)
     logging.getLogger("nndx").setLevel(logging.CRITICAL)
+    # warnings the bugs trigger (a broadcast in a loss) would fill the terminal; nndx.probe
+    # records them with its own catch_warnings, which this filter does not reach
+    warnings.simplefilter("ignore")
     lit.quiet()
 
 

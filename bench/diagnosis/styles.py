@@ -29,7 +29,7 @@ from .training import Built, build, data_tuple, first_batch, manual_loop, torch_
 
 STYLES = ("wrapped", "own_loss", "preflight", "lightning", "manual")
 LOOP_KIND = {"wrapped": "torch", "own_loss": "torch", "preflight": "torch", "lightning": "lightning", "manual": "manual"}
-MONITOR_EVERY = 5
+MONITOR_EVERY = 10  # as the README's example
 
 
 @dataclass
