@@ -33,8 +33,10 @@ demo: $(LIBRARY_STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# DIAGNOSIS_ARGS goes to bench/diagnosis.py only (e.g. DIAGNOSIS_ARGS=--quick, or --jobs 4)
 bench: $(TEST_STAMP)
-	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	for b in bench/*.py; do echo "== $$b"; args=""; if [ "$$b" = bench/diagnosis.py ]; then args="$(DIAGNOSIS_ARGS)"; fi; \
+		$(BIN)/python $$b $$args || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,917 +1,111 @@
-"""How well do the rules name the cause? A suite of small, real, broken training runs.
+"""How well does nndx name the cause of a silent training failure it was not tuned on?
 
-Each case is a short training script with one bug planted the way people write it —
-in the loop, the model, the loss or the data — plus healthy runs that look like bugs
-to a naive checker. Every case goes through the same pipeline, which knows nothing of
-the case: the user's loop runs under ``nndx.Monitor``, then ``nndx.probe`` (all probes,
-with the data checks) and the label-alignment probe for classification, then
-``nndx.diagnose``. A crash of the user's loop is recorded in the report as an
-``ErrorRecord`` (source "training"), as a wrapper around the loop would.
+A generated benchmark: bug operators (one per cause code, written the way people write
+the bug) × model families × integration styles × seeds, plus healthy runs that look
+suspicious. nndx is used only through its public API, exactly as a user would
+(``nndx.Monitor``, ``nndx.probe``, ``nndx.diagnose``, the Lightning callback); the
+benchmark knows nothing of the rules. A case counts only when its buggy run measurably
+differs from its fixed twin (measured by the harness, not nndx). The rules may be tuned
+on the tuned half of the families (mlp, cnn_bn, lstm, regression) only; the held-out
+half (rescnn, char_lm, vae, binary) is reported separately. The 46 + 9 hand-written
+cases of the previous benchmark are one more family, "handwritten".
 
-Printed: top-1 / top-3 accuracy of the cause code over the broken cases, and the
-false-alarm rate (a finding of severity warning or above) over the healthy cases —
-for nndx and for the lesson's ``NetworkDebugger`` (bench/network_debugger.py, hooked
-into the same loop) together with the lesson's loss-curve check, reconstructed here from
-what the lesson prints (NaN → LR too high; a last-10-steps spread under 1e-3 → "not
-decreasing"; direction changes in over half of the last 10 steps → "oscillating").
+    .venv/bin/python bench/diagnosis.py                  # everything (make bench)
+    .venv/bin/python bench/diagnosis.py --quick          # a subset: four families, one style per bug
+    .venv/bin/python bench/diagnosis.py -k 'relu_on_logits/*' -v   # select case ids (item/family/style/sSEED)
+    .venv/bin/python bench/diagnosis.py --list -k lstm   # print the selected case ids
 
-    .venv/bin/python bench/diagnosis.py            # the whole suite (a few minutes on 2 cores)
-    .venv/bin/python bench/diagnosis.py -k relu -v # cases whose name contains "relu", with findings
-
-Not a test: numbers, not assertions. DEVICE_MISMATCH and DDP_DESYNC have no case (one
-CPU, one process); the Monitor's own tests cover the desync checksum.
+Prints markdown tables; writes every case's record (expected code, twin measurements,
+ranked findings, live alerts, scoring) as JSON (``--json``) so two runs can be diffed.
+Layout: bench/diagnosis/ — families.py and models.py (the correct scripts), operators.py
+(bugs), healthy.py (healthy variants), training.py and lit.py (the user's loops),
+styles.py (how nndx is attached), twins.py (the twin check), runner.py, report.py,
+handwritten.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
+import resource
+import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from diagnosis import report, runner  # noqa: E402  (the package bench/diagnosis/)
 
-import nndx  # noqa: E402
-from nndx.report import CauseCode as C  # noqa: E402
-from nndx.report import SEVERITY_ORDER, ErrorRecord  # noqa: E402
-from network_debugger import NetworkDebugger  # noqa: E402
+DEFAULT_JSON = BENCH / "diagnosis" / "results" / "latest.json"
 
-torch.set_num_threads(1)
-SEED = 0  # --seed: the same bugs on other data draws and initialisations (a check against tuning to one draw)
 
-# --------------------------------------------------------------------------- data
-
-
-def blobs(n: int = 640, features: int = 20, classes: int = 4, seed: int | None = None, spread: float = 2.0):
-    """Gaussian blobs: learnable, standardised, shuffled."""
-    gen = torch.Generator().manual_seed(SEED if seed is None else seed)
-    centers = torch.randn(classes, features, generator=gen) * spread
-    y = torch.randint(0, classes, (n,), generator=gen)
-    x = centers[y] + torch.randn(n, features, generator=gen)
-    x = (x - x.mean(0)) / x.std(0)
-    return x, y
-
-
-def rings(n: int = 640, classes: int = 3, seed: int | None = None):
-    """Concentric rings: class by radius, which no linear model can separate."""
-    gen = torch.Generator().manual_seed(SEED if seed is None else seed)
-    y = torch.randint(0, classes, (n,), generator=gen)
-    angle = torch.rand(n, generator=gen) * 2 * math.pi
-    radius = 1.0 + y.float() + 0.15 * torch.randn(n, generator=gen)
-    x = torch.stack([radius * angle.cos(), radius * angle.sin()], 1)
-    return (x - x.mean(0)) / x.std(0), y
-
-
-def digits(raw: bool = False):
-    """scikit-learn's 8x8 digits (ships offline). Standardised unless ``raw``."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = torch.tensor(data.data, dtype=torch.float32)
-    y = torch.tensor(data.target, dtype=torch.long)
-    gen = torch.Generator().manual_seed(0)
-    order = torch.randperm(len(y), generator=gen)
-    x, y = x[order], y[order]
-    if raw:
-        return x * 16.0, y  # the 0-16 scale as 0-255 "pixels"
-    return (x - x.mean(0)) / (x.std(0) + 1e-6), y
-
-
-def regression(n: int = 640, features: int = 8, seed: int | None = None):
-    gen = torch.Generator().manual_seed(SEED if seed is None else seed)
-    x = torch.randn(n, features, generator=gen)
-    w = torch.randn(features, generator=gen)
-    y = torch.sin(x @ w / 2) + 0.1 * torch.randn(n, generator=gen)
-    return x, ((y - y.mean()) / y.std()).unsqueeze(1)
-
-
-def split(x, y, n_val: int = 128):
-    return x[n_val:], y[n_val:], x[:n_val], y[:n_val]
-
-
-def mlp(inputs: int = 20, outputs: int = 4, hidden: int = 64, act: type[nn.Module] = nn.ReLU) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(inputs, hidden), act(), nn.Linear(hidden, hidden), act(), nn.Linear(hidden, outputs))
-
-
-# --------------------------------------------------------------------------- the user's loop
-
-
-@dataclass
-class Setup:
-    """What a user's training script holds: model, optimizer, loss, data, and its loop."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    loss_fn: Callable
-    x: torch.Tensor
-    y: torch.Tensor
-    x_val: torch.Tensor
-    y_val: torch.Tensor
-    loop: Callable[["Setup", nndx.Monitor], None] | None = None
-    steps: int = 80
-    batch_size: int = 64
-    classification: bool = True
-    scheduler: object = None
-    losses: list[float] = field(default_factory=list)
-
-
-def batches(s: Setup, shuffle: bool = True):
-    """(step, x, y) for s.steps steps, reshuffled every epoch like DataLoader(shuffle=True)."""
-    gen = torch.Generator().manual_seed(1)
-    per_epoch = max(1, len(s.x) // s.batch_size)
-    order = torch.arange(len(s.x))
-    for step in range(s.steps):
-        if step % per_epoch == 0 and shuffle:
-            order = torch.randperm(len(s.x), generator=gen)
-        idx = order[(step % per_epoch) * s.batch_size : (step % per_epoch + 1) * s.batch_size]
-        yield step, s.x[idx], s.y[idx]
-
-
-def accuracy(s: Setup, out: torch.Tensor, y: torch.Tensor) -> float | None:
-    if not s.classification or out.dim() != 2 or out.shape[1] < 2 or y.dim() != 1:
-        return None
-    return (out.argmax(1) == y).float().mean().item()
-
-
-def evaluate(s: Setup, mon: nndx.Monitor, train_mode: bool = False) -> None:
-    if not train_mode:
-        s.model.eval()
-    with torch.no_grad():
-        out = s.model(s.x_val)
-        mon.log(s.loss_fn(out, s.y_val), split="val", accuracy=accuracy(s, out, s.y_val))
-    s.model.train()
-
-
-def standard_loop(s: Setup, mon: nndx.Monitor) -> None:
-    """The correct loop every case starts from."""
-    for step, xb, yb in batches(s):
-        s.model.train()
-        s.optimizer.zero_grad()
-        out = s.model(xb)
-        loss = mon.loss_fn(out, yb)
-        loss.backward()
-        s.optimizer.step()
-        s.losses.append(loss.item())
-        mon.log(loss, accuracy=accuracy(s, out, yb))
-        if s.scheduler is not None and (step + 1) % (len(s.x) // s.batch_size) == 0:
-            s.scheduler.step()  # per epoch
-        if step % 10 == 9:
-            evaluate(s, mon)
-
-
-def classifier(model: nn.Module, data=None, lr: float = 1e-2, opt: str = "adam", **fields) -> Setup:
-    x, y, xv, yv = data if data is not None else split(*blobs())
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr) if opt == "adam" else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    return Setup(model, optimizer, fields.pop("loss_fn", nn.CrossEntropyLoss()), x, y, xv, yv, **fields)
-
-
-def regressor(model: nn.Module, data=None, lr: float = 1e-2, **fields) -> Setup:
-    x, y, xv, yv = data if data is not None else split(*regression())
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=lr), fields.pop("loss_fn", nn.MSELoss()), x, y, xv, yv, classification=False, **fields)
-
-
-# --------------------------------------------------------------------------- broken loops
-
-
-def loop_no_zero_grad(s: Setup, mon: nndx.Monitor) -> None:
-    for step, xb, yb in batches(s):
-        out = s.model(xb)
-        loss = mon.loss_fn(out, yb)
-        loss.backward()  # optimizer.zero_grad() forgotten
-        s.optimizer.step()
-        s.losses.append(loss.item())
-        mon.log(loss)
-
-
-def loop_accumulate_unscaled(s: Setup, mon: nndx.Monitor, k: int = 8) -> None:
-    for step, xb, yb in batches(s):
-        if step % k == 0:
-            s.optimizer.zero_grad()
-        loss = mon.loss_fn(s.model(xb), yb)
-        loss.backward()  # should be (loss / k).backward()
-        s.losses.append(loss.item())
-        mon.log(loss)
-        if step % k == k - 1:
-            s.optimizer.step()
-
-
-def loop_accumulate_scaled(s: Setup, mon: nndx.Monitor, k: int = 4) -> None:
-    for step, xb, yb in batches(s):
-        if step % k == 0:
-            s.optimizer.zero_grad()
-        loss = mon.loss_fn(s.model(xb), yb)
-        (loss / k).backward()
-        s.losses.append(loss.item())
-        mon.log(loss)
-        if step % k == k - 1:
-            s.optimizer.step()
-
-
-def loop_eval_in_train_mode(s: Setup, mon: nndx.Monitor) -> None:
-    for step, xb, yb in batches(s):
-        s.optimizer.zero_grad()
-        loss = mon.loss_fn(s.model(xb), yb)
-        loss.backward()
-        s.optimizer.step()
-        s.losses.append(loss.item())
-        mon.log(loss)
-        if step % 10 == 9:
-            evaluate(s, mon, train_mode=True)  # model.eval() forgotten
-
-
-def loop_tiny_clip(s: Setup, mon: nndx.Monitor) -> None:
-    for step, xb, yb in batches(s):
-        s.optimizer.zero_grad()
-        loss = mon.loss_fn(s.model(xb), yb)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm=1e-3)
-        s.optimizer.step()
-        s.losses.append(loss.item())
-        mon.log(loss)
-
-
-def loop_healthy_clip(s: Setup, mon: nndx.Monitor) -> None:
-    for step, xb, yb in batches(s):
-        s.optimizer.zero_grad()
-        loss = mon.loss_fn(s.model(xb), yb)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm=5.0)
-        s.optimizer.step()
-        s.losses.append(loss.item())
-        mon.log(loss)
-        if step % 10 == 9:
-            evaluate(s, mon)
-
-
-def loop_scheduler_per_batch(s: Setup, mon: nndx.Monitor) -> None:
-    for step, xb, yb in batches(s):
-        s.optimizer.zero_grad()
-        loss = mon.loss_fn(s.model(xb), yb)
-        loss.backward()
-        s.optimizer.step()
-        s.scheduler.step()  # a per-epoch StepLR stepped every batch
-        s.losses.append(loss.item())
-        mon.log(loss)
-
-
-def loop_one_cycle(s: Setup, mon: nndx.Monitor) -> None:
-    for step, xb, yb in batches(s):
-        s.optimizer.zero_grad()
-        out = s.model(xb)
-        loss = mon.loss_fn(out, yb)
-        loss.backward()
-        s.optimizer.step()
-        s.scheduler.step()  # OneCycleLR is meant to step per batch
-        s.losses.append(loss.item())
-        mon.log(loss, accuracy=accuracy(s, out, yb))
-        if step % 10 == 9:
-            evaluate(s, mon)
-
-
-def loop_zeroed_batches(s: Setup, mon: nndx.Monitor) -> None:
-    gen = torch.Generator().manual_seed(3)
-    for step, xb, yb in batches(s):
-        if torch.rand((), generator=gen) < 0.25:  # a decode error swallowed by the collate
-            xb = torch.zeros_like(xb)
-        s.optimizer.zero_grad()
-        loss = mon.loss_fn(s.model(xb), yb)
-        loss.backward()
-        s.optimizer.step()
-        s.losses.append(loss.item())
-        mon.log(loss)
-
-
-def loop_unshuffled(s: Setup, mon: nndx.Monitor) -> None:
-    for step, xb, yb in batches(s, shuffle=False):
-        s.optimizer.zero_grad()
-        loss = mon.loss_fn(s.model(xb), yb)
-        loss.backward()
-        s.optimizer.step()
-        s.losses.append(loss.item())
-        mon.log(loss)
-
-
-class Recurrent(nn.Module):
-    """A state carried from batch to batch (like an RNN over a long sequence)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp, self.rec, self.out = nn.Linear(20, 32), nn.Linear(32, 32), nn.Linear(32, 4)
-
-    def forward(self, x, h=None):
-        h = torch.zeros(x.shape[0], 32) if h is None else h
-        h = torch.tanh(self.inp(x) + self.rec(h))
-        return self.out(h), h
-
-
-def loop_state_not_detached(s: Setup, mon: nndx.Monitor) -> None:
-    h = None
-    for step, xb, yb in batches(s):
-        s.optimizer.zero_grad()
-        out, h = s.model(xb, h)  # h should be h.detach()
-        loss = mon.loss_fn(out, yb)
-        loss.backward()
-        s.optimizer.step()
-        s.losses.append(loss.item())
-        mon.log(loss)
-
-
-# --------------------------------------------------------------------------- broken models and losses
-
-
-class DetachedHead(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
-        self.head = nn.Linear(64, 4)
-
-    def forward(self, x):
-        return self.head(self.body(x).detach())  # "only train the head for now"
-
-
-class InplaceSigmoid(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(20, 64), nn.Linear(64, 4)
-
-    def forward(self, x):
-        h = torch.sigmoid(self.fc1(x))
-        h *= 2.0  # in place on a tensor sigmoid saved for backward
-        return self.fc2(h)
-
-
-class ScaledLogits(nn.Module):
-    """An MLP whose logits are multiplied by a "temperature" of 1000 by mistake."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = mlp()
-
-    def forward(self, x):
-        return self.net(x) * 1000.0
-
-
-class NaiveSoftmax(nn.Module):
-    def forward(self, x):
-        e = torch.exp(x)  # no max subtraction
-        return e / e.sum(dim=1, keepdim=True)
-
-
-class ScaleBy(nn.Module):
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, x):
-        return x * self.factor
-
-
-class Standardize(nn.Module):
-    def forward(self, x):
-        return (x - x.mean(0)) / x.std(0)  # no eps: a constant feature gives 0/0
-
-
-class WrongGradLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        return x @ weight.t() + bias
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        return grad_out @ weight, 0.5 * grad_out.t() @ x, grad_out.sum(0)  # weight grad halved
-
-
-class CustomLinear(nn.Linear):
-    def forward(self, x):
-        return WrongGradLinear.apply(x, self.weight, self.bias)
-
-
-class SmallCNN(nn.Module):
-    def __init__(self, flat: int = 16 * 4 * 4) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(1, 16, 3, padding=1)
-        self.bn = nn.BatchNorm2d(16)
-        self.pool = nn.MaxPool2d(2)
-        self.drop = nn.Dropout(0.25)
-        self.fc = nn.Linear(flat, 10)
-
-    def forward(self, x):
-        x = self.pool(F.relu(self.bn(self.conv(x.view(-1, 1, 8, 8)))))
-        return self.fc(self.drop(torch.flatten(x, 1)))
-
-
-def nll_of_softmax(out, y):
-    """The loss written out by hand: log of the softmax probability, unclamped."""
-    probs = torch.softmax(out, dim=1)
-    return -torch.log(probs[torch.arange(len(y)), y]).mean()
-
-
-def deep(layers: int, act: type[nn.Module], width: int = 64, init_std: float | None = None, outputs: int = 4) -> nn.Sequential:
-    mods: list[nn.Module] = [nn.Linear(20, width), act()]
-    for _ in range(layers - 2):
-        mods += [nn.Linear(width, width), act()]
-    mods.append(nn.Linear(width, outputs))
-    model = nn.Sequential(*mods)
-    if init_std is not None:
-        for m in model:
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=init_std)
-    return model
-
-
-# --------------------------------------------------------------------------- the cases
-
-
-def case_lr_10():
-    return classifier(mlp(), lr=10.0, opt="sgd")
-
-
-def case_adam_lr_1():
-    return classifier(mlp(), lr=1.0)
-
-
-def case_lr_too_low():
-    return classifier(mlp(), lr=1e-6, opt="sgd")
-
-
-def case_no_zero_grad():
-    return classifier(mlp(), lr=0.05, opt="sgd", loop=loop_no_zero_grad)
-
-
-def case_accum_unscaled():
-    return classifier(mlp(), lr=0.5, opt="sgd", loop=loop_accumulate_unscaled, steps=160, batch_size=16)
-
-
-def case_optimizer_stale_model():
-    model = mlp()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model = mlp()  # re-created after the optimizer (e.g. a reload), which holds the old one
-    x, y, xv, yv = split(*blobs())
-    return Setup(model, optimizer, nn.CrossEntropyLoss(), x, y, xv, yv)
-
-
-def case_optimizer_missing_head():
-    model = mlp()
-    setup = classifier(model)
-    setup.optimizer = torch.optim.Adam(model[:4].parameters(), lr=1e-2)  # the head was left out
-    return setup
-
-
-def case_detached_body():
-    return classifier(DetachedHead())
-
-
-def case_all_frozen():
-    model = mlp()
-    model[4] = nn.Linear(64, 4)  # new head for "fine-tuning"
-    for p in model.parameters():  # meant: freeze the backbone only
-        p.requires_grad = False
-    return classifier(model)
-
-
-def case_eval_in_train_mode():
-    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 4))
-    return classifier(model, loop=loop_eval_in_train_mode)
-
-
-def case_scheduler_per_batch():
-    setup = classifier(mlp(), lr=0.05, opt="sgd", loop=loop_scheduler_per_batch)
-    setup.scheduler = torch.optim.lr_scheduler.StepLR(setup.optimizer, step_size=10, gamma=0.1)
-    return setup
-
-
-def case_clip_too_small():
-    return classifier(mlp(), lr=0.05, opt="sgd", loop=loop_tiny_clip)
-
-
-def case_mse_on_one_hot():
-    x, y, xv, yv = split(*blobs())
-    return classifier(mlp(), data=(x, F.one_hot(y, 4).float(), xv, F.one_hot(yv, 4).float()), loss_fn=nn.MSELoss())
-
-
-def case_softmax_before_ce():
-    return classifier(nn.Sequential(*mlp(), nn.Softmax(dim=1)))
-
-
-def case_nll_on_probabilities():
-    return classifier(nn.Sequential(*mlp(), nn.Softmax(dim=1)), loss_fn=nn.NLLLoss())
-
-
-def case_shape_broadcast():
-    x, y, xv, yv = split(*regression())
-    return regressor(mlp(8, 1), data=(x, y.squeeze(1), xv, yv.squeeze(1)))
-
-
-def case_float_labels_to_ce():
-    x, y, xv, yv = split(*blobs())
-    return classifier(mlp(), data=(x, y.float(), xv, yv.float()))
-
-
-def case_relu_on_logits():
-    return classifier(nn.Sequential(*mlp(), nn.ReLU()))
-
-
-def case_sigmoid_on_regression():
-    return regressor(nn.Sequential(*mlp(8, 1), nn.Sigmoid()))
-
-
-def case_no_activation():
-    model = nn.Sequential(nn.Linear(2, 64), nn.Linear(64, 64), nn.Linear(64, 3))
-    return classifier(model, data=split(*rings()))
-
-
-def case_narrow_model():
-    model = nn.Sequential(nn.Linear(2, 1), nn.ReLU(), nn.Linear(1, 3))
-    return classifier(model, data=split(*rings()))
-
-
-def case_dead_relu_bias():
-    model = mlp()
-    nn.init.constant_(model[0].bias, -5.0)
-    return classifier(model, lr=0.05, opt="sgd")
-
-
-def case_saturated_tanh():
-    return classifier(deep(4, nn.Tanh, init_std=1.0), lr=1e-3)
-
-
-def case_vanishing_sigmoid():
-    return classifier(deep(12, nn.Sigmoid), lr=1e-2, opt="sgd")
-
-
-def case_zero_init():
-    model = mlp()
-    for m in model:
-        if isinstance(m, nn.Linear):
-            nn.init.zeros_(m.weight)
-            nn.init.zeros_(m.bias)
-    return classifier(model, lr=0.05, opt="sgd")
-
-
-def case_init_too_large():
-    return classifier(deep(8, nn.ReLU, init_std=1.0), lr=1e-3)
-
-
-def case_raw_pixels():
-    return classifier(mlp(64, 10), data=split(*digits(raw=True), n_val=300), lr=1e-3)
-
-
-def case_unnormalized_targets():
-    x, y, xv, yv = split(*regression())
-    return regressor(mlp(8, 1), data=(x, y * 1000 + 5000, xv, yv * 1000 + 5000))
-
-
-def case_nan_in_inputs():
-    x, y, xv, yv = split(*blobs())
-    x = x.clone()
-    x[37, 3] = float("nan")  # one missing value in the CSV
-    return classifier(mlp(), data=(x, y, xv, yv))
-
-
-def case_leaked_validation():
-    x, y, xv, yv = split(*blobs(spread=0.6))
-    return classifier(mlp(), data=(x, y, x[:128], y[:128]))  # validated on training rows
-
-
-def case_duplicated_rows():
-    x, y, xv, yv = split(*blobs())
-    x, y = torch.cat([x[:128]] * 4), torch.cat([y[:128]] * 4)  # oversampled by concatenation
-    return classifier(mlp(), data=(x, y, xv, yv))
-
-
-def case_class_imbalance():
-    x, y = blobs(n=2000, classes=2, spread=0.5)
-    keep = (y == 0) | (torch.arange(len(y)) % 20 == 0)
-    x, y = x[keep], y[keep]
-    return classifier(mlp(20, 2), data=split(x, y))
-
-
-def case_labels_shuffled_separately():
-    x, y, xv, yv = split(*blobs())
-    gen = torch.Generator().manual_seed(5)
-    return classifier(mlp(), data=(x, y[torch.randperm(len(y), generator=gen)], xv, yv))
-
-
-def case_labels_collapsed():
-    x, y, xv, yv = split(*blobs())
-    collapse = lambda t: (t.float() / t.max()).long()  # noqa: E731 - "normalised" the labels
-    return classifier(mlp(), data=(x, collapse(y), xv, collapse(yv)))
-
-
-def case_sorted_by_class():
-    x, y, xv, yv = split(*blobs())
-    order = torch.argsort(y, stable=True)
-    return classifier(mlp(), data=(x[order], y[order], xv, yv), loop=loop_unshuffled)
-
-
-def case_zeroed_batches():
-    return classifier(mlp(), loop=loop_zeroed_batches)
-
-
-def case_log_of_zero():
-    return classifier(ScaledLogits(), loss_fn=nll_of_softmax)
-
-
-def case_naive_softmax():
-    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4), ScaleBy(500.0), NaiveSoftmax())
-    return classifier(model, loss_fn=lambda p, y: F.nll_loss(torch.log(p), y))
-
-
-def case_division_by_zero():
-    x, y, xv, yv = split(*blobs())
-    x, xv = x.clone(), xv.clone()
-    x[:, 5] = 0.0  # a sensor that never fired
-    xv[:, 5] = 0.0
-    return classifier(nn.Sequential(Standardize(), *mlp()), data=(x, y, xv, yv))
-
-
-def case_wrong_custom_backward():
-    model = nn.Sequential(CustomLinear(20, 64), nn.ReLU(), nn.Linear(64, 4))
-    return classifier(model)
-
-
-def case_inplace_op():
-    return classifier(InplaceSigmoid())
-
-
-def case_state_not_detached():
-    return classifier(Recurrent(), loop=loop_state_not_detached, loss_fn=nn.CrossEntropyLoss())
-
-
-def case_wrong_flatten():
-    return classifier(SmallCNN(flat=16 * 3 * 3), data=split(*digits(), n_val=300))
-
-
-def case_overfitting():
-    x, y, xv, yv = split(*digits(), n_val=400)
-    gen = torch.Generator().manual_seed(2)
-    noisy = y[:48].clone()
-    flip = torch.rand(48, generator=gen) < 0.3
-    noisy[flip] = torch.randint(0, 10, (int(flip.sum()),), generator=gen)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-    return classifier(model, data=(x[:48], noisy, xv, yv), lr=3e-3, steps=300, batch_size=48)
-
-
-def case_batch_of_two():
-    return classifier(mlp(), lr=0.1, opt="sgd", batch_size=2, steps=160)
-
-
-def case_constant_lr_plateau():
-    x, y = regression(n=6000)
-    model = mlp(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)  # constant: fine early, too big to settle
-    return Setup(model, optimizer, nn.MSELoss(), *split(x, y, n_val=500), classification=False, steps=300, batch_size=16)
-
-
-# healthy runs
-
-
-def healthy_mlp():
-    return classifier(mlp(), lr=1e-3, steps=120)
-
-
-def healthy_sgd_momentum():
-    return classifier(mlp(), lr=0.05, opt="sgd", steps=120)
-
-
-def healthy_cnn_dropout_bn():
-    return classifier(SmallCNN(), data=split(*digits(), n_val=300), lr=3e-3, steps=120)
-
-
-def healthy_regression():
-    return regressor(mlp(8, 1), lr=3e-3, steps=120)
-
-
-def healthy_accumulation():
-    return classifier(mlp(), lr=0.05, opt="sgd", loop=loop_accumulate_scaled, steps=160, batch_size=16)
-
-
-def healthy_frozen_backbone():
-    x, y, xv, yv = split(*blobs())
-    backbone = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
-    pretrain = nn.Sequential(backbone, nn.Linear(64, 4))
-    optimizer = torch.optim.Adam(pretrain.parameters(), lr=1e-2)
-    for _ in range(60):  # "pretrained" elsewhere
-        optimizer.zero_grad()
-        F.cross_entropy(pretrain(x), y).backward()
-        optimizer.step()
-    backbone.requires_grad_(False)
-    model = nn.Sequential(backbone, nn.Linear(64, 4))
-    return Setup(model, torch.optim.Adam(model[1].parameters(), lr=1e-2), nn.CrossEntropyLoss(), x, y, xv, yv, steps=100)
-
-
-def healthy_one_cycle():
-    setup = classifier(mlp(), lr=0.1, opt="sgd", loop=loop_one_cycle, steps=160)
-    setup.scheduler = torch.optim.lr_scheduler.OneCycleLR(setup.optimizer, max_lr=0.1, total_steps=160)
-    return setup
-
-
-def healthy_noisy_task():
-    x, y = blobs(n=6000, classes=2, spread=0.35)
-    gen = torch.Generator().manual_seed(4)
-    flip = torch.rand(len(y), generator=gen) < 0.2  # a fifth of the labels are wrong: the loss floor is high
-    y = torch.where(flip, 1 - y, y)
-    return classifier(mlp(20, 2), data=split(x, y, n_val=500), lr=3e-3, steps=200)
-
-
-def healthy_clipped():
-    return classifier(mlp(), lr=0.05, opt="sgd", loop=loop_healthy_clip, steps=120)
-
-
-BROKEN: tuple[tuple[str, C, Callable[[], Setup]], ...] = (
-    ("lr_10", C.LR_TOO_HIGH, case_lr_10),
-    ("adam_lr_1", C.LR_TOO_HIGH, case_adam_lr_1),
-    ("lr_too_low", C.LR_TOO_LOW, case_lr_too_low),
-    ("constant_lr_plateau", C.NO_LR_SCHEDULE, case_constant_lr_plateau),
-    ("scheduler_per_batch", C.LR_SCHEDULE_MISUSE, case_scheduler_per_batch),
-    ("clip_too_small", C.GRAD_CLIP_TOO_SMALL, case_clip_too_small),
-    ("accum_unscaled", C.GRAD_ACCUM_SCALING, case_accum_unscaled),
-    ("dead_relu_bias", C.DEAD_RELU, case_dead_relu_bias),
-    ("vanishing_sigmoid", C.VANISHING_GRADIENTS, case_vanishing_sigmoid),
-    ("saturated_tanh", C.SATURATED_ACTIVATIONS, case_saturated_tanh),
-    ("zero_init", C.BAD_INIT, case_zero_init),
-    ("init_too_large", C.BAD_INIT, case_init_too_large),
-    ("no_activation", C.MISSING_ACTIVATION, case_no_activation),
-    ("relu_on_logits", C.WRONG_OUTPUT_ACTIVATION, case_relu_on_logits),
-    ("sigmoid_on_regression", C.WRONG_OUTPUT_ACTIVATION, case_sigmoid_on_regression),
-    ("mse_on_one_hot", C.WRONG_LOSS, case_mse_on_one_hot),
-    ("nll_on_probabilities", C.WRONG_LOSS, case_nll_on_probabilities),
-    ("softmax_before_ce", C.DOUBLE_SOFTMAX, case_softmax_before_ce),
-    ("no_zero_grad", C.MISSING_ZERO_GRAD, case_no_zero_grad),
-    ("optimizer_stale_model", C.OPTIMIZER_NOT_CONNECTED, case_optimizer_stale_model),
-    ("optimizer_missing_head", C.OPTIMIZER_NOT_CONNECTED, case_optimizer_missing_head),
-    ("detached_body", C.DETACHED_GRAPH, case_detached_body),
-    ("all_frozen", C.FROZEN_PARAMETERS, case_all_frozen),
-    ("eval_in_train_mode", C.EVAL_MODE_FORGOTTEN, case_eval_in_train_mode),
-    ("raw_pixels", C.UNNORMALIZED_INPUTS, case_raw_pixels),
-    ("unnormalized_targets", C.UNNORMALIZED_TARGETS, case_unnormalized_targets),
-    ("labels_shuffled_separately", C.LABELS_MISALIGNED, case_labels_shuffled_separately),
-    ("labels_collapsed", C.LABEL_NOISE, case_labels_collapsed),
-    ("float_labels_to_ce", C.LABEL_DTYPE, case_float_labels_to_ce),
-    ("shape_broadcast", C.SHAPE_BROADCAST, case_shape_broadcast),
-    ("wrong_flatten", C.WRONG_RESHAPE, case_wrong_flatten),
-    ("sorted_by_class", C.UNSHUFFLED_DATA, case_sorted_by_class),
-    ("zeroed_batches", C.SILENT_DATA_LOSS, case_zeroed_batches),
-    ("log_of_zero", C.LOG_OF_ZERO, case_log_of_zero),
-    ("division_by_zero", C.DIVISION_BY_ZERO, case_division_by_zero),
-    ("naive_softmax", C.NUMERICAL_OVERFLOW, case_naive_softmax),
-    ("nan_in_inputs", C.NAN_IN_DATA, case_nan_in_inputs),
-    ("overfitting", C.OVERFITTING, case_overfitting),
-    ("narrow_model", C.UNDERFITTING, case_narrow_model),
-    ("leaked_validation", C.DATA_LEAKAGE, case_leaked_validation),
-    ("duplicated_rows", C.DUPLICATE_SAMPLES, case_duplicated_rows),
-    ("class_imbalance", C.CLASS_IMBALANCE, case_class_imbalance),
-    ("batch_of_two", C.BATCH_TOO_SMALL, case_batch_of_two),
-    ("wrong_custom_backward", C.BROKEN_BACKWARD, case_wrong_custom_backward),
-    ("inplace_op", C.INPLACE_AUTOGRAD, case_inplace_op),
-    ("state_not_detached", C.GRAPH_RETAINED, case_state_not_detached),
-)
-
-HEALTHY: tuple[tuple[str, Callable[[], Setup]], ...] = (
-    ("mlp_adam", healthy_mlp),
-    ("mlp_sgd_momentum", healthy_sgd_momentum),
-    ("cnn_dropout_batchnorm", healthy_cnn_dropout_bn),
-    ("regression", healthy_regression),
-    ("accumulation", healthy_accumulation),
-    ("frozen_backbone", healthy_frozen_backbone),
-    ("one_cycle_per_batch", healthy_one_cycle),
-    ("noisy_task_plateau", healthy_noisy_task),
-    ("healthy_clipping", healthy_clipped),
-)
-
-# --------------------------------------------------------------------------- the pipeline
-
-
-def lesson_messages(losses: list[float], debugger: NetworkDebugger) -> list[tuple[str, C]]:
-    """The lesson's verdicts in the order it prints them, each mapped to the cause it names."""
-    messages: list[tuple[str, C]] = []
-    if any(not math.isfinite(v) for v in losses):
-        messages.append(("loss is NaN/Inf: lower the learning rate", C.LR_TOO_HIGH))
-    recent = [v for v in losses[-10:] if math.isfinite(v)]
-    if len(recent) >= 10:
-        if max(recent) - min(recent) < 1e-3:
-            messages.append(("loss not decreasing: check the learning rate", C.LR_TOO_LOW))
-        diffs = [b - a for a, b in zip(recent, recent[1:])]
-        changes = sum(1 for a, b in zip(diffs, diffs[1:]) if a * b < 0)
-        if changes > len(diffs) / 2:
-            messages.append(("loss oscillating: lower the learning rate", C.LR_TOO_HIGH))
-    codes = {"dead ReLUs": C.DEAD_RELU, "vanishing": C.VANISHING_GRADIENTS, "exploding": C.EXPLODING_GRADIENTS}
-    for text in debugger.check_health():
-        messages.append((text, next(code for key, code in codes.items() if key in text)))
-    return messages
-
-
-@dataclass
-class Outcome:
-    name: str
-    expected: C | None
-    codes: list[C]
-    severities: list[str]
-    baseline: list[C]
-    seconds: float
-    diagnosis: object = None
-
-    @property
-    def alarm(self) -> bool:
-        return any(SEVERITY_ORDER[s] >= SEVERITY_ORDER["warning"] for s in self.severities)
-
-
-def run(name: str, expected: C | None, build: Callable[[], Setup]) -> Outcome:
-    started = time.perf_counter()
-    torch.manual_seed(SEED)
-    s = build()
-    loop = s.loop or standard_loop
-    mon = nndx.Monitor(s.model, s.optimizer, every=5, loss_fn=s.loss_fn, name=name)
-    debugger = NetworkDebugger(s.model).register_hooks()
-    crash = None
+def _commit() -> str | None:
     try:
-        loop(s, mon)
-    except Exception as exc:  # noqa: BLE001 - the user's loop crashing is part of the case
-        crash = ErrorRecord(source="training", type=type(exc).__name__, message=str(exc)[:2000])
-    finally:
-        mon.close()
-        debugger.close()
-    batch = (s.x[:64], s.y[:64])
-    report = nndx.probe(
-        s.model,
-        batch,
-        s.loss_fn,
-        optimizer=s.optimizer,
-        monitor=mon,
-        data=(s.x, s.y, s.x_val, s.y_val),
-        overfit_one_batch={"steps": 150},
-        lr_range={"steps": 50},
-    )
-    if crash is not None:
-        report.errors.append(crash)
-    diagnosis = nndx.diagnose(report)
-    baseline_messages = lesson_messages(s.losses, debugger) if crash is None else [("crashed", None)]
-    return Outcome(
-        name=name,
-        expected=expected,
-        codes=[f.code for f in diagnosis.findings],
-        severities=[f.severity for f in diagnosis.findings],
-        baseline=[code for _, code in baseline_messages],
-        seconds=time.perf_counter() - started,
-        diagnosis=diagnosis,
-    )
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH, capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-k", default="", help="only cases whose name contains this")
-    parser.add_argument("-v", action="store_true", help="print each case's top findings")
-    parser.add_argument("--seed", type=int, default=0, help="seed of data and initialisation (default 0)")
+    parser.add_argument("-k", default=None, help="case ids containing this (comma-separated; globs allowed)")
+    parser.add_argument("--quick", action="store_true", help="a subset: families mlp, lstm, rescnn, binary, one style per bug")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2; 1 = in this process)")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--every-seed", action="store_true",
+                        help="run each case with every seed (default: one seed per case, rotated over the styles)")
+    parser.add_argument("--no-handwritten", action="store_true", help="leave out the hand-written family")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"per-case records (default {DEFAULT_JSON})")
+    parser.add_argument("--list", action="store_true", help="print the selected case ids and exit")
+    parser.add_argument("-v", action="store_true", help="print each case's verdict as it finishes")
     args = parser.parse_args(argv)
-    global SEED
-    SEED = args.seed
-    cases = [(n, e, b) for n, e, b in BROKEN if args.k in n] + [(n, None, b) for n, b in HEALTHY if args.k in n]
-    outcomes = []
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else runner.SEEDS
+    todo = runner.tasks(args.k, quick=args.quick, seeds=seeds, every_seed=args.every_seed,
+                        handwritten=not args.no_handwritten)
+    if args.list:
+        for task in todo:
+            for style in task.styles:
+                print(runner.case_id(task.item, task.family, style, task.seed))
+        return 0
+    if not todo:
+        print("no case matches", file=sys.stderr)
+        return 2
+    n_cases = sum(len(t.styles) for t in todo)
+    print(f"{len(todo)} tasks, {n_cases} cases, {args.jobs} jobs", file=sys.stderr)
     started = time.perf_counter()
-    for i, (name, expected, build) in enumerate(cases, 1):
-        print(f"[{i}/{len(cases)}] {name} ...", file=sys.stderr, flush=True)
-        outcome = run(name, expected, build)
-        outcomes.append(outcome)
-        if args.v:
-            for f in outcome.diagnosis.findings[:5]:
-                cause = f" <- {f.explained_by}" if f.explained_by else ""
-                print(f"    {f.severity:7} {f.rule_id} {f.code.value}{cause}: {f.symptom[:90]}", file=sys.stderr)
-    broken = [o for o in outcomes if o.expected is not None]
-    healthy = [o for o in outcomes if o.expected is None]
+    records = []
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.json.with_suffix(".partial.jsonl")  # records as they arrive, for a run cut short
+    with partial.open("w") as stream:
+        for record in runner.run_all(todo, args.jobs, progress=True):
+            records.append(record)
+            stream.write(json.dumps(record, default=str) + "\n")
+            stream.flush()
+            if args.v:
+                print(_verdict(record), file=sys.stderr)
+    seconds = time.perf_counter() - started
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(u.ru_utime + u.ru_stime for u in usage)
+    records.sort(key=lambda r: r["id"])
+    meta = {"commit": _commit(), "argv": sys.argv[1:] if argv is None else argv, "seconds": round(seconds, 1),
+            "cpu_seconds": round(cpu, 1), "jobs": args.jobs, "seeds": list(seeds), "quick": args.quick}  # fmt: skip
+    args.json.write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=str))
+    partial.unlink()
+    print(report.render(records, seconds))
+    print(f"\nCPU time {cpu:.0f} s (all processes): {cpu / 120:.1f} min on 2 fully available cores")
+    print(f"per-case records: {args.json}")
+    return 1 if any(r["status"] == "harness_error" for r in records) else 0
 
-    print(f"\n{'case':32} {'expected':24} {'nndx top-1':24} {'rank':>4}  {'lesson top-1':20}")
-    for o in broken:
-        rank = o.codes.index(o.expected) + 1 if o.expected in o.codes else "-"
-        print(
-            f"{o.name:32} {o.expected.value:24} {(o.codes[0].value if o.codes else '(none)'):24} {rank!s:>4}  "
-            f"{(o.baseline[0].value if o.baseline and o.baseline[0] else '(none)'):20}"
-        )
-    for o in healthy:
-        alarms = [c.value for c, s in zip(o.codes, o.severities) if SEVERITY_ORDER[s] >= 1]
-        print(f"{o.name:32} {'(healthy)':24} {(', '.join(alarms) or 'no warning'):24} {'':>4}  {(o.baseline[0].value if o.baseline else 'no message'):20}")
 
-    def share(items, predicate) -> str:
-        return f"{sum(1 for o in items if predicate(o))}/{len(items)} = {sum(1 for o in items if predicate(o)) / max(1, len(items)):.0%}"
-
-    print(f"\n{'metric':34} {'nndx':>16} {'lesson NetworkDebugger':>24}")
-    rows = (
-        ("top-1 cause accuracy (broken)", lambda o: o.codes[:1] == [o.expected], lambda o: o.baseline[:1] == [o.expected]),
-        ("top-3 cause accuracy (broken)", lambda o: o.expected in o.codes[:3], lambda o: o.expected in o.baseline[:3]),
-    )
-    for label, ours, theirs in rows:
-        print(f"{label:34} {share(broken, ours):>16} {share(broken, theirs):>24}")
-    print(f"{'false alarms (healthy runs)':34} {share(healthy, lambda o: o.alarm):>16} {share(healthy, lambda o: bool(o.baseline)):>24}")
-    print(f"\n{len(broken)} broken + {len(healthy)} healthy runs, seed {SEED}, in {time.perf_counter() - started:.0f} s")
-    return 0
+def _verdict(r: dict) -> str:
+    if r["status"] != "scored":
+        detail = r.get("nndx_error") or r.get("error") or (r.get("twin") or {}).get("why", "")
+        return f"  {r['status']:12} {r['id']}: {str(detail)[:200]}"
+    mark = "ok " if (r["top1_ok"] if r["kind"] == "broken" else not r["alarm"]) else "BAD"
+    return f"  {mark} {r['id']}: expected {r['expected']}, top-3 {r['top3']}"
 
 
 if __name__ == "__main__":
