@@ -698,9 +698,9 @@ def no_optimizer_step(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Trainable parameters never changed",
     detects="After at least 5 steps, trainable parameters whose values equal those when the Monitor attached, "
-    "leaving out those NNDX303/NNDX304 already name (not in the optimizer, no gradient). Error when they are "
-    "at least half of the trainable tensors; under half, only those whose recorded gradient norm reached "
-    "1e-3 of their weight norm (a bias before batch-norm gets a vanishing gradient and rightly stays).",
+    "leaving out those NNDX303/NNDX304 already name (not in the optimizer, no gradient) and, where gradients "
+    "were recorded, those whose gradient norm never reached 1e-3 of their weight norm (behind dead units, or a "
+    "bias before batch-norm: nothing to apply). Error when they are at least half of the trainable tensors.",
     why="They receive gradients but no update reaches them: gradients zeroed between backward and step, a "
     "learning rate of 0 for their group, or a hand-written update loop that skips them.",
     fix="Call optimizer.zero_grad() before backward, not between backward and step; check each param group's "
@@ -716,11 +716,13 @@ def params_never_changed(report: DiagnosticReport) -> Hit | None:
     trainable = {p.name for p in report.parameters if p.requires_grad} | set(names)
     share = len(names) / len(trainable) if trainable and report.parameters else None
     severe = share is None or share >= 0.5
-    if not severe:
-        relative_grad: dict[str, float] = {}
-        for p in report.parameters:
-            if p.grad_norm is not None and math.isfinite(p.grad_norm) and p.weight_norm > 0:
-                relative_grad[p.name] = max(relative_grad.get(p.name, 0.0), p.grad_norm / p.weight_norm)
+    relative_grad: dict[str, float] = {}
+    for p in report.parameters:
+        if p.grad_norm is not None and math.isfinite(p.grad_norm) and p.weight_norm > 0:
+            relative_grad[p.name] = max(relative_grad.get(p.name, 0.0), p.grad_norm / p.weight_norm)
+    if relative_grad:
+        # a parameter whose gradient was (nearly) zero had nothing to apply: that is a dead
+        # or vanishing path (NNDX201/203), not an update that failed to reach it
         names = [n for n in names if relative_grad.get(n, 0.0) >= 1e-3]
     if not names:
         return None

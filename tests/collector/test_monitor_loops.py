@@ -146,6 +146,22 @@ def test_optimizer_step_never_called_fires_live_and_in_the_report():
     assert "NNDX321" in {f.rule_id for f in mon.findings}
 
 
+def test_parameters_behind_dead_units_are_unchanged_without_blaming_the_optimizer():
+    """Behind a ReLU dead for every sample the gradients are exactly zero, so those
+    parameters never move: the dead units are the cause (NNDX201), not an update that
+    failed to reach them."""
+    model = mlp()
+    with torch.no_grad():
+        model[0].bias.fill_(-50.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt, every=5) as mon:
+        optimizer_loop(mon, model, opt)
+    report = mon.report()
+    assert "0.weight" in report.loop.params_never_changed
+    assert not fired(report, "NNDX322")
+    assert fired(report, "NNDX201")
+
+
 def test_gradients_zeroed_before_the_step_leave_every_parameter_unchanged():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
