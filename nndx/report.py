@@ -73,6 +73,9 @@ class LayerInfo(Schema):
     output_shape: list[Count] | None = None
     param_count: Count = 0
     trainable_param_count: Count = 0
+    input_from: str | None = Field(
+        None, description="the layer whose output was this layer's input in an observed forward (through "
+        "reshapes, dropout and normalisation only); None when not observed or made by anything else")
 
 
 class ModelSummary(Schema):
@@ -89,6 +92,9 @@ class ModelSummary(Schema):
     normalization_layers: list[str] = Field(default_factory=list)
     has_dropout: bool = False
     has_batchnorm: bool = False
+    forward_observed: bool = Field(
+        False, description="layers are in the order a forward ran them, functional activations included, "
+        "with input_from set; otherwise in registration order")
 
 
 # --------------------------------------------------------------------------- loss history

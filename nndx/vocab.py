@@ -128,6 +128,9 @@ NORMALIZATION_NAMES = BATCHNORM_NAMES | frozenset({
 DROPOUT_NAMES = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"})
 # modules that change no values at inference time (they never decide what the output is)
 PASSTHROUGH_NAMES = DROPOUT_NAMES | frozenset({"Identity", "Flatten", "Unflatten"})
+# layers between two linear layers that leave their composition (nearly) linear: a Linear,
+# a BatchNorm and a Linear are one affine map at inference
+LINEAR_PRESERVING_NAMES = PASSTHROUGH_NAMES | BATCHNORM_NAMES | frozenset({"LayerNorm", "GroupNorm"})
 
 # derived name sets the rules read
 CLASSIFICATION_LOSS_NAMES = frozenset(k.name for k in LOSSES if k.task == "classification")

@@ -28,7 +28,9 @@ from nndx.rules.live import TrainingFailure
 
 logger = logging.getLogger("nndx")
 
-PREFLIGHT_PROBES = ("overfit_one_batch", "lr_range", "grad_check")
+# every probe a batch allows (None: nndx.probe's default set), so a framework run gets the
+# same evidence as a loop that calls nndx.probe itself; a tuple narrows it
+PREFLIGHT_PROBES: Sequence[str] | None = None
 
 
 def model_output_loss(output: Any, targets: Any = None) -> Any:
@@ -78,14 +80,14 @@ class TrainingSession:
         *,
         source: str,
         preflight: bool = False,
-        preflight_probes: Sequence[str] = PREFLIGHT_PROBES,
+        preflight_probes: Sequence[str] | None = PREFLIGHT_PROBES,
         preflight_options: dict[str, dict[str, Any]] | None = None,
         monitor_options: dict[str, Any] | None = None,
         filename_prefix: str = "nndx",
     ) -> None:
         self.source = source
         self.preflight = preflight
-        self.preflight_probes = list(preflight_probes)
+        self.preflight_probes = None if preflight_probes is None else list(preflight_probes)
         self.preflight_options = dict(preflight_options or {})
         self.monitor_options = dict(monitor_options or {})
         self.stop_on = self.monitor_options.pop("stop_on", None)

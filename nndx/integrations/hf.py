@@ -12,8 +12,8 @@ How to use::
 
 What it does, event by event:
 
-- ``on_train_begin``: with ``preflight=True``, runs :func:`nndx.probe` (overfit one
-  batch, LR range test, gradient check) once, on copies, on the first
+- ``on_train_begin``: with ``preflight=True``, runs :func:`nndx.probe` (every probe
+  a batch allows; ``preflight_probes`` narrows it) once, on copies, on the first
   ``per_device_train_batch_size`` samples of the training set collated by the
   Trainer's own collator; then attaches a :class:`~nndx.collector.monitor.Monitor` to
   the ``model`` and the torch optimizer inside the Trainer's (accelerate-wrapped)
@@ -63,7 +63,7 @@ class _TrainerHooks:
         every: int = 1,
         loss_fn: Callable[..., Any] | None = None,
         preflight: bool = False,
-        preflight_probes: Sequence[str] = PREFLIGHT_PROBES,
+        preflight_probes: Sequence[str] | None = PREFLIGHT_PROBES,
         preflight_options: dict[str, dict[str, Any]] | None = None,
         save_dir: str | Path | None = None,
         filename_prefix: str = "nndx",

@@ -11,7 +11,7 @@ How to use::
 What it does, hook by hook:
 
 - first training batch (``on_train_batch_start``): with ``preflight=True``, runs
-  :func:`nndx.probe` (overfit one batch, LR range test, gradient check) once on that
+  :func:`nndx.probe` (every probe a batch allows; ``preflight_probes`` narrows it) once on that
   batch, on copies of the module and optimizer; then attaches a
   :class:`~nndx.collector.monitor.Monitor` to the ``LightningModule`` and
   ``trainer.optimizers[0]``. Attaching here rather than in ``on_fit_start`` keeps the
@@ -65,7 +65,7 @@ class _LightningHooks:
         every: int = 1,
         loss_fn: Callable[..., Any] | None = None,
         preflight: bool = False,
-        preflight_probes: Sequence[str] = PREFLIGHT_PROBES,
+        preflight_probes: Sequence[str] | None = PREFLIGHT_PROBES,
         preflight_options: dict[str, dict[str, Any]] | None = None,
         val_loss_key: str = "val_loss",
         save_dir: str | Path | None = None,

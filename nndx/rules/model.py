@@ -10,7 +10,7 @@ from nndx.rules.engine import Hit, rule
 
 LINEAR_TYPES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear", "LazyLinear"}
 # Layers that keep a stack linear: anything affine or that only reshapes/masks.
-PASS_THROUGH_TYPES = vocab.PASSTHROUGH_NAMES | vocab.BATCHNORM_NAMES | {"LayerNorm", "GroupNorm"}
+PASS_THROUGH_TYPES = vocab.LINEAR_PRESERVING_NAMES
 
 
 def _sequential_neighbours(first: str, second: str) -> bool:
@@ -31,11 +31,11 @@ def _sequential_neighbours(first: str, second: str) -> bool:
     C.MISSING_ACTIVATION,
     "warning",
     "Stacked linear layers with no non-linearity between them",
-    detects="Two Linear/Conv children of nn.Sequential containers with only affine or reshaping layers "
-    "(dropout, flatten, normalisation) between them. Only Sequential children count: elsewhere module "
-    "order proves nothing (attention's parallel query/key/value, F.relu in a custom forward). When "
-    "the model has no activation module at all it warns only if the loss is not moving, and is info "
-    "otherwise.",
+    detects="A Linear/Conv layer whose input is another Linear/Conv layer's output with only reshapes, "
+    "dropout or normalisation between them, as a probe's observed forward shows (functional activations "
+    "such as F.relu count). Without an observed forward, two Linear/Conv children of nn.Sequential "
+    "containers adjacent in registration order. When the model has no activation at all it warns only if "
+    "the loss is not moving, and is info otherwise.",
     why="A composition of linear maps is one linear map: the extra layers add parameters but no "
     "capacity, and the model cannot fit a non-linear task.",
     fix="Insert an activation (nn.ReLU(), nn.GELU()) between the layers.",
@@ -44,15 +44,21 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
     model = report.model
     if model is None or len(model.layers) < 2:
         return None
-    previous = None
     pairs = []
-    for layer in model.layers:
-        if layer.type in LINEAR_TYPES:
-            if previous is not None and _sequential_neighbours(previous.name, layer.name):
-                pairs.append((previous.name, layer.name))
-            previous = layer
-        elif layer.type not in PASS_THROUGH_TYPES:
-            previous = None
+    if model.forward_observed:
+        # data flow, not module order: parallel branches and F.relu between layers are told apart
+        types = {layer.name: layer.type for layer in model.layers}
+        pairs = [(layer.input_from, layer.name) for layer in model.layers
+                 if layer.type in LINEAR_TYPES and types.get(layer.input_from or "") in LINEAR_TYPES]  # fmt: skip
+    else:
+        previous = None
+        for layer in model.layers:
+            if layer.type in LINEAR_TYPES:
+                if previous is not None and _sequential_neighbours(previous.name, layer.name):
+                    pairs.append((previous.name, layer.name))
+                previous = layer
+            elif layer.type not in PASS_THROUGH_TYPES:
+                previous = None
     if not pairs:
         return None
     evidence = {"linear_pairs": [f"{a} -> {b}" for a, b in pairs], "activation_modules": len(model.activations)}

@@ -48,7 +48,7 @@ from nndx.collector.stats import (
     gradient_fields,
     gradient_stats_rows,
 )
-from nndx.report import ActivationStats, LayerStats, ModelSummary
+from nndx.report import ActivationStats, LayerInfo, LayerStats, ModelSummary
 
 # spellings of one op, under the name the rules read
 OP_ALIASES = {"__truediv__": "div", "__rtruediv__": "div", "__rdiv__": "div", "__itruediv__": "div",
@@ -117,6 +117,11 @@ class ForwardObserver(TorchFunctionMode):
         self._stack: list[tuple[str, nn.Module]] = []
         self._counts: Counter[tuple[str, str]] = Counter()
         self._made_by: dict[int, tuple[weakref.ref, str | None]] = {}  # tensor id -> (tensor, activation kind)
+        # data flow between leaf modules: tensor id -> (tensor, the layer that made it), kept
+        # through reshapes, dropout and normalisation; and each layer's first input's maker
+        self._producer: dict[int, tuple[weakref.ref, str]] = {}
+        self._input_from: dict[int, str | None] = {}  # id(module) -> maker of its latest input
+        self.input_from: dict[str, str | None] = {}  # layer name -> maker of its first input
         self._stats: list[tuple[Call, ActivationStats, list[torch.Tensor]]] = []
         self._busy = False  # inside the observer's own hooks: their torch calls are not the model's
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -136,8 +141,25 @@ class ForwardObserver(TorchFunctionMode):
         self._handles.clear()
         self._stack.clear()
 
-    def _enter_module(self, module: nn.Module, _args: Any) -> None:
-        self._stack.append((self._names.get(id(module), ""), module))
+    def _enter_module(self, module: nn.Module, args: Any) -> None:
+        name = self._names.get(id(module), "")
+        self._stack.append((name, module))
+        if next(module.children(), None) is None:
+            first = first_output(args)
+            maker = self._maker(first) if first is not None else None
+            self._input_from[id(module)] = maker
+            self.input_from.setdefault(name, maker)
+
+    def _maker(self, t: torch.Tensor) -> str | None:
+        made = self._producer.get(id(t))
+        return made[1] if made is not None and made[0]() is t else None
+
+    def _made(self, out: Any, maker: str | None) -> None:
+        for t in iter_tensors(out):
+            if maker is None:
+                self._producer.pop(id(t), None)
+            else:
+                self._producer[id(t)] = (weakref.ref(t), maker)
 
     def _leave_module(self, module: nn.Module, _args: Any, output: Any) -> None:
         if self._stack and self._stack[-1][1] is module:
@@ -154,6 +176,10 @@ class ForwardObserver(TorchFunctionMode):
         if is_leaf:
             if name not in self.timeline:
                 self.timeline.append(name)
+            if type(module).__name__ in vocab.LINEAR_PRESERVING_NAMES:
+                self._made(output, self._input_from.get(id(module)))
+            else:
+                self._made(output, name)
             kind = vocab.activation_kind(type(module).__name__)
             for t in iter_tensors(output):
                 self._remember(t, kind.name if kind is not None else None)
@@ -176,6 +202,8 @@ class ForwardObserver(TorchFunctionMode):
         first = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if op in DROPOUT_OPS:
             self._dropout(op, args, kwargs)
+        if first is not None and (op in SHAPE_OPS or op in DROPOUT_OPS) and not _is_torch_module(self._stack[-1][1]):
+            self._made(out, self._maker(first))
         if first is not None and op in SHAPE_OPS:
             made = self._made_by.get(id(first))
             if made is not None and made[0]() is first:
@@ -301,10 +329,27 @@ def observed_summary(summary: ModelSummary, seen: ForwardObserver, output: Any) 
     update: dict[str, Any] = {}
     if seen.timeline:
         update["activations"] = seen.activation_order()
+        update["layers"] = _layers_as_run(summary.layers, seen)
+        update["forward_observed"] = True
     known, kind = seen.output_activation(output)
     if known:
         update["output_activation"] = kind
     return summary.model_copy(update=update)
+
+
+def _layers_as_run(layers: list[LayerInfo], seen: ForwardObserver) -> list[LayerInfo]:
+    """The layers in the order they ran, functional activations among them, each with the
+    layer its input came from; layers that did not run (a loss module kept as an
+    attribute) stay, after them."""
+    by_name = {layer.name: layer for layer in layers}
+    kinds = {call.name: call.kind.name for call in seen.calls if call.kind is not None}
+    ordered = []
+    for name in seen.timeline:
+        if name in by_name:
+            ordered.append(by_name.pop(name).model_copy(update={"input_from": seen.input_from.get(name)}))
+        elif name in kinds:
+            ordered.append(LayerInfo(name=name, type=kinds[name]))
+    return ordered + list(by_name.values())
 
 
 def _nonfinite(obj: Any) -> bool:

@@ -1,0 +1,67 @@
+"""NNDX401 reads the data flow of an observed forward, not module order: a Linear fed
+by another Linear (through reshapes, dropout or normalisation only) is a composition;
+F.relu between layers kept in an nn.ModuleList, parallel branches reading one input,
+and a loss module kept as an attribute are not."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nndx
+
+
+class Stack(nn.Module):
+    def __init__(self, between: str) -> None:
+        super().__init__()
+        self.hidden = nn.ModuleList([nn.Linear(8, 16), nn.Linear(16, 16)])
+        self.out = nn.Linear(16, 3)
+        self.act, self.drop, self.between = nn.ReLU(), nn.Dropout(0.1), between
+        self.loss_fn = nn.CrossEntropyLoss()  # registered, never run in forward
+
+    def forward(self, x):
+        for layer in self.hidden:
+            x = layer(x)
+            if self.between == "functional":
+                x = F.relu(x)
+            elif self.between == "module":
+                x = self.act(x)
+            elif self.between == "dropout only":
+                x = self.drop(x).view(x.shape[0], -1)
+        return self.out(x)
+
+
+class Parallel(nn.Module):
+    """Three Linears read the same input (as attention's query, key and value)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        weights = torch.softmax(self.q(x) @ self.k(x).T, dim=-1)
+        return self.head(torch.tanh(weights @ self.v(x)))
+
+
+def fired(model):
+    torch.manual_seed(0)
+    batch = (torch.randn(32, 8), torch.randint(0, 3, (32,)))
+    report = nndx.probe(model, batch, nn.CrossEntropyLoss(), probes=["nan_origin"], progress=False)
+    assert report.model.forward_observed
+    return [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX401"]
+
+
+@pytest.mark.parametrize("between", ["functional", "module"])
+def test_an_activation_between_layers_of_a_module_list_is_seen(between):
+    assert not fired(Stack(between))
+
+
+@pytest.mark.parametrize("between", ["nothing", "dropout only"])
+def test_linear_fed_by_linear_fires(between):
+    (finding,) = fired(Stack(between))
+    assert "hidden.0 -> hidden.1" in finding.evidence["linear_pairs"]
+
+
+def test_parallel_branches_over_one_input_are_no_composition():
+    assert not fired(Parallel())
