@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _probe_models import assert_untouched, snapshot, single_thread  # noqa: F401
+from _probe_models import assert_untouched, single_thread, snapshot  # noqa: F401
 from torch import nn
 
 import nndx
@@ -111,6 +111,7 @@ def codes(model, batch, loss_fn=flat_cross_entropy):
     return [f.code.value for f in nndx.diagnose(nndx.probe(model, batch, loss_fn)).findings]
 
 
+@pytest.mark.slow
 def test_causal_transformer_passes_and_is_silent():
     result = causality(TinyGPT(), lm_batch(), flat_cross_entropy)
     assert result.status == "passed" and result.time_axis == 1 and result.next_fraction == 1.0
@@ -227,9 +228,19 @@ def test_model_without_per_position_output_is_skipped_and_errors_are_evidence():
     assert report.probes.causality.status == "error" and any(e.source == "causality" for e in report.errors)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64])
-def test_float64_model_passes(dtype):
-    assert causality(TinyGPT().to(dtype), lm_batch(), flat_cross_entropy).status == "passed"
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_every_dtype_is_judged_against_its_own_rounding(dtype):
+    healthy = causality(TinyGPT().to(dtype), lm_batch(), flat_cross_entropy)
+    assert healthy.status == "passed", healthy.message
+    leak = causality(TinyGPT(causal=False).to(dtype), lm_batch(), flat_cross_entropy)
+    assert leak.status == "failed" and leak.max_change > 10 * leak.tolerance
+
+
+def test_under_autocast_from_probe():
+    for causal, status in ((True, "passed"), (False, "failed")):
+        report = nndx.probe(TinyGPT(causal=causal), lm_batch(), flat_cross_entropy, amp=torch.bfloat16,
+                            probes=["causality"])  # fmt: skip
+        assert report.errors == [] and report.probes.causality.status == status, report.probes.causality
 
 
 def test_dict_batch_with_an_attention_mask_perturbs_the_token_ids():

@@ -35,8 +35,10 @@ whole sequence).
 Causality: the tokens after position ``cut`` are replaced by other ids of the batch and
 both batches run on the eval-mode copy under one seed; the outputs at positions
 ``<= cut`` must not move beyond the rounding tolerance (dtype eps × magnitude ×
-reduction sizes: :func:`~nndx.collector._common.roundoff_tolerance`). One backward and
-two forwards in all.
+reduction sizes: :func:`~nndx.collector._common.roundoff_tolerance`). Which output
+depends on which token does not depend on the dtype, so a float16/bfloat16 model, or
+one probed under ``amp``, is compared on a float32 copy without autocast, where the
+tolerance is tight. One backward and two forwards in all.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from nndx.collector._common import (
     LossFn,
     compute_loss,
     forward,
+    forwards_under_autocast,
     iter_tensors,
     map_tensors,
     prediction,
@@ -69,6 +72,7 @@ NEXT_TOKEN_SHARE = 0.9
 COPY_SHARE = 0.9
 COPY_MARGIN = 0.5
 SEED = 0
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResult:
@@ -79,8 +83,13 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     if isinstance(found, str):
         return CausalityResult(status="skipped", message=found)
     tokens = found
-    with preserved_rng():
+    # what depends on which token does not depend on the dtype, and float32 resolves it: a
+    # half-precision model (or autocast) is compared on a float32 copy
+    with preserved_rng(), forwards_under_autocast(None):
         model_copy = working_copy(model).eval()
+        if any(p.dtype in LOW_PRECISION for p in model_copy.parameters()):
+            model_copy.float()
+            inputs = map_tensors(inputs, lambda t: t.float() if t.dtype in LOW_PRECISION else t)
         aimed = _loss_targets(model_copy, inputs, targets, loss_fn, tokens)
         if isinstance(aimed, str):
             return CausalityResult(status="skipped", message=aimed)
