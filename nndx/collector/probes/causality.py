@@ -99,10 +99,10 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
             return CausalityResult(status="skipped", message="the loss scores no position of the batch")
         copy = float((aimed[scored] == tokens[scored]).float().mean())
         time_axis, next_share = _time_axis(aimed, tokens)
-        common = dict(samples=int(tokens.shape[1 - time_axis]) if time_axis is not None else 0,
-                      positions=int(tokens.shape[time_axis]) if time_axis is not None else 0,
-                      time_axis=time_axis, scored_positions=n_scored, copy_fraction=copy,
-                      next_fraction=next_share)  # fmt: skip
+        common = {"samples": int(tokens.shape[1 - time_axis]) if time_axis is not None else 0,
+                  "positions": int(tokens.shape[time_axis]) if time_axis is not None else 0,
+                  "time_axis": time_axis, "scored_positions": n_scored, "copy_fraction": copy,
+                  "next_fraction": next_share}  # fmt: skip
         unshifted = copy >= COPY_SHARE and copy - next_share >= COPY_MARGIN
         if unshifted:
             return CausalityResult(status="failed", unshifted=True, **common, message=(
