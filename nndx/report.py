@@ -356,6 +356,36 @@ class SampleIndependenceResult(ProbeResult):
                 f"batch axis {num(self.batch_axis)}")
 
 
+class CausalityResult(ProbeResult):
+    title: ClassVar[str] = "next-token causality"
+    checklist: ClassVar[ChecklistItem] = ChecklistItem(
+        "causality", "A next-token model cannot see what it predicts (targets shifted, no future tokens visible)",
+        "causality probe: which input token the loss asks each position to predict; change later tokens, the "
+        "earlier positions' outputs must not move")  # fmt: skip
+    # no codes of its own: LABELS_MISALIGNED and DATA_LEAKAGE belong to the labels and data items (a code
+    # fails one item); this item fails when the probe does
+
+    time_axis: Count | None = Field(None, description="the token inputs' time axis (1: batch-first, 0: time-major)")
+    samples: Count = 0
+    positions: Count = 0
+    scored_positions: Count = Field(0, description="positions the loss scores (not ignored)")
+    copy_fraction: Fraction | None = Field(
+        None, description="scored positions whose target is the input token at that same position")
+    next_fraction: Fraction | None = Field(None, description="scored positions whose target is the next input token")
+    unshifted: bool | None = Field(None, description="the targets are the inputs: the shift by one is missing")
+    cut: Count | None = Field(None, description="the last position kept; every later token was changed")
+    changed_positions: Count = Field(0, description="positions <= cut whose outputs moved beyond the tolerance")
+    max_change: Float | None = Field(None, description="largest change of an output at a position <= cut")
+    tolerance: Float | None = None
+    future_visible: bool | None = Field(None, description="outputs depend on later tokens")
+
+    def summary(self, num: NumberFormat = str) -> str:
+        return (f"targets = input at the same position {num(self.copy_fraction)}, = next input "
+                f"{num(self.next_fraction)} of {self.scored_positions} scored positions; changing tokens after "
+                f"position {num(self.cut)} moved {self.changed_positions} earlier positions (max change "
+                f"{num(self.max_change)}, tolerance {num(self.tolerance)})")
+
+
 class LabelAlignmentResult(ProbeResult):
     title: ClassVar[str] = "label alignment"
     checklist: ClassVar[ChecklistItem] = ChecklistItem(
@@ -402,6 +432,7 @@ class Probes(Schema):
     nan_origin: NanOriginResult | None = None
     eval_mode: EvalModeResult | None = None
     sample_independence: SampleIndependenceResult | None = None
+    causality: CausalityResult | None = None
     label_alignment: LabelAlignmentResult | None = None
     label_noise: LabelNoiseResult | None = None
 

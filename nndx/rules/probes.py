@@ -430,3 +430,69 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
         severity="error" if result.noise_lower_bound > 0.25 else None,
         score=2.0 + 4.0 * result.noise_lower_bound,
     )
+
+
+@rule(
+    "NNDX613",
+    C.LABELS_MISALIGNED,
+    "error",
+    "Language-model targets are not shifted: each position predicts the token it is given",
+    detects="The causality probe: at (nearly) every position the loss scores, the target the loss pulls the "
+    "output towards is the input token at that same position (copy_fraction >= 0.9), and far more often than "
+    "it is the next input token. Which target goes with which output is read from the loss's gradient, so a "
+    "loss that shifts internally (labels = input_ids) is not flagged.",
+    why="A next-token model must predict inputs[t + 1] from inputs[..t]. With targets = inputs the answer is "
+    "in the input: the loss falls to almost zero, and the model learns to copy, not to predict. Nothing "
+    "crashes, and the falling loss looks like success.",
+    fix="Shift by one: inputs = tokens[:, :-1], targets = tokens[:, 1:] (or logits[:, :-1] against "
+    "labels[:, 1:] in the loss).",
+)
+def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "causality")
+    if result is None or result.status != "failed" or not result.unshifted:
+        return None
+    return Hit(
+        symptom=f"{result.copy_fraction:.0%} of the scored positions' targets are their own input token "
+        f"(the next token: {result.next_fraction:.0%})",
+        evidence={
+            "copy_fraction": result.copy_fraction,
+            "next_fraction": result.next_fraction,
+            "scored_positions": result.scored_positions,
+            "time_axis": result.time_axis,
+        },
+        score=4.0,
+    )
+
+
+@rule(
+    "NNDX614",
+    C.DATA_LEAKAGE,
+    "error",
+    "A next-token model sees the tokens it must predict",
+    detects="The causality probe, on a model whose loss targets are the next input tokens: changing the "
+    "tokens after a position moved the eval-mode outputs at that position or before beyond the rounding "
+    "tolerance.",
+    why="The output at position t is trained to predict token t + 1; if it can see token t + 1 it copies it. "
+    "The training loss falls towards zero while generation (which has no future tokens) fails. Typical "
+    "causes: attention without the causal (tril) mask or with it transposed, a bidirectional LSTM/GRU used "
+    "as a language model, a convolution padded on both sides instead of on the left.",
+    fix="Mask attention scores above the diagonal (masked_fill(tril == 0, -inf), or is_causal=True); use a "
+    "unidirectional recurrent layer; pad convolutions on the left only (F.pad(x, (k - 1, 0))).",
+)
+def lm_sees_future(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "causality")
+    if result is None or result.status != "failed" or not result.future_visible:
+        return None
+    return Hit(
+        symptom=f"changing the tokens after position {result.cut} moved the outputs at {result.changed_positions} "
+        "earlier positions",
+        evidence={
+            "changed_positions": result.changed_positions,
+            "cut": result.cut,
+            "max_change": result.max_change,
+            "tolerance": result.tolerance,
+            "next_fraction": result.next_fraction,
+            "time_axis": result.time_axis,
+        },
+        score=4.0,
+    )

@@ -179,4 +179,10 @@ PYTORCH_BUGS: tuple[TableRow, ...] = (
         "loss = loss / accumulation_steps before backward",
         ("NNDX302",),
     ),
+    TableRow(
+        "Language-model loss near zero",
+        "The target is visible in the input: targets not shifted by one, or no causal mask",
+        "targets = tokens[:, 1:] for inputs tokens[:, :-1]; mask attention above the diagonal",
+        ("NNDX613", "NNDX614"),
+    ),
 )

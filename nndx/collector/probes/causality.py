@@ -1,0 +1,248 @@
+"""Causality probe: can a next-token model see the token it must predict?
+
+How to use::
+
+    result = causality(model, (tokens, targets), loss_fn)   # CausalityResult
+    result.copy_fraction, result.next_fraction   # targets the inputs themselves? (not shifted)
+    result.changed_positions, result.max_change  # earlier outputs moved by later tokens? (leak)
+
+A language model whose loss falls to almost zero has often been shown the answer, in one
+of two ways, neither of which crashes:
+
+- **targets not shifted**: the loss asks position ``t`` to predict ``inputs[t]``, the
+  token it is given, instead of ``inputs[t + 1]`` (LABELS_MISALIGNED);
+- **the future is visible**: the output at ``t`` depends on tokens after ``t`` — a
+  missing or wrong causal mask, a bidirectional LSTM used as a language model, a
+  convolution padded on both sides (DATA_LEAKAGE).
+
+Which target the loss pairs with each output position is read from the loss itself,
+not from the batch: one backward of the loss on an eval-mode copy, and the token whose
+logit the gradient at position ``t`` pushes up is that position's target (a loss that
+shifts internally, as a Hugging Face model computing its own ``.loss`` from
+``labels = input_ids`` does, is right, and is read right). Positions the loss ignores
+(zero gradient: padding, ``ignore_index``) do not count. ``copy_fraction`` is the share of
+scored positions whose target is the input token at that position, ``next_fraction``
+the share whose target is the next input token; a correct language model has
+``next_fraction`` ≈ 1, and ``copy_fraction`` only as high as the text repeats itself.
+
+Which axis is time: the one along which targets are the next inputs; a time-major
+``(time, batch)`` batch is read right. When targets are neither the next tokens nor the
+tokens themselves (a tagger's per-token labels, a masked language model), the objective
+is not next-token prediction, a bidirectional model is legitimate, and the probe says
+``skipped``; so it does for targets of another shape than the inputs (a classifier over a
+whole sequence).
+
+Causality: the tokens after position ``cut`` are replaced by other ids of the batch and
+both batches run on the eval-mode copy under one seed; the outputs at positions
+``<= cut`` must not move beyond the rounding tolerance (dtype eps × magnitude ×
+reduction sizes: :func:`~nndx.collector._common.roundoff_tolerance`). Which output
+depends on which token does not depend on the dtype, so a float16/bfloat16 model, or
+one probed under ``amp``, is compared on a float32 copy without autocast, where the
+tolerance is tight. One backward and two forwards in all.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nndx.collector._common import (
+    Batch,
+    LossFn,
+    compute_loss,
+    forward,
+    forwards_under_autocast,
+    iter_tensors,
+    map_tensors,
+    prediction,
+    preserved_rng,
+    roundoff_tolerance,
+    split_batch,
+    working_copy,
+)
+from nndx.collector.probes import ProbeSpec
+from nndx.collector.probes._observe import ForwardObserver
+from nndx.report import CausalityResult
+
+MIN_POSITIONS = 4
+# a correct language model's targets are the next inputs at (nearly) every scored position
+NEXT_TOKEN_SHARE = 0.9
+# unshifted: the targets are the inputs at (nearly) every scored position, and far more
+# often than they are the next inputs (text that repeats one token cannot tell the two)
+COPY_SHARE = 0.9
+COPY_MARGIN = 0.5
+SEED = 0
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResult:
+    """Read which token the loss asks each position to predict; change the later tokens
+    and compare the earlier positions' eval-mode outputs."""
+    inputs, targets = split_batch(batch)
+    found = _token_inputs(inputs, targets)
+    if isinstance(found, str):
+        return CausalityResult(status="skipped", message=found)
+    tokens = found
+    # what depends on which token does not depend on the dtype, and float32 resolves it: a
+    # half-precision model (or autocast) is compared on a float32 copy
+    with preserved_rng(), forwards_under_autocast(None):
+        model_copy = working_copy(model).eval()
+        if any(p.dtype in LOW_PRECISION for p in model_copy.parameters()):
+            model_copy.float()
+            inputs = map_tensors(inputs, lambda t: t.float() if t.dtype in LOW_PRECISION else t)
+        aimed = _loss_targets(model_copy, inputs, targets, loss_fn, tokens)
+        if isinstance(aimed, str):
+            return CausalityResult(status="skipped", message=aimed)
+        scored = aimed >= 0
+        n_scored = int(scored.sum())
+        if n_scored == 0:
+            return CausalityResult(status="skipped", message="the loss scores no position of the batch")
+        copy = float((aimed[scored] == tokens[scored]).float().mean())
+        time_axis, next_share = _time_axis(aimed, tokens)
+        common = {"samples": int(tokens.shape[1 - time_axis]) if time_axis is not None else 0,
+                  "positions": int(tokens.shape[time_axis]) if time_axis is not None else 0,
+                  "time_axis": time_axis, "scored_positions": n_scored, "copy_fraction": copy,
+                  "next_fraction": next_share}  # fmt: skip
+        unshifted = copy >= COPY_SHARE and copy - next_share >= COPY_MARGIN
+        if unshifted:
+            return CausalityResult(status="failed", unshifted=True, **common, message=(
+                f"the loss asks {copy:.0%} of the scored positions to predict the input token at that same position "
+                f"(the next token only {next_share:.0%}): the targets are not shifted — use inputs[:, :-1] as inputs "
+                "and inputs[:, 1:] as targets"))  # fmt: skip
+        if time_axis is None:
+            return CausalityResult(status="skipped", unshifted=False, **common, message=(
+                f"the loss's targets are the next input token at only {next_share:.0%} of the scored positions (the "
+                f"same token at {copy:.0%}): not next-token prediction (a tagger, a masked language model), where "
+                "seeing later tokens is legitimate"))  # fmt: skip
+        changed = _changed_future(tokens, time_axis)
+        if changed is None:
+            return CausalityResult(status="skipped", unshifted=False, **common,
+                                   message="every input token is the same id: nothing to change")  # fmt: skip
+        changed_inputs, cut = _with_tokens(inputs, tokens, changed), changed[1]
+        with torch.no_grad(), ForwardObserver(model_copy) as seen:
+            before = _per_position(_outputs(model_copy, inputs), tokens.shape, time_axis)
+            after = _per_position(_outputs(model_copy, changed_inputs), tokens.shape, time_axis)
+        tolerance = roundoff_tolerance(model_copy, [before], seen.lowest_precision)
+    change = (after[:, : cut + 1] - before[:, : cut + 1]).abs().amax(dim=(0, 2))  # per earlier position
+    moved = int((change > tolerance).sum())
+    largest = float(change.max())
+    common.update(unshifted=False, cut=cut, changed_positions=moved, max_change=largest, tolerance=tolerance)
+    if moved:
+        return CausalityResult(status="failed", future_visible=True, **common, message=(
+            f"changing the tokens after position {cut} moved the eval-mode outputs at {moved} of the {cut + 1} "
+            f"earlier positions (by up to {largest:.3g}, tolerance {tolerance:.3g}): each position sees tokens it "
+            "must predict — a missing or wrong causal mask, a bidirectional recurrent layer, a convolution "
+            "not padded on the left only"))  # fmt: skip
+    return CausalityResult(status="passed", future_visible=False, **common, message=(
+        f"targets are the next tokens at {next_share:.0%} of the scored positions, and changing the tokens after "
+        f"position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
+
+
+def _token_inputs(inputs: object, targets: object) -> torch.Tensor | str:
+    """The integer token tensor of the inputs with the targets' 2-D shape, or why none."""
+    target = next(iter_tensors(targets), None) if targets is not None else None
+    if target is None:
+        return "no targets: nothing says what each position must predict"
+    if target.dim() != 2 or target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        return (f"targets of shape {list(target.shape)} and dtype {target.dtype}: the probe needs integer tokens "
+                "per position (batch, time) of a next-token model")  # fmt: skip
+    candidates = [t for t in iter_tensors(inputs) if t.shape == target.shape and not t.is_floating_point()
+                  and not t.is_complex() and t.dtype != torch.bool]  # fmt: skip
+    if not candidates:
+        return (f"no integer input tensor of the targets' shape {list(target.shape)}: not a model fed the tokens "
+                "it predicts")  # fmt: skip
+    if min(target.shape) < 1 or max(target.shape) < MIN_POSITIONS:
+        return f"inputs of shape {list(target.shape)}: need {MIN_POSITIONS} positions"
+    # the token ids, not an attention mask of the same shape
+    return max(candidates, key=lambda t: torch.unique(t).numel())
+
+
+def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn,
+                  tokens: torch.Tensor) -> torch.Tensor | str:  # fmt: skip
+    """For each position of ``tokens``, the token the loss pushes that position's output
+    towards (its most negative gradient), or -1 where the loss ignores the position."""
+    torch.manual_seed(SEED)
+    with torch.enable_grad():
+        output = forward(model, inputs)
+        logits = next(iter_tensors(prediction(output)), None)
+        if logits is None or not logits.is_floating_point():
+            return "the model returned no floating-point tensor"
+        if not logits.requires_grad:
+            logits.requires_grad_()  # frozen or no-grad model: the gradient w.r.t. the outputs still says it
+        logits.retain_grad()
+        compute_loss(loss_fn, output, targets).backward()
+    if logits.grad is None:
+        return "the loss does not depend on the model's first output: no way to tell what each position predicts"
+    grad = _per_position(logits.grad.detach().float(), tokens.shape, None)
+    if isinstance(grad, str):
+        return grad
+    aimed = grad.argmin(dim=-1)
+    return torch.where(grad.abs().amax(dim=-1) > 0, aimed, torch.full_like(aimed, -1)).to(tokens.device)
+
+
+def _per_position(out: torch.Tensor, shape: torch.Size, time_axis: int | None):
+    """``out`` as (A0, A1, values) in the tokens' layout — or, with a time axis, as
+    (batch, time, values) — accepting (A0, A1, V), (A1, A0, V), (A0, V, A1) and the
+    flattened (A0 * A1, V); a string when the output has no entry per position."""
+    a0, a1 = shape
+    if out.dim() == 2 and out.shape[0] == a0 * a1:
+        aligned = out.reshape(a0, a1, -1)
+    elif out.dim() == 3 and out.shape[:2] == (a0, a1):
+        aligned = out
+    elif out.dim() == 3 and out.shape[:2] == (a1, a0):
+        aligned = out.transpose(0, 1)
+    elif out.dim() == 3 and out.shape[0] == a0 and out.shape[2] == a1:
+        aligned = out.movedim(2, 1)  # (batch, classes, time), the layout cross_entropy takes
+    else:
+        message = f"the model's output {list(out.shape)} has no entry per input position {list(shape)}"
+        if time_axis is None:
+            return message
+        raise ValueError(message)
+    return aligned.transpose(0, 1) if time_axis == 0 else aligned
+
+
+def _time_axis(aimed: torch.Tensor, tokens: torch.Tensor) -> tuple[int | None, float]:
+    """The axis along which the targets are the next inputs, and the share of scored
+    positions where they are (None when neither axis reaches ``NEXT_TOKEN_SHARE``)."""
+    shares = {}
+    for axis in (1, 0):
+        if tokens.shape[axis] < 2:
+            continue
+        length = tokens.shape[axis]
+        current, following = aimed.narrow(axis, 0, length - 1), tokens.narrow(axis, 1, length - 1)
+        scored = current >= 0
+        if scored.any():
+            shares[axis] = float((current[scored] == following[scored]).float().mean())
+    if not shares:
+        return None, 0.0
+    best = max(shares, key=lambda a: shares[a])
+    return (best if shares[best] >= NEXT_TOKEN_SHARE else None), shares[best]
+
+
+def _changed_future(tokens: torch.Tensor, time_axis: int) -> tuple[torch.Tensor, int] | None:
+    """The tokens with every position after ``cut`` (the middle) replaced by the next
+    other id present in the batch (always a valid id, never the same one)."""
+    ids = torch.unique(tokens)
+    if ids.numel() < 2:
+        return None
+    length = tokens.shape[time_axis]
+    cut = (length - 1) // 2
+    other = ids[(torch.searchsorted(ids, tokens.contiguous()) + 1) % ids.numel()]
+    later = (torch.arange(length, device=tokens.device) > cut).view((-1, 1) if time_axis == 0 else (1, -1))
+    return torch.where(later, other, tokens), cut
+
+
+def _with_tokens(inputs: object, tokens: torch.Tensor, changed: tuple[torch.Tensor, int]) -> object:
+    return map_tensors(inputs, lambda t: changed[0] if t is tokens else t)
+
+
+def _outputs(model: nn.Module, inputs: object) -> torch.Tensor:
+    torch.manual_seed(SEED)  # the same random draws in both forwards: only the changed tokens differ
+    out = next(iter_tensors(prediction(forward(model, inputs))), None)
+    if out is None:
+        raise ValueError("the model returned no tensor")
+    return out.detach().float()
+
+
+SPEC = ProbeSpec(name="causality", title=CausalityResult.title, function=causality, result=CausalityResult,
+                 order=36, needs_finite_parameters=True)  # fmt: skip

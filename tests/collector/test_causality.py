@@ -1,0 +1,257 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _probe_models import assert_untouched, single_thread, snapshot  # noqa: F401
+from torch import nn
+
+import nndx
+from nndx.collector.probes.causality import causality
+
+VOCAB, BLOCK = 11, 12
+
+
+class TinyGPT(nn.Module):
+    """nanoGPT in miniature: token + position embeddings, one pre-LN block with
+    hand-written multi-head attention (a tril mask unless ``causal=False``), a head."""
+
+    def __init__(self, causal: bool = True, dropout: float = 0.0, width: int = 16, heads: int = 2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.causal, self.heads = causal, heads
+        self.tok, self.pos = nn.Embedding(VOCAB, width), nn.Embedding(BLOCK, width)
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(width), nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.drop = nn.Dropout(dropout)
+        self.head = nn.Linear(width, VOCAB)
+        self.register_buffer("tril", torch.tril(torch.ones(BLOCK, BLOCK)))
+
+    def attention(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = q @ k.transpose(-2, -1) / math.sqrt(C // self.heads)
+        if self.causal:
+            att = att.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
+        att = self.drop(F.softmax(att, dim=-1))
+        return self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+
+    def forward(self, idx):
+        h = self.drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1])))
+        h = h + self.attention(self.ln1(h))
+        h = h + self.drop(self.mlp(self.ln2(h)))
+        return self.head(self.ln_f(h))
+
+
+class LSTMLM(nn.Module):
+    """A word-language-model-style LSTM; ``time_major`` takes (time, batch) tokens and
+    returns (time, batch, vocab) logits with the hidden state, as the PyTorch example."""
+
+    def __init__(self, bidirectional: bool = False, time_major: bool = False, dropout: float = 0.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(VOCAB, 12)
+        self.lstm = nn.LSTM(12, 16, batch_first=not time_major, bidirectional=bidirectional)
+        self.drop = nn.Dropout(dropout)
+        self.head = nn.Linear(32 if bidirectional else 16, VOCAB)
+
+    def forward(self, idx):
+        out, hidden = self.lstm(self.drop(self.emb(idx)))
+        return self.head(self.drop(out)), hidden
+
+
+class ConvLM(nn.Module):
+    """A 1-D convolutional LM: causal only when padded on the left."""
+
+    def __init__(self, left_padded: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.left_padded = left_padded
+        self.emb = nn.Embedding(VOCAB, 12)
+        self.conv = nn.Conv1d(12, 16, 3, padding=0 if left_padded else 1)
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, idx):
+        h = self.emb(idx).transpose(1, 2)
+        h = F.pad(h, (2, 0)) if self.left_padded else h
+        return self.head(torch.relu(self.conv(h)).transpose(1, 2))
+
+
+class SequenceClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.lstm, self.head = nn.Embedding(VOCAB, 12), nn.LSTM(12, 16, batch_first=True, bidirectional=True), nn.Linear(32, 3)
+
+    def forward(self, idx):
+        return self.head(self.lstm(self.emb(idx))[0].mean(dim=1))
+
+
+def text(n: int = 6, seed: int = 3) -> torch.Tensor:
+    """(n, BLOCK + 1) windows of a token stream that seldom repeats a token."""
+    g = torch.Generator().manual_seed(seed)
+    steps = torch.randint(1, VOCAB, (n, BLOCK + 1), generator=g)
+    return steps.cumsum(dim=1) % VOCAB
+
+
+def lm_batch(shift: bool = True, time_major: bool = False):
+    windows = text()
+    x, y = (windows[:, :-1], windows[:, 1:]) if shift else (windows[:, :-1], windows[:, :-1].clone())
+    return (x.t(), y.t()) if time_major else (x, y)
+
+
+def flat_cross_entropy(out, y):
+    logits = out[0] if isinstance(out, tuple) else out
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def codes(model, batch, loss_fn=flat_cross_entropy):
+    return [f.code.value for f in nndx.diagnose(nndx.probe(model, batch, loss_fn)).findings]
+
+
+@pytest.mark.slow
+def test_causal_transformer_passes_and_is_silent():
+    result = causality(TinyGPT(), lm_batch(), flat_cross_entropy)
+    assert result.status == "passed" and result.time_axis == 1 and result.next_fraction == 1.0
+    assert result.changed_positions == 0 and result.max_change <= result.tolerance
+    assert not {"DATA_LEAKAGE", "LABELS_MISALIGNED"} & set(codes(TinyGPT(), lm_batch()))
+
+
+def test_transformer_without_mask_sees_the_future():
+    result = causality(TinyGPT(causal=False), lm_batch(), flat_cross_entropy)
+    assert result.status == "failed" and result.future_visible
+    assert result.changed_positions == result.cut + 1 and result.max_change > 100 * result.tolerance
+    assert codes(TinyGPT(causal=False), lm_batch())[:1] == ["DATA_LEAKAGE"]
+
+
+def test_lstm_language_models_unidirectional_passes_bidirectional_leaks():
+    assert causality(LSTMLM(), lm_batch(), flat_cross_entropy).status == "passed"
+    assert not {"DATA_LEAKAGE", "LABELS_MISALIGNED"} & set(codes(LSTMLM(), lm_batch()))
+    leak = causality(LSTMLM(bidirectional=True), lm_batch(), flat_cross_entropy)
+    assert leak.status == "failed" and leak.future_visible and leak.changed_positions == leak.cut + 1
+    assert codes(LSTMLM(bidirectional=True), lm_batch())[:1] == ["DATA_LEAKAGE"]
+
+
+def test_convolution_padded_on_both_sides_leaks_one_position():
+    assert causality(ConvLM(left_padded=True), lm_batch(), flat_cross_entropy).status == "passed"
+    leak = causality(ConvLM(left_padded=False), lm_batch(), flat_cross_entropy)
+    assert leak.status == "failed" and leak.changed_positions == 1  # only the cut sees one token ahead
+
+
+def test_targets_equal_to_inputs_are_unshifted():
+    result = causality(TinyGPT(), lm_batch(shift=False), flat_cross_entropy)
+    assert result.status == "failed" and result.unshifted and result.copy_fraction == 1.0
+    assert result.next_fraction < 0.5
+    assert codes(TinyGPT(), lm_batch(shift=False))[:1] == ["LABELS_MISALIGNED"]
+
+
+def test_loss_that_shifts_itself_is_read_right():
+    """Hugging Face style: labels = input_ids, the loss drops the last logit and the first label."""
+
+    def shifting_loss(logits, y):
+        return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), y[:, 1:].reshape(-1))
+
+    x = text()[:, :-1]
+    result = causality(TinyGPT(), (x, x.clone()), shifting_loss)
+    assert result.status == "passed" and result.next_fraction == 1.0 and result.scored_positions == x.numel() - len(x)
+    assert causality(TinyGPT(causal=False), (x, x.clone()), shifting_loss).status == "failed"
+
+
+def test_time_major_batch_is_read_along_time():
+    result = causality(LSTMLM(time_major=True), lm_batch(time_major=True), flat_cross_entropy)
+    assert result.status == "passed" and result.time_axis == 0 and result.positions == BLOCK
+    leak = causality(LSTMLM(bidirectional=True, time_major=True), lm_batch(time_major=True), flat_cross_entropy)
+    assert leak.status == "failed" and leak.time_axis == 0 and leak.future_visible
+    assert codes(LSTMLM(bidirectional=True, time_major=True), lm_batch(time_major=True))[:1] == ["DATA_LEAKAGE"]
+
+
+def test_dropout_does_not_look_like_a_leak():
+    model = TinyGPT(dropout=0.3).train()
+    result = causality(model, lm_batch(), flat_cross_entropy)
+    assert result.status == "passed" and model.training
+    assert causality(LSTMLM(dropout=0.3), lm_batch(), flat_cross_entropy).status == "passed"
+    assert not {"DATA_LEAKAGE", "LABELS_MISALIGNED"} & set(codes(TinyGPT(dropout=0.3), lm_batch()))
+
+
+def test_sequence_classifier_and_taggers_are_skipped():
+    x = text()[:, :-1]
+    result = causality(SequenceClassifier(), (x, torch.randint(0, 3, (len(x),))), nn.CrossEntropyLoss())
+    assert result.status == "skipped" and "targets of shape" in result.message
+    report = nndx.probe(SequenceClassifier(), (x, torch.randint(0, 3, (len(x),))), nn.CrossEntropyLoss())
+    assert report.probes.causality.status == "skipped"
+    assert not {"DATA_LEAKAGE", "LABELS_MISALIGNED"} & {f.code.value for f in nndx.diagnose(report).findings}
+    # a bidirectional tagger: per-token labels that are neither the tokens nor the next ones
+    tags = torch.randint(0, VOCAB, x.shape, generator=torch.Generator().manual_seed(9))
+    tagged = causality(LSTMLM(bidirectional=True), (x, tags), flat_cross_entropy)
+    assert tagged.status == "skipped" and "not next-token" in tagged.message
+    floats = causality(TinyGPT(), (x, torch.randn(x.shape)), flat_cross_entropy)
+    assert floats.status == "skipped"
+
+
+def test_ignored_positions_do_not_count():
+    x, y = lm_batch()
+    y = y.clone()
+    y[:, -4:] = -100  # padding
+    result = causality(TinyGPT(), (x, y), flat_cross_entropy)
+    assert result.status == "passed" and result.scored_positions == (BLOCK - 4) * len(x)
+
+
+def test_user_model_and_rng_untouched():
+    model = TinyGPT(dropout=0.2)
+    before = snapshot(model)
+    state = torch.random.get_rng_state()
+    causality(model, lm_batch(), flat_cross_entropy)
+    assert_untouched(before, model)
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_model_without_per_position_output_is_skipped_and_errors_are_evidence():
+    class LastToken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(VOCAB, 8), nn.Linear(8, VOCAB)
+
+        def forward(self, idx):
+            return self.head(self.emb(idx)[:, -1])
+
+    x, y = lm_batch()
+    skipped = causality(LastToken(), (x, y), lambda out, t: F.cross_entropy(out, t[:, -1]))
+    assert skipped.status == "skipped" and "no entry per input position" in skipped.message
+
+    def broken_loss(out, t):
+        raise RuntimeError("boom")
+
+    report = nndx.probe(TinyGPT(), (x, y), broken_loss, probes=["causality"])
+    assert report.probes.causality.status == "error" and any(e.source == "causality" for e in report.errors)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_every_dtype_is_judged_against_its_own_rounding(dtype):
+    healthy = causality(TinyGPT().to(dtype), lm_batch(), flat_cross_entropy)
+    assert healthy.status == "passed", healthy.message
+    leak = causality(TinyGPT(causal=False).to(dtype), lm_batch(), flat_cross_entropy)
+    assert leak.status == "failed" and leak.max_change > 10 * leak.tolerance
+
+
+def test_under_autocast_from_probe():
+    for causal, status in ((True, "passed"), (False, "failed")):
+        report = nndx.probe(TinyGPT(causal=causal), lm_batch(), flat_cross_entropy, amp=torch.bfloat16,
+                            probes=["causality"])  # fmt: skip
+        assert report.errors == [] and report.probes.causality.status == status, report.probes.causality
+
+
+def test_dict_batch_with_an_attention_mask_perturbs_the_token_ids():
+    class MaskedGPT(TinyGPT):
+        def forward(self, attention_mask, input_ids):
+            return {"logits": super().forward(input_ids) * attention_mask.unsqueeze(-1)}
+
+    x, y = lm_batch()
+    batch = {"attention_mask": torch.ones_like(x), "input_ids": x, "labels": y}
+    def loss(out, labels):
+        return flat_cross_entropy(out["logits"], labels)
+
+    assert causality(MaskedGPT(), batch, loss).status == "passed"
+    assert causality(MaskedGPT(causal=False), batch, loss).status == "failed"
