@@ -10,6 +10,10 @@ from nndx.rules._series import finite, loss_is_moving, used_lr
 from nndx.rules.loss import NO_LEARNING_CAUSES
 from nndx.rules.engine import Hit, rule
 
+# the share of disagreeing labels that labels drawn without looking at the inputs would give, in
+# units of 1 - 1/C; at 0.9 of it the labels are no longer noisy but unrelated (NNDX612)
+CHANCE_DISAGREEMENT = 0.9
+
 
 def _probe(report: DiagnosticReport, name: str):
     return getattr(report.probes, name) if report.probes is not None else None
@@ -404,7 +408,9 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Many labels disagree with what the data predicts",
     detects="The label-noise probe: among the samples a cross-validated model predicts most confidently, "
-    "the share whose label disagrees has a 95% lower bound over 10%. Error when that bound is over 25%.",
+    "the share whose label disagrees has a 95% lower bound over 10%. Error when that bound is over 25%. "
+    "When the share reaches 0.9 of what labels drawn at random would give (1 - 1/C), the labels do not belong "
+    "to their inputs at all: reported as LABELS_MISALIGNED.",
     why="Wrong labels (careless annotation, rows mixed in a join, preprocessing applied to the labels) are "
     "memorised with the right ones: training still converges, and validation accuracy stops short of what "
     "the data allows. Random flips do not care where a sample lies, so they show among confident "
@@ -417,6 +423,19 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "label_noise")
     if result is None or result.status != "failed" or result.noise_lower_bound is None:
         return None
+    classes = report.num_classes
+    if classes and classes > 1 and result.noise_fraction >= CHANCE_DISAGREEMENT * (1 - 1 / classes):
+        # as many disagree as if labels were drawn without looking at the inputs: not
+        # noise on top of a signal but labels that do not belong to their inputs
+        return Hit(
+            symptom=f"{result.noise_fraction:.0%} of confidently predicted labels disagree, as many as labels "
+            f"drawn at random from {classes} classes would",
+            evidence={"noise_fraction": result.noise_fraction, "chance_disagreement": 1 - 1 / classes,
+                      "confident_samples": result.confident_samples, "samples": result.samples},  # fmt: skip
+            severity="error",
+            score=6.0,
+            code=C.LABELS_MISALIGNED,
+        )
     return Hit(
         symptom=f"{result.noise_fraction:.0%} of confidently predicted labels disagree (at least "
         f"{result.noise_lower_bound:.0%})",

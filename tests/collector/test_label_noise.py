@@ -80,3 +80,26 @@ def test_global_rng_and_threads_untouched(digits):
     assert torch.equal(torch.get_rng_state(), state) and random.getstate() == py_state
     assert np.array_equal(np.random.get_state()[1], np_state) and torch.get_num_threads() == threads
     assert label_noise(x[:300], y[:300], steps=20).noise_fraction == first.noise_fraction  # seeded: reproducible
+
+
+@pytest.mark.slow
+def test_labels_unrelated_to_their_inputs_are_misaligned_not_noisy(digits):
+    """Labels shuffled apart from their inputs disagree as often as random labels would
+    (1 - 1/C): that is LABELS_MISALIGNED, while 40% flips stay LABEL_NOISE (above)."""
+    x, y = (torch.as_tensor(a) for a in digits)
+    shuffled = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(0))]
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    report = nndx.probe(model, (x[:64].float(), shuffled[:64]), nn.CrossEntropyLoss(), probes=["label_noise"],
+                        data=(x.float(), shuffled), progress=False)  # fmt: skip
+    (finding,) = [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX612"]
+    assert finding.code.value == "LABELS_MISALIGNED" and finding.severity == "error"
+
+
+def test_token_id_inputs_are_not_judged_by_a_model_that_reads_magnitudes():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 50, (400, 12), generator=g)
+    labels = (tokens == 7).any(dim=1).long() + 2 * (tokens == 9).any(dim=1).long()  # a rule over ids
+    result = label_noise(tokens, labels)
+    assert result.status == "skipped" and "ids" in result.message
+    pixels = label_noise(load_digits().images.astype(np.uint8), load_digits().target, steps=20)
+    assert pixels.status != "skipped"  # uint8 pixels are magnitudes

@@ -45,6 +45,10 @@ def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int, seed: int)
     ya, _ = _as_array(y, "labels")
     if xa.ndim == 0 or ya.ndim == 0 or xa.shape[0] != ya.shape[0]:
         raise ValueError(f"inputs of shape {list(xa.shape)} and labels of shape {list(ya.shape)}: need one label per input")
+    if xa.dtype.kind == "i" and xa.ndim >= 2 and np.unique(xa).size > 2:
+        # uint8 pixels are magnitudes and stay; signed integer rows are ids (tokens, categories)
+        return ("integer inputs (token or category ids): the probe's small MLP would read ids as magnitudes, "
+                "so its predictions say nothing about the labels")
     classes, reason = _class_labels(ya)
     if classes is None:
         return reason
