@@ -299,9 +299,15 @@ def _field(output: Any, name: str) -> Any:
 
 def prediction(output: Any) -> Any:
     """What a loss function reads off the model's output: ``.logits`` of a Hugging Face
-    output (or a dict's ``logits``), else the output itself."""
+    output (or a dict's ``logits``); the first element of a tuple or list that starts
+    with a tensor (a recurrent model's ``(output, hidden)``, a model's ``(logits, aux)``);
+    else the output itself."""
     logits = _field(output, "logits")
-    return logits if isinstance(logits, torch.Tensor) else output
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return output
 
 
 def compute_loss(loss_fn: LossFn, output: Any, targets: Any) -> torch.Tensor:
