@@ -24,7 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
+from nndx import vocab
 from nndx.report import LossCall
 
 MAX_SIGNATURES = 16
@@ -102,6 +104,27 @@ class LossCallLog:
         return len(self._entries)
 
 
+class InnerLossCalls(TorchFunctionMode):
+    """Inside ``with InnerLossCalls(log):``, every call of one of torch's own losses
+    (``F.mse_loss``, ``F.cross_entropy``...) is recorded in ``log``, with what it was
+    given. A loss function of the user's own (``def my_loss(out, y): return
+    F.mse_loss(out, y.float())``) hides what reaches torch's loss behind its name; this
+    is how the loss-fit rules still see it."""
+
+    def __init__(self, log: LossCallLog) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        kind = vocab.loss_kind(getattr(func, "__name__", None))
+        if kind is not None:
+            output = args[0] if args else kwargs.get("input")
+            target = args[1] if len(args) > 1 else kwargs.get("target")
+            self.log.add(kind.name, output, target)
+        return func(*args, **kwargs)
+
+
 def merge_loss_calls(first: list[LossCall], second: list[LossCall]) -> list[LossCall]:
     """``first``, then the calls of ``second`` whose signature ``first`` lacks (a report
     merging the Monitor's calls with the probes' keeps the training loop's counts)."""
@@ -114,4 +137,4 @@ def merge_loss_calls(first: list[LossCall], second: list[LossCall]) -> list[Loss
     return [*first, *(c for c in second if signature(c) not in seen)]
 
 
-__all__ = ["LossCallLog", "call_evidence", "merge_loss_calls"]
+__all__ = ["InnerLossCalls", "LossCallLog", "call_evidence", "merge_loss_calls"]

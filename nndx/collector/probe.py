@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nndx import vocab
 from nndx.collector._common import (
     Batch,
     LossFn,
@@ -69,7 +70,7 @@ from nndx.collector._common import (
     working_copy,
 )
 from nndx.collector.data import check_data
-from nndx.collector.loss_call import LossCallLog
+from nndx.collector.loss_call import InnerLossCalls, LossCallLog
 from nndx.collector.merge import merge_monitor
 from nndx.collector.probes import ProbeSpec, specs
 from nndx.collector.probes._observe import ForwardObserver, observed_summary
@@ -381,7 +382,11 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         calls = LossCallLog()
         if setup.loss_fn is not None:
             calls.add(loss_name(setup.loss_fn), prediction(output), targets)
-        compute_loss(setup.loss_fn, output, targets)
+        if setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None:
+            with InnerLossCalls(calls):  # a loss of the user's own: what reaches torch's loss inside it
+                compute_loss(setup.loss_fn, output, targets)
+        else:
+            compute_loss(setup.loss_fn, output, targets)
     report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
     if report.model is not None:
         report.model = observed_summary(report.model, seen, output)

@@ -1,0 +1,39 @@
+"""What reaches torch's loss is evidence whoever wraps it: a loss function of the user's
+own (a plain ``def``) shows the call of torch's loss inside it."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nndx
+
+
+def batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(64, 8, generator=g), torch.randint(0, 4, (64,), generator=g)
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def mse_on_class_index(out, y):
+    return F.mse_loss(out, y.float().unsqueeze(-1))  # broadcasts [64, 4] against [64, 1]
+
+
+def my_cross_entropy(out, y):
+    return F.cross_entropy(out, y)
+
+
+def test_a_broadcast_inside_the_users_own_loss_function_is_seen():
+    report = nndx.probe(model(), batch(), mse_on_class_index, probes=["nan_origin"], progress=False)
+    inner = [c for c in report.loop.loss_calls if c.loss_type == "MSELoss"]
+    assert inner and inner[0].output_shape == [64, 4] and inner[0].target_shape == [64, 1]
+    assert "SHAPE_BROADCAST" in [f.code.value for f in nndx.diagnose(report).findings]
+
+
+def test_a_correct_loss_of_the_users_own_is_silent():
+    report = nndx.probe(model(), batch(), my_cross_entropy, probes=["nan_origin"], progress=False)
+    assert [c.loss_type for c in report.loop.loss_calls] == ["my_cross_entropy", "CrossEntropyLoss"]
+    assert nndx.diagnose(report).healthy
