@@ -202,7 +202,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "Loss is oscillating or diverging",
     detects="A train loss that jumps above 10x its first values, or is above twice its initial level at "
     "least twice in its second half, or whose step-to-step swings "
-    "exceed 25% of the initial loss while it makes under 50% progress.",
+    "exceed 25% of the initial loss while it makes under 50% progress (info when those swings are all "
+    "there is and the loss still made 20% progress).",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -220,7 +221,11 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     swinging = curve.relative_noise > 0.25 and curve.progress < 0.5
     if spikes < 2 and not swinging and not blow_ups:
         return None
+    # swings alone, on a loss that still falls (a fifth of the way or more), are as likely
+    # minibatch noise on a task that starts near its floor: context, not an alarm
+    noisy_but_learning = spikes < 2 and not blow_ups and curve.progress >= 0.2
     return Hit(
+        severity="info" if noisy_but_learning else None,
         symptom="train loss is diverging" if spikes >= 2 or blow_ups else "train loss is oscillating",
         evidence={
             "loss_initial": curve.initial,
