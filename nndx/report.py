@@ -526,6 +526,9 @@ class GraphPoint(Schema):
         0, description="of those, nodes created at an earlier recorded step: a graph kept alive across steps"
     )
     truncated: bool = Field(False, description="the walk stopped at its cap; nodes is a lower bound")
+    older_graphs_alive: Count = Field(
+        0, description="recorded steps before the previous one whose output graph is still alive now (held by "
+        "something that outlives the step: a running sum of loss tensors, outputs kept without .detach())")
 
 
 class LossCall(Schema):

@@ -625,6 +625,9 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
 # --------------------------------------------------------------------------- loops nobody here wrote
 
 
+GRAPHS_HELD_MANY = 32  # older graphs alive at once that no healthy loop holds (the watcher tracks 64)
+
+
 @rule(
     "NNDX320",
     C.GRAPH_RETAINED,
@@ -632,8 +635,10 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
     "The autograd graph is kept alive across steps and grows",
     detects="At least 4 recorded steps where the autograd graph behind the model's outputs holds nodes "
     "created at an earlier step (at 2 or more of them), and grows at each of the last 4 to at least 1.5x its "
-    "first size; error from 3x or when the bounded walk hit its cap. A recurrent state detached each "
-    "batch (truncated BPTT), or a graph that varies in size, does not fire.",
+    "first size; error from 3x or when the bounded walk hit its cap. Or: the output graphs of earlier recorded "
+    "steps (before the previous one) still alive pile up — more at each of the last 4 recorded steps, 2 or "
+    "more now (error from 4), or 32 at once — as a running sum of loss tensors keeps them. A recurrent state detached each batch (truncated "
+    "BPTT), or a graph that varies in size, does not fire.",
     why="A tensor carried from step to step without .detach() (an RNN hidden state, a running sum of "
     "losses) links every new graph to all the old ones: memory and step time grow with every step until "
     "the run dies, and backward needs retain_graph=True to run at all.",
@@ -643,6 +648,22 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
 def graph_retained(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
     points = sorted(loop.graph_nodes_history, key=lambda p: p.step) if loop is not None else []
+    held = [p for p in points if p.older_graphs_alive >= 2]
+    alive = [p.older_graphs_alive for p in points[-4:]]
+    # a variable assigned every few steps holds its last graph for a while (a GAN's D loss):
+    # a bounded number of graphs, constant; a leak holds more at each recorded step
+    piling_up = len(alive) == 4 and all(b >= a for a, b in zip(alive, alive[1:])) and alive[-1] > alive[0]
+    if alive and alive[-1] >= 2 and (piling_up or alive[-1] >= GRAPHS_HELD_MANY):
+        last = points[-1]
+        return Hit(
+            symptom=f"the autograd graphs of {last.older_graphs_alive} earlier recorded steps are still alive at "
+            f"step {last.step}: something keeps them across steps",
+            evidence={"older_graphs_alive": last.older_graphs_alive, "first_step_seen": held[0].step,
+                      "last_step": last.step},  # fmt: skip
+            severity="error" if last.older_graphs_alive >= 4 else "warning",
+            score=1.0 + min(3.0, last.older_graphs_alive / 2),
+            step=held[0].step,
+        )
     if len(points) < 4 or sum(1 for p in points if p.earlier_nodes > 0) < 2:
         return None
     tail = points[-4:]

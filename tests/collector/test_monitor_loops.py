@@ -431,6 +431,35 @@ def test_a_hidden_state_carried_without_detach_grows_the_graph(detach):
         assert "NNDX320" in {f.rule_id for f in mon.findings}  # a live alert too
 
 
+@pytest.mark.parametrize("keep", ["loss tensor", "loss.item()", "outputs detached"])
+def test_a_running_sum_of_loss_tensors_keeps_every_graph_alive(keep):
+    """``total += loss`` holds each step's graph in a chain no model output leads to (the
+    graph behind the outputs never grows); ``loss.item()`` or detached outputs do not."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = data()
+    total, kept = 0.0, []
+    with Monitor(model, opt, every=5) as mon:
+        for _ in range(40):
+            opt.zero_grad()
+            out = model(x)
+            loss = nn.functional.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            total = total + (loss if keep == "loss tensor" else loss.item())
+            if keep == "outputs detached":
+                kept.append(out.detach())
+            mon.log(loss)
+    report = mon.report()
+    assert all(a.nodes == b.nodes for a, b in zip(report.loop.graph_nodes_history, report.loop.graph_nodes_history[1:]))
+    if keep == "loss tensor":
+        (finding,) = fired(report, "NNDX320")
+        assert finding.code.value == "GRAPH_RETAINED" and finding.evidence["older_graphs_alive"] >= 4
+    else:
+        assert all(p.older_graphs_alive == 0 for p in report.loop.graph_nodes_history)
+        assert not fired(report, "NNDX320")
+
+
 def test_graph_walk_is_bounded():
     from nndx.collector.watch.graph import GraphSize
 

@@ -8,10 +8,18 @@ reachable from them and tags each new node with the step (``node.metadata``, whi
 and dies with the node and changes nothing autograd computes). A node found with an
 earlier step's tag was kept alive from that step. Parameters' gradient accumulators are
 left out: they are shared by every graph that uses the parameter, healthy or not.
+
+A graph can also be kept alive without the next graph reaching it: ``total_loss +=
+loss`` holds every step's graph in a chain no model output leads to. So each recorded
+step's output nodes also carry a token object in their metadata, of which the watcher
+keeps only a weak reference: the token lives exactly as long as that graph. Tokens of
+recorded steps before the previous one that are still alive count as graphs kept.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections import deque
 from typing import Any, NamedTuple
 
 import torch
@@ -22,6 +30,11 @@ from nndx.collector.watch.base import History, StepContext, Watcher, recorded_st
 from nndx.report import GraphPoint
 
 _TAG = "nndx_step"
+_ALIVE = "nndx_alive"
+
+
+class _Token:
+    """Lives as long as the graph whose node metadata holds it."""
 
 
 class GraphRecord(NamedTuple):
@@ -29,6 +42,7 @@ class GraphRecord(NamedTuple):
     nodes: int
     earlier_nodes: int
     truncated: bool
+    older_graphs_alive: int = 0
 
 
 class GraphSize(Watcher):
@@ -41,6 +55,7 @@ class GraphSize(Watcher):
     def __init__(self, capacity: int) -> None:
         self.history = History(capacity)
         self._current: GraphRecord | None = None
+        self._tokens: deque[tuple[int, weakref.ref]] = deque(maxlen=64)  # (step, token) of recorded graphs
 
     def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
         if not ctx.recording or not torch.is_grad_enabled():
@@ -48,14 +63,25 @@ class GraphSize(Watcher):
         roots = [t.grad_fn for t in iter_tensors(output) if t.grad_fn is not None]
         if not roots:
             return
-        record = GraphRecord(ctx.step, *self.walk(roots, ctx.step))
+        token = _Token()
+        for root in roots:
+            root.metadata.setdefault(_ALIVE, token)
+        self._tokens.append((ctx.step, weakref.ref(token)))
+        record = GraphRecord(ctx.step, *self.walk(roots, ctx.step), self._older_alive(ctx.step))
         current = self._current
         if current is None or current.step != ctx.step:
             self._current = record
         else:
             self._current = GraphRecord(ctx.step, max(current.nodes, record.nodes),
                                         max(current.earlier_nodes, record.earlier_nodes),
-                                        current.truncated or record.truncated)  # fmt: skip
+                                        current.truncated or record.truncated, record.older_graphs_alive)  # fmt: skip
+
+    def _older_alive(self, step: int) -> int:
+        """Recorded steps before the previous recorded one whose graph is still alive (the
+        previous one's may still be held by the user's last-batch variables)."""
+        steps = sorted({s for s, _ in self._tokens if s < step})
+        older = set(steps[:-1])
+        return len({s for s, ref in self._tokens if s in older and ref() is not None})
 
     def walk(self, roots: list[Any], step: int) -> tuple[int, int, bool]:
         """(nodes reached, nodes tagged at an earlier step, walk truncated)."""
@@ -81,4 +107,5 @@ class GraphSize(Watcher):
 
 
 def _points(record: GraphRecord) -> list[GraphPoint]:
-    return [GraphPoint(step=record.step, nodes=record.nodes, earlier_nodes=record.earlier_nodes, truncated=record.truncated)]
+    return [GraphPoint(step=record.step, nodes=record.nodes, earlier_nodes=record.earlier_nodes, truncated=record.truncated,
+                       older_graphs_alive=record.older_graphs_alive)]
