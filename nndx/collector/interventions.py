@@ -126,8 +126,7 @@ def interventions(
     if base_ratio is None:
         return done(f"the baseline's initial loss {baseline[0]:.4g} is not positive: progress is undefined")
     if base_ratio <= STUCK_RATIO:
-        return done(f"the baseline learns on this batch (loss {baseline[0]:.4g} -> {baseline[-1]:.4g} in "
-                    f"{len(baseline) - 1} steps): nothing for a remedy to explain")  # fmt: skip
+        return done("the baseline learns on this batch: nothing for a remedy to explain")
 
     lr_candidates = optimizer if base_ratio > LR_STUCK_RATIO else None  # slow is not stuck
     for cause, remedy, apply in _candidates(model, inputs, loss_fn, lr_candidates):

@@ -257,7 +257,8 @@ def test_every_probe_is_one_spec_and_one_result_field():
         spec = with_results[name]
         assert spec.result is result_type and spec.title == result_type.title
         assert result_type.checklist is not None, name
-    assert [s.name for s in specs() if s.result is None] == ["hooks"]  # fills report.layers instead
+    # they fill report.layers and report.interventions instead
+    assert [s.name for s in specs() if s.result is None] == ["hooks", "interventions"]
 
 
 # --------------------------------------------------------------------------- what people pass
