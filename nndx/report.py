@@ -487,8 +487,11 @@ class InterventionResult(Schema):
 class Interventions(Schema):
     """Diagnosis by intervention: the user's setup run briefly as it is (the baseline), and
     what each remedy changed, within a time budget. No remedy is tried when the baseline
-    learns: then there is nothing on this batch for a remedy to explain (``message``)."""
+    learns: then there is nothing on this batch for a remedy to explain (``message``).
+    ``status`` is ``skipped``/``error`` when the probe did not run to its end (``message``
+    says why; an error is also in ``report.errors``)."""
 
+    status: Literal["done", "skipped", "error"] = "done"
     steps: Count = 0
     baseline_initial_loss: Float | None = None
     baseline_final_loss: Float | None = None

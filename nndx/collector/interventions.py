@@ -10,21 +10,29 @@ name the likely ones, but only an experiment says which is real. This probe runs
 user's setup — a copy of the model from its current (initial, when probed before
 training) state, a copy of the user's optimizer with its learning rate — for a few
 dozen steps on one batch: the *baseline*. When the baseline fails to learn (its loss
-ends above 90% of where it started, or turns non-finite), each applicable remedy of
-:mod:`nndx.collector.remedies` is applied to a fresh copy and the same run is repeated
-with the same random seed. A remedy that makes the loss fall to half of its start and
-at most half of the baseline's ratio is ``confirmed``; one that does not is
+ends above half of where it started — the start, or the chance-level loss if lower —
+or turns non-finite), each applicable remedy of :mod:`nndx.collector.remedies` is
+applied to a fresh copy and the same run is repeated with the same random seed. A
+remedy that brings the loss to 75% of its start or below, and that share at least 0.2
+below the baseline's, is ``confirmed``; one that does not lower the share by 0.02 is
 ``not_confirmed``. When the baseline learns, there is nothing to explain on this batch:
-the remedies are ``inconclusive`` (the bug, if any, lives in the user's loop or data,
-which the other probes and the Monitor see).
+no remedy is tried (the bug, if any, lives in the user's loop or data, which the other
+probes and the Monitor see). The learning-rate remedies come last and are skipped once
+a structural remedy (the output activation, the loss, dead units, the data's scale) is
+confirmed: a tiny gradient through a sigmoid on the logits is also "fixed" by a 10x
+learning rate, which is compensation, not a second cause.
 
-The remedies and their causes: the learning rate ÷10 (LR_TOO_HIGH) and ×10
-(LR_TOO_LOW); the activation on the output removed (WRONG_OUTPUT_ACTIVATION, or
+The remedies and their causes: the learning rate ÷10, ÷100, ÷1000 (LR_TOO_HIGH) and
+×10, ×100, ×1000 (LR_TOO_LOW), tried only when the baseline's loss ends above 90% of its
+start (slow is not stuck); the activation on the output removed (WRONG_OUTPUT_ACTIVATION, or
 DOUBLE_SOFTMAX before a loss that applies its own); inputs standardised
 (UNNORMALIZED_INPUTS); regression targets standardised (UNNORMALIZED_TARGETS); dead ReLU
 units re-initialised (DEAD_RELU); cross-entropy for class labels given to a regression
 loss (WRONG_LOSS). Each run is bounded by ``steps``; the whole probe by
-``budget_seconds`` (remedies not reached are ``skipped``, with the reason).
+``budget_seconds``, checked before every step: a run the budget cuts short is not judged
+(a remedy is ``skipped`` with the reason, like the remedies not reached; a baseline cut
+short tries no remedy), so a budget of 0 runs nothing. Warnings raised while a remedy
+runs are nndx's own doing (a loss it swapped in) and are not recorded as evidence.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +69,13 @@ CONFIRM_RATIO = 0.75  # a remedy must bring the loss to this share of its start.
 CONFIRM_GAIN = 0.2  # ...and that share at least this much below the baseline's
 NO_GAIN = 0.02  # a remedy whose share is not this much below the baseline's changed nothing
 LR_FACTORS = (10.0, 100.0, 1000.0)  # an LR remedy tries these in turn and keeps the first that works
+LR_CAUSES = ("LR_TOO_HIGH", "LR_TOO_LOW")  # tried last, and only when no structural remedy was confirmed
+DEFAULT_BUDGET_SECONDS = 30.0
+_clock = time.perf_counter  # one clock for the budget (a test may replace it with a deterministic one)
+
+
+class _OutOfTime(Exception):
+    """The budget ran out during a run: its losses are not comparable with a full run."""
 
 
 def interventions(
@@ -69,53 +85,75 @@ def interventions(
     *,
     optimizer: torch.optim.Optimizer | None = None,
     steps: int = 100,
-    budget_seconds: float = 10.0,
+    budget_seconds: float = DEFAULT_BUDGET_SECONDS,
     seed: int = 0,
 ) -> Interventions:
     """Run the baseline and, when it fails to learn, each applicable remedy (see the module docs)."""
     if steps < 2:
         raise ValueError(f"steps must be >= 2, got {steps}")
-    started = time.perf_counter()
+    if not budget_seconds >= 0:
+        raise ValueError(f"budget_seconds must be >= 0, got {budget_seconds}")
+    started = _clock()
+    deadline = started + budget_seconds
     inputs, targets = split_batch(batch)
 
     def fresh() -> Setup:
         model_copy, optimizer_copy, _ = copy_with_optimizer(model, optimizer, lambda p: torch.optim.Adam(p, lr=1e-3))
         return Setup(model_copy, optimizer_copy, inputs, targets, loss_fn)
 
-    chance = _chance_loss(model, inputs, loss_fn)
     results: list[InterventionResult] = []
     baseline: list[float] | None = None
     crash = None
-    try:
-        baseline = _run(fresh(), steps, seed)
-    except Exception as exc:  # noqa: BLE001 - the setup cannot even train: a remedy may fix that too
-        crash = f"{type(exc).__name__}: {exc}"[:300]
 
     def done(message: str | None = None) -> Interventions:
         return Interventions(steps=steps, baseline_initial_loss=baseline[0] if baseline else None,
                              baseline_final_loss=baseline[-1] if baseline else None, message=message,
-                             budget_seconds=budget_seconds, seconds=time.perf_counter() - started,
+                             budget_seconds=budget_seconds, seconds=_clock() - started,
                              results=results)  # fmt: skip
+
+    if budget_seconds == 0:
+        return done("the time budget is 0 s: nothing was run")
+    chance = _chance_loss(model, inputs, loss_fn)
+    try:
+        baseline = _run(fresh(), steps, seed, deadline)
+    except _OutOfTime as out:
+        return done(f"the time budget of {budget_seconds:g} s ran out after {out} of the baseline's {steps} steps: "
+                    "no remedy was tried (raise budget_seconds or lower steps)")  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the setup cannot even train: a remedy may fix that too
+        crash = f"{type(exc).__name__}: {exc}"[:300]
 
     base_ratio = math.inf if baseline is None else _ratio(baseline, chance)
     if base_ratio is None:
         return done(f"the baseline's initial loss {baseline[0]:.4g} is not positive: progress is undefined")
     if base_ratio <= STUCK_RATIO:
-        return done(f"the baseline learns on this batch (loss {baseline[0]:.4g} -> {baseline[-1]:.4g} in "
-                    f"{len(baseline) - 1} steps): nothing for a remedy to explain")  # fmt: skip
+        return done("the baseline learns on this batch: nothing for a remedy to explain")
 
     lr_candidates = optimizer if base_ratio > LR_STUCK_RATIO else None  # slow is not stuck
     for cause, remedy, apply in _candidates(model, inputs, loss_fn, lr_candidates):
         if any(r.cause == cause and r.status == "confirmed" for r in results):
             continue  # a larger LR factor after a smaller one worked says nothing new
-        spent = time.perf_counter() - started
-        if spent > budget_seconds:
-            results.append(InterventionResult(cause=cause, remedy=remedy, status="skipped",
-                                              message=f"time budget of {budget_seconds:g}s spent"))  # fmt: skip
+        structural = next((r for r in results if r.status == "confirmed" and r.cause not in LR_CAUSES), None)
+        if cause in LR_CAUSES and structural is not None:
+            if not any(r.cause == cause for r in results):
+                results.append(InterventionResult(
+                    cause=cause, remedy=remedy, status="skipped",
+                    message=f"{structural.remedy} already made it learn: a learning rate that works around "
+                            "that bug is not a cause of its own"))  # fmt: skip
             continue
-        t0 = time.perf_counter()
+        out_of_time = InterventionResult(cause=cause, remedy=remedy, status="skipped",
+                                         message=f"the time budget of {budget_seconds:g} s was spent")  # fmt: skip
+        if _clock() >= deadline:
+            results.append(out_of_time)
+            continue
+        t0 = _clock()
         try:
-            losses = _run(apply(fresh()), steps, seed)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                losses = _run(apply(fresh()), steps, seed, deadline)
+        except _OutOfTime:
+            if not any(r.cause == cause for r in results):
+                results.append(out_of_time)
+            continue
         except NotApplicable:
             continue  # not a candidate for this setup: nothing to record
         except Exception as exc:  # noqa: BLE001 - a remedy that crashes is no evidence either way
@@ -142,7 +180,7 @@ def interventions(
             remedied_initial_loss=losses[0], remedied_final_loss=losses[-1],
             baseline_progress=None if baseline is None else 1 - base_ratio,
             remedied_progress=None if ratio is None else 1 - ratio,
-            seconds=time.perf_counter() - t0))  # fmt: skip
+            seconds=_clock() - t0))  # fmt: skip
     return done()
 
 
@@ -174,13 +212,16 @@ def _candidates(model: nn.Module, inputs: Any, loss_fn: LossFn,
     return found
 
 
-def _run(setup: Setup, steps: int, seed: int) -> list[float]:
+def _run(setup: Setup, steps: int, seed: int, deadline: float) -> list[float]:
     """Train the setup ``steps`` steps on its batch: the loss before each step and after
-    the last (stops at the first non-finite loss)."""
+    the last (stops at the first non-finite loss). Raises _OutOfTime (with the number of
+    steps done) when the deadline passes before the run ends."""
     losses: list[float] = []
     with preserved_rng():
         torch.manual_seed(seed)
         for step in range(steps + 1):
+            if _clock() >= deadline:
+                raise _OutOfTime(step)
             setup.optimizer.zero_grad(set_to_none=True)
             with remedies.bypassed_activation(setup):
                 output = forward(setup.model, setup.inputs)

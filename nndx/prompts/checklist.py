@@ -197,6 +197,26 @@ def _validation_evidence(report: DiagnosticReport) -> Measured | None:
     return Measured(", ".join(parts))
 
 
+def _intervention_evidence(report: DiagnosticReport) -> Measured | None:
+    """The baseline twin and what each remedy changed; a confirmed remedy fails the item
+    (its cause's own item fails too, through the finding the rules weigh by it)."""
+    iv = report.interventions
+    if iv is None:
+        return None
+    if iv.status != "done" or (iv.baseline_initial_loss is None and not iv.results):
+        return Measured(f"{iv.status if iv.status != 'done' else 'nothing run'}: {iv.message}", counts=False)
+    confirmed = [r for r in iv.results if r.status == "confirmed"]
+    parts = [f"baseline loss {num(iv.baseline_initial_loss)} → {num(iv.baseline_final_loss)} in {iv.steps} steps"]
+    parts += [f"confirmed {r.cause} ({r.remedy}: loss {num(r.remedied_initial_loss)} → "
+              f"{num(r.remedied_final_loss)} with it, {num(r.baseline_initial_loss)} → "
+              f"{num(r.baseline_final_loss)} without)" for r in confirmed]  # fmt: skip
+    if not iv.results:
+        parts.append("no remedy needed")
+    elif not confirmed:
+        parts.append(f"{len(iv.results)} remedies tried, none confirmed")
+    return Measured(", ".join(parts), failed=bool(confirmed))
+
+
 # the report's own checks, before and after the probes' items
 BEFORE_PROBES: tuple[_ItemSpec, ...] = (
     _ItemSpec("data",
@@ -230,6 +250,9 @@ AFTER_PROBES: tuple[_ItemSpec, ...] = (
     _ItemSpec("validation", "Validation loss tracked alongside training loss",
               "log a held-out split every epoch; compare it with train",
               _codes("OVERFITTING", "UNDERFITTING"), evidence=_validation_evidence),
+    _ItemSpec("interventions", "A short run of the setup as given learns on one batch (else: which remedy makes it learn)",
+              "nndx.probe runs it last: the setup trained from its initial state beside copies with one remedy each",
+              evidence=_intervention_evidence),
 )
 # what the report measures besides the probe for a probe's item, by the item's key
 EXTRA_EVIDENCE: dict[str, Callable[[DiagnosticReport], Measured | None]] = {

@@ -131,6 +131,33 @@ def probe_table(report: DiagnosticReport) -> str:
     return table(["probe", "status", "numbers", "message"], rows) if rows else ""
 
 
+def _losses(initial: float | None, final: float | None) -> str:
+    return MISSING if initial is None and final is None else f"{num(initial)} → {num(final)}"
+
+
+def intervention_summary(report: DiagnosticReport) -> str:
+    """One line (unescaped) on the baseline twin: its loss, and why no remedy ran if none did."""
+    iv = report.interventions
+    if iv is None:
+        return ""
+    if iv.status != "done":
+        return f"{iv.status}: {iv.message or 'no reason recorded'}"
+    line = (f"baseline (the setup as given, {iv.steps} steps on the batch): loss "
+            f"{_losses(iv.baseline_initial_loss, iv.baseline_final_loss)}")  # fmt: skip
+    return line + (f"; {iv.message}" if iv.message else "")
+
+
+def intervention_table(report: DiagnosticReport) -> str:
+    """Each remedy tried on a copy: the loss without it (the baseline twin) and with it."""
+    iv = report.interventions
+    if iv is None or not iv.results:
+        return ""
+    rows = [[r.cause, r.remedy, r.status.replace("_", " "), _losses(r.baseline_initial_loss, r.baseline_final_loss),
+             _losses(r.remedied_initial_loss, r.remedied_final_loss), num(r.steps) if r.steps else MISSING,
+             r.message or ""] for r in iv.results]  # fmt: skip
+    return table(["cause", "remedy", "status", "loss without", "loss with", "steps", "message"], rows)
+
+
 def run_table(report: DiagnosticReport) -> str:
     run = report.run
     rows: list[list[str]] = []

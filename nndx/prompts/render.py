@@ -95,6 +95,10 @@ def _missing_evidence(report: DiagnosticReport) -> list[str]:
         missing.append("training-loop monitoring (zero_grad, optimizer coverage, learning rate)")
     if report.data is None:
         missing.append("data checks")
+    if report.interventions is None:
+        missing.append("diagnosis by intervention")
+    elif report.interventions.status != "done":
+        missing.append(f"diagnosis by intervention ({report.interventions.status})")
     for name, result_type in Probes.result_types().items():
         result = getattr(report.probes, name) if report.probes else None
         if result is None:
@@ -126,6 +130,8 @@ def _prompt_context(report: DiagnosticReport | None, diagnosis: Diagnosis | None
         "layer_table": _safe(evidence.layer_table(report)),
         "parameter_table": _safe(evidence.parameter_table(report)),
         "probe_table": _safe(evidence.probe_table(report)),
+        "intervention_summary": evidence.intervention_summary(report),
+        "intervention_table": _safe(evidence.intervention_table(report)),
         "errors": [{**entry, "message_block": Markup(entry["message_block"])} for entry in evidence.error_entries(report)],
         "errors_hidden": max(0, len(report.errors) - evidence.MAX_ERRORS),
         "findings": _finding_views(diagnosis.findings),

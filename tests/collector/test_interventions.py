@@ -1,14 +1,21 @@
 """Diagnosis by intervention: the remedy of the planted cause makes a copy learn, the
-others do not, and the user's model, optimizer and RNG are untouched."""
+others do not, and the user's model, optimizer and RNG are untouched — called directly
+and as the ``interventions`` probe of ``nndx.probe``."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import nndx
+from nndx.collector import interventions as interventions_module
+from nndx.collector import probe as probe_module
 from nndx.collector.interventions import interventions
+from nndx.report import DiagnosticReport
 
 torch.set_num_threads(1)
 
@@ -98,9 +105,166 @@ def test_the_users_model_optimizer_and_rng_are_untouched():
     assert torch.equal(rng, torch.get_rng_state())
 
 
-def test_the_budget_bounds_the_remedies_tried():
+class TickingClock:
+    """A clock that advances one second each time it is read: the budget is then counted
+    in clock reads, the same on every machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_the_budget_bounds_the_remedies_tried(monkeypatch):
+    monkeypatch.setattr(interventions_module, "_clock", TickingClock())
     x, y = _data()
     model = _mlp()
+    steps = 10  # a run reads the clock once per step: the baseline fits in 40 ticks, not every remedy after it
     result = interventions(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=1e-5),
-                           budget_seconds=0.0)  # fmt: skip
-    assert result.results and all(r.status == "skipped" and "budget" in r.message for r in result.results)
+                           steps=steps, budget_seconds=40)  # fmt: skip
+    assert result.baseline_final_loss is not None and result.budget_seconds == 40
+    statuses = [r.status for r in result.results]
+    assert "skipped" in statuses, result
+    first_skipped = statuses.index("skipped")
+    assert all(s == "skipped" for s in statuses[first_skipped:])  # nothing runs once the budget is spent
+    assert all("budget" in r.message for r in result.results[first_skipped:])
+
+
+def test_a_baseline_the_budget_cuts_short_tries_no_remedy(monkeypatch):
+    monkeypatch.setattr(interventions_module, "_clock", TickingClock())
+    x, y = _data()
+    model = _mlp()
+    result = interventions(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=50.0),
+                           steps=50, budget_seconds=10)  # fmt: skip
+    assert result.results == [] and result.baseline_final_loss is None and "budget" in result.message
+
+
+def test_a_learning_rate_is_not_blamed_for_working_around_a_structural_bug():
+    x, y = _data()
+    model = FunctionalSigmoidHead()
+    result = interventions(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    statuses = _statuses(result)
+    assert statuses.get("WRONG_OUTPUT_ACTIVATION") == "confirmed", result
+    assert statuses.get("LR_TOO_LOW") in (None, "skipped") and statuses.get("LR_TOO_HIGH") in (None, "skipped")
+
+
+# --------------------------------------------------------------------------- through nndx.probe
+
+
+def _digits(count: int = 256):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x[:count], dtype=torch.float32)
+    return (x - x.mean(0)) / (x.std(0) + 1e-6), torch.tensor(y[:count])
+
+
+def _digits_mlp(seed: int, *extra: nn.Module) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10), *extra)
+
+
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple:
+    return ({k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(optimizer.state_dict()),
+            torch.get_rng_state())  # fmt: skip
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(u, v) for u, v in zip(a, b))
+    return a == b
+
+
+QUICK = {"overfit_one_batch": {"steps": 40}, "lr_range": {"steps": 30}}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_sigmoid_before_cross_entropy_is_confirmed_and_ranked_first_through_probe(seed):
+    x, y = _digits()
+    model = _digits_mlp(seed, nn.Sigmoid())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer, **QUICK)
+    result = report.interventions
+    assert result.status == "done" and _statuses(result).get("WRONG_OUTPUT_ACTIVATION") == "confirmed", result
+    confirmed = next(r for r in result.results if r.status == "confirmed")
+    assert confirmed.remedied_final_loss < 0.5 * confirmed.baseline_final_loss  # the evidence the prompt shows
+    top = nndx.diagnose(report).roots()[0]
+    assert top.code.value == "WRONG_OUTPUT_ACTIVATION" and top.confirmation == "confirmed", top
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_healthy_mlp_on_digits_costs_only_the_baseline_and_finds_nothing(seed):
+    x, y = _digits()
+    model = _digits_mlp(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer, **QUICK)
+    result = report.interventions
+    assert result.status == "done" and result.results == [], result
+    assert "nothing for a remedy to explain" in result.message
+    assert not [e for e in report.errors if e.source == "interventions"]
+    diagnosis = nndx.diagnose(report)
+    assert not [f for f in diagnosis.findings if f.rule_id.startswith("NNDX8") or f.confirmation is not None]
+    assert diagnosis.healthy, [(f.rule_id, f.severity) for f in diagnosis.findings]
+
+
+def test_turned_off_the_probe_leaves_no_interventions():
+    x, y = _digits(64)
+    model = _digits_mlp(0, nn.Sigmoid())  # a setup that would run remedies
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    others = [name for name in probe_module.PROBES if name != "interventions"]
+    left_out = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer, probes=others, **QUICK)
+    assert left_out.interventions is None
+    assert not [f for f in nndx.diagnose(left_out).findings if f.confirmation is not None]
+    off = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer, probes=["interventions"],
+                     interventions={"budget_seconds": 0})  # fmt: skip
+    assert off.interventions.results == [] and off.interventions.baseline_initial_loss is None
+    assert "budget is 0" in off.interventions.message
+
+
+def test_on_a_trained_model_without_its_initial_state_it_says_skipped():
+    class SteppedMonitor:
+        def report(self):
+            return DiagnosticReport.model_validate({"loop": {"steps": 300}})
+
+    x, y = _digits(64)
+    model = _digits_mlp(0)
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), probes=["interventions"], monitor=SteppedMonitor())
+    assert report.interventions.status == "skipped" and "300 optimizer steps" in report.interventions.message
+    assert report.interventions.results == []
+
+
+def test_a_probe_that_raises_is_an_error_not_a_crash(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(interventions_module, "_chance_loss", broken)
+    x, y = _digits(64)
+    model = _digits_mlp(0)
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), probes=["interventions"])
+    assert report.interventions.status == "error" and "planted failure" in report.interventions.message
+    assert [e.source for e in report.errors] == ["interventions"]
+
+
+def test_the_users_model_optimizer_rng_and_hooks_are_bit_identical_after_probe():
+    x, y = _digits(64)
+    model = _digits_mlp(0, nn.Sigmoid())  # remedies run: the most the probe does
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    nn.CrossEntropyLoss()(model(x), y).backward()
+    optimizer.step()  # momentum buffers: optimizer state to keep
+    calls = []
+    model.register_forward_hook(lambda *args: calls.append(1))
+    before = _state(model, optimizer)
+    grads = [p.grad.clone() for p in model.parameters()]
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer, probes=["interventions"],
+                        initial_state={k: v.clone() for k, v in model.state_dict().items()})  # fmt: skip
+    assert report.interventions.results  # the remedies ran
+    after = _state(model, optimizer)
+    assert _same(before, after)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    assert calls == [] and optimizer.param_groups[0]["lr"] == 0.1

@@ -72,7 +72,9 @@ def test_probe_selection_and_option_errors():
         nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), lr_range=5)
     cheap_first = ["hooks", "nan_origin", "eval_mode", "grad_check", "overfit_one_batch", "lr_range"]
     assert [name for name in probe_module.PROBES if name in cheap_first] == cheap_first
-    assert [s.needs for s in probe_module.PROBES.values()] == sorted(s.needs for s in probe_module.PROBES.values())
+    # the batch probes, then the data probes; diagnosis by intervention last of all (the costliest)
+    others = [s.needs for s in probe_module.PROBES.values() if s.name != "interventions"]
+    assert others == sorted(others) and list(probe_module.PROBES)[-1] == "interventions"
 
 
 def test_inplace_autograd_error_is_recorded_and_other_probes_go_on():
@@ -91,10 +93,12 @@ def test_inplace_autograd_error_is_recorded_and_other_probes_go_on():
 def test_dtype_error_everywhere_still_gives_a_report():
     x, y = batch()
     report = nndx.probe(mlp(), (x.long(), y), nn.CrossEntropyLoss(), **FAST)
-    applies = [n for n in ALL if n not in NOT_FOR_CLASSIFIERS]
+    # the interventions probe records a setup that cannot train in its own result, not as a crash
+    applies = [n for n in ALL if n not in NOT_FOR_CLASSIFIERS and n != "interventions"]
     assert {e.source for e in report.errors} >= set(applies)
     assert all(getattr(report.probes, n).status == "error" for n in applies if n != "hooks")
     assert report.probes.causality.status == "skipped"
+    assert report.interventions.baseline_initial_loss is None
     assert report.model is not None
 
 
@@ -257,7 +261,8 @@ def test_every_probe_is_one_spec_and_one_result_field():
         spec = with_results[name]
         assert spec.result is result_type and spec.title == result_type.title
         assert result_type.checklist is not None, name
-    assert [s.name for s in specs() if s.result is None] == ["hooks"]  # fills report.layers instead
+    # they fill report.layers and report.interventions instead
+    assert [s.name for s in specs() if s.result is None] == ["hooks", "interventions"]
 
 
 # --------------------------------------------------------------------------- what people pass

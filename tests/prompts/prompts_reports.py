@@ -24,6 +24,8 @@ from nndx.report import (
     GradCheckParam,
     GradCheckResult,
     GradientStats,
+    InterventionResult,
+    Interventions,
     LayerInfo,
     LayerStats,
     LossCall,
@@ -108,6 +110,9 @@ def make_healthy_report() -> DiagnosticReport:
                                             output_dtype="float32", target_dtype="int64", output_min=-4.1,
                                             output_max=6.3, output_rows_sum_to_one=False, calls=200)]),
         data=_data(),
+        interventions=Interventions(steps=100, baseline_initial_loss=2.3104, baseline_final_loss=0.1832,
+                                    budget_seconds=30.0, seconds=0.41,
+                                    message="the baseline learns on this batch: nothing for a remedy to explain"),
     )  # fmt: skip
 
 
@@ -141,6 +146,21 @@ def make_broken_report() -> DiagnosticReport:
         errors=[ErrorRecord(source="grad_check", type="RuntimeError",
                             message="one of the variables needed for gradient computation has been modified\n"
                                     "by an inplace operation: [torch.FloatTensor [32, 32]] is at version 2")],
+        interventions=Interventions(
+            steps=100, baseline_initial_loss=2.3026, baseline_final_loss=math.nan, budget_seconds=30.0, seconds=2.5,
+            results=[
+                InterventionResult(cause="LR_TOO_HIGH", remedy="the learning rate divided by 10", status="confirmed",
+                                   steps=100, baseline_initial_loss=2.3026, baseline_final_loss=math.nan,
+                                   remedied_initial_loss=2.3026, remedied_final_loss=0.0412,
+                                   baseline_progress=-math.inf, remedied_progress=0.98, seconds=0.4),
+                InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 10",
+                                   status="not_confirmed", steps=3, baseline_initial_loss=2.3026,
+                                   baseline_final_loss=math.nan, remedied_initial_loss=2.3026,
+                                   remedied_final_loss=math.inf, baseline_progress=-math.inf,
+                                   remedied_progress=-math.inf, seconds=0.01),
+                InterventionResult(cause="DEAD_RELU", remedy="the dead ReLU units re-initialised", status="skipped",
+                                   message="the time budget of 30 s was spent"),
+            ]),
     )  # fmt: skip
 
 
@@ -152,7 +172,7 @@ def make_broken_diagnosis() -> Diagnosis:
                     title="Loss diverged to non-finite values", symptom="train loss became inf at step 120",
                     evidence={"first_nonfinite_step": 120, "lr": 1.0, "losses": [2.3, 2.32, math.inf, math.nan]},
                     fix="lower the learning rate 10x and clip gradients", next_probe="run the LR range test",
-                    score=1.0, step=120),
+                    score=1.0, step=120, confirmation="confirmed"),
             Finding(rule_id="NNDX-E020", code=CauseCode.MISSING_ZERO_GRAD, severity="error",
                     title="Gradients accumulate across steps", symptom="zero_grad was never called",
                     evidence={"zero_grad_calls": 0, "steps": 140}, fix="call optimizer.zero_grad() every step",

@@ -47,6 +47,9 @@ class ProbeSpec:
     given as ``data=``). ``needs_finite_parameters``: meaningless on a model whose weights
     are already NaN/Inf (skipped there). ``trains``: a trainability probe, run from the
     initial state when one is known and skipped on a model that has already trained.
+    ``record``: puts the outcome somewhere other than ``report.probes`` and returns the
+    status to show; ``record_status``: where such a probe says that it was skipped or
+    failed (``report`` and the ``status`` and ``message``).
     """
 
     name: str
@@ -58,6 +61,7 @@ class ProbeSpec:
     needs_finite_parameters: bool = False
     trains: bool = False
     record: Callable[[DiagnosticReport, Any], str] | None = None
+    record_status: Callable[[DiagnosticReport, Literal["error", "skipped"], str], None] | None = None
 
     @property
     def options(self) -> dict[str, Any]:
@@ -95,6 +99,8 @@ class ProbeSpec:
         has nowhere to say so but ``report.errors``, which the runner fills)."""
         if self.result is not None:
             report.probes = _with(report, self.name, self.result(status=status, message=message))
+        elif self.record_status is not None:
+            self.record_status(report, status, message)
 
 
 def _with(report: DiagnosticReport, name: str, result: ProbeResult) -> Probes:
