@@ -37,7 +37,9 @@ few tens of MiB above the input and 1,000,000 × 100 float32 rows take a few sec
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,7 +48,7 @@ import numpy as np
 from nndx.collector.progress import progress_bar, wanted
 from nndx.report import DataStats, SplitStats
 
-__all__ = ["DEFAULT_MAX_SAMPLES", "check_data"]
+__all__ = ["DEFAULT_MAX_SAMPLES", "check_data", "sample_arrays"]
 
 DEFAULT_MAX_SAMPLES = 10_000
 # Integral non-negative inputs whose maximum reaches this are reported as a raw range.
@@ -154,6 +156,19 @@ class _Split:
     sampled: bool
 
 
+def sample_arrays(source: Any, *, max_samples: int = DEFAULT_MAX_SAMPLES, seed: int = 0,
+                  name: str = "train") -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+    """``(inputs, labels)`` as arrays: a bounded sample of a Dataset or DataLoader of
+    ``(input, label)`` items, read as :func:`check_data` reads it (the global RNGs and
+    the loader's own generator are left as they were). How a framework callback gives
+    the data probes what ``nndx.probe(..., data=...)`` would."""
+    kind = _torch_data_kind(source)
+    if kind is None:
+        raise TypeError(f"{name}: expected a torch Dataset or DataLoader, got {type(source).__name__}")
+    split = _sample_torch_data(source, kind, name, max_samples, seed, progress=False)
+    return split.x, split.y
+
+
 def _load_split(x: Any, y: Any, name: str, max_samples: int, seed: int, progress: bool | None) -> _Split:
     kind = _torch_data_kind(x)
     if kind is not None:
@@ -223,7 +238,7 @@ def _sample_torch_data(
     # here: check_data on arrays never loads torch.
     from nndx.collector._common import preserved_rng
 
-    with preserved_rng():
+    with preserved_rng(), _preserved_generators(source):
         if kind == "Dataset":
             assert total is not None
             if total > max_samples:
@@ -265,6 +280,23 @@ def _sample_torch_data(
     checked = x_all.shape[0]
     n_samples = total if total is not None else checked
     return _Split(name, x_all, y_all, x_dtype or x_all.dtype.name, y_dtype, n_samples, checked < n_samples or stopped_early)
+
+
+@contextlib.contextmanager
+def _preserved_generators(source: Any) -> Iterator[None]:
+    """A DataLoader or sampler given its own ``generator`` draws its shuffle (and its
+    workers' seeds) from it, not from the global RNGs: put it back too, so that reading
+    a sample leaves the user's next epoch in the order it would have had."""
+    generators = {}
+    for holder in (source, getattr(source, "sampler", None), getattr(getattr(source, "batch_sampler", None), "sampler", None)):
+        generator = getattr(holder, "generator", None)
+        if generator is not None and hasattr(generator, "get_state"):
+            generators[id(generator)] = (generator, generator.get_state())
+    try:
+        yield
+    finally:
+        for generator, state in generators.values():
+            generator.set_state(state)
 
 
 def _split_item(item: Any, name: str) -> tuple[Any, Any]:

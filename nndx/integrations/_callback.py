@@ -31,6 +31,8 @@ logger = logging.getLogger("nndx")
 # every probe a batch allows (None: nndx.probe's default set), so a framework run gets the
 # same evidence as a loop that calls nndx.probe itself; a tuple narrows it
 PREFLIGHT_PROBES: Sequence[str] | None = None
+# samples read from each of the trainer's loaders for the data checks and label probes
+DATA_SAMPLES = 2048
 
 
 def model_output_loss(output: Any, targets: Any = None) -> Any:
@@ -112,10 +114,13 @@ class TrainingSession:
         return record
 
     # -- the run
-    def run_preflight(self, model: Any, batch: Any, loss_fn: Callable[..., Any], optimizer: Any = None) -> None:
+    def run_preflight(self, model: Any, batch: Any, loss_fn: Callable[..., Any], optimizer: Any = None,
+                      loaders: Sequence[Any] = ()) -> None:  # fmt: skip
         """Run the preflight probes once, on copies (the probes never touch the model,
         optimizer or RNG). Call it before :meth:`attach`, so the Monitor's hooks do not
-        see the probes' forwards."""
+        see the probes' forwards. ``loaders``: the trainer's training DataLoader, then
+        its validation one; a bounded sample of each becomes the probes' ``data`` (the
+        data checks and the label probes), read without changing their shuffle order."""
         if not self.preflight or self.preflight_report is not None:
             return
         try:
@@ -125,10 +130,29 @@ class TrainingSession:
                 # a copy has no trainer: Lightning warns on every self.log() the probes trigger
                 warnings.filterwarnings("ignore", message=r".*self\.log\(\)")
                 self.preflight_report = probe(
-                    model, batch, loss_fn, probes=self.preflight_probes, optimizer=optimizer, **self.preflight_options
+                    model, batch, loss_fn, probes=self.preflight_probes, optimizer=optimizer,
+                    data=self._data(loaders), **self.preflight_options,
                 )
         except Exception as exc:  # noqa: BLE001 - a preflight never stops training
             self.record_error("preflight", exc)
+
+    def _data(self, loaders: Sequence[Any]) -> tuple[Any, ...] | None:
+        """``(X_train, y_train[, X_val, y_val])`` from the loaders, or None (recorded why)."""
+        if not loaders or "data" in self.preflight_options:
+            return None
+        from nndx.collector.data import sample_arrays
+
+        splits = []
+        for loader, name in zip(loaders, ("train", "validation")):
+            try:
+                x, y = sample_arrays(loader, max_samples=DATA_SAMPLES, name=name)
+            except Exception as exc:  # noqa: BLE001 - no data checks, never a stopped training
+                self.record_error(f"data.{name}", exc)
+                break
+            if y is None:
+                break
+            splits += [x, y]
+        return tuple(splits) if splits else None
 
     def attach(self, model: Any, optimizer: Any, *, name: str | None = None) -> None:
         if self.monitor is not None:

@@ -111,7 +111,7 @@ class _LightningHooks:
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         if session.preflight:
             if self.loss_fn is not None:
-                session.run_preflight(pl_module, batch, self.loss_fn, optimizer)
+                session.run_preflight(pl_module, batch, self.loss_fn, optimizer, loaders=_loaders(trainer))
             else:
                 session.run_preflight(training_step_view(pl_module), ((batch,), None), model_output_loss, optimizer)
         if optimizer is None:
@@ -231,3 +231,16 @@ def __getattr__(name: str) -> Any:
     if name == "NndxCallback":
         return _callback_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _loaders(trainer: Any) -> list[Any]:
+    """The Trainer's training DataLoader, then its first validation one (if any)."""
+    loaders = []
+    train = getattr(trainer, "train_dataloader", None)
+    if train is not None:
+        loaders.append(train)
+        val = getattr(trainer, "val_dataloaders", None)
+        val = val[0] if isinstance(val, (list, tuple)) and val else val
+        if val is not None and not isinstance(val, (list, tuple)):
+            loaders.append(val)
+    return loaders

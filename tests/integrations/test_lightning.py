@@ -248,3 +248,44 @@ def test_stop_on_error_stops_the_fit_gracefully_and_saves_the_report(tmp_path):
 def test_stop_on_is_checked_when_the_callback_is_made():
     with pytest.raises(ValueError, match="stop_on"):
         NndxCallback(stop_on="sometimes")
+
+
+def test_preflight_checks_the_trainers_data_without_changing_its_shuffle(tmp_path):
+    """The preflight reads a sample of the Trainer's loaders for the data checks and the
+    label probes; a loader with its own generator still shuffles as it would have."""
+
+    def own_loaders(leak: bool):
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(2 * SAMPLES, 4, generator=g)
+        y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+        train = TensorDataset(x[:SAMPLES], y[:SAMPLES])
+        val = train if leak else TensorDataset(x[SAMPLES:], y[SAMPLES:])
+        return (DataLoader(train, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(7)),
+                DataLoader(val, batch_size=32))
+
+    def run(callback, root, leak=False):
+        torch.manual_seed(0)
+        module = TinyClassifier()
+        # two epochs: the sample is read after the first epoch's order was drawn, so only
+        # the second would show a generator the read had moved on
+        trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root),
+                             callbacks=[callback], num_sanity_val_steps=0)  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, *own_loaders(leak))
+        return module
+
+    plain = run(NndxCallback(), tmp_path / "plain")
+    probed = run(NndxCallback(preflight=True, loss_fn=nn.CrossEntropyLoss(), preflight_options=fast_preflight()),
+                 tmp_path / "probed")  # fmt: skip
+    assert probed.train_losses == plain.train_losses
+    report, diagnosis = saved(tmp_path / "probed")
+    assert report.data is not None and report.data.train.n_samples == SAMPLES and report.data.test is not None
+    assert report.data.train_test_overlap == 0
+    assert "DATA_LEAKAGE" not in {f.code.value for f in diagnosis.findings}
+    run(NndxCallback(preflight=True, loss_fn=nn.CrossEntropyLoss(), preflight_options=fast_preflight()),
+        tmp_path / "leak", leak=True)
+    leaked, leaked_diagnosis = saved(tmp_path / "leak")
+    assert leaked.data.train_test_overlap_fraction == 1.0
+    assert "DATA_LEAKAGE" in {f.code.value for f in leaked_diagnosis.findings if f.severity != "info"}
