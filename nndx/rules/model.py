@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nndx import vocab
 from nndx.report import CauseCode as C
-from nndx.report import DiagnosticReport, LossCall
+from nndx.report import DiagnosticReport, LossCall, ModelSummary
 from nndx.rules._series import loss_calls, loss_curve
 from nndx.rules.engine import Hit, rule
 
@@ -75,13 +75,19 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
     )
 
 
+def _ends_in_linear(model: ModelSummary | None) -> bool:
+    return (model is not None and model.forward_observed and model.output_activation is None
+            and model.last_layer in LINEAR_TYPES)  # fmt: skip
+
+
 @rule(
     "NNDX402",
     C.WRONG_OUTPUT_ACTIVATION,
     "error",
     "The last activation cannot produce the targets",
     detects="CrossEntropyLoss over a single output unit (the loss is always 0); a model ending in "
-    "ReLU or Sigmoid trained with CrossEntropyLoss (logits clipped to >= 0 or squashed to [0, 1]); a "
+    "ReLU or Sigmoid trained with CrossEntropyLoss (logits clipped to >= 0 or squashed to [0, 1]: from the "
+    "observed forward, or from the values reaching the loss when no forward was observed); a "
     "model ending in ReLU/Sigmoid/Tanh regressing targets outside that activation's range.",
     why="The output layer then cannot express what the loss asks for: the loss is constant or stalls "
     "above its minimum.",
@@ -98,7 +104,10 @@ def wrong_output_activation(report: DiagnosticReport) -> Hit | None:
                 evidence={"loss_type": call.loss_type, "output_shape": [str(d) for d in call.output_shape]},
                 score=3.0,
             )
-        clipped = _logits_clipped(call)
+        # values only suggest a squashing activation; an observed forward that ended in a
+        # Linear/Conv with nothing after it shows there is none (a narrow or dead network's
+        # logits can all be small and positive)
+        clipped = None if _ends_in_linear(model) else _logits_clipped(call)
         if clipped is not None:
             return Hit(
                 symptom=f"the logits reaching {call.loss_type} {clipped}",

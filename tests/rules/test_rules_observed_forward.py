@@ -1,7 +1,10 @@
-"""NNDX401 reads the data flow of an observed forward, not module order: a Linear fed
-by another Linear (through reshapes, dropout or normalisation only) is a composition;
-F.relu between layers kept in an nn.ModuleList, parallel branches reading one input,
-and a loss module kept as an attribute are not."""
+"""Rules read what an observed forward showed before guessing from names or values.
+
+NNDX401 reads the data flow, not module order: a Linear fed by another Linear (through
+reshapes, dropout or normalisation only) is a composition; F.relu between layers kept in
+an nn.ModuleList, parallel branches reading one input, and a loss module kept as an
+attribute are not. NNDX402 trusts an observed Linear output over logits that merely
+happen to lie in [0, 1]."""
 
 import pytest
 import torch
@@ -65,3 +68,29 @@ def test_linear_fed_by_linear_fires(between):
 
 def test_parallel_branches_over_one_input_are_no_composition():
     assert not fired(Parallel())
+
+
+class Squashed(nn.Module):
+    """Logits all in (0, 1): by a sigmoid, or by weights that make them small and positive."""
+
+    def __init__(self, sigmoid: bool) -> None:
+        super().__init__()
+        self.fc, self.sigmoid = nn.Linear(8, 3), sigmoid
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.bias.copy_(torch.tensor([0.2, 0.3, 0.4]))
+
+    def forward(self, x):
+        out = self.fc(x)
+        return torch.sigmoid(out) if self.sigmoid else out
+
+
+@pytest.mark.parametrize("sigmoid", [True, False])
+def test_squashed_logits_are_blamed_on_an_activation_only_when_one_ran(sigmoid):
+    torch.manual_seed(0)
+    report = nndx.probe(Squashed(sigmoid), (torch.randn(32, 8), torch.randint(0, 3, (32,))), nn.CrossEntropyLoss(),
+                        probes=["nan_origin"], progress=False)  # fmt: skip
+    call = report.loop.loss_calls[0]
+    assert 0 < call.output_min and call.output_max < 1
+    fired = [f.rule_id for f in nndx.diagnose(report).findings]
+    assert ("NNDX402" in fired) == sigmoid
