@@ -15,6 +15,10 @@ DEAD_THRESHOLD = 0.5
 SATURATED_THRESHOLD = 0.5
 # all-zero outputs of these are dead units (NNDX201), not a constant initialisation
 RELU_TYPES = {"ReLU", "ReLU6", "Hardtanh", "Threshold"}
+LINEAR_TYPES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "LazyLinear", "ConvTranspose1d", "ConvTranspose2d",
+                "ConvTranspose3d"}  # fmt: skip
+# a layer gain (weight rms x sqrt(fan_in)) this far above He init's 1.41 is no standard init
+MAX_INIT_GAIN = 5.0
 
 
 def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
@@ -325,8 +329,9 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Initialisation breaks learning",
     detects="At the first recorded step: a hidden layer whose outputs have zero spread across the batch "
-    "(constant or symmetric weights), a non-final weight matrix of norm 0, or activations whose std "
-    "grows over 1000x from the first recorded layer to a later one.",
+    "(constant or symmetric weights), a non-final weight matrix of norm 0, activations whose std "
+    "grows over 1000x from the first recorded layer to a later one, or a Linear/Conv weight whose gain "
+    "(rms x sqrt(fan_in)) is over 5 (He init: 1.41; N(0, 1) init gives sqrt(fan_in)).",
     why="Identical units receive identical gradients and never differentiate; zero weights pass no "
     "signal; activations that blow up with depth saturate or overflow before training starts.",
     fix="Use the default (Kaiming/Xavier) init; never fill weights with a constant; scale random init "
@@ -382,4 +387,29 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                         step=param.step,
                     )
                 )
+        hits += _overscaled(report, at_start)
+    return hits
+
+
+def _overscaled(report: DiagnosticReport, weights: list) -> list[Hit]:
+    """Linear/Conv weights whose gain (rms x sqrt(fan_in): how much a layer scales its
+    input's std) is far above any standard init's — He init's is 1.41, PyTorch's default
+    0.58 — as N(0, 1) init gives (sqrt(fan_in)). Embedding tables (N(0, 1) by default) are
+    no Linear and are left out."""
+    types = {layer.name: layer.type for layer in report.model.layers} if report.model is not None else {}
+    hits = []
+    for param in weights:
+        owner, _, kind = param.name.rpartition(".")
+        numel = math.prod(param.shape)
+        if kind != "weight" or types.get(owner) not in LINEAR_TYPES or numel == 0 or not math.isfinite(param.weight_norm):
+            continue
+        fan_in = numel // param.shape[0]
+        gain = param.weight_norm / math.sqrt(numel) * math.sqrt(fan_in)
+        if gain > MAX_INIT_GAIN:
+            hits.append(Hit(
+                symptom=f"{param.name} scales its input's std by about {gain:.0f}x (He init: 1.4x)",
+                evidence={"parameter": param.name, "gain": gain, "fan_in": fan_in, "weight_rms": gain / math.sqrt(fan_in)},
+                score=min(4.0, gain / MAX_INIT_GAIN + 1.0),
+                step=param.step,
+            ))  # fmt: skip
     return hits

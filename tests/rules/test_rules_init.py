@@ -1,0 +1,68 @@
+"""NNDX207's init scale: a Linear/Conv weight whose gain (rms x sqrt(fan_in)) is far
+above any standard init's, as N(0, 1) init gives — measured through nndx.probe."""
+
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+import nndx
+
+
+def probe_findings(model, x, y):
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), probes=["hooks"], progress=False)
+    return [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX207"]
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+@pytest.fixture(scope="module")
+def digits():
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor((x - x.mean(0)) / (x.std(0) + 1e-6), dtype=torch.float32)
+    return x, torch.tensor(y)
+
+
+def test_standard_normal_init_fires(digits):
+    torch.manual_seed(0)
+    model = mlp()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            nn.init.normal_(layer.weight, 0.0, 1.0)
+    findings = probe_findings(model, digits[0][:128], digits[1][:128])
+    assert findings and all(f.code.value == "BAD_INIT" for f in findings)
+    assert max(f.evidence["gain"] for f in findings) > 6
+
+
+@pytest.mark.parametrize("init", ["default", "kaiming", "xavier"])
+def test_standard_inits_are_silent(digits, init):
+    torch.manual_seed(0)
+    model = mlp()
+    for layer in model:
+        if isinstance(layer, nn.Linear) and init == "kaiming":
+            nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+        elif isinstance(layer, nn.Linear) and init == "xavier":
+            nn.init.xavier_normal_(layer.weight)
+    assert not probe_findings(model, digits[0][:128], digits[1][:128])
+
+
+def test_an_embedding_table_initialised_n01_is_no_linear_layer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(100, 64), nn.Flatten(), nn.Linear(64 * 8, 4))
+    tokens = torch.randint(0, 100, (32, 8))
+    assert not probe_findings(model, tokens, torch.randint(0, 4, (32,)))
+
+
+@pytest.mark.slow
+def test_a_model_trained_long_on_digits_is_silent(digits):
+    torch.manual_seed(0)
+    model = mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    x, y = digits
+    for _ in range(600):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    assert not probe_findings(model, x[:128], y[:128])
