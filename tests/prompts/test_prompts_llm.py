@@ -25,7 +25,8 @@ def llm():
 
 
 def settings_for(server: FakeLLM, **overrides) -> LLMSettings:
-    values = {"base_url": server.url, "model": "test-model", "api_key": SecretStr(KEY), "timeout": 5.0,
+    # a deadline far above any answer here: a loaded CI machine must not turn a reply into a timeout
+    values = {"base_url": server.url, "model": "test-model", "api_key": SecretStr(KEY), "timeout": 60.0,
               "backoff_base": 0.01, "backoff_max": 0.05}  # fmt: skip
     values.update(overrides)
     return LLMSettings(**values)
@@ -124,9 +125,9 @@ def test_no_retry_is_started_that_cannot_finish_before_the_deadline(llm, broken_
 def test_deadline_is_total_even_for_a_trickling_server(llm, broken_report, broken_diagnosis, reply):
     # A trickling server resets every per-read timeout; only a total deadline ends it.
     llm.script(reply)
-    result = explain(broken_report, broken_diagnosis, settings=settings_for(llm, timeout=0.5))
-    assert result.source == "rules" and "0.5s deadline" in result.reason
-    assert len(llm.received) == 1
+    result = explain(broken_report, broken_diagnosis, settings=settings_for(llm, timeout=2.0))
+    assert result.source == "rules" and "2s deadline" in result.reason
+    assert len(llm.received) <= 1  # no retry (on a loaded machine the deadline may pass before the request lands)
 
 
 def test_connection_refused_falls_back(broken_report, broken_diagnosis):
