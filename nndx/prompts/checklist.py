@@ -23,8 +23,16 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, NamedTuple
 
 from nndx.prompts.evidence import latest_by_name, names_text
-from nndx.prompts.markdown import num
-from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding, Probes, ProbeResult
+from nndx.report import (
+    SEVERITY_ORDER,
+    CauseCode,
+    Diagnosis,
+    DiagnosticReport,
+    Finding,
+    ProbeResult,
+    Probes,
+)
+from nndx.views.text import num
 
 CheckStatus = Literal["passed", "failed", "not run"]
 

@@ -11,8 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from nndx.report import DiagnosticReport, Finding, LayerStats, LossPoint, ParameterStats, Probes, SplitStats
-from nndx.prompts.markdown import MISSING, fence, num, table, value_text
+from nndx.prompts.markdown import fence, table, value_text
+from nndx.report import (
+    DiagnosticReport,
+    Finding,
+    LayerStats,
+    LossPoint,
+    ParameterStats,
+    Probes,
+    SplitStats,
+)
+from nndx.views.text import MISSING, num
 
 MAX_LAYER_ROWS = 60
 MAX_NAMES = 8

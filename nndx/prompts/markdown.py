@@ -25,11 +25,11 @@ Numbers go through ``num`` so that the same value always prints the same way.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Sequence
 
-MISSING = "—"
+from nndx.views.text import num
+
 MAX_CELL_CHARS = 200
 
 # Every line break a Markdown renderer or an LLM tokenizer may honour.
@@ -60,28 +60,6 @@ _CELL_SPECIAL = re.compile(r"[\\|`&<>]")
 # A ] right before ( or [ closes the text of a link or image, before : the label of a
 # link definition: escaped, none can form.
 _LINK_CLOSE = re.compile(r"\](?=[(\[:])")
-
-
-def num(value: float | int | bool | None, digits: int = 4) -> str:
-    """A number, compactly and stably: 4 significant digits, ``NaN``/``inf``/``-inf``
-    for non-finite values, ``—`` for a missing one, a short exponent (``1e-5``)."""
-    if value is None:
-        return MISSING
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if value == 0:
-        return "0"  # also for -0.0
-    text = f"{value:.{digits}g}"
-    mantissa, sep, exponent = text.partition("e")
-    if sep:
-        text = f"{mantissa}e{int(exponent)}"
-    return text
 
 
 def value_text(value: object, max_items: int = 8) -> str:

@@ -7,7 +7,7 @@ How to use::
 
 The templates are ``.md.j2`` package data in ``nndx/prompts/templates``. The jinja2
 environment escapes by default: every ``{{ value }}`` is passed through
-``markdown.cell`` (numbers through ``markdown.num``) unless it is ``Markup`` built by
+``markdown.cell`` (numbers through ``views.text.num``) unless it is ``Markup`` built by
 this package (tables, fences), so a template cannot forget to escape user text.
 Rendering is deterministic: no clock, no randomness, dict order from the report.
 """
@@ -20,8 +20,9 @@ from typing import Any
 from markupsafe import Markup
 
 from nndx.prompts import checklist, evidence
-from nndx.prompts.markdown import MISSING, cell, num
+from nndx.prompts.markdown import cell
 from nndx.report import SEVERITY_ORDER, Diagnosis, DiagnosticReport, Finding, Probes
+from nndx.views.text import MISSING, num
 
 PROMPT_FILE = "prompt-nn-debugger.md"
 CHECKLIST_FILE = "skill-debug-checklist.md"
@@ -64,7 +65,9 @@ def resolve_diagnosis(report: DiagnosticReport | None, diagnosis: Diagnosis | No
     """The given diagnosis, or the rule engine's when only a report is given."""
     if diagnosis is not None or report is None:
         return diagnosis
-    from nndx.rules import diagnose  # imported late: nndx.rules may import prompts-free helpers only
+    from nndx.rules import (
+        diagnose,  # imported late: nndx.rules may import prompts-free helpers only
+    )
 
     return diagnose(report)
 
