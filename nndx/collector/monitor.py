@@ -106,7 +106,7 @@ from nndx.collector.watch import (
     LossCalls, LossHistory, LoopCounts, ParameterUpdates, RunFacts, StepContext, UnchangedParameters, Watched, Watcher,
 )
 from nndx.collector.watch.events import BackwardPasses, Hooks, UpdateDetector
-from nndx.report import DiagnosticReport
+from nndx.report import DiagnosticReport, ErrorRecord
 
 __all__ = ["Monitor"]
 
@@ -173,7 +173,11 @@ class Monitor:
     def __enter__(self) -> Monitor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        # the training loop's own exception is evidence (an in-place op autograd needed, a
+        # graph used twice): kept in the report as source "training"; it still propagates
+        if isinstance(exc, Exception):
+            self.errors.records.append(ErrorRecord.of("training", exc))
         self.close()
 
     @property

@@ -4,7 +4,10 @@ Each rule matches patterns (regular expressions over the lower-cased message) of
 PyTorch's own error messages in the
 exceptions the probes caught (``report.errors``) and in the messages of probes that
 ended with status ``error``. The phrases come from torch 2.x messages; a rule cites the
-first message it matched.
+first message it matched. The training loop's own exception is there too when it raised
+inside ``with Monitor(...)`` (source ``training``): an in-place error naming a tensor of
+a trainable parameter's shape after an optimizer step is read as GRAPH_RETAINED (the
+step changed the parameter while an earlier step's graph still needed it).
 """
 
 from __future__ import annotations
@@ -165,20 +168,44 @@ ERROR_EXPLAINED_BY: dict[str, tuple[C, ...]] = {
 }
 
 
+# "[torch.FloatTensor [8, 8]], which is output 0 of AsStrided, is at version 2; expected
+# version 1": the tensor autograd
+# needed unchanged, by its shape
+_VERSIONED_TENSOR = re.compile(r"\[torch\.\w+ \[([0-9, ]*)\]\][^;]*? is at version")
+
+
 def _matcher(phrases: tuple[str, ...]):
     def check(report: DiagnosticReport) -> Hit | None:
         for source, type_, message in recorded_errors(report):
             text = message.lower()
             if any(re.search(pattern, text) for pattern in phrases):
                 first_line = message.strip().splitlines()[0] if message.strip() else message
-                return Hit(
-                    symptom=f"{type_} in {source}: {first_line[:200]}",
-                    evidence={"source": source, "error_type": type_, "message": first_line[:500]},
-                    score=3.0,
-                )
+                evidence = {"source": source, "error_type": type_, "message": first_line[:500]}
+                parameter = _stepped_parameter(report, source, message)
+                if parameter is not None and "modified by an inplace operation" in text:
+                    # optimizer.step() updates parameters in place: an earlier step's graph that
+                    # still needs their old values was kept across the step
+                    return Hit(
+                        symptom=f"{type_} in the training loop: parameter {parameter} was updated in place by "
+                        "the optimizer while an earlier step's graph still needed it (a graph kept across steps)",
+                        evidence=evidence | {"parameter": parameter},
+                        score=3.0,
+                        code=C.GRAPH_RETAINED,
+                    )
+                return Hit(symptom=f"{type_} in {source}: {first_line[:200]}", evidence=evidence, score=3.0)
         return None
 
     return check
+
+
+def _stepped_parameter(report: DiagnosticReport, source: str, message: str) -> str | None:
+    """The trainable parameter whose shape is that of the tensor an in-place error names,
+    when the training loop raised it after at least one optimizer step."""
+    match = _VERSIONED_TENSOR.search(message)
+    if source != "training" or match is None or report.loop is None or report.loop.steps < 1:
+        return None
+    shape = [int(d) for d in match.group(1).replace(" ", "").split(",") if d]
+    return next((p.name for p in report.parameters if p.requires_grad and list(p.shape) == shape), None)
 
 
 def _register() -> None:

@@ -590,3 +590,46 @@ def test_a_recurrent_state_whose_graph_is_kept_does_not_break_the_layer_hooks():
                 p.data.add_(p.grad, alpha=-0.1)
     report = mon.report()
     assert report.errors == [] and report.loop.steps == 4
+
+
+# ---------------------------------------------------------------- the loop's own exception
+
+
+class CarriedRNN(nn.Module):
+    def __init__(self, inplace_bug: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn, self.fc, self.inplace_bug = nn.RNN(4, 8, batch_first=True), nn.Linear(8, 3), inplace_bug
+
+    def forward(self, x, h):
+        out, h = self.rnn(x, h)
+        last = torch.sigmoid(out[:, -1])
+        if self.inplace_bug:
+            last *= 2.0  # in place on the output sigmoid saved for its backward
+        return self.fc(last), h
+
+
+@pytest.mark.parametrize("bug", ["hidden state kept", "in-place on an activation"])
+def test_the_loops_exception_is_kept_and_read_for_its_cause(bug):
+    """A training loop that raises inside ``with Monitor(...)``: the exception still
+    propagates, and the report keeps it (source "training"). An in-place error on a
+    parameter's shape after a step is a graph kept across the step; on an activation,
+    an in-place op autograd needed."""
+    model = CarriedRNN(inplace_bug=bug == "in-place on an activation")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    x, y, h = torch.randn(16, 5, 4, generator=g), torch.randint(0, 3, (16,), generator=g), torch.zeros(1, 16, 8)
+    with pytest.raises(RuntimeError, match="inplace"):
+        with Monitor(model, opt, every=1) as mon:
+            for _ in range(5):
+                opt.zero_grad()
+                out, h = model(x, h if bug == "hidden state kept" else h.detach())
+                loss = nn.functional.cross_entropy(out, y)
+                loss.backward(retain_graph=bug == "hidden state kept")
+                opt.step()
+                mon.log(loss)
+    report = mon.report()
+    assert [e.source for e in report.errors] == ["training"]
+    (finding,) = fired(report, "NNDX702")
+    expected = "GRAPH_RETAINED" if bug == "hidden state kept" else "INPLACE_AUTOGRAD"
+    assert finding.code.value == expected and nndx.diagnose(report).top().code.value == expected
