@@ -194,7 +194,8 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     """Weigh the findings by what applying their remedies showed (``report.interventions``).
 
     A finding whose cause a remedy confirmed becomes an error with direct evidence (it
-    ranks as a cause even when its rule sees a symptom); one whose remedy did not help
+    ranks as a cause even when its rule sees a symptom) — a warning when its rule had
+    judged it context (info: the run learned); one whose remedy did not help
     keeps at most a warning and half its score. NNDX8xx findings (a confirmed remedy)
     are kept only for causes no other rule named."""
     results = report.interventions.results if report.interventions is not None else []
@@ -216,7 +217,11 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
             out.append(f)
             continue
         evidence = dict(f.evidence) | {"intervention": f"{result.remedy}: {result.status.replace('_', ' ')}"}
-        if result.status == "confirmed":
+        if result.status == "confirmed" and f.severity == "info":
+            # the rule judged the run healthy (the loss fell): a remedy that helps a probe
+            # from the initial state makes it worth a look, not an alarm
+            update = {"confirmation": "confirmed", "severity": "warning", "score": _round(f.score + 1.0)}
+        elif result.status == "confirmed":
             update = {"confirmation": "confirmed", "severity": "error", "score": _round(f.score + 5.0)}
         else:
             severity = "warning" if f.severity == "error" else f.severity

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
+from nndx.rules._series import loss_curve
 from nndx.rules.engine import CONFIRMED_BY_INTERVENTION, Hit, Rule, add_rule
+
+LR_CAUSES = (C.LR_TOO_LOW, C.LR_TOO_HIGH)
+LEARNED_PROGRESS = 0.3  # the share of its way down a run's own loss made: it learned
 
 WHY = ("A remedy that fixes the failure on a copy is the most direct evidence of its cause there is: the only "
        "difference between the two runs is the remedy.")  # fmt: skip
@@ -49,9 +53,16 @@ def _check(code: C):
             symptom = (f"with {result.remedy} the loss fell {losses[2]:.4g} -> {losses[3]:.4g} in {result.steps} steps "
                        f"(without: {losses[0]:.4g} -> {losses[1]:.4g})") if None not in losses else (
                        f"with {result.remedy} the model learned")  # fmt: skip
+            # a learning-rate remedy that helps a probe from the initial state says little
+            # about a run that learned at its own pace (a warm-up or OneCycle starts low)
+            curve = loss_curve(report)
+            learned = code in LR_CAUSES and curve.n >= 10 and curve.progress >= LEARNED_PROGRESS
+            if learned:
+                symptom += f"; the run itself learned (its loss made {curve.progress:.0%} of its way down)"
             hits.append(
                 Hit(
                     symptom=symptom,
+                    severity="info" if learned else None,
                     evidence={
                         "remedy": result.remedy,
                         "steps": result.steps,
@@ -60,7 +71,7 @@ def _check(code: C):
                         "remedied_initial_loss": losses[2],
                         "remedied_final_loss": losses[3],
                     },
-                    score=5.0,
+                    score=1.0 if learned else 5.0,
                 )
             )
         return hits[:1]

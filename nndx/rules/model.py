@@ -165,11 +165,13 @@ def _logits_clipped(call: LossCall) -> str | None:
 
 
 def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
-    """(layer, output units) of the weighted layers in order: from the weight shapes
-    ([out, in, ...]) of the parameters, else from the recorded output shapes."""
+    """(layer, output units) of the Linear layers in order: from the weight shapes
+    ([out, in]) of the parameters, else from the recorded output shapes. A convolution's
+    channels are no bottleneck (each is a whole feature map: 8 channels of 8x8 hold 512
+    features), so conv kernels are left out."""
     seen: dict[str, int] = {}
     for param in report.parameters:
-        if param.name.endswith("weight") and len(param.shape) >= 2:
+        if param.name.endswith("weight") and len(param.shape) == 2:
             seen.setdefault(param.name.rsplit(".", 1)[0], param.shape[0])
     if seen:
         return list(seen.items())
@@ -177,7 +179,7 @@ def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
     return [
         (layer.name, layer.output_shape[1])
         for layer in (model.layers if model is not None else [])
-        if layer.type in LINEAR_TYPES and layer.output_shape and len(layer.output_shape) >= 2
+        if layer.type in ("Linear", "LazyLinear", "Bilinear") and layer.output_shape and len(layer.output_shape) == 2
     ]
 
 
@@ -186,7 +188,7 @@ def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
     C.UNDERFITTING,
     "warning",
     "A hidden layer narrower than the task needs",
-    detects="A classifier with a hidden Linear/Conv layer whose output is narrower than the number of "
+    detects="A classifier with a hidden Linear layer whose output is narrower than the number of "
     "classes (or a single unit), while the train loss kept over half its initial level or the model "
     "could not overfit one batch; info when training still progresses.",
     why="A bottleneck that narrow caps what the layers after it can separate: the model underfits "

@@ -88,6 +88,13 @@ def test_bottleneck_width_comes_from_the_weight_shapes():
     report = BASE.model_copy(update={"num_classes": 3, "parameters": narrow, "loss_history": stalled})
     assert _found(report)["NNDX403"].evidence["width"] == 1
     assert "NNDX403" not in _found(BASE)  # 64-unit hidden layers for 10 classes
+    # an 8-channel convolution before a 10-class head holds 8 feature maps, not 8 features
+    conv = [
+        ParameterStats(name="conv.weight", shape=[8, 1, 3, 3], weight_norm=1.0),
+        ParameterStats(name="head.weight", shape=[10, 128], weight_norm=1.0),
+    ]
+    convnet = BASE.model_copy(update={"num_classes": 10, "parameters": conv, "loss_history": stalled})
+    assert "NNDX403" not in _found(convnet)
 
 
 def test_grad_check_small_bug_is_an_error_but_unresolved_kinks_are_not():

@@ -164,3 +164,20 @@ def test_a_confirmed_cause_no_rule_named_gets_its_own_finding():
     top = diagnosis.top()
     assert (top.rule_id, top.code.value) == ("NNDX803", "WRONG_OUTPUT_ACTIVATION")
     assert top.evidence["remedied_final_loss"] == 0.02
+
+
+def test_a_faster_lr_on_a_probe_says_little_about_a_run_that_learned():
+    """OneCycle or a warm-up starts low: from the initial state, LR x 10 learns faster in
+    100 steps, yet the run itself learned. That is context (info), while the same
+    confirmation on a run whose loss did not move stays an error."""
+    from nndx.report import InterventionResult, Interventions
+
+    from .reports import flat, healthy_mlp, points
+
+    lr_up = InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 10", status="confirmed",
+                               steps=100, baseline_initial_loss=2.3, baseline_final_loss=2.2,
+                               remedied_initial_loss=2.3, remedied_final_loss=0.4)  # fmt: skip
+    learned = healthy_mlp().model_copy(update={"interventions": Interventions(results=[lr_up])})
+    assert diagnose(learned).healthy
+    stuck = learned.model_copy(update={"loss_history": {"train": points(flat(3, level=2.3))}})
+    assert "LR_TOO_LOW" in {f.code.value for f in diagnose(stuck).findings if f.severity == "error"}
