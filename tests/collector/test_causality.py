@@ -255,3 +255,22 @@ def test_dict_batch_with_an_attention_mask_perturbs_the_token_ids():
 
     assert causality(MaskedGPT(), batch, loss).status == "passed"
     assert causality(MaskedGPT(causal=False), batch, loss).status == "failed"
+
+
+class OwnLossGPT(nn.Module):
+    """makemore's shape: forward(idx, targets) returns (logits, loss), so the batch hands
+    the model the targets as well as the tokens it reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = TinyGPT()
+
+    def forward(self, idx, targets):
+        logits = self.gpt(idx)
+        return logits, F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def test_targets_handed_to_a_model_that_computes_its_own_loss_are_not_its_tokens():
+    x, y = lm_batch()
+    result = causality(OwnLossGPT(), ((x, y), y), lambda output, _targets: output[1])
+    assert result.status == "passed" and not result.unshifted and result.next_fraction == 1.0

@@ -147,7 +147,11 @@ def _token_inputs(inputs: object, targets: object) -> torch.Tensor | str:
         return (f"targets of shape {list(target.shape)} and dtype {target.dtype}: the probe needs integer tokens "
                 "per position (batch, time) of a next-token model")  # fmt: skip
     candidates = [t for t in iter_tensors(inputs) if t.shape == target.shape and not t.is_floating_point()
-                  and not t.is_complex() and t.dtype != torch.bool]  # fmt: skip
+                  and not t.is_complex() and t.dtype != torch.bool and t is not target]  # fmt: skip
+    if len(candidates) > 1:
+        # a model that computes its own loss is handed the targets too (model(idx, targets)):
+        # they are not what it reads to predict
+        candidates = [t for t in candidates if not torch.equal(t, target)] or candidates
     if not candidates:
         return (f"no integer input tensor of the targets' shape {list(target.shape)}: not a model fed the tokens "
                 "it predicts")  # fmt: skip
