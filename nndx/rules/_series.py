@@ -220,3 +220,11 @@ def loss_is_moving(report: DiagnosticReport) -> bool | None:
     if curve.n < 6:
         return None
     return curve.progress > 0.1
+
+
+def lr_varies(report: DiagnosticReport) -> bool:
+    """Whether the recorded LR changed over the run by more than 2x (a warm-up, a decay):
+    then the LR of any one moment — the one a probe from the initial state, or after
+    training, ran at — is not the LR the run trains at."""
+    lrs = [lr for point in report.loop.lr_history for lr in point.lrs if lr > 0] if report.loop is not None else []
+    return bool(lrs) and max(lrs) > 2 * min(lrs)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding, Severity
-from nndx.rules._series import memoized
+from nndx.rules._series import lr_varies, memoized
 
 Evidence = dict[str, Any]
 
@@ -199,6 +199,9 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     keeps at most a warning and half its score. NNDX8xx findings (a confirmed remedy)
     are kept only for causes no other rule named."""
     results = report.interventions.results if report.interventions is not None else []
+    if lr_varies(report):
+        # LR remedies were tried at the LR of one moment of a schedule: no verdict on the LR
+        results = [r for r in results if r.cause not in (CauseCode.LR_TOO_LOW.value, CauseCode.LR_TOO_HIGH.value)]
     outcome: dict[str, Any] = {}
     for result in results:
         if result.status == "confirmed" or (result.status == "not_confirmed" and result.cause not in outcome):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import loss_curve
+from nndx.rules._series import loss_curve, lr_varies
 from nndx.rules.engine import CONFIRMED_BY_INTERVENTION, Hit, Rule, add_rule
 
 LR_CAUSES = (C.LR_TOO_LOW, C.LR_TOO_HIGH)
@@ -57,8 +57,14 @@ def _check(code: C):
             # about a run that learned at its own pace (a warm-up or OneCycle starts low)
             curve = loss_curve(report)
             learned = code in LR_CAUSES and curve.n >= 10 and curve.progress >= LEARNED_PROGRESS
+            scheduled = code in LR_CAUSES and lr_varies(report)
             if learned:
                 symptom += f"; the run itself learned (its loss made {curve.progress:.0%} of its way down)"
+            elif scheduled:
+                # the probe trained at the optimizer's LR of that moment: a warm-up's first LR,
+                # or a decayed one after training — not the LR the run trains at
+                symptom += "; the run's LR schedule moved its LR, so the probe's LR was not the one it trains at"
+            learned = learned or scheduled
             hits.append(
                 Hit(
                     symptom=symptom,

@@ -181,3 +181,11 @@ def test_a_faster_lr_on_a_probe_says_little_about_a_run_that_learned():
     assert diagnose(learned).healthy
     stuck = learned.model_copy(update={"loss_history": {"train": points(flat(3, level=2.3))}})
     assert "LR_TOO_LOW" in {f.code.value for f in diagnose(stuck).findings if f.severity == "error"}
+    # a warm-up (or a decay): the probe trained at the LR of one moment of the schedule
+    from nndx.report import LRPoint
+
+    warm_up = [LRPoint(step=s, lrs=[1e-3 * min(1.0, (s + 1) / 20)]) for s in range(0, 60, 5)]
+    scheduled = stuck.model_copy(update={"loop": stuck.loop.model_copy(update={"lr_history": warm_up})})
+    findings = diagnose(scheduled).findings
+    assert all(f.confirmation is None and f.severity != "error" for f in findings)  # NNDX103's own warning stays
+    assert all(f.rule_id != "NNDX802" or f.severity == "info" for f in findings)
