@@ -34,16 +34,20 @@ LossFn = Callable[..., torch.Tensor] | None
 
 
 @contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
+def preserved_rng(*generators: torch.Generator) -> Iterator[None]:
     """Restore torch (CPU and initialised CUDA devices), Python and numpy random state on
-    exit, so a probe's dropout masks and random directions never shift the user's stream."""
+    exit, so a probe's dropout masks and random directions never shift the user's stream;
+    and the state of each of ``generators`` (a DataLoader's own, say)."""
     py_state = random.getstate()
     np_state = _numpy_state()
+    own_states = [(g, g.get_state()) for g in generators]
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     try:
         with torch.random.fork_rng(devices=devices):
             yield
     finally:
+        for generator, state in own_states:
+            generator.set_state(state)
         random.setstate(py_state)
         if np_state is not None:
             import numpy

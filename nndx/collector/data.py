@@ -37,9 +37,7 @@ few tens of MiB above the input and 1,000,000 × 100 float32 rows take a few sec
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -238,7 +236,7 @@ def _sample_torch_data(
     # here: check_data on arrays never loads torch.
     from nndx.collector._common import preserved_rng
 
-    with preserved_rng(), _preserved_generators(source):
+    with preserved_rng(*_own_generators(source)):
         if kind == "Dataset":
             assert total is not None
             if total > max_samples:
@@ -282,21 +280,16 @@ def _sample_torch_data(
     return _Split(name, x_all, y_all, x_dtype or x_all.dtype.name, y_dtype, n_samples, checked < n_samples or stopped_early)
 
 
-@contextlib.contextmanager
-def _preserved_generators(source: Any) -> Iterator[None]:
-    """A DataLoader or sampler given its own ``generator`` draws its shuffle (and its
-    workers' seeds) from it, not from the global RNGs: put it back too, so that reading
-    a sample leaves the user's next epoch in the order it would have had."""
-    generators = {}
+def _own_generators(source: Any) -> list[Any]:
+    """The generators a DataLoader or its sampler was given: its shuffle (and its workers'
+    seeds) come from them, not from the global RNGs, so reading a sample must put them
+    back too, or the user's next epoch would not be in the order it would have had."""
+    found: dict[int, Any] = {}
     for holder in (source, getattr(source, "sampler", None), getattr(getattr(source, "batch_sampler", None), "sampler", None)):
         generator = getattr(holder, "generator", None)
         if generator is not None and hasattr(generator, "get_state"):
-            generators[id(generator)] = (generator, generator.get_state())
-    try:
-        yield
-    finally:
-        for generator, state in generators.values():
-            generator.set_state(state)
+            found[id(generator)] = generator
+    return list(found.values())
 
 
 def _split_item(item: Any, name: str) -> tuple[Any, Any]:
