@@ -382,10 +382,9 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         calls = LossCallLog()
         if setup.loss_fn is not None:
             calls.add(loss_name(setup.loss_fn), prediction(output), targets)
-        if setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None:
-            with InnerLossCalls(calls):  # a loss of the user's own: what reaches torch's loss inside it
-                compute_loss(setup.loss_fn, output, targets)
-        else:
+        # a loss of the user's own: what reaches torch's loss inside it
+        own_loss = setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None
+        with InnerLossCalls(calls) if own_loss else contextlib.nullcontext():
             compute_loss(setup.loss_fn, output, targets)
     report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
     if report.model is not None:
