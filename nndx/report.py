@@ -208,6 +208,8 @@ class OverfitResult(ProbeResult):
     lr: Float | None = None
     initial_loss: Float | None = None
     final_loss: Float | None = None
+    # the loss perfect predictions would get (the targets' entropy for soft targets); None when unknown
+    loss_floor: Float | None = None
     final_accuracy: Float | None = None
     losses: list[Float] = Field(default_factory=list)
 

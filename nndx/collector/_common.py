@@ -426,15 +426,17 @@ def num_classes(loss_fn: LossFn, output: Any) -> int | None:
     return None
 
 
-def accuracy(loss_fn: LossFn, output: Any, targets: Any) -> float | None:
+def accuracy(loss_fn: LossFn, output: Any, targets: Any, loss_type: str | None = None) -> float | None:
     """Share of correct predictions on the batch, or None when the loss does not say how
-    to read predictions off the output."""
+    to read predictions off the output. ``loss_type`` names the loss when ``loss_fn`` is
+    a function of the user's own (what :class:`~nndx.collector.loss_call.InnerLossCalls`
+    saw it call, with the output and target that call got)."""
     out, target = first_output(output), first_output(targets)
     if out is None or target is None:
         return None
     out = out.detach()
     target = target.detach()
-    kind = vocab.loss_kind(loss_name(loss_fn))
+    kind = vocab.loss_kind(loss_type or loss_name(loss_fn))
     if kind is None and loss_fn is None and not target.is_floating_point():
         kind = vocab.loss_kind("CrossEntropyLoss")  # a model's own loss over class indices: logits, read by argmax
     if kind is None:
@@ -443,6 +445,8 @@ def accuracy(loss_fn: LossFn, output: Any, targets: Any) -> float | None:
         predicted = out.argmax(dim=1)
         if target.is_floating_point() and target.shape == out.shape:  # class probabilities as targets
             target = target.argmax(dim=1)
+        if predicted.shape != target.shape and out.shape[:-1] == target.shape:
+            predicted = out.argmax(dim=-1)  # (batch, time, classes) that the loss flattens: a language model
         if predicted.shape != target.shape:
             return None
         return float((predicted == target).float().mean())

@@ -114,6 +114,8 @@ class InnerLossCalls(TorchFunctionMode):
     def __init__(self, log: LossCallLog) -> None:
         super().__init__()
         self.log = log
+        # the last call as (loss type, output, target): what accuracy reads off a loss of the user's own
+        self.last: tuple[str, Any, Any] | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -122,6 +124,7 @@ class InnerLossCalls(TorchFunctionMode):
             output = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
             self.log.add(kind.name, output, target)
+            self.last = (kind.name, output, target)
         return func(*args, **kwargs)
 
 

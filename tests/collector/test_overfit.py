@@ -62,3 +62,73 @@ def test_users_model_and_rng_untouched():
     before = snapshot(model)
     overfit_one_batch(model, batch(), nn.CrossEntropyLoss(), steps=5)
     assert_untouched(before, model)
+
+
+def test_dropout_is_off_while_fitting_modules_and_functional_alike():
+    class FunctionalDropout(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = mlp(hidden=32, dropout=0.7)
+
+        def forward(self, x):
+            return nn.functional.dropout(self.body(x), 0.7, training=self.training)
+
+    model = FunctionalDropout().train()
+    result = overfit_one_batch(model, batch(), nn.CrossEntropyLoss(), steps=300)
+    assert result.status == "passed" and result.final_accuracy == 1.0
+    assert model.training and model.body[2].p == 0.7  # the user's model keeps its dropout
+    from nndx.collector.probes.overfit import NoDropout
+
+    x, _ = batch()
+    attention = nn.MultiheadAttention(8, 2, dropout=0.9).train()
+    with NoDropout():
+        assert torch.equal(model(x), model(x))
+        assert torch.equal(attention(x[:, None], x[:, None], x[:, None])[0], attention(x[:, None], x[:, None], x[:, None])[0])
+    assert not torch.equal(model(x), model(x))
+
+
+def test_loss_floor_is_what_perfect_predictions_get():
+    from nndx.collector.probes.overfit import loss_floor
+
+    out = torch.zeros(6, 4)
+    labels = torch.tensor([0, 1, 2, 3, 0, 1])
+    smoothing = 0.2
+    q = torch.full((4,), smoothing / 4)
+    q[0] += 1 - smoothing
+    entropy = float(-(q * q.log()).sum())
+    assert loss_floor(nn.CrossEntropyLoss(label_smoothing=smoothing), out, labels, 10.0) == pytest.approx(entropy, rel=1e-4)
+    assert loss_floor(nn.CrossEntropyLoss(), out, labels, 10.0) == pytest.approx(0.0, abs=1e-6)
+    soft = torch.tensor([[0.2, 0.5], [1.0, 0.0]])
+    bce = float(nn.functional.binary_cross_entropy(soft, soft))  # the targets' own entropy
+    assert loss_floor(nn.BCEWithLogitsLoss(), torch.zeros(2, 2), soft, 10.0) == pytest.approx(bce, rel=1e-3)
+    # a user's composite loss: the torch loss's floor, the extra term as computed
+    assert loss_floor(lambda o, t: nn.functional.mse_loss(o, t) + 1.5, out, out + 1, 10.0) == pytest.approx(1.5)
+    assert loss_floor(lambda o, t: ((o - t) ** 2).mean(), out, out + 1, 10.0) is None  # no torch loss: unknown
+    assert loss_floor(nn.CrossEntropyLoss(label_smoothing=smoothing), out, labels, entropy / 2) is None  # not below the start
+
+
+def test_soft_targets_fit_down_to_their_floor():
+    x, _ = batch()
+    soft = torch.sigmoid(torch.randn(16, 3, generator=torch.Generator().manual_seed(5)))
+    result = overfit_one_batch(mlp(hidden=64), (x, soft), nn.BCEWithLogitsLoss(), steps=300)
+    assert result.loss_floor is not None and result.loss_floor > 0.3
+    assert result.status == "passed", result.message
+
+
+def test_sequence_outputs_get_a_token_accuracy_through_the_users_loss():
+    class TinyLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb, self.head = nn.Embedding(5, 16), nn.Linear(16, 5)
+
+        def forward(self, idx):
+            return self.head(torch.relu(self.emb(idx)))
+
+    def lm_loss(logits, targets):
+        return nn.functional.cross_entropy(logits.reshape(-1, 5), targets.reshape(-1))
+
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 5, (4, 6), generator=g)
+    result = overfit_one_batch(TinyLM(), (idx, (idx + 1) % 5), lm_loss, steps=300)
+    assert result.final_accuracy == 1.0 and result.status == "passed"

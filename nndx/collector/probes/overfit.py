@@ -5,11 +5,18 @@ How to use::
     result = overfit_one_batch(model, (x, y), loss_fn)   # OverfitResult
     result.status, result.losses
 
-A network that cannot drive the loss of one small batch near zero has a bug in its
+A network that cannot drive the loss of one small batch to its minimum has a bug in its
 architecture, loss or gradient path (Karpathy's "overfit one batch" recipe). Pass is
-judged relative to the start — final loss under ``target_ratio`` (1%) of the initial
-loss, or 100% accuracy on the batch for classification — not the absolute
-``loss < 0.1``, which fails healthy regression targets of large scale.
+judged relative to the start — the loss's distance from its floor under ``target_ratio``
+(1%) of where it started, or 100% accuracy on the batch for classification — not the
+absolute ``loss < 0.1``, which fails healthy regression targets of large scale.
+
+The floor is the loss that perfect predictions would get (:class:`PerfectPredictions`):
+0 for class indices and regression, but the targets' entropy for soft targets (a VAE's
+pixels in [0, 1] with BCE) and with label smoothing. A term the floor cannot see (a
+KL term, targets that identical inputs contradict) keeps a healthy model above 1%;
+the rule reading this result (NNDX601) tells a model that barely learns from one that
+nearly fits.
 
 It cannot detect misaligned labels: networks memorise random labels (Zhang et al.
 2017, "Understanding deep learning requires rethinking generalization"), so a batch with
@@ -17,17 +24,27 @@ shuffled labels overfits just as well. The label-alignment probe
 (:mod:`nndx.collector.probes.label_alignment`) tests that.
 
 Runs on a deep copy with nndx's own Adam (the user's learning rate may be the bug), the
-model kept in its current train/eval mode; the user's RNG is restored afterwards. A
+model kept in its current train/eval mode, with dropout off: the question is whether the
+model *can* fit, and a regulariser that zeroes a random share of units at every step keeps
+a healthy model's loss on one batch far above 1% of its start (``nn.Dropout``,
+``F.dropout`` and attention's ``dropout_p`` alike; an LSTM's internal dropout is out of
+reach). The user's RNG is restored afterwards. A
 float16 model trains as mixed precision does (float32 weights, float16 autocast).
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
+from nndx import vocab
 from nndx.collector._common import (
     Batch,
     LossFn,
@@ -35,11 +52,14 @@ from nndx.collector._common import (
     compute_loss,
     forward,
     infer_task,
+    loss_name,
+    map_tensors,
     preserved_rng,
     split_batch,
     train_in_float32,
     working_copy,
 )
+from nndx.collector.loss_call import InnerLossCalls, LossCallLog
 from nndx.collector.probes import ProbeSpec
 from nndx.report import OverfitResult
 
@@ -58,8 +78,11 @@ def overfit_one_batch(
         raise ValueError(f"steps must be >= 1, got {steps}")
     inputs, targets = split_batch(batch)
     task = infer_task(loss_fn, targets)
+    # a loss of the user's own: accuracy is read off what it hands to torch's loss
+    own_loss = loss_fn is not None and vocab.loss_kind(loss_name(loss_fn)) is None
     losses: list[float] = []
     final_accuracy: float | None = None
+    floor: float | None = None
     passed = False
     with preserved_rng():
         model_copy = working_copy(model)
@@ -69,23 +92,30 @@ def overfit_one_batch(
                                  message="the model has no trainable parameters")  # fmt: skip
         precision = train_in_float32(model_copy)
         optimizer = torch.optim.Adam(params, lr=lr)
-        for step in range(steps + 1):  # measure after each of the ``steps`` updates
-            optimizer.zero_grad(set_to_none=True)
-            with precision:
-                output = forward(model_copy, inputs)
-                loss = compute_loss(loss_fn, output, targets)
-            losses.append(float(loss.detach()))
-            if task == "classification":
-                final_accuracy = accuracy(loss_fn, output, targets)
-            if not math.isfinite(losses[-1]):
-                break
-            if _fits(losses, final_accuracy, target_ratio):
-                passed = True
-                break
-            if step < steps:
-                loss.backward()
-                optimizer.step()
+        with NoDropout():
+            for step in range(steps + 1):  # measure after each of the ``steps`` updates
+                optimizer.zero_grad(set_to_none=True)
+                inner = InnerLossCalls(LossCallLog())
+                with precision:
+                    output = forward(model_copy, inputs)
+                    with inner if own_loss else contextlib.nullcontext():
+                        loss = compute_loss(loss_fn, output, targets)
+                losses.append(float(loss.detach()))
+                if step == 0:
+                    floor = loss_floor(loss_fn, output, targets, losses[0])
+                if task == "classification":
+                    final_accuracy = (accuracy(loss_fn, output, targets) if inner.last is None
+                                      else accuracy(None, inner.last[1], inner.last[2], loss_type=inner.last[0]))  # fmt: skip
+                if not math.isfinite(losses[-1]):
+                    break
+                if _fits(losses, floor or 0.0, final_accuracy, target_ratio):
+                    passed = True
+                    break
+                if step < steps:
+                    loss.backward()
+                    optimizer.step()
     initial, final = losses[0], losses[-1]
+    above = "" if not floor else f" above its floor {floor:.4g}"
     if passed:
         status, message = "passed", f"fitted one batch in {len(losses) - 1} steps"
     elif not math.isfinite(final):
@@ -94,18 +124,132 @@ def overfit_one_batch(
         status, message = "skipped", "initial loss is negative: a relative criterion is undefined"
     else:
         status = "failed"
-        message = (f"loss fell only to {final / initial:.3g} of its initial value in {steps} steps "
-                   f"(target {target_ratio:g}); the model, loss or backward cannot fit one batch")  # fmt: skip
+        share = (final - (floor or 0.0)) / (initial - (floor or 0.0))
+        message = (f"loss{above} fell only to {share:.3g} of where it started in {steps} steps "
+                   f"(target {target_ratio:g}); the model, loss or backward does not fit one batch")  # fmt: skip
     return OverfitResult(status=status, message=message, task=task, steps=len(losses) - 1, lr=lr,
-                         initial_loss=initial, final_loss=final, final_accuracy=final_accuracy,
+                         initial_loss=initial, final_loss=final, loss_floor=floor, final_accuracy=final_accuracy,
                          losses=losses)  # fmt: skip
 
 
-def _fits(losses: list[float], batch_accuracy: float | None, target_ratio: float) -> bool:
+def _fits(losses: list[float], floor: float, batch_accuracy: float | None, target_ratio: float) -> bool:
     if batch_accuracy == 1.0:
         return True
     initial, current = losses[0], losses[-1]
-    return initial >= 0 and current <= target_ratio * initial
+    return initial >= 0 and current - floor <= target_ratio * (initial - floor)
+
+
+def loss_floor(loss_fn: LossFn, output: Any, targets: Any, initial: float) -> float | None:
+    """The loss of perfect predictions for these targets (see :class:`PerfectPredictions`);
+    None when a loss nndx cannot idealise is involved, or the floor is not below the
+    initial loss (then it would tell nothing)."""
+    ideal = PerfectPredictions()
+    with torch.no_grad(), ideal:
+        try:
+            value = float(compute_loss(loss_fn, map_tensors(output, torch.Tensor.detach), targets))
+        except Exception:  # noqa: BLE001 - an idealised output the user's loss cannot take: no floor
+            return None
+    if ideal.unknown or not ideal.seen or not math.isfinite(value) or not 0.0 <= value < initial:
+        return None
+    return value
+
+
+# the logit of a probability this close to 0 or 1 stands for it (its loss is ~1e-6 per element)
+_CLAMP = 1e-6
+
+
+class PerfectPredictions(TorchFunctionMode):
+    """Inside, each of torch's losses (``F.cross_entropy``, ``nn.BCELoss``... and those a
+    loss function of the user's own calls) gets, instead of the model's output, the output
+    that fits its target best; other terms (a KL penalty) are computed as they are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False  # a torch loss was called
+        self.unknown = False  # one whose perfect output nndx does not know
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        kind = vocab.loss_kind(getattr(func, "__name__", None))
+        if kind is None:
+            return func(*args, **kwargs)
+        self.seen = True
+        output = args[0] if args else kwargs.get("input")
+        target = args[1] if len(args) > 1 else kwargs.get("target")
+        ideal = _perfect(kind, output, target, kwargs)
+        if ideal is None:
+            self.unknown = True
+            return func(*args, **kwargs)
+        if args:
+            args = (ideal, *args[1:])
+        else:
+            kwargs["input"] = ideal
+        return func(*args, **kwargs)
+
+
+def _perfect(kind: vocab.LossKind, output: Any, target: Any, kwargs: dict) -> torch.Tensor | None:
+    """The output that minimises a loss of this kind for ``target``; None when unknown."""
+    if not isinstance(output, torch.Tensor) or not isinstance(target, torch.Tensor) or not output.is_floating_point():
+        return None
+    if kind.class_axis and output.dim() >= 2 and not target.is_floating_point():
+        classes = output.shape[1]
+        index = torch.where((target >= 0) & (target < classes), target, 0)  # ignore_index rows: any class
+        q = nn.functional.one_hot(index, classes).movedim(-1, 1).to(output.dtype)
+        smoothing = float(kwargs.get("label_smoothing", 0.0) or 0.0)
+        q = (1 - smoothing) * q + smoothing / classes
+        if kind.name == "MultiMarginLoss":
+            return q * 2.0  # the right class ahead of every other by the margin (1)
+        return q.clamp_min(1e-12).log()  # logits or log-probabilities: both log q
+    if target.shape != output.shape:
+        return None
+    if kind.class_axis and target.is_floating_point():  # class probabilities as targets
+        smoothing = float(kwargs.get("label_smoothing", 0.0) or 0.0)
+        q = (1 - smoothing) * target + smoothing / output.shape[1]
+        return q.clamp_min(1e-12).log().to(output.dtype)
+    p = target.to(output.dtype)
+    if kind.expects == "values" and kind.name != "GaussianNLLLoss":
+        return p
+    if kind.name == "KLDivLoss":
+        return p if kwargs.get("log_target") else p.clamp_min(1e-12).log()
+    if kind.expects == "probabilities":
+        return p
+    if kind.binary or kind.name == "MultiLabelSoftMarginLoss":
+        return torch.logit(p.clamp(_CLAMP, 1 - _CLAMP))
+    return None
+
+
+# torch functions that zero a random share of their input; the overfit probe runs them as identities
+_DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+                       "feature_dropout"})  # fmt: skip
+
+
+class NoDropout(TorchFunctionMode):
+    """Inside, dropout is off wherever it is written: the ``nn.Dropout`` modules (they call
+    ``F.dropout``), ``F.dropout``/``torch.dropout`` in a forward, and the ``dropout_p`` of
+    attention (``scaled_dot_product_attention``, ``nn.MultiheadAttention``)."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        name = getattr(func, "__name__", "")
+        if name in _DROPOUTS and args and isinstance(args[0], torch.Tensor):
+            return args[0]
+        if "dropout_p" in kwargs:
+            kwargs["dropout_p"] = 0.0
+        elif name in ("scaled_dot_product_attention", "multi_head_attention_forward"):
+            args = _without_dropout_p(func, args)
+        return func(*args, **kwargs)
+
+
+def _without_dropout_p(func: Callable, args: tuple) -> tuple:
+    """``args`` with a positional ``dropout_p`` set to 0."""
+    try:
+        names = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):  # a builtin: scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, ...)
+        names = ["query", "key", "value", "attn_mask", "dropout_p"]
+    if "dropout_p" in names and names.index("dropout_p") < len(args):
+        index = names.index("dropout_p")
+        args = args[:index] + (0.0,) + args[index + 1 :]
+    return args
 
 
 SPEC = ProbeSpec(name="overfit_one_batch", title=OverfitResult.title, function=overfit_one_batch,
