@@ -266,3 +266,17 @@ def test_a_warmup_is_judged_at_the_lr_it_reaches_not_at_its_first_step():
     assert "NNDX603" not in _found(report)
     stuck_low = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[1e-6]) for i in range(200)])
     assert "NNDX603" in _found(stuck_low.model_copy(update={"probes": healthy_probes(lr_range=lr_range)}))
+
+
+def test_a_failed_overfit_warns_when_the_model_barely_learns_and_is_context_when_it_nearly_fits():
+    from nndx.report import OverfitResult
+
+    def overfit(**fields):
+        result = OverfitResult(status="failed", task="classification", steps=300, **fields)
+        return {f.rule_id: f.severity for f in diagnose(BASE.model_copy(update={"probes": healthy_probes(overfit_one_batch=result)})).findings}
+
+    assert overfit(initial_loss=2.3, final_loss=1.5)["NNDX601"] == "warning"  # fell by a third: barely learns
+    assert overfit(initial_loss=2.7, final_loss=0.05, final_accuracy=0.97)["NNDX601"] == "info"  # ambiguous targets
+    # a VAE: 45 → 23 is half-way to zero, but a third of the way above its floor of 13.6 (the pixels' entropy)
+    assert overfit(initial_loss=44.8, final_loss=23.2)["NNDX601"] == "warning"
+    assert overfit(initial_loss=44.8, final_loss=23.2, loss_floor=13.6)["NNDX601"] == "info"
