@@ -87,3 +87,39 @@ def test_the_functional_op_that_made_the_first_nan_is_named(op, code):
 def test_healthy_functional_code_names_nothing():
     result = nan_origin(Functional(None), batch(), nn.CrossEntropyLoss())
     assert result.status == "passed" and result.forward_op is None
+
+
+class MaskedAttention(nn.Module):
+    """Causal attention that hides future positions with -inf, as nanoGPT does: the -inf
+    scores become exact zeros after the softmax."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.out = nn.Linear(8, 24), nn.Linear(8, 3)
+
+    def forward(self, x):  # x: (batch, 4 positions, 8)
+        q, k, v = self.qkv(x).split(8, dim=-1)
+        scores = q @ k.transpose(1, 2)
+        mask = torch.triu(torch.ones(4, 4, dtype=torch.bool), diagonal=1)
+        weights = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        return self.out((weights @ v).mean(1))
+
+
+def test_a_mask_of_minus_inf_that_reaches_neither_loss_nor_gradient_passes():
+    x, y = batch()
+    result = nan_origin(MaskedAttention(), (x.view(4, 4, 8).repeat(4, 1, 1), y), nn.CrossEntropyLoss())
+    assert result.status == "passed" and result.forward_module is None
+    assert "masked_fill" in result.message and "a mask" in result.message
+    report = DiagnosticReport(probes=Probes(nan_origin=result))
+    assert [f for f in nndx.diagnose(report).findings if f.severity != "info"] == []
+
+
+def test_minus_inf_that_reaches_the_loss_is_still_named():
+    class Unmasked(MaskedAttention):
+        def forward(self, x):
+            return super().forward(x).masked_fill(torch.ones(3, dtype=torch.bool), float("-inf"))
+
+    x, y = batch()
+    result = nan_origin(Unmasked(), (x.view(4, 4, 8).repeat(4, 1, 1), y), nn.CrossEntropyLoss())
+    assert result.status == "failed" and not result.loss_finite and result.forward_module is not None

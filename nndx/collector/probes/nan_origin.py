@@ -17,6 +17,11 @@ made it is the module (or loss) that consumed that output.
 
 Non-finite inputs are counted first: NaN already in the data is a different cause
 (NAN_IN_DATA) than NaN made by the model.
+
+A non-finite value that reaches neither the loss nor any gradient is a mask, not a bug:
+attention fills the scores it hides with ``-inf`` (``masked_fill(mask, float("-inf"))``)
+and the softmax turns them into exact zeros. The probe then passes and its message names
+where the masked values were made.
 """
 
 from __future__ import annotations
@@ -76,6 +81,11 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
                 h.remove()
     fwd = seen.first_nonfinite or (None, None, None)
     bwd = backward_hit[0] if backward_hit else (None, None)
+    masked = ""
+    if fwd[0] is not None and loss_finite and bwd[0] is None and not input_bad and not target_bad:
+        masked = (f"; non-finite values made in {fwd[0]} ({fwd[1]})" + (f" by {fwd[2]}()" if fwd[2] else "")
+                  + " reach neither the loss nor a gradient (a mask)")  # fmt: skip
+        fwd = (None, None, None)
     problems = []
     if input_bad:
         problems.append(f"{input_bad} non-finite input values")
@@ -90,7 +100,8 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
         problems.append(f"first non-finite gradient in backward: output of {bwd[0]} ({bwd[1]})")
     return NanOriginResult(
         status="failed" if problems else "passed",
-        message="; ".join(problems) if problems else "every output, the loss and every gradient are finite",
+        message="; ".join(problems) if problems else "the loss and every gradient are finite" + masked
+        if masked else "every output, the loss and every gradient are finite",
         input_nonfinite_count=input_bad + target_bad,
         loss_finite=loss_finite,
         forward_module=fwd[0], forward_module_type=fwd[1], forward_op=fwd[2],
