@@ -64,7 +64,13 @@ def _check(code: C):
                 # the probe trained at the optimizer's LR of that moment: a warm-up's first LR,
                 # or a decayed one after training — not the LR the run trains at
                 symptom += "; the run's LR schedule moved its LR, so the probe's LR was not the one it trains at"
-            learned = learned or scheduled
+            # no other rule saw this cause, and the untouched twin learned in the probe itself
+            # (slowly): the remedy speeds a healthy setup up (a third of a LSTM's ReLUs silent
+            # at initialisation), which is worth knowing, not an alarm
+            twin_learned = not learned and not scheduled and (result.baseline_progress or 0.0) >= LEARNED_PROGRESS
+            if twin_learned:
+                symptom += f"; the untouched twin learned too ({result.baseline_progress:.0%} of its way down)"
+            learned = learned or scheduled or twin_learned
             hits.append(
                 Hit(
                     symptom=symptom,
@@ -93,7 +99,9 @@ for rule_id, code, remedy, fix in REMEDIES:
             severity="error",
             title=f"{code.value} confirmed: with {remedy} the model learns",
             detects=f"An intervention that applied {remedy} to a copy of the model from its initial state made the "
-            "loss fall clearly further than on an untouched twin, while no other rule named this cause.",
+            "loss fall clearly further than on an untouched twin, while no other rule named this cause. Info "
+            "when the untouched twin learned as well (30% or more of its way down in the probe), when the run's own "
+            "loss did, or, for an LR remedy, when a schedule moved the LR.",
             why=WHY,
             fix=fix,
             family="interventions",

@@ -189,3 +189,22 @@ def test_a_faster_lr_on_a_probe_says_little_about_a_run_that_learned():
     findings = diagnose(scheduled).findings
     assert all(f.confirmation is None and f.severity != "error" for f in findings)  # NNDX103's own warning stays
     assert all(f.rule_id != "NNDX802" or f.severity == "info" for f in findings)
+
+
+def test_a_remedy_that_only_speeds_up_a_twin_that_learned_is_context():
+    """A third of an LSTM head's ReLUs silent at initialisation: re-initialising them makes a
+    100-step probe learn much faster, but the untouched twin learned too (42% of its way
+    down). With no other rule naming the cause, that is info; the same remedy on a twin
+    that did not learn (a dead network) is an error."""
+    from nndx.report import DiagnosticReport, InterventionResult, Interventions
+
+    def verdict(baseline_progress: float) -> str:
+        result = InterventionResult(cause="DEAD_RELU", remedy="the dead ReLU units re-initialised", status="confirmed",
+                                    steps=100, baseline_initial_loss=1.45, baseline_final_loss=1.45 * (1 - baseline_progress),
+                                    remedied_initial_loss=1.47, remedied_final_loss=0.006,
+                                    baseline_progress=baseline_progress, remedied_progress=0.996)  # fmt: skip
+        findings = diagnose(DiagnosticReport(interventions=Interventions(results=[result]))).findings  # a preflight
+        return next(f.severity for f in findings if f.rule_id == "NNDX807")
+
+    assert verdict(0.42) == "info"
+    assert verdict(0.0) == "error"
