@@ -153,6 +153,33 @@ def num_classes(report: DiagnosticReport) -> int | None:
     return None
 
 
+# a run whose loss starts under this share of an uninformed prediction's loss already fits
+# most of the way (a pretrained backbone under a new head): a loss that barely moves from there
+# is not stuck
+FITTED_SHARE = 0.5
+
+
+def uninformed_loss(report: DiagnosticReport) -> float | None:
+    """The loss of the best prediction that ignores the inputs: ln C for a softmax loss over
+    C classes (a language model's vocabulary too), ln 2 for a binary one, the targets'
+    variance for MSE; None when the report cannot say."""
+    for call in loss_calls(report):
+        if call.loss_type in vocab.SOFTMAX_LOSS_NAMES:
+            classes = num_classes(report)
+            return math.log(classes) if classes and classes >= 2 else None
+        if call.loss_type in ("BCELoss", "BCEWithLogitsLoss"):
+            return math.log(2.0)
+        if call.loss_type == "MSELoss" and call.target_std is not None and call.target_std > 0:
+            return call.target_std * call.target_std
+    return None
+
+
+def starts_fitted(report: DiagnosticReport) -> bool:
+    """Whether the train loss starts under FITTED_SHARE of an uninformed prediction's loss."""
+    curve, uninformed = loss_curve(report), uninformed_loss(report)
+    return curve.n >= 2 and uninformed is not None and 0 <= curve.start < FITTED_SHARE * uninformed
+
+
 def loss_calls(report: DiagnosticReport) -> list[LossCall]:
     return list(report.loop.loss_calls) if report.loop is not None else []
 

@@ -10,7 +10,7 @@ from statistics import median
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
-from nndx.rules._series import finite, is_classification, loss_calls, loss_curve, train_curve
+from nndx.rules._series import finite, is_classification, loss_calls, loss_curve, starts_fitted, train_curve
 from nndx.rules.engine import Hit, rule
 
 
@@ -184,7 +184,8 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Parameters frozen (requires_grad=False) and nothing else learns",
     detects="Frozen parameters while nothing trainable remains (error), or while the train loss is not "
-    "moving (warning). A frozen backbone whose trainable head lowers the loss is reported as info.",
+    "moving (warning). A frozen backbone whose trainable head lowers the loss, or whose loss starts under "
+    "half an uninformed prediction's (the frozen part was trained), is reported as info.",
     why="Parameters left frozen by mistake (a fine-tuning recipe that never unfreezes, a copy-pasted "
     "requires_grad=False) stop the model learning; deliberate freezing is fine.",
     fix="Set requires_grad=True on the parameters meant to train, and rebuild the optimizer over them.",
@@ -205,7 +206,7 @@ def frozen(report: DiagnosticReport) -> Hit | None:
     }
     if trainable == 0:
         return Hit(symptom="every parameter is frozen", evidence=evidence, severity="error", score=3.0)
-    if curve.n >= 10 and curve.progress < 0.05:
+    if curve.n >= 10 and curve.progress < 0.05 and not starts_fitted(report):
         return Hit(
             symptom=f"{len(loop.frozen_params)} parameters frozen and the loss is not moving",
             evidence=evidence,

@@ -13,7 +13,7 @@ from statistics import median
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import Curve, finite, loss_calls, loss_curve, num_classes, train_curve, window
+from nndx.rules._series import Curve, finite, loss_calls, loss_curve, num_classes, starts_fitted, train_curve, window
 from nndx.rules.engine import Hit, rule
 
 # Causes that make a loss stop moving; the symptom rules below cite them when present.
@@ -156,7 +156,8 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     "Loss is not decreasing",
     detects="A train loss whose last tenth (median) is within 5% of its first tenth, or over 10% above "
     "its very first value, over at least 10 recorded steps, with no accuracy gain either. Judged relative to the initial loss, so the "
-    "rule does not depend on the loss's scale.",
+    "rule does not depend on the loss's scale. Info when the loss starts under half the loss of a prediction that "
+    "ignores the inputs (ln C, or the targets' variance for MSE): the model already fits, as a pretrained one does.",
     why="A loss that does not move means no useful update reaches the weights: the LR is far too "
     "low (or too high and bouncing), units are dead, the optimizer is not connected, or the data "
     "and labels do not match.",
@@ -180,8 +181,11 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
         if median(accuracies[-w:]) - median(accuracies[:w]) > 0.05:
             return None
     frozen = curve.noise == 0.0 and curve.start == curve.end
+    fitted = starts_fitted(report) and from_initial >= -0.1
     return Hit(
-        symptom="train loss did not change at all" if frozen else "train loss is not decreasing",
+        severity="info" if fitted else None,
+        symptom=("train loss did not change at all" if frozen else "train loss is not decreasing")
+        + (" from a level the model already fits to (under half an uninformed prediction's loss)" if fitted else ""),
         evidence={
             "loss_initial": curve.initial,
             "loss_start": curve.start,
@@ -203,7 +207,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     detects="A train loss that jumps above 10x its first values, or is above twice its initial level at "
     "least twice in its second half, or whose step-to-step swings "
     "exceed 25% of the initial loss while it makes under 50% progress (info when those swings are all "
-    "there is and the loss still made 20% progress).",
+    "there is and the loss still made 20% progress, or started under half an uninformed prediction's loss).",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -223,7 +227,9 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
         return None
     # swings alone, on a loss that still falls (a fifth of the way or more), are as likely
     # minibatch noise on a task that starts near its floor: context, not an alarm
-    noisy_but_learning = spikes < 2 and not blow_ups and curve.progress >= 0.2
+    # or on a loss that starts where the model already fits (a pretrained backbone): the
+    # swings of minibatches are large next to so small a level
+    noisy_but_learning = spikes < 2 and not blow_ups and (curve.progress >= 0.2 or starts_fitted(report))
     return Hit(
         severity="info" if noisy_but_learning else None,
         symptom="train loss is diverging" if spikes >= 2 or blow_ups else "train loss is oscillating",

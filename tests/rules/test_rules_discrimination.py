@@ -280,3 +280,20 @@ def test_a_failed_overfit_warns_when_the_model_barely_learns_and_is_context_when
     # a VAE: 45 → 23 is half-way to zero, but a third of the way above its floor of 13.6 (the pixels' entropy)
     assert overfit(initial_loss=44.8, final_loss=23.2)["NNDX601"] == "warning"
     assert overfit(initial_loss=44.8, final_loss=23.2, loss_floor=13.6)["NNDX601"] == "info"
+
+
+def test_a_frozen_pretrained_backbone_whose_loss_starts_fitted_is_context_not_stuck():
+    """A backbone trained first, then frozen under a head: the loss starts far below ln(C)
+    and barely moves, with minibatch swings large next to so small a level. Not stuck, not
+    an LR problem; the same flat curve at ln(C) (frozen layers trained from scratch) is."""
+    from .reports import flat, points
+
+    frozen = with_loop(BASE, frozen_params=["body.0.weight", "body.0.bias"])
+
+    def alarms(level: float, noise: float) -> dict[str, str]:
+        report = frozen.model_copy(update={"loss_history": {"train": points(flat(4, level=level, noise=noise))}})
+        return {f.rule_id: f.severity for f in diagnose(report).findings if f.rule_id in ("NNDX103", "NNDX104", "NNDX305")}
+
+    assert set(alarms(level=0.15, noise=0.3).values()) <= {"info"}  # 0.15 against ln(10) = 2.3
+    at_chance = alarms(level=2.3026, noise=0.005)
+    assert at_chance.get("NNDX103") in ("warning", "error") and at_chance.get("NNDX305") == "warning"
