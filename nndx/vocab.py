@@ -137,3 +137,8 @@ CLASSIFICATION_LOSS_NAMES = frozenset(k.name for k in LOSSES if k.task == "class
 REGRESSION_LOSS_NAMES = frozenset(k.name for k in LOSSES if k.task == "regression")
 # losses that read a (log-)softmax over the class axis of an [N, C, ...] output
 SOFTMAX_LOSS_NAMES = frozenset({"CrossEntropyLoss", "NLLLoss"})
+
+# Optimizers whose step divides by a running gradient scale: a loss (and its gradient) k
+# times larger moves the weights by about the same amount (up to eps)
+SCALE_INVARIANT_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
+                                        "Adadelta", "SparseAdam", "Adafactor"})  # fmt: skip

@@ -96,7 +96,8 @@ def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
     detects="k > 1 backward passes per optimizer step with one zero_grad per step (deliberate "
     "accumulation). Info on its own; warning when the run also shows overshooting updates (NaN after "
     "finite steps, a loss above twice its start, median update/weight ratio over 0.1), which is what "
-    "an undivided accumulated loss — a k-times larger step — produces.",
+    "an undivided accumulated loss — a k-times larger step — produces. Adam, RMSprop and the other "
+    "optimizers that divide by a running gradient scale stay info: their steps do not grow with the loss.",
     why="Summing k micro-batch gradients without dividing each loss by k multiplies the effective "
     "learning rate by k (for SGD-like optimizers).",
     fix="Divide each micro-batch loss by the number of accumulation steps before backward.",
@@ -108,10 +109,14 @@ def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
     backward_per_step = loop.backward_calls / loop.steps
     if backward_per_step < 1.5 or loop.zero_grad_calls < 0.8 * loop.steps:
         return None
-    trouble = _lr_trouble(report)
+    # an adaptive optimizer divides a k-times larger gradient by a k-times larger scale: the
+    # undivided sum cannot be what makes its updates large
+    adaptive = bool(loop.optimizers) and set(loop.optimizers) <= vocab.SCALE_INVARIANT_OPTIMIZERS
+    trouble = None if adaptive else _lr_trouble(report)
     return Hit(
         symptom=f"{backward_per_step:.1f} backward passes per optimizer step"
-        + (" and overshooting updates" if trouble else ""),
+        + (" and overshooting updates" if trouble else "")
+        + (f" ({', '.join(loop.optimizers)} steps do not grow with the gradient's scale)" if adaptive else ""),
         evidence={"backward_per_step": backward_per_step, "steps": loop.steps} | (trouble or {}),
         severity="warning" if trouble else "info",
         score=1.0 + (2.0 if trouble else 0.0),

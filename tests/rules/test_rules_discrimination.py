@@ -297,3 +297,17 @@ def test_a_frozen_pretrained_backbone_whose_loss_starts_fitted_is_context_not_st
     assert set(alarms(level=0.15, noise=0.3).values()) <= {"info"}  # 0.15 against ln(10) = 2.3
     at_chance = alarms(level=2.3026, noise=0.005)
     assert at_chance.get("NNDX103") in ("warning", "error") and at_chance.get("NNDX305") == "warning"
+
+
+def test_accumulation_with_large_updates_warns_for_sgd_but_not_for_adam():
+    """Adam divides a k-times larger gradient by a k-times larger scale: an undivided
+    accumulated loss cannot be why its (always sizeable) updates are large."""
+    from .broken import accum_unscaled
+
+    def severity(optimizers):
+        report = with_loop(accum_unscaled(), optimizers=optimizers)
+        return next(f.severity for f in diagnose(report).findings if f.rule_id == "NNDX302")
+
+    assert severity(["SGD"]) == "warning"
+    assert severity(None) == "warning"  # unknown optimizer: the large updates are the evidence
+    assert severity(["AdamW"]) == "info"
