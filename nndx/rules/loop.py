@@ -533,7 +533,8 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
     "error",
     "Softmax/sigmoid applied before a loss that applies its own",
     detects="CrossEntropyLoss given outputs whose rows already sum to one, BCEWithLogitsLoss given "
-    "outputs all inside [0, 1] (from a model ending in Sigmoid, or 16 or more of them), or a model whose "
+    "outputs all inside [0, 1] (from a model ending in Sigmoid, or 16 or more of them when no observed forward "
+    "shows the output coming from no activation), or a model whose "
     "last activation is Softmax trained with CrossEntropyLoss.",
     why="CrossEntropyLoss applies log_softmax itself; a second softmax squashes the logits into [0, 1], "
     "so gradients shrink and the loss stalls far above its minimum.",
@@ -555,8 +556,11 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
                 },
                 score=3.0,
             )
-        # logits of a batch of 16+ all inside [0, 1]: a sigmoid, even a functional one
-        many = math.prod(call.output_shape) >= 16 if call.output_shape else False
+        # logits of a batch of 16+ all inside [0, 1]: a sigmoid, even a functional one — unless
+        # the observed forward (functional ops included) shows the output came from no activation:
+        # then they are small logits of a model that has not learned much yet
+        observed_plain = report.model is not None and report.model.forward_observed and output_activation is None
+        many = (math.prod(call.output_shape) >= 16 if call.output_shape else False) and not observed_plain
         if (
             call.loss_type == "BCEWithLogitsLoss"
             and (output_activation == "Sigmoid" or many)

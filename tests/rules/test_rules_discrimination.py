@@ -219,6 +219,12 @@ def test_squashed_logits_are_seen_from_their_values_whatever_produced_them():
     bce = LossCall(loss_type="BCEWithLogitsLoss", output_shape=[64, 1], target_shape=[64, 1], target_dtype="float32",
                    output_min=0.03, output_max=0.97)  # fmt: skip
     assert "NNDX314" in _found(with_loop(BASE, loss_calls=[bce]))
+    # small logits of a model whose observed forward ends in a plain Linear (no sigmoid): early training
+    observed = BASE.model_copy(update={"model": BASE.model.model_copy(update={"forward_observed": True, "output_activation": None})})
+    small = bce.model_copy(update={"output_min": 0.06, "output_max": 0.26})
+    assert "NNDX314" not in _found(with_loop(observed, loss_calls=[small]))
+    sigmoid = observed.model_copy(update={"model": observed.model.model_copy(update={"output_activation": "Sigmoid"})})
+    assert "NNDX314" in _found(with_loop(sigmoid, loss_calls=[small]))
 
 
 def test_large_regression_targets_are_seen_at_the_loss_without_data_checks():
