@@ -579,6 +579,9 @@ class LoopStats(Schema):
     has_dropout: bool = False
     has_batchnorm: bool = False
     lr_history: list[LRPoint] = Field(default_factory=list)
+    effective_lr_history: list[LRPoint] = Field(
+        default_factory=list, description="loops without an optimizer: the median over weight matrices of "
+        "‖Δw‖ / ‖gradient‖ at recorded steps — plain SGD's LR, a constant multiple of it under momentum")
     grad_norm_history: list[GradNormPoint] = Field(default_factory=list)
     input_norm_history: list[ScalarPoint] = Field(default_factory=list)
     loss_calls: list[LossCall] = Field(default_factory=list)

@@ -102,7 +102,7 @@ from torch import nn
 
 from nndx.collector import distributed
 from nndx.collector.watch import (
-    Deferred, Desync, ErrorGuard, GradientNorm, GraphSize, InitialState, InputNorms, LayerStatistics, LearningRate,
+    Deferred, Desync, EffectiveLearningRate, ErrorGuard, GradientNorm, GraphSize, InitialState, InputNorms, LayerStatistics, LearningRate,
     LossCalls, LossHistory, LoopCounts, ParameterUpdates, RunFacts, StepContext, UnchangedParameters, Watched, Watcher,
 )
 from nndx.collector.watch.events import BackwardPasses, Hooks, UpdateDetector
@@ -158,6 +158,9 @@ class Monitor:
             InputNorms(history_size), self.layers, self.parameters, self.loss_calls, GraphSize(layer_history_size),
             self.initial, UnchangedParameters(self.watched),
         ]  # fmt: skip
+        if self.watched.manual:  # the LR is in the user's code: measure the step size instead
+            self.watchers.insert(self.watchers.index(self.parameters) + 1,
+                                 EffectiveLearningRate(self.parameters, history_size))  # fmt: skip
         self._updates = UpdateDetector(self.watched.params, self.errors) if self.watched.manual else None
         self._world_size = distributed.world_size(process_group)
         self._desync = Desync(self.watched, checksum_every, process_group, self._world_size) if self._world_size > 1 else None

@@ -257,7 +257,8 @@ def eval_mode_forgotten(report: DiagnosticReport) -> Hit | None:
     C.LR_SCHEDULE_MISUSE,
     "warning",
     "The learning-rate schedule collapses the LR early",
-    detects="A learning rate below 1e-3 of its maximum for more than a quarter of the recorded steps. "
+    detects="A learning rate below 1e-3 of its maximum for more than a quarter of the recorded steps (in a loop "
+    "without an optimizer: the step size measured as |update| / |gradient|). "
     "Cosine or one-cycle schedules stepped per batch only get there in the last few percent, so they "
     "do not fire.",
     why="A per-epoch schedule (StepLR, ExponentialLR) stepped every batch decays the LR to ~0 within "
@@ -267,9 +268,11 @@ def eval_mode_forgotten(report: DiagnosticReport) -> Hit | None:
 )
 def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    if loop is None or len(loop.lr_history) < 8:
+    # without an optimizer the LR is in the user's code: its measured step size stands for it
+    measured = loop is not None and not loop.lr_history
+    history = sorted((loop.lr_history or loop.effective_lr_history) if loop else [], key=lambda p: p.step)
+    if len(history) < 8:
         return None
-    history = sorted(loop.lr_history, key=lambda p: p.step)
     lrs = [max(finite(p.lrs) or [0.0]) for p in history]
     peak = max(lrs)
     if peak <= 0:
@@ -285,6 +288,7 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
             "lr_final": lrs[-1],
             "collapsed_share": share,
             "collapsed_from_step": history[collapsed[0]].step,
+            "lr_source": "the step size measured as |update| / |gradient| (no optimizer)" if measured else "the optimizer",
         },
         score=1.0 + share,
         step=history[collapsed[0]].step,

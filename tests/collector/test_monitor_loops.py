@@ -633,3 +633,37 @@ def test_the_loops_exception_is_kept_and_read_for_its_cause(bug):
     (finding,) = fired(report, "NNDX702")
     expected = "GRAPH_RETAINED" if bug == "hidden state kept" else "INPLACE_AUTOGRAD"
     assert finding.code.value == expected and nndx.diagnose(report).top().code.value == expected
+
+
+@pytest.mark.parametrize("reset", ["zero_grad_after_forward", "grad_none_before_forward"])
+def test_manual_loop_step_size_is_measured_and_a_collapsing_schedule_fires(reset):
+    """Without an optimizer the LR is a number in the user's code; |update| / |gradient| is
+    plain SGD's LR. A per-epoch decay stepped every batch drives it to ~0 (NNDX307); a
+    constant LR does not. Also when the loop sets .grad to None before its next forward,
+    where the update is detected."""
+    x, y = data()
+
+    def run(decay: float):
+        model, lr = mlp(), 0.2
+        with Monitor(model, every=2) as mon:
+            for _ in range(40):
+                if reset == "grad_none_before_forward":
+                    for p in model.parameters():
+                        p.grad = None
+                loss = nn.functional.cross_entropy(model(x), y)
+                if reset == "zero_grad_after_forward":
+                    model.zero_grad()
+                loss.backward()
+                mon.log(loss)
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-lr)
+                lr *= decay
+        return mon.report()
+
+    constant = run(1.0)
+    sizes = [p.lrs[0] for p in constant.loop.effective_lr_history]
+    assert len(sizes) >= 15 and all(s == pytest.approx(0.2, rel=1e-3) for s in sizes)
+    assert constant.loop.lr_history == [] and not fired(constant, "NNDX307")
+    collapsing = run(0.5)
+    assert collapsing.loop.effective_lr_history[-1].lrs[0] < 1e-6
+    assert fired(collapsing, "NNDX307")[0].evidence["lr_source"].startswith("the step size")

@@ -6,6 +6,7 @@ part of the report.
 :class:`LoopCounts`         forwards, backward passes, gradient resets, coverage
 :class:`LossHistory`        the losses logged with ``mon.log``
 :class:`LearningRate`       each param group's LR, every step
+:class:`EffectiveLearningRate` loops without an optimizer: the measured step size
 :class:`GradientNorm`       global gradient norm, before and after clipping
 :class:`InputNorms`         the norm of each training input batch
 :class:`LayerStatistics`    per-layer activation and gradient statistics
@@ -35,12 +36,13 @@ from nndx.collector.watch.initial import InitialState, UnchangedParameters
 from nndx.collector.watch.layers import LayerStatistics, ParameterUpdates
 from nndx.collector.watch.loop import LoopCounts
 from nndx.collector.watch.loss_calls import LossCalls
-from nndx.collector.watch.series import GradientNorm, InputNorms, LearningRate, LossHistory
+from nndx.collector.watch.series import EffectiveLearningRate, GradientNorm, InputNorms, LearningRate, LossHistory
 
 __all__ = [
     "LIVE_RECORDED_STEPS",
     "Deferred",
     "Desync",
+    "EffectiveLearningRate",
     "ErrorGuard",
     "GradientNorm",
     "GraphSize",

@@ -8,6 +8,8 @@ steps (see :class:`~nndx.collector.watch.base.Deferred`).
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any, NamedTuple
 
 import torch
@@ -104,6 +106,44 @@ class LearningRate(Watcher):
 
 def _lr_point(r: LRRecord) -> LRPoint:
     return LRPoint(step=r.step, lrs=list(r.lrs))
+
+
+class EffectiveLearningRate(Watcher):
+    """In a loop without an optimizer the LR is a number in the user's code: measure the
+    step instead, ‖Δw‖ / ‖gradient‖ (the median over weight matrices) on recorded steps.
+    That is plain SGD's LR exactly and a constant multiple of it under momentum, so a
+    schedule that collapses the LR shows in its shape. Reads the records of
+    :class:`~nndx.collector.watch.layers.ParameterUpdates`: run it after that watcher."""
+
+    name = "effective_lr"
+
+    def __init__(self, parameters: Any, capacity: int) -> None:
+        self.parameters = parameters
+        self.history = History(capacity)
+        self._grad_norms: dict[str, Any] = {}
+
+    def on_backward_end(self, ctx: StepContext) -> None:
+        # kept from backward: a loop that resets .grad to None before its next forward (where
+        # the update is detected) leaves no gradient to measure at the step's end
+        self._grad_norms = dict(ctx.grad_norms or {}) if ctx.recording else {}
+
+    def on_step_end(self, ctx: StepContext) -> None:
+        records = self.parameters.latest() if ctx.recording else []
+        if not records or records[0].step != ctx.step:
+            return
+        sizes = []
+        for r in records:
+            grad = r.grad_norm if r.grad_norm is not None else self._grad_norms.get(r.name)
+            grad = None if grad is None else float(grad)
+            if len(r.shape) >= 2 and r.update_ratio is not None and grad:
+                size = r.update_ratio * r.weight_norm / grad
+                if math.isfinite(size):
+                    sizes.append(size)
+        if sizes:
+            self.history.append(LRRecord(ctx.step, (statistics.median(sizes),)))
+
+    def report(self, window: int | None) -> dict[str, Any]:
+        return {"loop": {"effective_lr_history": self.history.models(_lr_point, newest=window)}}
 
 
 class GradNormRecord(NamedTuple):
