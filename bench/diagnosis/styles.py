@@ -71,8 +71,15 @@ def _probe_and_diagnose(b: Built, result: StyleResult, **kwargs: Any) -> None:
 
 
 def _watched(mon: Any, result: StyleResult, loop: Callable[[], Any]) -> None:
+    """The loop inside ``with mon:``, as the README writes it (the Monitor then keeps the
+    loop's own exception as evidence)."""
+
+    def watched_loop() -> None:
+        with mon:
+            loop()
+
     try:
-        result.training_error = _train(loop)
+        result.training_error = _train(watched_loop)
     finally:
         call_nndx("Monitor.close", mon.close)
 
