@@ -128,6 +128,11 @@ NORMALIZATION_NAMES = BATCHNORM_NAMES | frozenset({
 DROPOUT_NAMES = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"})
 # modules that change no values at inference time (they never decide what the output is)
 PASSTHROUGH_NAMES = DROPOUT_NAMES | frozenset({"Identity", "Flatten", "Unflatten"})
+# layers whose weights apply one linear map (dense or convolutional): two in a row with nothing
+# non-linear between compose to one (NNDX401); their weight's gain is how much they scale their
+# input's std (NNDX207)
+LINEAR_LAYER_NAMES = frozenset({"Linear", "LazyLinear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
+                                "ConvTranspose2d", "ConvTranspose3d"})  # fmt: skip
 # layers between two linear layers that leave their composition (nearly) linear: a Linear,
 # a BatchNorm and a Linear are one affine map at inference
 LINEAR_PRESERVING_NAMES = PASSTHROUGH_NAMES | BATCHNORM_NAMES | frozenset({"LayerNorm", "GroupNorm"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from statistics import median
 
+from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
 from nndx.rules._series import finite, latest_layers, layer_steps, loss_curve, train_curve, weight_params
@@ -15,8 +16,6 @@ DEAD_THRESHOLD = 0.5
 SATURATED_THRESHOLD = 0.5
 # all-zero outputs of these are dead units (NNDX201), not a constant initialisation
 RELU_TYPES = {"ReLU", "ReLU6", "Hardtanh", "Threshold"}
-LINEAR_TYPES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "LazyLinear", "ConvTranspose1d", "ConvTranspose2d",
-                "ConvTranspose3d"}  # fmt: skip
 # a layer gain (weight rms x sqrt(fan_in)) this far above He init's 1.41 is no standard init
 MAX_INIT_GAIN = 5.0
 
@@ -401,7 +400,7 @@ def _overscaled(report: DiagnosticReport, weights: list) -> list[Hit]:
     for param in weights:
         owner, _, kind = param.name.rpartition(".")
         numel = math.prod(param.shape)
-        if kind != "weight" or types.get(owner) not in LINEAR_TYPES or numel == 0 or not math.isfinite(param.weight_norm):
+        if kind != "weight" or types.get(owner) not in vocab.LINEAR_LAYER_NAMES or numel == 0 or not math.isfinite(param.weight_norm):
             continue
         fan_in = numel // param.shape[0]
         gain = param.weight_norm / math.sqrt(numel) * math.sqrt(fan_in)

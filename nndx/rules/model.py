@@ -8,7 +8,6 @@ from nndx.report import DiagnosticReport, LossCall, ModelSummary
 from nndx.rules._series import loss_calls, loss_curve
 from nndx.rules.engine import Hit, rule
 
-LINEAR_TYPES = {"Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear", "LazyLinear"}
 # Layers that keep a stack linear: anything affine or that only reshapes/masks.
 PASS_THROUGH_TYPES = vocab.LINEAR_PRESERVING_NAMES
 
@@ -48,12 +47,13 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
     if model.forward_observed:
         # data flow, not module order: parallel branches and F.relu between layers are told apart
         types = {layer.name: layer.type for layer in model.layers}
+        linear = vocab.LINEAR_LAYER_NAMES
         pairs = [(layer.input_from, layer.name) for layer in model.layers
-                 if layer.type in LINEAR_TYPES and types.get(layer.input_from or "") in LINEAR_TYPES]  # fmt: skip
+                 if layer.type in linear and types.get(layer.input_from or "") in linear]  # fmt: skip
     else:
         previous = None
         for layer in model.layers:
-            if layer.type in LINEAR_TYPES:
+            if layer.type in vocab.LINEAR_LAYER_NAMES:
                 if previous is not None and _sequential_neighbours(previous.name, layer.name):
                     pairs.append((previous.name, layer.name))
                 previous = layer
@@ -77,7 +77,7 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
 
 def _ends_in_linear(model: ModelSummary | None) -> bool:
     return (model is not None and model.forward_observed and model.output_activation is None
-            and model.last_layer in LINEAR_TYPES)  # fmt: skip
+            and model.last_layer in vocab.LINEAR_LAYER_NAMES)  # fmt: skip
 
 
 @rule(
