@@ -106,7 +106,7 @@ from nndx.collector.watch import (
     LossCalls, LossHistory, LoopCounts, ParameterUpdates, RunFacts, StepContext, UnchangedParameters, Watched, Watcher,
 )
 from nndx.collector.watch.events import BackwardPasses, Hooks, UpdateDetector
-from nndx.report import DiagnosticReport, ErrorRecord
+from nndx.report import DiagnosticReport
 
 __all__ = ["Monitor"]
 
@@ -180,7 +180,7 @@ class Monitor:
         # the training loop's own exception is evidence (an in-place op autograd needed, a
         # graph used twice): kept in the report as source "training"; it still propagates
         if isinstance(exc, Exception):
-            self.errors.records.append(ErrorRecord.of("training", exc))
+            self.errors.record_training(exc)
         self.close()
 
     @property

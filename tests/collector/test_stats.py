@@ -373,3 +373,14 @@ def test_records_name_every_field_of_their_report_model():
     for record, model in ((ActivationRecord, ActivationStats), (GradientRecord, GradientStats),
                           (LayerRecord, LayerStats), (ParameterRecord, ParameterStats)):
         assert set(record._fields) == set(model.model_fields), record.__name__
+
+
+def test_error_guard_bounds_the_monitors_errors_but_keeps_the_training_exception():
+    from nndx.collector.watch import ErrorGuard
+
+    guard = ErrorGuard(limit=3)
+    hook = guard.guard("layer_hook", lambda: 1 / 0)
+    for _ in range(10):
+        hook()  # never raises into the loop
+    guard.record_training(RuntimeError("one of the variables needed for gradient computation"))
+    assert [e.source for e in guard.records] == ["monitor.layer_hook"] * 3 + ["training"]

@@ -269,6 +269,11 @@ class ErrorGuard:
         if len(self.records) == 1:
             logger.warning("nndx monitor: %s raised %s: %s (recorded; training continues)", source, type(exc).__name__, exc)
 
+    def record_training(self, exc: BaseException) -> None:
+        """The training loop's own exception (source ``training``): kept past the limit,
+        which bounds the Monitor's errors, not the one error that ended the run."""
+        self.records.append(ErrorRecord.of("training", exc))
+
     def guard(self, source: str, fn: Callable) -> Callable:
         """``fn`` as a hook that never raises (and returns None, as tensor hooks must)."""
 
