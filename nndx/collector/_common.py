@@ -55,6 +55,18 @@ def preserved_rng(*generators: torch.Generator) -> Iterator[None]:
             numpy.random.set_state(np_state)
 
 
+def loader_generators(source: Any) -> list[Any]:
+    """The generators a DataLoader or its sampler was given: its shuffle (and its workers'
+    seeds) come from them, not from the global RNGs, so reading a sample must put them
+    back too, or the user's next epoch would not be in the order it would have had."""
+    found: dict[int, Any] = {}
+    for holder in (source, getattr(source, "sampler", None), getattr(getattr(source, "batch_sampler", None), "sampler", None)):
+        generator = getattr(holder, "generator", None)
+        if generator is not None and hasattr(generator, "get_state"):
+            found[id(generator)] = generator
+    return list(found.values())
+
+
 def _numpy_state() -> Any:
     try:
         import numpy

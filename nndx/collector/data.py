@@ -234,9 +234,9 @@ def _sample_torch_data(
     # reading items (augmentations) or a shuffling DataLoader draws from the global RNGs:
     # put them back, so that checking data never changes the user's random stream. Imported
     # here: check_data on arrays never loads torch.
-    from nndx.collector._common import preserved_rng
+    from nndx.collector._common import loader_generators, preserved_rng
 
-    with preserved_rng(*_own_generators(source)):
+    with preserved_rng(*loader_generators(source)):
         if kind == "Dataset":
             assert total is not None
             if total > max_samples:
@@ -278,18 +278,6 @@ def _sample_torch_data(
     checked = x_all.shape[0]
     n_samples = total if total is not None else checked
     return _Split(name, x_all, y_all, x_dtype or x_all.dtype.name, y_dtype, n_samples, checked < n_samples or stopped_early)
-
-
-def _own_generators(source: Any) -> list[Any]:
-    """The generators a DataLoader or its sampler was given: its shuffle (and its workers'
-    seeds) come from them, not from the global RNGs, so reading a sample must put them
-    back too, or the user's next epoch would not be in the order it would have had."""
-    found: dict[int, Any] = {}
-    for holder in (source, getattr(source, "sampler", None), getattr(getattr(source, "batch_sampler", None), "sampler", None)):
-        generator = getattr(holder, "generator", None)
-        if generator is not None and hasattr(generator, "get_state"):
-            found[id(generator)] = generator
-    return list(found.values())
 
 
 def _split_item(item: Any, name: str) -> tuple[Any, Any]:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nndx.collector._common import Batch, LossFn, copy_pair, map_tensors, preserved_rng
+from nndx.collector._common import Batch, LossFn, copy_pair, loader_generators, map_tensors, preserved_rng
 from nndx.collector.probes.lr_range import lr_range_test, passes, to_csv
 from nndx.collector.progress import progress_bar
 from nndx.errors import MissingExtraError, UsageError
@@ -108,18 +108,27 @@ def lr_find(
     if steps < 2 or not 0 < smooth <= 1 or diverge_factor <= 1:
         raise UsageError(f"need steps >= 2, 0 < smooth <= 1 and diverge_factor > 1; got {steps}, {smooth:g}, "
                          f"{diverge_factor:g}")  # fmt: skip
+    if not _is_one_batch(loader) and isinstance(loader, Iterator):
+        raise UsageError("lr_find needs a DataLoader or another re-iterable of batches (it reads several "
+                         "passes), not a one-shot iterator; or pass one batch (inputs, targets)")  # fmt: skip
+    # every pass over a shuffling DataLoader draws from the global RNG or the loader's own
+    # generator: both are put back, so the user's next epoch has the order it would have had
+    with preserved_rng(*([] if _is_one_batch(loader) else loader_generators(loader))):
+        return _sweep(model, optimizer, loss_fn, loader, device, start_lr, end_lr, steps, smooth, diverge_factor,
+                      progress)  # fmt: skip
+
+
+def _sweep(model: nn.Module, optimizer: torch.optim.Optimizer | None, loss_fn: LossFn, loader: Any,
+           device: torch.device | str | None, start_lr: float, end_lr: float, steps: int, smooth: float,
+           diverge_factor: float, progress: bool | None) -> LRFinderResult:  # fmt: skip
     if _is_one_batch(loader):
         first, batches = loader, None
     else:
-        if isinstance(loader, Iterator):
-            raise UsageError("lr_find needs a DataLoader or another re-iterable of batches (it reads several "
-                             "passes), not a one-shot iterator; or pass one batch (inputs, targets)")  # fmt: skip
         batches = passes(loader)
         first = next(batches)
     sweep_model, sweep_optimizer = model, optimizer
     if device is not None:  # the sweep copies again, so the user's objects are never moved
-        with preserved_rng():
-            sweep_model, sweep_optimizer = copy_pair(model, optimizer, device)
+        sweep_model, sweep_optimizer = copy_pair(model, optimizer, device)
 
         def to_device(batch: Batch) -> Batch:
             return map_tensors(batch, lambda t: t.to(device, non_blocking=True))

@@ -71,6 +71,29 @@ def test_a_dataloader_is_reshuffled_every_pass_not_replayed():
     assert orders[0] != orders[1] and orders[1] != orders[2], "the passes were not reshuffled"
 
 
+@pytest.mark.parametrize("own_generator", [True, False])
+def test_the_users_next_epoch_is_in_the_order_it_would_have_had(own_generator):
+    """A shuffling DataLoader draws its order from its own generator, or else from the
+    global RNG: lr_find reads it pass after pass and puts both back."""
+
+    def loader() -> DataLoader:
+        data = TensorDataset(torch.randn(32, 8, generator=torch.Generator().manual_seed(0)), torch.arange(32))
+        generator = torch.Generator().manual_seed(5) if own_generator else None
+        return DataLoader(data, batch_size=8, shuffle=True, generator=generator)
+
+    def next_epoch(source: DataLoader) -> list[int]:
+        return [i for _, y in source for i in y.tolist()]
+
+    model = mlp()  # seeds the global RNG itself: before the user's seed
+    torch.manual_seed(11)
+    untouched = next_epoch(loader())
+    torch.manual_seed(11)
+    swept = loader()
+    nndx.lr_find(model, None, lambda out, y: nn.functional.cross_entropy(out, y % 3), swept, steps=12, end_lr=1e-3,
+                 progress=False)  # fmt: skip
+    assert next_epoch(swept) == untouched
+
+
 def test_device_copy_leaves_the_user_model_untouched():
     model, (x, y) = mlp(), batch()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
