@@ -65,6 +65,7 @@ from nndx.collector._common import (
     num_classes,
     optimizer_coverage,
     prediction,
+    loader_generators,
     preserved_rng,
     split_batch,
     working_copy,
@@ -239,10 +240,10 @@ class _Setup:
 
 def _first_batch(batch: Batch) -> tuple[Batch, str | None]:
     """A DataLoader (or any iterable of batches) gives its first batch; reading it draws
-    from the global RNG (a shuffling sampler), which is put back."""
+    from the global RNG or the loader's own generator (a shuffling sampler): both are put back."""
     if isinstance(batch, (tuple, list, Mapping, torch.Tensor)) or not isinstance(batch, Iterable):
         return batch, None
-    with preserved_rng():
+    with preserved_rng(*loader_generators(batch)):
         try:
             first = next(iter(batch))
         except StopIteration:

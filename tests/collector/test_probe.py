@@ -280,6 +280,12 @@ def test_a_dataloader_gives_its_first_batch_and_the_report_says_so():
     assert report.errors == [] and set(classifier_statuses(report).values()) == {"passed"}
     assert any("first batch of the DataLoader (16 samples)" in note for note in report.run.notes)
     assert report.loop.loss_calls[0].output_shape == [16, 3]
+    # a loader with a generator of its own: its next epoch keeps its order
+    own = DataLoader(TensorDataset(x, torch.arange(64) % 3), batch_size=16, shuffle=True,
+                     generator=torch.Generator().manual_seed(3))  # fmt: skip
+    state = own.generator.get_state()
+    nndx.probe(model, own, nn.CrossEntropyLoss(), **FAST)
+    assert torch.equal(own.generator.get_state(), state)
 
 
 @pytest.mark.parametrize("keys", [("x", "y"), ("inputs", "targets"), ("features", "label")])
