@@ -97,7 +97,9 @@ def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
     "accumulation). Info on its own; warning when the run also shows overshooting updates (NaN after "
     "finite steps, a loss above twice its start, median update/weight ratio over 0.1), which is what "
     "an undivided accumulated loss — a k-times larger step — produces. Adam, RMSprop and the other "
-    "optimizers that divide by a running gradient scale stay info: their steps do not grow with the loss.",
+    "optimizers that divide by a running gradient scale stay info: their steps do not grow with the loss. "
+    "Silent in a loop without an optimizer whose loss turned non-finite (its steps are counted from weights "
+    "that change, and NaN weights show no change).",
     why="Summing k micro-batch gradients without dividing each loss by k multiplies the effective "
     "learning rate by k (for SGD-like optimizers).",
     fix="Divide each micro-batch loss by the number of accumulation steps before backward.",
@@ -108,6 +110,10 @@ def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
         return None
     backward_per_step = loop.backward_calls / loop.steps
     if backward_per_step < 1.5 or loop.zero_grad_calls < 0.8 * loop.steps:
+        return None
+    if loop.optimizers == [] and any(not math.isfinite(p.value) for p in train_curve(report)):
+        # no optimizer: steps are updates seen in the parameters, and weights gone NaN no
+        # longer show one — backward passes without counted steps are no accumulation then
         return None
     # an adaptive optimizer divides a k-times larger gradient by a k-times larger scale: the
     # undivided sum cannot be what makes its updates large

@@ -317,3 +317,16 @@ def test_accumulation_with_large_updates_warns_for_sgd_but_not_for_adam():
     assert severity(["SGD"]) == "warning"
     assert severity(None) == "warning"  # unknown optimizer: the large updates are the evidence
     assert severity(["AdamW"]) == "info"
+
+
+def test_a_manual_loop_whose_weights_went_nan_is_not_accumulating():
+    """Without an optimizer, steps are counted from weights that change; NaN weights stop
+    changing, so 120 backward passes over 6 counted steps are a divergence, not
+    accumulation. With an optimizer the same counts are accumulation."""
+    from .broken import accum_unscaled
+    from .reports import points
+
+    diverged = points([1.4, 1.6, 3.0, 40.0] + [math.nan] * 20)
+    manual = with_loop(accum_unscaled(), optimizers=[], steps=6, backward_calls=120, zero_grad_calls=119)
+    assert "NNDX302" not in {f.rule_id for f in diagnose(manual.model_copy(update={"loss_history": {"train": diverged}})).findings}
+    assert "NNDX302" in {f.rule_id for f in diagnose(manual).findings}  # finite loss: still accumulation
