@@ -330,7 +330,8 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
     detects="At the first recorded step: a hidden layer whose outputs have zero spread across the batch "
     "(constant or symmetric weights), a non-final weight matrix of norm 0, activations whose std "
     "grows over 1000x from the first recorded layer to a later one, or a Linear/Conv weight whose gain "
-    "(rms x sqrt(fan_in)) is over 5 (He init: 1.41; N(0, 1) init gives sqrt(fan_in)).",
+    "(rms x sqrt(fan_in)) is over 5 (He init: 1.41; N(0, 1) init gives sqrt(fan_in)), from the norm before "
+    "the recorded update; not when that update was half the weights' size or more (a far too high LR).",
     why="Identical units receive identical gradients and never differentiate; zero weights pass no "
     "signal; activations that blow up with depth saturate or overflow before training starts.",
     fix="Use the default (Kaiming/Xavier) init; never fill weights with a constant; scale random init "
@@ -402,8 +403,14 @@ def _overscaled(report: DiagnosticReport, weights: list) -> list[Hit]:
         numel = math.prod(param.shape)
         if kind != "weight" or types.get(owner) not in vocab.LINEAR_LAYER_NAMES or numel == 0 or not math.isfinite(param.weight_norm):
             continue
+        # the first record may follow an update (the probe's step, the loop's first): the
+        # initial norm is at least |w| / (1 + update_ratio); an update as large as half the
+        # weights says more about the step (a far too high LR) than about the init
+        ratio = max(0.0, param.update_ratio) if param.update_ratio is not None and math.isfinite(param.update_ratio) else 0.0
+        if param.update_ratio is not None and not ratio < 0.5:
+            continue
         fan_in = numel // param.shape[0]
-        gain = param.weight_norm / math.sqrt(numel) * math.sqrt(fan_in)
+        gain = param.weight_norm / (1.0 + ratio) / math.sqrt(numel) * math.sqrt(fan_in)
         if gain > MAX_INIT_GAIN:
             hits.append(Hit(
                 symptom=f"{param.name} scales its input's std by about {gain:.0f}x (He init: 1.4x)",

@@ -66,3 +66,15 @@ def test_a_model_trained_long_on_digits_is_silent(digits):
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
     assert not probe_findings(model, x[:128], y[:128])
+
+
+def test_weights_blown_up_by_the_first_step_of_a_far_too_high_lr_are_no_bad_init(digits):
+    """The hooks probe takes one step with the user's optimizer: at lr 1000x too high the
+    weights after it are huge, but the update did that, not the initialisation."""
+    torch.manual_seed(0)
+    model = mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3.0)
+    report = nndx.probe(model, (digits[0][:128], digits[1][:128]), nn.CrossEntropyLoss(), optimizer=optimizer,
+                        probes=["hooks"], progress=False)  # fmt: skip
+    assert max(p.update_ratio for p in report.parameters if p.update_ratio is not None) > 1  # the step did it
+    assert not [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX207"]
