@@ -459,7 +459,7 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
     "The loss falls below what it can reach",
     detects="A train loss that goes negative while every loss function seen is one that cannot be "
     "(MSE, cross-entropy, BCE, KL...), or a loss of any kind that ends negative at over 10x the "
-    "magnitude of its start (at least 10) and is still falling: it has no lower bound.",
+    "magnitude of its start (at least 1) and is still falling: it has no lower bound.",
     why="A loss that can fall forever rewards the model for something other than the task — a sign "
     "error (adding the KL term with a minus, maximising the likelihood's negative), NLLLoss fed "
     "probabilities instead of log-probabilities. The number goes down; the model gets worse.",
@@ -480,7 +480,7 @@ def loss_unbounded(report: DiagnosticReport) -> Hit | None:
             evidence={"loss_types": sorted(types), "loss_min": lowest, "loss_initial": curve.initial},
             score=3.0,
         )
-    scale = max(abs(curve.initial), 10.0)
+    scale = max(abs(curve.initial), 1.0)
     still_falling = curve.second_half_progress() > 0
     if curve.end < 0 and abs(curve.end) > 10 * scale and still_falling:
         return Hit(

@@ -198,6 +198,9 @@ def test_a_negative_loss_is_wrong_only_for_losses_that_cannot_be_negative():
     # a healthy cross-entropy that converges to ~0 with float noise below it
     converged = [2.3 * math.exp(-i / 5) - 1e-9 for i in range(80)]
     assert "NNDX111" not in _found(with_loop(BASE, loss_calls=[ce]).model_copy(update={"loss_history": {"train": points(converged)}}))
+    # a log-likelihood maximised as a loss by hand (no torch loss seen): -2.8 at the start, -76 and falling
+    maximised = [-2.8 - 0.8 * i for i in range(100)]
+    assert "NNDX111" in _found(with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {"train": points(maximised)}}))
 
 
 def test_squashed_logits_are_seen_from_their_values_whatever_produced_them():
