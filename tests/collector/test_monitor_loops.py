@@ -667,3 +667,31 @@ def test_manual_loop_step_size_is_measured_and_a_collapsing_schedule_fires(reset
     collapsing = run(0.5)
     assert collapsing.loop.effective_lr_history[-1].lrs[0] < 1e-6
     assert fired(collapsing, "NNDX307")[0].evidence["lr_source"].startswith("the step size")
+
+
+@pytest.mark.parametrize("clip", [None, 1e-4])
+def test_clipping_inside_a_closure_step_is_seen(clip):
+    """Lightning runs forward, backward and gradient_clip_val's clipping inside
+    optimizer.step(closure): the gradients the step leaves are the clipped ones."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = data()
+
+    def closure():
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        return loss
+
+    with Monitor(model, opt, every=1) as mon:
+        for _ in range(8):
+            mon.log(opt.step(closure))
+    history = mon.report().loop.grad_norm_history
+    assert len(history) == 8
+    if clip is None:
+        assert all(p.after_clip is None for p in history)
+    else:
+        assert all(p.after_clip == pytest.approx(clip, rel=1e-3) and p.before_clip > 100 * clip for p in history)
+        assert fired(mon.report(), "NNDX308")

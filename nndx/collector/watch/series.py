@@ -183,19 +183,26 @@ class GradientNorm(Watcher):
         self._recorded = ctx.backward_since_step and ctx.total_grad_norm is not None
         if not self._recorded:
             return
-        grads = [p.grad for _, p in self.watched.params if p.grad is not None]
-        after = None
-        if grads and [(id(g), g._version) for g in grads] != self._versions:
+        after = self._changed_norm()
+        if after is not None:
             ctx.grad_norms = None  # changed since backward: parameter statistics measure anew
-            with single_threaded(grads[0].device if grads else "cpu"):
-                after = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         ctx.defer(self.history, GradNormRecord(ctx.step, ctx.total_grad_norm, after))
 
     def on_step_end(self, ctx: StepContext) -> None:
         if not self._recorded and ctx.backward_since_step and ctx.total_grad_norm is not None:
-            # a closure step (LBFGS, Lightning): backward ran inside optimizer.step()
-            ctx.defer(self.history, GradNormRecord(ctx.step, ctx.total_grad_norm, None))
+            # a closure step (LBFGS, Lightning): backward ran inside optimizer.step(), and so
+            # did any clipping after it (Lightning's gradient_clip_val): the gradients the
+            # step left are the clipped ones
+            ctx.defer(self.history, GradNormRecord(ctx.step, ctx.total_grad_norm, self._changed_norm()))
         self._recorded = False
+
+    def _changed_norm(self) -> Any:
+        """The total gradient norm now, when a gradient changed since backward; else None."""
+        grads = [p.grad for _, p in self.watched.params if p.grad is not None]
+        if not grads or [(id(g), g._version) for g in grads] == self._versions:
+            return None
+        with single_threaded(grads[0].device):
+            return torch.nn.utils.get_total_norm(grads)
 
     def report(self, window: int | None) -> dict[str, Any]:
         return {"loop": {"grad_norm_history": self.history.models(_grad_norm_point, newest=window)}}
