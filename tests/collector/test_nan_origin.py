@@ -123,3 +123,22 @@ def test_minus_inf_that_reaches_the_loss_is_still_named():
     x, y = batch()
     result = nan_origin(Unmasked(), (x.view(4, 4, 8).repeat(4, 1, 1), y), nn.CrossEntropyLoss())
     assert result.status == "failed" and not result.loss_finite and result.forward_module is not None
+
+
+@pytest.mark.parametrize("op, code", [("exp", "NUMERICAL_OVERFLOW"), ("log", "LOG_OF_ZERO")])
+def test_a_nan_made_by_the_loss_functions_own_code_is_named(op, code):
+    """Every module's output is finite; a hand-written loss makes the first NaN/Inf: exp
+    of large logits without the max subtracted, or log of a probability that is 0."""
+
+    def naive_softmax_nll(out, y):
+        e = torch.exp(out * 1000)
+        return -torch.log((e / e.sum(-1, keepdim=True)).gather(-1, y.unsqueeze(-1))).mean()
+
+    def unclamped_log(out, y):
+        p = torch.softmax(out * 1000, -1)
+        return -torch.log(p.gather(-1, y.unsqueeze(-1))).mean()
+
+    result = nan_origin(mlp(), batch(), naive_softmax_nll if op == "exp" else unclamped_log)
+    assert (result.forward_module, result.forward_op) == ("loss", op) and not result.loss_finite
+    report = DiagnosticReport(probes=Probes(nan_origin=result))
+    assert nndx.diagnose(report).top().code.value == code

@@ -8,7 +8,8 @@ How to use::
 One forward and one backward on a copy. In forward, every module's output and every
 op called by a module's own code (``torch.log``, ``x / x.std()``, ``torch.exp`` written
 in ``forward``, seen through :class:`~nndx.collector.probes._observe.ForwardObserver`)
-is checked as it is made: the first non-finite one names the module whose code made it
+is checked as it is made, and then every op of the loss function (``forward_module``
+"loss" when its code made the first one: an ``exp`` without the max subtracted): the first non-finite one names the module whose code made it
 (``forward_module``) and, for functional code, the op (``forward_op``: ``log``,
 ``exp``, ``div``...). Forward hooks fire when a module finishes, so children report
 before their parent: a container is named only when its own code made the value. In backward, ``backward_module`` is the first module — in
@@ -27,9 +28,11 @@ where the masked values were made.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from nndx.collector._common import (
     Batch,
@@ -37,6 +40,7 @@ from nndx.collector._common import (
     compute_loss,
     forward,
     iter_tensors,
+    loss_name,
     nonfinite_count,
     preserved_rng,
     split_batch,
@@ -72,7 +76,9 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
         try:
             with ForwardObserver(model_copy, nonfinite=True) as seen:
                 output = forward(model_copy, inputs)
-            loss = compute_loss(loss_fn, output, targets)
+            in_loss = FirstNonfiniteOp()
+            with in_loss:
+                loss = compute_loss(loss_fn, output, targets)
             loss_finite = math.isfinite(float(loss.detach()))
             if loss.requires_grad:
                 loss.backward()
@@ -80,6 +86,10 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
             for h in handles:
                 h.remove()
     fwd = seen.first_nonfinite or (None, None, None)
+    if fwd[0] is None and in_loss.op is not None and not input_bad and not target_bad:
+        # every module's output finite, the loss's own code made it: exp without the max
+        # subtracted, log of a 0, a division by 0 written in a loss function
+        fwd = ("loss", loss_name(loss_fn), in_loss.op)
     bwd = backward_hit[0] if backward_hit else (None, None)
     masked = ""
     if fwd[0] is not None and loss_finite and bwd[0] is None and not input_bad and not target_bad:
@@ -92,8 +102,12 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
     if target_bad:
         problems.append(f"{target_bad} non-finite target values")
     if fwd[0] is not None:
-        problems.append(f"first non-finite output in forward: {fwd[0]} ({fwd[1]})"
-                        + (f", made by {fwd[2]}() in its forward" if fwd[2] else ""))
+        if fwd[0] == "loss":
+            problems.append(f"every module's output is finite; the loss function ({fwd[1]}) made the first "
+                            f"non-finite value, by {fwd[2]}()")  # fmt: skip
+        else:
+            problems.append(f"first non-finite output in forward: {fwd[0]} ({fwd[1]})"
+                            + (f", made by {fwd[2]}() in its forward" if fwd[2] else ""))
     if not loss_finite:
         problems.append("the loss is non-finite")
     if bwd[0] is not None:
@@ -107,6 +121,24 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
         forward_module=fwd[0], forward_module_type=fwd[1], forward_op=fwd[2],
         backward_module=bwd[0], backward_module_type=bwd[1],
     )  # fmt: skip
+
+
+class FirstNonfiniteOp(TorchFunctionMode):
+    """Inside, the name of the first torch op that made a NaN/Inf from finite inputs (``op``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.op: str | None = None
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.op is None and _nonfinite(out) and not _nonfinite(args) and not _nonfinite(kwargs or {}):
+            self.op = getattr(func, "__name__", type(func).__name__)
+        return out
+
+
+def _nonfinite(obj: Any) -> bool:
+    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
 
 
 SPEC = ProbeSpec(name="nan_origin", title=NanOriginResult.title, function=nan_origin, result=NanOriginResult, order=20)
