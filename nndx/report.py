@@ -258,6 +258,8 @@ class GradCheckParam(Schema):
     relative_error: Float
     status: Literal["ok", "suspect", "bug"]
     worst_index: list[Count] | None = Field(None, description="element with the largest error (element-wise mode)")
+    autograd_zero: bool = Field(False, description="autograd gave this tensor no gradient at all (None or all "
+                                "zeros): where finite differences see a slope, the graph is cut before it")
 
 
 class GradCheckResult(ProbeResult):

@@ -164,7 +164,7 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
     if result is None or result.status != "failed":
         return None
     # Non-finite errors come from a NaN loss (weights already blown up), not from the backward.
-    bad = [p for p in result.parameters if p.status == "bug" and math.isfinite(p.relative_error)]
+    bad = [p for p in result.parameters if p.status == "bug" and math.isfinite(p.relative_error) and not p.autograd_zero]
     if not result.parameters and result.max_relative_error is not None:
         error = result.max_relative_error
         if not math.isfinite(error):
@@ -183,6 +183,32 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
             "mode": result.mode,
         },
         score=3.0 + min(2.0, math.log10(max(worst, 1e-3) / 1e-3)),
+    )
+
+
+@rule(
+    "NNDX615",
+    C.DETACHED_GRAPH,
+    "error",
+    "The gradient check found parameters the graph is cut from",
+    detects="The gradient check's autograd gradient is None or all zeros for a parameter tensor where finite "
+    "differences see the loss change: the loss depends on it, but not through the autograd graph.",
+    why="A .detach(), a torch.no_grad() block, .data or .item() between a parameter and the loss keeps "
+    "the forward's values but drops the gradient: those parameters never train, and nothing errors. A "
+    "wrong custom backward gives a wrong gradient, rarely exactly none.",
+    fix="Remove the detach/no_grad/.data/.item() between these parameters and the loss.",
+)
+def graph_cut(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "grad_check")
+    if result is None or result.status != "failed":
+        return None
+    cut = [p for p in result.parameters if p.status == "bug" and p.autograd_zero]
+    if not cut:
+        return None
+    return Hit(
+        symptom=f"no autograd gradient for {', '.join(p.name for p in cut[:5])}, yet the loss depends on them",
+        evidence={"parameters": [p.name for p in cut], "relative_errors": [p.relative_error for p in cut]},
+        score=3.0 + min(1.0, len(cut) / max(1, len(result.parameters))),
     )
 
 

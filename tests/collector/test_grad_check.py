@@ -31,6 +31,29 @@ def test_planted_wrong_backward_is_caught_and_named(bug):
     assert by_name["2.weight"].status == "bug"
     assert [n for n, p in by_name.items() if p.status != "ok"] == ["2.weight"]
     assert "2.weight" in result.message
+    assert not by_name["2.weight"].autograd_zero  # a wrong gradient, not none
+
+
+@pytest.mark.parametrize("mode", ["directional", "elementwise"])
+def test_a_detached_body_has_no_autograd_gradient_where_the_loss_depends_on_it(mode):
+    import nndx
+    from nndx.report import DiagnosticReport, Probes
+
+    class Detached(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.body, self.head = nn.Linear(8, 16), nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.body(x)).detach())
+
+    result = grad_check(Detached(), batch(), nn.CrossEntropyLoss(), mode=mode)
+    by_name = {p.name: p for p in result.parameters}
+    assert by_name["body.weight"].status == "bug" and by_name["body.weight"].autograd_zero
+    assert not by_name["head.weight"].autograd_zero
+    top = nndx.diagnose(DiagnosticReport(probes=Probes(grad_check=result))).top()
+    assert (top.rule_id, top.code.value) == ("NNDX615", "DETACHED_GRAPH")
 
 
 def test_elementwise_mode_samples_across_the_tensor_and_reports_the_worst_index():

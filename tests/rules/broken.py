@@ -303,6 +303,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX602": lambda: update(loop=healthy_loop(lr=10.0), **train(flat(0))),
     "NNDX603": lambda: update(loop=healthy_loop(lr=1e-7), **train(flat(0))),
     "NNDX604": lambda: probe(grad_check=GradCheckResult(status="failed", max_relative_error=0.4, parameters=[GradCheckParam(name="fc.weight", relative_error=0.4, status="bug")])),
+    "NNDX615": lambda: probe(grad_check=GradCheckResult(status="failed", max_relative_error=1.0, parameters=[GradCheckParam(name="body.weight", relative_error=1.0, status="bug", autograd_zero=True)])),
     "NNDX605": lambda: nan_origin("log_probs", "SafeLog"),
     "NNDX606": lambda: nan_origin("act", "NaiveSoftmax"),
     "NNDX607": lambda: nan_origin("norm", "Normalize"),

@@ -444,7 +444,8 @@ def _directional(problem: _Problem, directions: int, eps: float, generator: torc
             direction = {n: _random_unit(problem.values[n].numel(), generator, device)}
             results.append(problem.check(direction, problem.analytic(direction), eps))
         error, smooth, resolved = _worst(results)
-        parameters.append(GradCheckParam(name=n, relative_error=error, status=_status(error, smooth, resolved)))
+        parameters.append(GradCheckParam(name=n, relative_error=error, status=_status(error, smooth, resolved),
+                                         autograd_zero=not bool(problem.grads[n].any())))  # fmt: skip
     return joint, parameters
 
 
@@ -462,7 +463,8 @@ def _elementwise(problem: _Problem, elements_per_tensor: int, eps: float,
         worst_flat = next(i for i, r in zip(indices, results) if r == worst)
         index = torch.unravel_index(torch.tensor(worst_flat), problem.shapes[n]) if problem.shapes[n] else ()
         parameters.append(GradCheckParam(name=n, relative_error=error, status=_status(error, smooth, resolved),
-                                         worst_index=[int(i) for i in index]))  # fmt: skip
+                                         worst_index=[int(i) for i in index],
+                                         autograd_zero=not bool(problem.grads[n].any())))  # fmt: skip
     return parameters
 
 
