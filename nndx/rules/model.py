@@ -33,8 +33,9 @@ def _sequential_neighbours(first: str, second: str) -> bool:
     detects="A Linear/Conv layer whose input is another Linear/Conv layer's output with only reshapes, "
     "dropout or normalisation between them, as a probe's observed forward shows (functional activations "
     "such as F.relu count). Without an observed forward, two Linear/Conv children of nn.Sequential "
-    "containers adjacent in registration order. When the model has no activation at all it warns only if "
-    "the loss is not moving, and is info otherwise.",
+    "containers adjacent in registration order. When no forward was observed and the model has no activation "
+    "module at all (a forward may call F.relu unseen), it warns only if the loss is not moving, and is info "
+    "otherwise.",
     why="A composition of linear maps is one linear map: the extra layers add parameters but no "
     "capacity, and the model cannot fit a non-linear task.",
     fix="Insert an activation (nn.ReLU(), nn.GELU()) between the layers.",
@@ -62,7 +63,8 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
     if not pairs:
         return None
     evidence = {"linear_pairs": [f"{a} -> {b}" for a, b in pairs], "activation_modules": len(model.activations)}
-    if model.activations:
+    if model.activations or model.forward_observed:
+        # an observed forward sees functional activations too: none there is none at all
         return Hit(symptom=f"no activation between {pairs[0][0]} and {pairs[0][1]}", evidence=evidence, score=2.0)
     curve = loss_curve(report)
     stalled = curve.n >= 10 and curve.progress < 0.5
