@@ -41,6 +41,7 @@ NO_LEARNING_CAUSES = (
     C.SILENT_DATA_LOSS,
     C.BROKEN_BACKWARD,
     C.MISSING_ACTIVATION,
+    C.UNSHUFFLED_DATA,
 )
 DIVERGENCE_CAUSES = (
     C.MISSING_ZERO_GRAD,
@@ -211,7 +212,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
-    explained_by=(C.LR_TOO_HIGH, C.BATCH_TOO_SMALL) + DIVERGENCE_CAUSES,
+    explained_by=(C.LR_TOO_HIGH, C.BATCH_TOO_SMALL, C.UNSHUFFLED_DATA) + DIVERGENCE_CAUSES,
     symptom=True,
 )
 def oscillating(report: DiagnosticReport) -> Hit | None:

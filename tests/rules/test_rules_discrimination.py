@@ -333,3 +333,20 @@ def test_a_manual_loop_whose_weights_went_nan_is_not_accumulating():
     manual = with_loop(accum_unscaled(), optimizers=[], steps=6, backward_calls=120, zero_grad_calls=119)
     assert "NNDX302" not in {f.rule_id for f in diagnose(manual.model_copy(update={"loss_history": {"train": diverged}})).findings}
     assert "NNDX302" in {f.rule_id for f in diagnose(manual).findings}  # finite loss: still accumulation
+
+
+def test_batches_of_one_class_explain_large_updates_and_a_zigzag_loss():
+    """Data sorted by label: each batch pulls every weight toward its class. The large
+    update ratios and the oscillating loss are its symptoms, not an LR of their own."""
+    from .reports import healthy_data, healthy_split, mlp_params, points
+
+    zigzag = [1.8 + (0.9 if (i // 5) % 2 else -0.4) for i in range(100)]
+    report = BASE.model_copy(update={
+        "data": healthy_data(train=healthy_split(label_runs_fraction=0.99)),
+        "parameters": mlp_params(ratio=0.27),
+        "loss_history": {"train": points(zigzag)},
+    })  # fmt: skip
+    diagnosis = diagnose(report)
+    assert diagnosis.top().code.value == "UNSHUFFLED_DATA"
+    explained = {f.rule_id for f in diagnosis.findings if f.explained_by == diagnosis.top().rule_id}
+    assert {"NNDX205", "NNDX104"} <= explained
