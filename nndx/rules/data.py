@@ -122,8 +122,9 @@ def class_imbalance(report: DiagnosticReport) -> Hit | None:
         ratio = max(present) / min(present)  # missing classes are NNDX507's business
     if ratio is None or not math.isfinite(ratio) or not ratio > 10:
         return None
+    absent = len({k for k, count in train.class_counts.items() if count == 0} | set(train.missing_classes))
     return Hit(
-        symptom=f"largest class {ratio:.1f}x the smallest",
+        symptom=f"largest class {ratio:.1f}x the smallest" + (f"; {absent} expected classes have no sample" if absent else ""),
         evidence={"imbalance_ratio": ratio, "class_counts": [f"{k}: {v}" for k, v in sorted(train.class_counts.items())]},
         score=min(5.0, math.log10(ratio)),
     )
@@ -228,7 +229,8 @@ def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Labels collapsed: classes missing from the labels",
     detects="A train split with a single label class (error), or classes the task expects (num_classes, "
-    "a gap in the label range, a class seen only in the test split) with no train sample (warning).",
+    "a gap in the label range, a class seen only in the test split) with no train sample (warning) — unless "
+    "other classes appear only once or twice: then the missing ones are the tail of an imbalance (NNDX504).",
     why="Preprocessing applied to the labels (a normalisation, a cast that truncates, a filter) can "
     "collapse them; a model cannot learn classes it never sees.",
     fix="Inspect the label pipeline (print torch.unique(y, return_counts=True)); do not transform labels "
@@ -250,6 +252,10 @@ def labels_collapsed(report: DiagnosticReport) -> Hit | None:
         )
     if train.missing_classes or (expected is not None and observed < expected):
         missing = len(train.missing_classes) or (expected or 0) - observed
+        if min(count for count in train.class_counts.values() if count > 0) <= 2:
+            # classes seen once or twice: the missing ones are the tail of an imbalance (NNDX504
+            # counts them), not labels a preprocessing step collapsed
+            return None
         return Hit(
             symptom=f"{missing} expected classes have no train sample",
             evidence={

@@ -350,3 +350,16 @@ def test_batches_of_one_class_explain_large_updates_and_a_zigzag_loss():
     assert diagnosis.top().code.value == "UNSHUFFLED_DATA"
     explained = {f.rule_id for f in diagnosis.findings if f.explained_by == diagnosis.top().rule_id}
     assert {"NNDX205", "NNDX104"} <= explained
+
+
+def test_classes_missing_from_the_tail_of_an_imbalance_are_imbalance_not_collapsed_labels():
+    from .reports import healthy_data, healthy_split
+
+    def top(counts: dict[str, int]) -> str:
+        split = healthy_split(n=sum(counts.values()), class_counts=counts, imbalance_ratio=None)
+        return diagnose(BASE.model_copy(update={"data": healthy_data(train=split)})).top().code.value
+
+    tail = {"0": 70, "1": 5, "2": 0, "3": 1, "4": 2, "5": 6, "6": 4, "7": 4, "8": 0, "9": 4}
+    assert top(tail) == "CLASS_IMBALANCE"
+    collapsed = {str(c): (300 if c < 5 else 0) for c in range(10)}  # half the classes mapped away
+    assert top(collapsed) == "LABEL_NOISE"
