@@ -459,8 +459,9 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
     "error",
     "The loss falls below what it can reach",
     detects="A train loss that goes negative while every loss function seen is one that cannot be "
-    "(MSE, cross-entropy, BCE, KL...), or a loss of any kind that ends negative at over 10x the "
-    "magnitude of its start (at least 1) and is still falling: it has no lower bound.",
+    "(MSE, cross-entropy, BCE, KL...), or a loss of any kind that ends negative and still falling, at over "
+    "10x the magnitude of its start (at least 1), or over 2x below it while its second half falls as fast "
+    "as its first (a bounded loss slows near its floor): it has no lower bound.",
     why="A loss that can fall forever rewards the model for something other than the task — a sign "
     "error (adding the KL term with a minus, maximising the likelihood's negative), NLLLoss fed "
     "probabilities instead of log-probabilities. The number goes down; the model gets worse.",
@@ -483,7 +484,12 @@ def loss_unbounded(report: DiagnosticReport) -> Hit | None:
         )
     scale = max(abs(curve.initial), 1.0)
     still_falling = curve.second_half_progress() > 0
-    if curve.end < 0 and abs(curve.end) > 10 * scale and still_falling:
+    # a bounded loss slows down as it nears its floor; one with no floor falls as fast or
+    # faster in its second half as in its first
+    middle = median(curve.values[curve.n // 2 - window(curve.n) // 2 : curve.n // 2 + window(curve.n) // 2 + 1])
+    not_slowing = curve.start - middle > 0 and middle - curve.end >= curve.start - middle
+    far = abs(curve.end) > 10 * scale or (not_slowing and curve.start - curve.end > 2 * scale)
+    if curve.end < 0 and far and still_falling:
         return Hit(
             symptom=f"train loss fell from {curve.initial:.3g} to {curve.end:.3g} and keeps falling",
             evidence={"loss_initial": curve.initial, "loss_end": curve.end, "loss_min": lowest},

@@ -201,6 +201,11 @@ def test_a_negative_loss_is_wrong_only_for_losses_that_cannot_be_negative():
     # a log-likelihood maximised as a loss by hand (no torch loss seen): -2.8 at the start, -76 and falling
     maximised = [-2.8 - 0.8 * i for i in range(100)]
     assert "NNDX111" in _found(with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {"train": points(maximised)}}))
+    # only 8x below its start, but not slowing down: no floor ahead (a settling loss slows)
+    steady = [-2.4 - 0.2 * i for i in range(100)]
+    assert "NNDX111" in _found(with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {"train": points(steady)}}))
+    slowing = [-2.4 - 20.0 * (1 - math.exp(-i / 15)) for i in range(100)]
+    assert "NNDX111" not in _found(with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {"train": points(slowing)}}))
 
 
 def test_squashed_logits_are_seen_from_their_values_whatever_produced_them():
