@@ -485,9 +485,9 @@ def loss_unbounded(report: DiagnosticReport) -> Hit | None:
     scale = max(abs(curve.initial), 1.0)
     still_falling = curve.second_half_progress() > 0
     # a bounded loss slows down as it nears its floor; one with no floor falls as fast or
-    # faster in its second half as in its first
+    # faster in its second half as in its first (within 20%)
     middle = median(curve.values[curve.n // 2 - window(curve.n) // 2 : curve.n // 2 + window(curve.n) // 2 + 1])
-    not_slowing = curve.start - middle > 0 and middle - curve.end >= curve.start - middle
+    not_slowing = curve.start - middle > 0 and middle - curve.end >= 0.8 * (curve.start - middle)
     far = abs(curve.end) > 10 * scale or (not_slowing and curve.start - curve.end > 2 * scale)
     if curve.end < 0 and far and still_falling:
         return Hit(
