@@ -232,6 +232,32 @@ class SeqClassifier(WithHead):
         return (out, state) if self.stateful else out
 
 
+class SeqConv(WithHead):
+    """A 1-D CNN over (batch, time, channels): two Conv1d layers with a hidden activation,
+    max-pooled over time into the head — the temporal-convolution way to classify
+    sequences (written after the rules of this benchmark were tuned: a fresh held-out)."""
+
+    def __init__(self, spec: Spec, channels: int, width: int, classes: int, functional: bool, dropout: float) -> None:
+        super().__init__()
+        self.bugs = spec.bugs
+        self.conv1 = nn.Conv1d(channels, width, 3, padding=1)
+        self.conv2 = nn.Conv1d(width, width, 3, padding=1)
+        self.act = activation(spec, "relu", functional)
+        self.drop = nn.Dropout(dropout) if dropout else None
+        self.out = Head(spec, width, classes, functional)
+
+    def forward(self, x):
+        x = standardize_in_forward(x, self.bugs).transpose(1, 2)  # (batch, channels, time)
+        h = apply(self.act, self.conv1(x))
+        if "inplace" in self.bugs:
+            h *= 2.0
+        h = apply(self.act, self.conv2(h))
+        h = h.amax(dim=2)
+        if self.drop is not None:
+            h = self.drop(h)
+        return self.out(h)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, spec: Spec, width: int, heads: int, dropout: float) -> None:
         super().__init__()
