@@ -94,7 +94,7 @@ def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
     "info",
     "Gradient accumulation: check that each micro-batch loss is divided by k",
     detects="k > 1 backward passes per optimizer step with one zero_grad per step (deliberate "
-    "accumulation). Info on its own; warning when the run also shows overshooting updates (NaN after "
+    "accumulation); backward passes a closure runs inside optimizer.step() (L-BFGS) count as one. Info on its own; warning when the run also shows overshooting updates (NaN after "
     "finite steps, a loss above twice its start, median update/weight ratio over 0.1), which is what "
     "an undivided accumulated loss — a k-times larger step — produces. Adam, RMSprop and the other "
     "optimizers that divide by a running gradient scale stay info: their steps do not grow with the loss. "
@@ -108,7 +108,10 @@ def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
     if loop is None or loop.steps < 2 or loop.zero_grad_calls < 2:
         return None
-    backward_per_step = loop.backward_calls / loop.steps
+    # backward passes inside optimizer.step() are a closure's (L-BFGS evaluates the loss
+    # several times per step, Lightning once): they count as the step's one backward
+    outside = loop.backward_calls - loop.backward_calls_in_step
+    backward_per_step = outside / loop.steps + min(1.0, loop.backward_calls_in_step / loop.steps)
     if backward_per_step < 1.5 or loop.zero_grad_calls < 0.8 * loop.steps:
         return None
     if loop.optimizers == [] and any(not math.isfinite(p.value) for p in train_curve(report)):

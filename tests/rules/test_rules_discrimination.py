@@ -368,3 +368,17 @@ def test_classes_missing_from_the_tail_of_an_imbalance_are_imbalance_not_collaps
     assert top(tail) == "CLASS_IMBALANCE"
     collapsed = {str(c): (300 if c < 5 else 0) for c in range(10)}  # half the classes mapped away
     assert top(collapsed) == "LABEL_NOISE"
+
+
+def test_a_closure_optimizer_evaluating_the_loss_many_times_per_step_is_not_accumulating():
+    """L-BFGS runs its closure (zero_grad, forward, backward) up to 20 times inside each
+    optimizer.step(): 20 backward passes per step, none of them accumulation."""
+    from .broken import accum_unscaled
+
+    lbfgs = with_loop(accum_unscaled(), optimizers=["LBFGS"], steps=10, backward_calls=200, zero_grad_calls=200,
+                      backward_calls_in_step=200)  # fmt: skip
+    assert "NNDX302" not in {f.rule_id for f in diagnose(lbfgs).findings}
+    # Lightning with accumulate_grad_batches=4: three backward passes outside the step, one in its closure
+    lightning = with_loop(accum_unscaled(), optimizers=["SGD"], steps=10, backward_calls=40, zero_grad_calls=10,
+                          backward_calls_in_step=10)  # fmt: skip
+    assert "NNDX302" in {f.rule_id for f in diagnose(lightning).findings}
