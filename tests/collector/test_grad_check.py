@@ -221,6 +221,27 @@ def test_functional_kinks_are_no_broken_backward():
         assert result.status == "passed", (seed, result.message)
 
 
+class MaxOverTime(nn.Module):
+    """A per-step Linear max-reduced over time (a temporal CNN's pooling), written as amax."""
+
+    def __init__(self):
+        super().__init__()
+        self.step, self.head = nn.Linear(4, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.step(x).amax(dim=1))
+
+
+def test_a_max_over_a_dimension_is_a_kink_too():
+    # before amax was recorded as a kink, 2 of these 12 trials reported a bug
+    for seed in range(12):
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(128, 12, 4, generator=g), torch.randint(0, 3, (128,), generator=g)
+        result = grad_check(MaxOverTime(), (x, y), nn.CrossEntropyLoss(), seed=seed, eps=1e-3)
+        assert result.status == "passed", (seed, result.message)
+
+
 class Float32Inside(nn.Module):
     """Casts to float32 inside forward (as mixed-precision code does): float64 rounding
     is not what the differences can resolve."""

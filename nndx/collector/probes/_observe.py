@@ -258,6 +258,8 @@ class ForwardObserver(TorchFunctionMode):
                 indices = _pool_indices(func, args, kwargs)
                 if indices is not None:
                     keep(indices)
+            elif op in ("amax", "amin") and isinstance(first_output(out), torch.Tensor):
+                keep(first.detach() == _reduced_back(first_output(out).detach(), first.dim(), args, kwargs))
         if op in DISCRETE_OPS:
             keep(first_output(out).detach().clone())
         elif op in ("max", "min", "sort", "topk", "kthvalue", "median", "mode") and isinstance(out, tuple):
@@ -350,6 +352,19 @@ def _layers_as_run(layers: list[LayerInfo], seen: ForwardObserver) -> list[Layer
         elif name in kinds:
             ordered.append(LayerInfo(name=name, type=kinds[name]))
     return ordered + list(by_name.values())
+
+
+def _reduced_back(out: torch.Tensor, ndim: int, args: tuple, kwargs: dict) -> torch.Tensor:
+    """An ``amax``/``amin`` result with its reduced dims put back (size 1), so that
+    ``input == result`` marks which element won: the side of the op's kink."""
+    dims = kwargs.get("dim", args[1] if len(args) > 1 else ())
+    keepdim = kwargs.get("keepdim", args[2] if len(args) > 2 else False)
+    if keepdim or out.dim() == ndim:
+        return out
+    dims = (dims,) if isinstance(dims, int) else tuple(dims) or tuple(range(ndim))
+    for d in sorted(d % ndim for d in dims):
+        out = out.unsqueeze(d)
+    return out
 
 
 def _nonfinite(obj: Any) -> bool:
