@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import inspect
 import math
 import random
 from collections.abc import Callable, Iterator, Mapping
@@ -53,6 +54,27 @@ def preserved_rng(*generators: torch.Generator) -> Iterator[None]:
             import numpy
 
             numpy.random.set_state(np_state)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, loss_again: Callable[[], torch.Tensor]) -> None:
+    """``optimizer.step()`` on a probe's copy; an optimizer whose step needs a closure
+    (L-BFGS re-evaluates the loss several times per step) gets one that recomputes the
+    loss and its gradients with ``loss_again``."""
+    try:
+        closure_parameter = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):  # a builtin or odd wrapper: take the plain step
+        closure_parameter = None
+    if closure_parameter is None or closure_parameter.default is not inspect.Parameter.empty:
+        optimizer.step()
+        return
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_again()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
 
 
 def loader_generators(source: Any) -> list[Any]:
@@ -152,6 +174,18 @@ def optimizer_coverage(model: nn.Module, optimizer: torch.optim.Optimizer) -> tu
     return missing, foreign
 
 
+def copy_together(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Deep copies of a model and its optimizer through one memo, so the copy's optimizer
+    steps the copy's parameters. An optimizer pickles only its defaults, state and groups:
+    what it keeps beside them (L-BFGS's ``_params``) is copied through the same memo."""
+    memo: dict[int, Any] = {}
+    model_copy, optimizer_copy = copy.deepcopy((model, optimizer), memo)
+    for key, value in vars(optimizer).items():
+        if key not in vars(optimizer_copy):
+            setattr(optimizer_copy, key, copy.deepcopy(value, memo))
+    return model_copy, optimizer_copy
+
+
 def copy_with_optimizer(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
@@ -169,7 +203,7 @@ def copy_with_optimizer(
         missing, _ = optimizer_coverage(model, optimizer)
         if not missing:
             try:
-                model_copy, optimizer_copy = copy.deepcopy((model, optimizer))
+                model_copy, optimizer_copy = copy_together(model, optimizer)
                 detach_watchers(model_copy)
                 detach_watchers(optimizer_copy)
                 return model_copy, optimizer_copy, f"a copy of the user's {type(optimizer).__name__}"
@@ -199,7 +233,7 @@ def copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     holds = optimizer is not None and not optimizer_coverage(model, optimizer)[0]
     try:
         if holds:
-            model_copy, optimizer_copy = copy.deepcopy((model, optimizer))
+            model_copy, optimizer_copy = copy_together(model, optimizer)
             detach_watchers(optimizer_copy)
         else:
             model_copy, optimizer_copy = copy.deepcopy(model), None

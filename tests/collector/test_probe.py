@@ -268,6 +268,19 @@ def test_every_probe_is_one_spec_and_one_result_field():
 # --------------------------------------------------------------------------- what people pass
 
 
+def test_an_optimizer_whose_step_needs_a_closure_is_probed_with_one():
+    """L-BFGS: step(closure) re-evaluates the loss; its copy also needs the parameter list
+    it keeps beside its state (_params), which an optimizer's pickling leaves out."""
+    model = mlp()
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5)
+    before = snapshot(model, optimizer)
+    report = nndx.probe(model, batch(), nn.CrossEntropyLoss(), optimizer=optimizer, **FAST)
+    assert_untouched(before, model, optimizer)
+    assert report.errors == []
+    assert report.probes.lr_range.status == "passed" and "LBFGS" in report.probes.lr_range.message
+    assert report.parameters and all(p.update_ratio is not None for p in report.parameters)
+
+
 def test_a_dataloader_gives_its_first_batch_and_the_report_says_so():
     from torch.utils.data import DataLoader, TensorDataset
 

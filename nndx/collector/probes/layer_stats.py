@@ -27,6 +27,7 @@ from nndx.collector._common import (
     compute_loss,
     copy_with_optimizer,
     forward,
+    optimizer_step,
     preserved_rng,
     split_batch,
     train_in_float32,
@@ -75,7 +76,7 @@ def hook_statistics(
         loss.backward()
         layers = _in_forward_order(recorder.finish_step() + seen.layer_records(step), seen.timeline)
         before = snapshot_parameters(model_copy)
-        opt.step()
+        optimizer_step(opt, lambda: compute_loss(loss_fn, forward(model_copy, inputs), targets))
         parameters = parameter_stats(model_copy, before, step)
     # the summary wants every leaf (dropout, flatten...) in the order it ran
     summary = observed_summary(summarize_model(model, [n for n in seen.timeline if n in dict(model.named_modules())]),

@@ -40,6 +40,7 @@ from nndx.collector._common import (
     compute_loss,
     copy_with_optimizer,
     forward,
+    optimizer_step,
     preserved_rng,
     split_batch,
     train_in_float32,
@@ -99,7 +100,12 @@ def lr_range_test(
                 diverged_at = lr
                 break
             loss.backward()
-            opt.step()
+
+            def loss_again() -> torch.Tensor:
+                with precision:
+                    return compute_loss(loss_fn, forward(model_copy, inputs), targets)
+
+            optimizer_step(opt, loss_again)
     return analyse(lrs, losses, smoothed, diverged_at, note=f"swept with {note}")
 
 
