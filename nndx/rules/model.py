@@ -5,7 +5,7 @@ from __future__ import annotations
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossCall, ModelSummary
-from nndx.rules._series import loss_calls, loss_curve
+from nndx.rules._series import is_classification, loss_calls, loss_curve, num_classes
 from nndx.rules.engine import Hit, rule
 
 # Layers that keep a stack linear: anything affine or that only reshapes/masks.
@@ -199,8 +199,10 @@ def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
 )
 def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     model = report.model
-    classes = report.num_classes
-    if model is None or report.task != "classification" or not classes or len(model.layers) < 2:
+    # the task and class count as any path gives them (the data checks, the loss calls),
+    # not only as a caller declared them
+    classes = num_classes(report)
+    if model is None or is_classification(report) is not True or not classes or len(model.layers) < 2:
         return None
     widths = _layer_widths(report)
     narrow = [(name, width) for name, width in widths[:-1] if width < max(2, classes)]

@@ -87,6 +87,9 @@ def test_bottleneck_width_comes_from_the_weight_shapes():
     stalled = {"train": points(flat(5, level=1.0))}
     report = BASE.model_copy(update={"num_classes": 3, "parameters": narrow, "loss_history": stalled})
     assert _found(report)["NNDX403"].evidence["width"] == 1
+    # a Monitor's report declares neither task nor class count: the loss calls and data checks say them
+    undeclared = report.model_copy(update={"task": None, "num_classes": None})
+    assert undeclared.loop.loss_calls and _found(undeclared)["NNDX403"].evidence["num_classes"] == 10
     assert "NNDX403" not in _found(BASE)  # 64-unit hidden layers for 10 classes
     # an 8-channel convolution before a 10-class head holds 8 feature maps, not 8 features
     conv = [
