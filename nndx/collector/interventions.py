@@ -218,25 +218,24 @@ def _run(setup: Setup, steps: int, seed: int, deadline: float) -> list[float]:
     the last (stops at the first non-finite loss). Raises _OutOfTime (with the number of
     steps done) when the deadline passes before the run ends."""
     losses: list[float] = []
+
+    def setup_loss() -> torch.Tensor:  # each step, and again in an L-BFGS step's closure
+        with remedies.bypassed_activation(setup):
+            output = forward(setup.model, setup.inputs)
+        return compute_loss(setup.loss_fn, output, setup.targets)
+
     with preserved_rng():
         torch.manual_seed(seed)
         for step in range(steps + 1):
             if _clock() >= deadline:
                 raise _OutOfTime(step)
             setup.optimizer.zero_grad(set_to_none=True)
-            with remedies.bypassed_activation(setup):
-                output = forward(setup.model, setup.inputs)
-            loss = compute_loss(setup.loss_fn, output, setup.targets)
+            loss = setup_loss()
             losses.append(float(loss.detach()))
             if not math.isfinite(losses[-1]) or step == steps:
                 break
             loss.backward()
-
-            def loss_again() -> torch.Tensor:
-                with remedies.bypassed_activation(setup):
-                    return compute_loss(setup.loss_fn, forward(setup.model, setup.inputs), setup.targets)
-
-            optimizer_step(setup.optimizer, loss_again)
+            optimizer_step(setup.optimizer, setup_loss)
     return losses
 
 

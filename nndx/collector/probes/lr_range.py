@@ -89,9 +89,13 @@ def lr_range_test(
             for group in opt.param_groups:
                 group["lr"] = lr
             inputs, targets = split_batch(next(source))
+
+            def batch_loss() -> torch.Tensor:  # once here, again in an L-BFGS step's closure
+                with precision:
+                    return compute_loss(loss_fn, forward(model_copy, inputs), targets)
+
             opt.zero_grad(set_to_none=True)
-            with precision:
-                loss = compute_loss(loss_fn, forward(model_copy, inputs), targets)
+            loss = batch_loss()
             value = float(loss.detach())
             lrs.append(lr)
             losses.append(value)
@@ -100,12 +104,7 @@ def lr_range_test(
                 diverged_at = lr
                 break
             loss.backward()
-
-            def loss_again() -> torch.Tensor:
-                with precision:
-                    return compute_loss(loss_fn, forward(model_copy, inputs), targets)
-
-            optimizer_step(opt, loss_again)
+            optimizer_step(opt, batch_loss)
     return analyse(lrs, losses, smoothed, diverged_at, note=f"swept with {note}")
 
 
