@@ -402,6 +402,11 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return obj
 
 
+def has_nonfinite(obj: Any) -> bool:
+    """Whether a floating tensor in ``obj`` holds a NaN/Inf (stops at the first such tensor)."""
+    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
+
+
 def nonfinite_count(obj: Any) -> int:
     """Non-finite elements over every floating tensor in ``obj``."""
     return sum(int((~torch.isfinite(t)).sum()) for t in iter_tensors(obj) if t.is_floating_point() or t.is_complex())

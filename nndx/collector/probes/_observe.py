@@ -41,7 +41,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from nndx import vocab
-from nndx.collector._common import first_output, iter_tensors
+from nndx.collector._common import first_output, has_nonfinite, iter_tensors
 from nndx.collector.stats import (
     activation_fields,
     activation_stats_rows,
@@ -183,7 +183,7 @@ class ForwardObserver(TorchFunctionMode):
             kind = vocab.activation_kind(type(module).__name__)
             for t in iter_tensors(output):
                 self._remember(t, kind.name if kind is not None else None)
-        if self.watch_nonfinite and self.first_nonfinite is None and _nonfinite(output):
+        if self.watch_nonfinite and self.first_nonfinite is None and has_nonfinite(output):
             self.first_nonfinite = (name or type(module).__name__, type(module).__name__, None)
 
     # -- every torch call
@@ -231,7 +231,7 @@ class ForwardObserver(TorchFunctionMode):
                 self._remember(tensor, kind.name)
                 if self.layer_stats and tensor.is_floating_point() and tensor.numel():
                     self._measure(call, tensor)
-        if self.watch_nonfinite and self.first_nonfinite is None and _nonfinite(out) and not _nonfinite(args):
+        if self.watch_nonfinite and self.first_nonfinite is None and has_nonfinite(out) and not has_nonfinite(args):
             self.first_nonfinite = (module_name or type(module).__name__, type(module).__name__, op)
 
     def _remember(self, t: torch.Tensor, kind: str | None) -> None:
@@ -365,10 +365,6 @@ def _reduced_back(out: torch.Tensor, ndim: int, args: tuple, kwargs: dict) -> to
     for d in sorted(d % ndim for d in dims):
         out = out.unsqueeze(d)
     return out
-
-
-def _nonfinite(obj: Any) -> bool:
-    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
 
 
 def _with_units(x: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -39,6 +39,7 @@ from nndx.collector._common import (
     LossFn,
     compute_loss,
     forward,
+    has_nonfinite,
     iter_tensors,
     loss_name,
     nonfinite_count,
@@ -112,10 +113,15 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
         problems.append("the loss is non-finite")
     if bwd[0] is not None:
         problems.append(f"first non-finite gradient in backward: output of {bwd[0]} ({bwd[1]})")
+    if problems:
+        message = "; ".join(problems)
+    elif masked:
+        message = "the loss and every gradient are finite" + masked
+    else:
+        message = "every output, the loss and every gradient are finite"
     return NanOriginResult(
         status="failed" if problems else "passed",
-        message="; ".join(problems) if problems else "the loss and every gradient are finite" + masked
-        if masked else "every output, the loss and every gradient are finite",
+        message=message,
         input_nonfinite_count=input_bad + target_bad,
         loss_finite=loss_finite,
         forward_module=fwd[0], forward_module_type=fwd[1], forward_op=fwd[2],
@@ -132,13 +138,9 @@ class FirstNonfiniteOp(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if self.op is None and _nonfinite(out) and not _nonfinite(args) and not _nonfinite(kwargs or {}):
+        if self.op is None and has_nonfinite(out) and not has_nonfinite(args) and not has_nonfinite(kwargs or {}):
             self.op = getattr(func, "__name__", type(func).__name__)
         return out
-
-
-def _nonfinite(obj: Any) -> bool:
-    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
 
 
 SPEC = ProbeSpec(name="nan_origin", title=NanOriginResult.title, function=nan_origin, result=NanOriginResult, order=20)
