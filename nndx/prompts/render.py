@@ -65,9 +65,7 @@ def resolve_diagnosis(report: DiagnosticReport | None, diagnosis: Diagnosis | No
     """The given diagnosis, or the rule engine's when only a report is given."""
     if diagnosis is not None or report is None:
         return diagnosis
-    from nndx.rules import (
-        diagnose,  # imported late: nndx.rules may import prompts-free helpers only
-    )
+    from nndx.rules import diagnose  # imported late: nndx.rules may import prompts-free helpers only
 
     return diagnose(report)
 
