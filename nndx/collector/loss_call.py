@@ -109,9 +109,10 @@ class InnerLossCalls(TorchFunctionMode):
     (``F.mse_loss``, ``F.cross_entropy``...) is recorded in ``log``, with what it was
     given. A loss function of the user's own (``def my_loss(out, y): return
     F.mse_loss(out, y.float())``) hides what reaches torch's loss behind its name; this
-    is how the loss-fit rules still see it."""
+    is how the loss-fit rules still see it. Without a log only ``last`` is kept (the
+    overfit probe reads accuracy off it at every step and needs no statistics)."""
 
-    def __init__(self, log: LossCallLog) -> None:
+    def __init__(self, log: LossCallLog | None = None) -> None:
         super().__init__()
         self.log = log
         # the last call as (loss type, output, target): what accuracy reads off a loss of the user's own
@@ -123,7 +124,8 @@ class InnerLossCalls(TorchFunctionMode):
         if kind is not None:
             output = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
-            self.log.add(kind.name, output, target)
+            if self.log is not None:
+                self.log.add(kind.name, output, target)
             self.last = (kind.name, output, target)
         return func(*args, **kwargs)
 

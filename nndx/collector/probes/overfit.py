@@ -59,7 +59,7 @@ from nndx.collector._common import (
     train_in_float32,
     working_copy,
 )
-from nndx.collector.loss_call import InnerLossCalls, LossCallLog
+from nndx.collector.loss_call import InnerLossCalls
 from nndx.collector.probes import ProbeSpec
 from nndx.report import OverfitResult
 
@@ -95,7 +95,7 @@ def overfit_one_batch(
         with NoDropout():
             for step in range(steps + 1):  # measure after each of the ``steps`` updates
                 optimizer.zero_grad(set_to_none=True)
-                inner = InnerLossCalls(LossCallLog())
+                inner = InnerLossCalls()
                 with precision:
                     output = forward(model_copy, inputs)
                     with inner if own_loss else contextlib.nullcontext():
