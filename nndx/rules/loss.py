@@ -12,7 +12,7 @@ from statistics import median
 
 from nndx import vocab
 from nndx.report import CauseCode as C
-from nndx.report import DiagnosticReport
+from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import Curve, finite, loss_calls, loss_curve, num_classes, starts_fitted, train_curve, window
 from nndx.rules.engine import Hit, rule
 
@@ -461,7 +461,9 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
     detects="A train loss that goes negative while every loss function seen is one that cannot be "
     "(MSE, cross-entropy, BCE, KL...), or a loss of any kind that ends negative and still falling, at over "
     "10x the magnitude of its start (at least 1), or over 2x below it while its second half falls as fast "
-    "as its first (a bounded loss slows near its floor): it has no lower bound.",
+    "as its first (a bounded loss slows near its floor): it has no lower bound. The overfit-one-batch "
+    "probe's loss is read too, where only a fall to over 100x its start counts (one batch can be fitted "
+    "further than a data set).",
     why="A loss that can fall forever rewards the model for something other than the task — a sign "
     "error (adding the KL term with a minus, maximising the likelihood's negative), NLLLoss fed "
     "probabilities instead of log-probabilities. The number goes down; the model gets worse.",
@@ -469,9 +471,48 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
     "log_softmax; a custom loss must be bounded below.",
 )
 def loss_unbounded(report: DiagnosticReport) -> Hit | None:
-    curve = loss_curve(report)
+    overfit = report.probes.overfit_one_batch
+    probe_losses = [LossPoint(step=i, value=v) for i, v in enumerate(overfit.losses)] if overfit else []
+    for where, curve, one_batch in (("train loss", loss_curve(report), False),
+                                    ("overfit-one-batch loss", Curve(probe_losses), True)):  # fmt: skip
+        hit = _unbounded(report, where, curve, one_batch)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _unbounded(report: DiagnosticReport, where: str, curve: Curve, one_batch: bool) -> Hit | None:
     if curve.n < 5:
         return None
+    lowest = min(curve.values)
+    types = {c.loss_type for c in loss_calls(report)}
+    # float noise can take a loss of ~0 a hair below it: judge against the curve's own scale
+    below_floor = lowest < -1e-4 * max(abs(curve.initial), 1.0)
+    if types and types <= _NON_NEGATIVE_LOSSES and below_floor:
+        return Hit(
+            symptom=f"{', '.join(sorted(types))} reached {lowest:.3g} ({where}), below its minimum of 0",
+            evidence={"loss_types": sorted(types), "loss_min": lowest, "loss_initial": curve.initial, "curve": where},
+            score=3.0,
+        )
+    scale = max(abs(curve.initial), 1.0)
+    still_falling = curve.second_half_progress() > 0
+    # a bounded loss slows down as it nears its floor; one with no floor falls as fast or
+    # faster in its second half as in its first (within 20%)
+    middle = median(curve.values[curve.n // 2 - window(curve.n) // 2 : curve.n // 2 + window(curve.n) // 2 + 1])
+    not_slowing = curve.start - middle > 0 and middle - curve.end >= 0.8 * (curve.start - middle)
+    # one batch can be fitted much further than a data set (a Gaussian NLL's variance shrinks
+    # towards 0 on it), so there only a fall by two orders of magnitude counts
+    if one_batch:
+        far = abs(curve.end) > 100 * scale
+    else:
+        far = abs(curve.end) > 10 * scale or (not_slowing and curve.start - curve.end > 2 * scale)
+    if curve.end < 0 and far and still_falling:
+        return Hit(
+            symptom=f"{where} fell from {curve.initial:.3g} to {curve.end:.3g} and keeps falling",
+            evidence={"loss_initial": curve.initial, "loss_end": curve.end, "loss_min": lowest, "curve": where},
+            score=2.0 + min(3.0, math.log10(abs(curve.end) / scale)),
+        )
+    return None
     lowest = min(curve.values)
     types = {c.loss_type for c in loss_calls(report)}
     # float noise can take a loss of ~0 a hair below it: judge against the curve's own scale

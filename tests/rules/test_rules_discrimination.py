@@ -211,6 +211,21 @@ def test_a_negative_loss_is_wrong_only_for_losses_that_cannot_be_negative():
     assert "NNDX111" not in _found(with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {"train": points(slowing)}}))
 
 
+def test_a_loss_without_bound_is_seen_in_the_overfit_probe_alone():
+    from nndx.report import OverfitResult
+
+    def preflight(losses: list[float]):
+        probe = OverfitResult(status="skipped", steps=len(losses), losses=losses, initial_loss=losses[0])
+        report = with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {}})
+        return _found(report.model_copy(update={"probes": report.probes.model_copy(update={"overfit_one_batch": probe})}))
+
+    # a log-likelihood maximised by hand: -1.4 on one batch, then -3e6 after 300 steps and still falling
+    found = preflight([-1.4 * 1.05**i for i in range(300)])
+    assert found["NNDX111"].evidence["curve"] == "overfit-one-batch loss"
+    # a Gaussian NLL whose variance shrinks on one batch falls to -9 and keeps falling: bounded in practice
+    assert "NNDX111" not in preflight([1.4 - 0.035 * i for i in range(300)])
+
+
 def test_squashed_logits_are_seen_from_their_values_whatever_produced_them():
     from nndx.report import LossCall
 
