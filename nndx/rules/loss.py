@@ -471,7 +471,7 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
     "log_softmax; a custom loss must be bounded below.",
 )
 def loss_unbounded(report: DiagnosticReport) -> Hit | None:
-    overfit = report.probes.overfit_one_batch
+    overfit = report.probes.overfit_one_batch if report.probes is not None else None
     probe_losses = [LossPoint(step=i, value=v) for i, v in enumerate(overfit.losses)] if overfit else []
     for where, curve, one_batch in (("train loss", loss_curve(report), False),
                                     ("overfit-one-batch loss", Curve(probe_losses), True)):  # fmt: skip
