@@ -180,6 +180,14 @@ def starts_fitted(report: DiagnosticReport) -> bool:
     return curve.n >= 2 and uninformed is not None and 0 <= curve.start < FITTED_SHARE * uninformed
 
 
+def stays_fitted(report: DiagnosticReport) -> bool:
+    """Whether the train loss starts and ends under FITTED_SHARE of an uninformed prediction's
+    loss: whatever the updates did, they did not undo the fit (a head trained on a frozen
+    pretrained backbone, whose first batches may be ones it memorised)."""
+    uninformed = uninformed_loss(report)
+    return starts_fitted(report) and uninformed is not None and loss_curve(report).end < FITTED_SHARE * uninformed
+
+
 def loss_calls(report: DiagnosticReport) -> list[LossCall]:
     return list(report.loop.loss_calls) if report.loop is not None else []
 

@@ -13,7 +13,10 @@ from statistics import median
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
-from nndx.rules._series import Curve, finite, loss_calls, loss_curve, num_classes, starts_fitted, train_curve, window
+from nndx.rules._series import (
+    Curve, finite, loss_calls, loss_curve, num_classes, starts_fitted, stays_fitted, train_curve, uninformed_loss,
+    window,
+)
 from nndx.rules.engine import Hit, rule
 
 # Causes that make a loss stop moving; the symptom rules below cite them when present.
@@ -158,7 +161,8 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     detects="A train loss whose last tenth (median) is within 5% of its first tenth, or over 10% above "
     "its very first value, over at least 10 recorded steps, with no accuracy gain either. Judged relative to the initial loss, so the "
     "rule does not depend on the loss's scale. Info when the loss starts under half the loss of a prediction that "
-    "ignores the inputs (ln C, or the targets' variance for MSE): the model already fits, as a pretrained one does.",
+    "ignores the inputs (ln C, or the targets' variance for MSE) and has not risen from its first value or still "
+    "ends under that half: the model already fits, as a pretrained one does.",
     why="A loss that does not move means no useful update reaches the weights: the LR is far too "
     "low (or too high and bouncing), units are dead, the optimizer is not connected, or the data "
     "and labels do not match.",
@@ -182,7 +186,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
         if median(accuracies[-w:]) - median(accuracies[:w]) > 0.05:
             return None
     frozen = curve.noise == 0.0 and curve.start == curve.end
-    fitted = starts_fitted(report) and from_initial >= -0.1
+    # a fitted start's first value can be a batch it memorised: rising from there while staying
+    # under half an uninformed prediction's loss is still a model that fits
+    fitted = starts_fitted(report) and (from_initial >= -0.1 or stays_fitted(report))
     return Hit(
         severity="info" if fitted else None,
         symptom=("train loss did not change at all" if frozen else "train loss is not decreasing")
@@ -206,7 +212,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Loss is oscillating or diverging",
     detects="A train loss that jumps above 10x its first values, or is above twice its initial level at "
-    "least twice in its second half, or whose step-to-step swings "
+    "least twice in its second half (for a loss that starts under half an uninformed prediction's, "
+    "both also above that prediction's loss), or whose step-to-step swings "
     "exceed 25% of the initial loss while it makes under 50% progress (info when those swings are all "
     "there is and the loss still made 20% progress, or started under half an uninformed prediction's loss).",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
@@ -220,9 +227,13 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     if curve.n < 10 or curve.start <= 0:
         return None
     after = curve.values[curve.n // 2 :]
-    spikes = sum(1 for v in after if v > 2.0 * curve.start)
+    # a loss that starts where the model already fits (a pretrained backbone) is so small that
+    # its minibatches swing by multiples of it; it diverges only when it climbs past what a
+    # prediction that ignores the inputs would get
+    floor = (uninformed_loss(report) or 0.0) if starts_fitted(report) else 0.0
+    spikes = sum(1 for v in after if v > max(2.0 * curve.start, floor))
     # a jump to 10x the first values: healthy noise never does that, an overshoot does
-    blow_ups = sum(1 for v in curve.values[1:] if curve.initial > 0 and v > 10.0 * curve.initial)
+    blow_ups = sum(1 for v in curve.values[1:] if curve.initial > 0 and v > max(10.0 * curve.initial, floor))
     swinging = curve.relative_noise > 0.25 and curve.progress < 0.5
     if spikes < 2 and not swinging and not blow_ups:
         return None

@@ -331,6 +331,30 @@ def test_a_frozen_pretrained_backbone_whose_loss_starts_fitted_is_context_not_st
     assert at_chance.get("NNDX103") in ("warning", "error") and at_chance.get("NNDX305") == "warning"
 
 
+def test_a_head_on_a_frozen_backbone_that_stays_fitted_is_context_and_one_that_climbs_past_chance_is_not():
+    """The first batches can be ones the pretrained model memorised (loss 0.08); the head's large
+    updates then take the loss to its ordinary level (~0.25, batches up to 1.1) — still far under
+    ln(10) = 2.3. Climbing past ln(10) undoes the fit: that is an LR too high."""
+    import random
+
+    from .broken import mlp_params
+    from .reports import points
+
+    rng = random.Random(0)
+    fitted = [0.08] + [0.25 * math.exp(rng.gauss(0, 0.6)) for _ in range(119)]
+    climbs = [0.08] + [0.25 + 0.05 * i for i in range(119)]
+
+    def severities(values: list[float]) -> dict[str, str]:
+        report = with_loop(BASE, frozen_params=["body.0.weight", "body.0.bias"])
+        report = report.model_copy(update={"loss_history": {"train": points(values)}, "parameters": mlp_params(ratio=0.2)})
+        return {f.rule_id: f.severity for f in diagnose(report).findings}
+
+    calm = severities(fitted)
+    assert max(fitted) < 2.3 and {calm.get(rule) for rule in ("NNDX103", "NNDX104", "NNDX205")} <= {"info", None}
+    assert "NNDX205" in calm  # the large updates are still reported, as context
+    assert severities(climbs).get("NNDX104") in ("warning", "error")
+
+
 def test_accumulation_with_large_updates_warns_for_sgd_but_not_for_adam():
     """Adam divides a k-times larger gradient by a k-times larger scale: an undivided
     accumulated loss cannot be why its (always sizeable) updates are large."""
