@@ -341,8 +341,9 @@ def _unscaled_clip_ratios(ratios: list[float]) -> list[float] | None:
     "warning",
     "Gradient clipping shrinks almost every step",
     detects="Over at least 5 clipped steps, the median ratio of the gradient norm after clipping to "
-    "before is under 0.1 and at least 80% of the steps are clipped. A mixed-precision loss scale "
-    "(GradScaler.unscale_ divides the gradients by an exact power of two before clipping) is "
+    "before is under 0.1 and at least 80% of the steps are clipped. The Monitor reports the norm at "
+    "backward with a GradScaler's loss scale divided out; in a report that still carries the scale "
+    "(GradScaler.unscale_ divides the gradients by an exact power of two before clipping) it is "
     "recognised from the steps where only it changed the norm, and taken out.",
     why="Clipping is a guard against rare spikes; a threshold below the typical gradient norm turns "
     "every step into a tiny one, like a far too low learning rate.",

@@ -405,6 +405,37 @@ def test_user_clipping_seen_as_norm_before_and_after():
     assert all(p.after_clip is None for p in loop.grad_norm_history)
 
 
+@pytest.mark.parametrize("clip", [None, 0.1, 1e-4])
+def test_a_grad_scalers_loss_scale_is_taken_out_of_the_norm_before_clipping(clip):
+    """Under GradScaler, backward leaves gradients x65536 and ``scaler.step`` (or ``unscale_``)
+    divides them back before the step: the norm at backward is reported in the loss's own units,
+    so a mild clip is not read as clipping by 2**-16 — and a far too small one still is."""
+    from nndx.rules import diagnose
+
+    model, opt, mon = monitored()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    x, y = batch()
+    with mon:
+        for _ in range(8):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            if clip is not None:
+                scaler.unscale_(opt)
+                nn.utils.clip_grad_norm_(model.parameters(), clip)
+            scaler.step(opt)
+            scaler.update()
+            mon.log(loss)
+    report = mon.report()
+    history = report.loop.grad_norm_history
+    assert len(history) == 8 and all(0.01 < p.before_clip < 100 for p in history)  # unscaled: not ~1e4
+    for point in history:  # unscaling alone is no clipping
+        assert point.after_clip == (None if clip is None or point.before_clip < clip else pytest.approx(clip, rel=1e-3))
+    fired = {f.rule_id for f in diagnose(report).findings}
+    assert ("NNDX308" in fired) == (clip == 1e-4)
+
+
 def test_zero_batches_show_in_the_input_norm_history():
     model, opt, mon = monitored()
     x, y = batch()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from typing import Any, NamedTuple
 
 import torch
@@ -183,10 +184,12 @@ class GradientNorm(Watcher):
         self._recorded = ctx.backward_since_step and ctx.total_grad_norm is not None
         if not self._recorded:
             return
-        after = self._changed_norm()
-        if after is not None:
+        after = self._changed_norm()  # unscale_ does not move version counters: only clipping shows
+        scale = _loss_scale()
+        before = ctx.total_grad_norm if scale is None else ctx.total_grad_norm / scale.to(ctx.total_grad_norm.device)
+        if after is not None or scale is not None:
             ctx.grad_norms = None  # changed since backward: parameter statistics measure anew
-        ctx.defer(self.history, GradNormRecord(ctx.step, ctx.total_grad_norm, after))
+        ctx.defer(self.history, GradNormRecord(ctx.step, before, after))
 
     def on_step_end(self, ctx: StepContext) -> None:
         if not self._recorded and ctx.backward_since_step and ctx.total_grad_norm is not None:
@@ -206,6 +209,26 @@ class GradientNorm(Watcher):
 
     def report(self, window: int | None) -> dict[str, Any]:
         return {"loop": {"grad_norm_history": self.history.models(_grad_norm_point, newest=window)}}
+
+
+def _loss_scale(depth: int = 16) -> torch.Tensor | None:
+    """The loss scale a GradScaler divided the gradients by, when this optimizer step runs
+    inside ``scaler.step(optimizer)`` (which unscales first, if ``unscale_`` was not called);
+    else None. Found on the call stack, so it works whoever calls the scaler (a hand-written
+    loop, Lightning, Hugging Face) without the Monitor being told about it. Without it, a
+    norm measured at backward (scaled, x65536 by default) over one measured at the step
+    (unscaled, then clipped) reads as clipping by 2**-16, and the norm's history is in
+    the scale's units."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.amp.GradScaler):
+            scale = getattr(owner, "_scale", None)
+            return scale.detach().reshape(()).float() if owner.is_enabled() and scale is not None else None
+        frame = frame.f_back
+    return None
 
 
 def _grad_norm_point(r: GradNormRecord) -> GradNormPoint:
