@@ -353,7 +353,9 @@ def _val_turn(report: DiagnosticReport) -> tuple[Curve, Curve, float, int] | Non
     "warning",
     "Validation loss rises while train loss falls (overfitting)",
     detects="A validation loss whose smoothed curve bottomed out and then rose by over 10% of its "
-    "minimum (and by more than its noise) while the train loss kept falling.",
+    "minimum (and by more than its noise) while the train loss kept falling. Or a train loss that fell "
+    "under a tenth of its start and a twentieth of the validation loss while validation stopped improving: a warning "
+    "when validation improved by under 10% of its start (the train set was memorised), info otherwise.",
     why="The model fits the training set's noise instead of the signal; every further epoch makes "
     "it worse on new data.",
     fix="Stop early at the validation minimum; add weight decay, dropout or augmentation; get more "
@@ -367,7 +369,7 @@ def overfitting(report: DiagnosticReport) -> Hit | None:
     train, val, val_min, best = turn
     rise = val.end - val_min
     if best >= val.n - window(val.n) or rise <= 0.1 * abs(val_min) or rise <= 2 * val.noise:
-        return None
+        return _memorised(train, val)
     if train.second_half_progress() <= 0:
         return None
     return Hit(
@@ -381,6 +383,26 @@ def overfitting(report: DiagnosticReport) -> Hit | None:
         },
         score=rise / max(abs(val_min), 1e-12),
         step=val.points[best].step,
+    )
+
+
+def _memorised(train: Curve, val: Curve) -> Hit | None:
+    """The other face of overfitting: the train loss fell to a tenth of its start and under a
+    twentieth of the validation loss, which has stopped improving. A warning when validation barely improved
+    at all (under 10%): nothing learned carries over. Context otherwise: a well-trained model on
+    a small data set often ends that way, and more data or regularisation is a choice."""
+    if train.start <= 0 or val.end <= 0 or train.end > 0.1 * train.start or train.end > 0.05 * val.end:
+        return None
+    if val.second_half_progress() > 0.05:  # validation still improving
+        return None
+    transfers = val.progress >= 0.1
+    return Hit(
+        severity="info" if transfers else None,
+        symptom=f"train loss fell to {train.end:.3g} while validation stopped at {val.end:.3g}"
+        + ("" if transfers else f", barely below its start of {val.start:.3g}: the train set was memorised"),
+        evidence={"train_start": train.start, "train_end": train.end, "val_start": val.start, "val_end": val.end,
+                  "val_relative_progress": val.progress},  # fmt: skip
+        score=1.0 + min(2.0, math.log10(val.end / max(train.end, 1e-12)) / 2),
     )
 
 

@@ -100,6 +100,24 @@ def test_overfitting_needs_train_still_falling():
     assert "NNDX107" not in {f.rule_id for f in diagnose(DiagnosticReport(loss_history=fine)).findings}
 
 
+def test_a_memorised_train_set_is_overfitting_even_when_validation_never_rises():
+    """48 rows, 300 steps: the train loss goes to ~0 while validation stops where it started
+    (nothing carries over: a warning) or part of the way down (context: a well-fitted small
+    data set ends that way too). A 12x gap on a converged run is not flagged at all."""
+    train = points(noisy_decreasing(0, n=100, start=1.4, end=1e-4, noise=0.02))
+
+    def overfit(val: list[float]) -> str | None:
+        report = DiagnosticReport(loss_history={"train": train, "val": points(val, every=10)})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX107"), None)
+
+    assert overfit([1.07, 1.05, 1.02, 1.04, 1.04, 1.04, 1.04, 1.04, 1.04, 1.04]) == "warning"
+    assert overfit([1.5, 0.92, 0.76, 0.71, 0.70, 0.70, 0.65, 0.66, 0.71, 0.70]) == "info"
+    assert overfit([1.5, 0.92, 0.76, 0.71, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4]) is None  # validation still improving
+    still = {"train": points(noisy_decreasing(0, n=100, end=0.05, noise=0.02)),
+             "val": points([1.0, 0.8, 0.7, 0.65, 0.62, 0.6, 0.6, 0.59, 0.6, 0.59], every=10)}  # fmt: skip
+    assert "NNDX107" not in {f.rule_id for f in diagnose(DiagnosticReport(loss_history=still)).findings}
+
+
 def test_early_blow_up_then_collapse_is_divergence():
     # lr=10 without momentum: the loss jumps 1000x, then the dead network sits above its start
     values = [1.35, 350.0, 6900.0, 2.4] + flat(6, n=56, level=1.85, noise=0.1)
