@@ -3,7 +3,8 @@
 How to use::
 
     result = nndx.lr_find(model, optimizer, loss_fn, train_loader)   # device=, end_lr=10, steps=100
-    result.suggestion        # the lr to train with (None when the sweep shows no clear drop)
+    result.suggestion        # the lr to train with (None when the sweep shows no clear drop, or for a
+                             # regression setup no reading was measured for: result.record.message says)
     result.interval          # (low, high): the lrs around it that train well
     result.plot()            # a matplotlib Axes (drawn inline in a notebook); result.plot(ax=ax)
     result.to_csv("lr.csv")  # lr, loss, smoothed
@@ -46,7 +47,8 @@ class LRFinderResult:
 
     @property
     def suggestion(self) -> float | None:
-        """The learning rate to train with (:func:`nndx.collector.probes.lr_range.suggest`)."""
+        """The learning rate to train with (:func:`nndx.collector.probes.lr_range.suggest_for`);
+        None when no point is trusted (``record.message`` says why; ``interval`` may still be set)."""
         return self.record.suggested_lr
 
     @property

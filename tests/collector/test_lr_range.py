@@ -7,7 +7,7 @@ from _probe_models import assert_untouched, batch, dead_relu_mlp, mlp, single_th
 from torch import nn
 
 from nndx.collector.lr_find import save_png
-from nndx.collector.probes.lr_range import analyse, from_csv, lr_range_test, to_csv
+from nndx.collector.probes.lr_range import analyse, from_csv, lr_range_test, optimizer_family, suggest_for, to_csv
 
 
 def sweep(model=None, **kw):
@@ -44,6 +44,70 @@ def test_suggestion_is_a_quarter_of_the_knee_with_an_interval_around_it():
     assert (result.interval_low_lr, result.interval_high_lr) == pytest.approx((lrs[33] / 8, lrs[33] / 2))
     assert result.min_over_10_lr == pytest.approx(lrs[45] / 10)
     assert lrs[20] < result.valley_lr < lrs[45]
+
+
+def _two_phase_curve():
+    """The logistic drop of the knee test, then flat until the sweep diverges past the end."""
+    lrs = [10 ** (-6 + i * 0.1) for i in range(60)]
+    smoothed = [2.0 - 1.0 / (1 + math.exp(-(i - 30) / 3)) for i in range(60)]
+    return lrs, smoothed, 10 ** (-6 + 60 * 0.1)
+
+
+def test_an_mse_sweep_suggests_a_fixed_fraction_of_the_divergence_point_per_optimizer():
+    lrs, smoothed, diverged = _two_phase_curve()
+    knee = lrs[33] / 4
+    momentum = analyse(lrs + [diverged], smoothed + [10.0], smoothed + [10.0], diverged, loss="MSELoss",
+                       optimizer="SGD with momentum")  # fmt: skip
+    adam = analyse(lrs + [diverged], smoothed + [10.0], smoothed + [10.0], diverged, loss="MSELoss", optimizer="Adam")
+    assert momentum.suggested_lr == pytest.approx(diverged / 15) and adam.suggested_lr == pytest.approx(diverged / 40)
+    assert (adam.interval_low_lr, adam.interval_high_lr) == pytest.approx((diverged / 80, diverged / 20))
+    assert momentum.suggested_lr > 10 * knee, "not the knee rule, which is far too low for MLP regressors"
+    assert "divergence point" in momentum.message
+    # the same curve under a classification loss, or a loss nndx cannot name: the knee rule
+    for loss in ("CrossEntropyLoss", None):
+        found = suggest_for(lrs, smoothed, diverged, loss=loss, optimizer="Adam")
+        assert found.lr == pytest.approx(knee)
+
+
+@pytest.mark.parametrize("loss, optimizer, diverged, why", [
+    ("HuberLoss", "SGD with momentum", True, "HuberLoss"),  # bounded gradients: not measured
+    ("MSELoss", "SGD", True, "not SGD"),  # plain SGD: its best lr sits at the edge
+    ("MSELoss", "RMSprop", True, "not RMSprop"),
+    ("MSELoss", "Adam", False, "did not diverge"),
+])  # fmt: skip
+def test_a_regression_sweep_without_a_measured_reading_gives_an_interval_and_no_point(loss, optimizer, diverged, why):
+    lrs, smoothed, diverged_at = _two_phase_curve()
+    if not diverged:
+        diverged_at = None
+    result = analyse(lrs, smoothed, smoothed, diverged_at, loss=loss, optimizer=optimizer)
+    assert result.status == "passed" and result.suggested_lr is None
+    assert result.interval_low_lr == pytest.approx(lrs[33] / 4)  # the knee reading trains: the floor
+    assert result.interval_high_lr > 1.5 * result.interval_low_lr
+    assert result.message.startswith("no suggested lr") and why in result.message
+
+
+def test_optimizer_family_tells_momentum_sgd_from_plain_sgd():
+    params = [nn.Parameter(torch.zeros(2))]
+    assert optimizer_family(torch.optim.SGD(params, lr=0.1, momentum=0.9)) == "SGD with momentum"
+    assert optimizer_family(torch.optim.SGD(params, lr=0.1)) == "SGD"
+    assert optimizer_family(torch.optim.SGD(params, lr=0.1, momentum=0.5)) == "SGD with momentum 0.5"
+    assert optimizer_family(torch.optim.Adam(params)) == "Adam"
+
+
+def test_a_real_mse_sweep_reads_the_divergence_point(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = x[:, :1] * 2 - x[:, 1:2]
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    result = lr_range_test(model, (x, y), nn.MSELoss(), optimizer=optimizer, steps=60)
+    assert result.status == "passed" and result.diverged_at_lr is not None
+    assert result.suggested_lr == pytest.approx(result.diverged_at_lr / 15)
+    assert "MSELoss with SGD with momentum" in result.message
+    path = to_csv(result, tmp_path / "lr.csv")  # the file does not say which loss: named, the same reading
+    assert from_csv(path, loss="MSELoss", optimizer="SGD with momentum").suggested_lr == pytest.approx(
+        result.suggested_lr)  # fmt: skip
+    assert from_csv(path).suggested_lr < result.suggested_lr  # unnamed: the knee rule
 
 
 def test_loss_that_never_decreases_fails():

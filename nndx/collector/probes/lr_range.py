@@ -9,9 +9,13 @@ How to use::
 A copy of the model is trained while the learning rate grows exponentially from
 ``start_lr`` to ``end_lr``; the loss is smoothed with an exponential moving average
 and the sweep stops when the smoothed loss exceeds ``diverge_factor`` × its best value
-(or turns non-finite). The suggestion and its interval come from :func:`suggest` (why
-that reading, and how it was measured against training at a grid of lrs, is in its
-docstring and bench/lr_suggestion.py). ``valley_lr`` (fastai's ``valley``) and
+(or turns non-finite). The suggestion and its interval come from :func:`suggest_for`:
+a quarter of the curve's knee (:func:`suggest`) for classification and unnamed losses,
+the divergence point / 15 (SGD + momentum) or / 40 (Adam) for a mean-squared error, and
+for other regression setups no point, only an interval and the reason (why those
+readings, and how they were measured against training at a grid of lrs, is in their
+docstrings and bench/lr_suggestion.py; the divisors assume the default
+``diverge_factor``). ``valley_lr`` (fastai's ``valley``) and
 ``min_over_10_lr`` (the minimum's lr / 10) are kept as readings of the curve, not shown
 as suggestions: on the bench they often land where training is slow.
 
@@ -30,16 +34,19 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from nndx import vocab
 from nndx.collector._common import (
     Batch,
     LossFn,
     compute_loss,
     copy_with_optimizer,
     forward,
+    loss_name,
     optimizer_step,
     preserved_rng,
     split_batch,
@@ -105,7 +112,8 @@ def lr_range_test(
                 break
             loss.backward()
             optimizer_step(opt, batch_loss)
-    return analyse(lrs, losses, smoothed, diverged_at, note=f"swept with {note}")
+    return analyse(lrs, losses, smoothed, diverged_at, note=f"swept with {note}", loss=loss_name(loss_fn),
+                   optimizer=optimizer_family(opt))  # fmt: skip
 
 
 SPEC = ProbeSpec(name="lr_range", title=LRRangeResult.title, function=lr_range_test, result=LRRangeResult,
@@ -125,9 +133,19 @@ def passes(batches: Iterable[Batch]) -> Iterator[Batch]:
 
 
 def analyse(
-    lrs: list[float], losses: list[float], smoothed: list[float], diverged_at: float | None = None, note: str = ""
+    lrs: list[float],
+    losses: list[float],
+    smoothed: list[float],
+    diverged_at: float | None = None,
+    note: str = "",
+    *,
+    loss: str | None = None,
+    optimizer: str | None = None,
 ) -> LRRangeResult:
-    """The three suggestions from a recorded sweep (also used for a sweep read from CSV)."""
+    """The suggestion, its interval and the readings from a recorded sweep (also used for
+    a sweep read from CSV). ``loss`` and ``optimizer`` name the loss (``MSELoss``) and the
+    optimizer class (``SGD``) the sweep trained with: they choose the reading
+    (:func:`suggest_for`); unknown (None), the knee rule of :func:`suggest` is used."""
     if not (len(lrs) == len(losses) == len(smoothed)):
         raise ValueError("lrs, losses and smoothed must have the same length")
     # the diverged point and anything non-finite tell nothing about where to train
@@ -143,26 +161,111 @@ def analyse(
     best = min(range(len(curve)), key=curve.__getitem__)
     result = dict(base, min_loss=curve[best], min_over_10_lr=curve_lrs[best] / 10,
                   valley_lr=curve_lrs[_valley(curve)])  # fmt: skip
-    suggestion = suggest(curve_lrs, curve)
-    if suggestion is None:
+    found = suggest_for(curve_lrs, curve, diverged_at, loss=loss, optimizer=optimizer)
+    if found is None:
         return LRRangeResult(status="failed", **result,
                              message=f"the loss never clearly decreased over the sweep. {note}".strip())  # fmt: skip
-    lr, low, high = suggestion
-    return LRRangeResult(status="passed", suggested_lr=lr, interval_low_lr=low, interval_high_lr=high, **result,
-                         message=f"suggested lr {lr:.3g} (trains well from {low:.3g} to {high:.3g}). {note}".strip())  # fmt: skip
+    if found.lr is None:  # a range that trains, but no point measured to reach the best grid lr's score
+        return LRRangeResult(status="passed", interval_low_lr=found.low, interval_high_lr=found.high, **result,
+                             message=f"no suggested lr: {found.why}; the lr trains from {found.low:.3g} to "
+                                     f"{found.high:.3g}. {note}".strip())  # fmt: skip
+    return LRRangeResult(status="passed", suggested_lr=found.lr, interval_low_lr=found.low,
+                         interval_high_lr=found.high, **result,
+                         message=f"suggested lr {found.lr:.3g} (trains well from {found.low:.3g} to "
+                                 f"{found.high:.3g}; {found.why}). {note}".strip())  # fmt: skip
 
 
-# The suggestion rule, chosen on bench/lr_suggestion.py (results in bench/README.md).
+# The suggestion rules, chosen on bench/lr_suggestion.py (results in bench/README.md).
 KNEE_FRACTION = 0.3  # the knee: where the loss is first within this share of its total drop from the minimum
 SUGGESTION_DIVISOR = 4.0  # the suggestion: the knee's lr divided by this
 INTERVAL_FACTOR = 2.0  # the interval: the suggestion divided and multiplied by this
 MIN_RELATIVE_DROP = 0.05  # a smaller drop of the smoothed loss (relative to its start) is no evidence
+# A mean-squared-error loss: the divergence point divided by this, per optimizer family
+# measured (suggest_for says why; any other family gets an interval and no point)
+SGD_MOMENTUM = "SGD with momentum"
+DIVERGENCE_DIVISORS = {SGD_MOMENTUM: 15.0, "Adam": 40.0, "AdamW": 40.0}
+EXPLOSIVE_LOSSES = frozenset({"MSELoss"})  # the regression losses whose divergence the divisors were measured on
+
+
+def optimizer_family(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer as :func:`suggest_for` tells them apart: its class name, but SGD with
+    a momentum near the 0.9 the bench measured (0.85–0.95) is ``"SGD with momentum"``, and
+    another momentum is named with its value."""
+    name = type(optimizer).__name__
+    if not isinstance(optimizer, torch.optim.SGD):
+        return name
+    momentum = float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
+    if 0.85 <= momentum <= 0.95:
+        return SGD_MOMENTUM
+    return name if momentum == 0 else f"{name} with momentum {momentum:g}"
+
+
+class Suggestion(NamedTuple):
+    """What :func:`suggest_for` reads off a sweep: the lr to train with (None when no
+    point is trusted), the interval that trains, and which reading it is, or why none."""
+
+    lr: float | None
+    low: float
+    high: float
+    why: str
+
+
+def suggest_for(
+    lrs: list[float],
+    curve: list[float],
+    diverged_at: float | None,
+    *,
+    loss: str | None = None,
+    optimizer: str | None = None,
+) -> Suggestion | None:
+    """The suggestion for the sweep's loss and optimizer (:func:`optimizer_family`), from
+    its smoothed loss (finite points, the diverged one left out); None when the curve
+    shows no clear drop.
+
+    Classification losses, and losses nndx cannot name: the knee rule (:func:`suggest`).
+
+    Regression losses: the knee rule is 4–50× too low for an MLP regressor, whose loss
+    keeps falling slowly for a decade of lr past the knee, so for a mean-squared error the
+    point is read from where the sweep diverged instead. An MSE blows up soon after the lr
+    passes the stability edge, so the divergence point marks that edge and the best
+    constant lr sits a fixed factor below it: 1/15 with SGD + momentum 0.9, 1/40 with
+    Adam, whose normalised steps let the loss climb more slowly past the edge, so the
+    sweep stops further beyond it (bench/lr_suggestion.py: chosen on an MLP and an LSTM
+    regressor, checked on unseen seeds and on an LSTM with Adam). Plain SGD is left out:
+    on the bench its best lr sits right at the divergence edge, within a factor 2 that no
+    reading hit reliably. With another regression loss (L1, Huber: bounded gradients, no
+    explosion), another optimizer, or no divergence within the sweep, no point is given,
+    only an interval: from the knee rule's suggestion (it trains, often slower than the
+    best) to the divergence point / 15 (or the curve's minimum), and the reason."""
+    knee = suggest(lrs, curve)
+    if knee is None:
+        return None
+    kind = vocab.loss_kind(loss)
+    if kind is None or kind.task != "regression":
+        return Suggestion(*knee, why="a quarter of the knee of the loss curve")
+    floor = knee[0]
+    if loss in EXPLOSIVE_LOSSES and optimizer in DIVERGENCE_DIVISORS and diverged_at is not None:
+        divisor = DIVERGENCE_DIVISORS[optimizer]
+        lr = diverged_at / divisor
+        return Suggestion(lr, lr / INTERVAL_FACTOR, lr * INTERVAL_FACTOR,
+                          why=f"{loss} with {optimizer}: the divergence point {diverged_at:.3g} / {divisor:g}")  # fmt: skip
+    if diverged_at is None:
+        why = f"{loss} did not diverge within the sweep, and nndx reads a regression loss's point from where it does"
+        high = lrs[min(range(len(curve)), key=curve.__getitem__)]
+    else:
+        if loss not in EXPLOSIVE_LOSSES:
+            why = f"no point was measured to train well for {loss} (only for {', '.join(sorted(EXPLOSIVE_LOSSES))})"
+        else:
+            why = f"the point for {loss} was measured only with SGD + momentum 0.9 and Adam (AdamW), not {optimizer}"
+        high = diverged_at / DIVERGENCE_DIVISORS[SGD_MOMENTUM]
+    return Suggestion(None, floor, max(floor * INTERVAL_FACTOR, high), why=why)
 
 
 def suggest(lrs: list[float], curve: list[float]) -> tuple[float, float, float] | None:
-    """The learning rate to train with and an interval around it, ``(lr, low, high)``,
-    read off a sweep's smoothed loss (finite points, the diverged one left out); None
-    when the curve shows no clear drop.
+    """The knee rule: the learning rate to train with and an interval around it,
+    ``(lr, low, high)``, read off a sweep's smoothed loss (finite points, the diverged one
+    left out); None when the curve shows no clear drop. :func:`suggest_for` uses it for
+    classification losses and losses it cannot name.
 
     Why this reading: training at a constant lr for hundreds of steps needs a margin
     below what a sweep, which spends a few steps at each lr, gets away with. The lr at
@@ -175,7 +278,8 @@ def suggest(lrs: list[float], curve: list[float]) -> tuple[float, float, float] 
     steepest descent (the first, easy drop of a two-phase curve) and fastai's valley (the
     flat start of a single-batch curve) miss by far more, and the minimum / 10 moves with
     minibatch noise. It is too low for MLP regressors whose loss keeps falling slowly for
-    a decade of lr past the knee: they train, slower than they could."""
+    a decade of lr past the knee: they train, slower than they could (hence the
+    divergence rule of :func:`suggest_for` for regression losses)."""
     n = len(curve)
     if n < SKIP_START + 2:
         return None
@@ -223,8 +327,11 @@ def to_csv(result: LRRangeResult, path: str | Path) -> Path:
     return path
 
 
-def from_csv(path: str | Path) -> LRRangeResult:
-    """Read a sweep written by :func:`to_csv` and recompute its suggestions."""
+def from_csv(path: str | Path, *, loss: str | None = None, optimizer: str | None = None) -> LRRangeResult:
+    """Read a sweep written by :func:`to_csv` and recompute its suggestions; the file does
+    not say which loss and optimizer swept it: name them (``loss="MSELoss"``,
+    ``optimizer="SGD"``) for the reading :func:`suggest_for` makes for them, else the knee
+    rule's."""
     path = Path(path)
     with path.open(newline="") as f:
         reader = csv.reader(f)
@@ -245,4 +352,4 @@ def from_csv(path: str | Path) -> LRRangeResult:
     # a sweep that stopped early ended on its diverged point
     last = smoothed[-1]
     diverged = lrs[-1] if not math.isfinite(last) or last > 4.0 * min(s for s in smoothed if math.isfinite(s)) else None
-    return analyse(lrs, losses, smoothed, diverged)
+    return analyse(lrs, losses, smoothed, diverged, loss=loss, optimizer=optimizer)
