@@ -441,20 +441,27 @@ def ddp_desync(report: DiagnosticReport) -> Hit | None:
     C.BATCH_TOO_SMALL,
     "warning",
     "Tiny batches make the loss noisy",
-    detects="A batch of at most 4 samples at the loss together with step-to-step loss swings over 20% "
+    detects="A batch of at most 4 samples at the loss (the size most loss calls were made with, so that "
+    "evaluation on large batches does not hide it) together with step-to-step loss swings over 20% "
     "of the local loss level.",
     why="Gradient noise grows as the batch shrinks; steps point in nearly random directions.",
     fix="Increase the batch size (or accumulate gradients over several micro-batches), and lower the LR "
     "if the batch must stay small.",
 )
 def batch_too_small(report: DiagnosticReport) -> Hit | None:
-    sizes = [c.output_shape[0] for c in loss_calls(report) if c.output_shape]
+    # the training batch is the one most loss calls were made with: a few evaluation calls on
+    # large batches are not what the steps were taken on
+    calls: dict[int, int] = {}
+    for c in loss_calls(report):
+        if c.output_shape:
+            calls[c.output_shape[0]] = calls.get(c.output_shape[0], 0) + c.calls
     curve = loss_curve(report)
-    if not sizes or max(sizes) > 4 or curve.n < 10 or curve.multiplicative_noise <= 0.2:
+    size = max(calls, key=lambda s: (calls[s], s)) if calls else None
+    if size is None or size > 4 or curve.n < 10 or curve.multiplicative_noise <= 0.2:
         return None
     return Hit(
-        symptom=f"batch size {max(sizes)} with step-to-step loss swings of {curve.multiplicative_noise:.0%}",
-        evidence={"batch_size": max(sizes), "relative_swing": curve.multiplicative_noise},
+        symptom=f"batch size {size} with step-to-step loss swings of {curve.multiplicative_noise:.0%}",
+        evidence={"batch_size": size, "relative_swing": curve.multiplicative_noise},
         score=1.0 + curve.multiplicative_noise,
     )
 

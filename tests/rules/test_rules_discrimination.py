@@ -424,3 +424,18 @@ def test_a_closure_optimizer_evaluating_the_loss_many_times_per_step_is_not_accu
     lightning = with_loop(accum_unscaled(), optimizers=["SGD"], steps=10, backward_calls=40, zero_grad_calls=10,
                           backward_calls_in_step=10)  # fmt: skip
     assert "NNDX302" in {f.rule_id for f in diagnose(lightning).findings}
+
+
+def test_tiny_training_batches_are_seen_beside_large_evaluation_batches():
+    """120 loss calls on batches of 2 and 5 evaluation calls on 256 rows: the steps were taken
+    on batches of 2. The same loop on batches of 32 is not flagged."""
+    from .broken import loss_call, tiny_batch
+
+    def found(train_rows: int) -> set[str]:
+        calls = [loss_call(output_shape=[train_rows, 10], target_shape=[train_rows]).model_copy(update={"calls": 120}),
+                 loss_call(output_shape=[256, 10], target_shape=[256]).model_copy(update={"calls": 5})]  # fmt: skip
+        report = tiny_batch()
+        return {f.rule_id for f in diagnose(report.model_copy(update={"loop": report.loop.model_copy(update={"loss_calls": calls})})).findings}
+
+    assert "NNDX311" in found(2)
+    assert "NNDX311" not in found(32)
