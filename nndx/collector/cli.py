@@ -133,8 +133,9 @@ def _write_sweep(result: Any, csv_path: str | None, png_path: str | None) -> int
     if png_path:
         print(f"nndx: wrote {save_png(result, png_path)}", file=sys.stderr)
     if result.suggested_lr is None:
+        # an interval without a trusted point is still a result; no interval is a failed sweep
         print(f"no suggestion: {result.message}")
-        return 1
+        return 0 if result.interval_low_lr is not None else 1
     print(f"suggested lr: {result.suggested_lr:.3g} (trains well from {result.interval_low_lr:.3g} "
           f"to {result.interval_high_lr:.3g})")  # fmt: skip
     return 0

@@ -74,6 +74,20 @@ def test_lr_find_reads_a_dataloader_from_the_factory(capsys):
     assert captured.out.startswith("suggested lr: ") and captured.err == ""
 
 
+def huber_factory():
+    x, _ = batch(n=64)
+    model = nn.Sequential(nn.Linear(x.shape[1], 16), nn.ReLU(), nn.Linear(16, 1))
+    return model, (x, x[:, :1] * 2), nn.HuberLoss(), torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def test_lr_find_with_an_interval_and_no_trusted_point_says_why_and_succeeds(capsys):
+    """Huber regression: no point was measured to train well, so none is printed — but the
+    sweep worked and its interval is the answer, not a failure."""
+    assert main(["lr-find", f"{__file__}:huber_factory", "--steps", "60", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("no suggestion: no suggested lr") and "trains from" in out
+
+
 def test_bad_factories_and_files_are_usage_errors(tmp_path, capsys):
     assert main(["probe", "no_colon_here"]) == 2
     assert "MODULE:FACTORY" in capsys.readouterr().err
