@@ -403,6 +403,8 @@ class LabelAlignmentResult(ProbeResult):
     steps: Count = 0
 
     def summary(self, num: NumberFormat = str) -> str:
+        if self.real_accuracy is None:  # real-valued targets, or not run: the message has the numbers
+            return f"{self.message}, {self.steps} steps" if self.message else f"{self.steps} steps"
         return (f"accuracy on real labels {num(self.real_accuracy)}, on permuted labels "
                 f"{num(self.permuted_accuracy)}, chance {num(self.chance_accuracy)}, {self.steps} steps")
 

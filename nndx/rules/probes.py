@@ -385,8 +385,8 @@ def eval_mode_probe(report: DiagnosticReport) -> Hit | None:
     C.LABELS_MISALIGNED,
     "error",
     "Labels do not belong to their inputs",
-    detects="The label-alignment probe: a small model trained on the real labels is not better on held-out "
-    "data than one trained on permuted labels.",
+    detects="The label-alignment probe: a small model trained on the real labels (or real-valued targets) is "
+    "not better on held-out data than one trained on permuted ones.",
     why="Labels shuffled separately from their inputs, or offset by one, look like valid data but carry "
     "no signal; the network memorises them (so overfit-one-batch passes) and generalises at chance.",
     fix="Shuffle inputs and labels together (one permutation, or a Dataset returning (x, y) pairs); check "
@@ -398,6 +398,9 @@ def labels_misaligned(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "label_alignment")
     if result is None or result.status != "failed":
         return None
+    if result.real_accuracy is None:  # real-valued targets: the probe compared squared errors
+        return Hit(symptom="held-out error with the real targets is no better than with permuted targets",
+                   evidence={"probe": result.message}, score=3.0)  # fmt: skip
     return Hit(
         symptom="held-out accuracy on real labels is no better than on permuted labels",
         evidence={

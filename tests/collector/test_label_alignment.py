@@ -64,13 +64,25 @@ def test_encodings_and_non_finite_rows(digits):
 
 def test_skipped_when_it_cannot_judge(digits):
     x, y = digits
-    regression = label_alignment(x, x[:, 20] / 16 + 0.01, steps=STEPS)
-    assert regression.status == "skipped" and "regression" in regression.message
-    assert regression.real_accuracy is None
     tiny = label_alignment(x[:30], y[:30], steps=STEPS)
     assert tiny.status == "skipped" and "30 usable samples" in tiny.message
     single = label_alignment(x, np.zeros(len(x), dtype=np.int64), steps=STEPS)
     assert single.status == "skipped" and "one class" in single.message
+
+
+def test_real_valued_targets_get_the_same_paired_test(digits):
+    """Regression targets that belong to their inputs lower the held-out squared error well
+    below permuted ones; the same targets shuffled separately do not."""
+    x, _ = digits
+    rng = np.random.default_rng(0)
+    y = (x[:, 20] + x[:, 43] - x[:, 10]) / 16 + 0.1 * rng.standard_normal(len(x))
+    aligned = label_alignment(x, y.astype(np.float32), steps=STEPS)
+    assert aligned.status == "passed" and "squared error" in aligned.message, aligned.message
+    assert aligned.real_accuracy is None  # no accuracy for real values: the message has the numbers
+    shuffled = label_alignment(x, rng.permutation(y).astype(np.float32), steps=STEPS)
+    assert shuffled.status == "failed" and "do not belong" in shuffled.message, shuffled.message
+    two_columns = label_alignment(x, np.stack([y, -y], axis=1), steps=STEPS)
+    assert two_columns.status == "passed" and "scores 2" in two_columns.message
 
 
 def test_bad_input_raises(digits):

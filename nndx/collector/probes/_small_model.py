@@ -38,9 +38,11 @@ class ClassData(NamedTuple):
     note: str  # rows left out, in words ("" when none)
 
 
-def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int, seed: int) -> ClassData | str:
+def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int,
+               seed: int) -> ClassData | RegressionData | str:  # fmt: skip
     """The usable rows of ``(x, y)`` as :class:`ClassData` (a seeded random subset of at
-    most ``max_samples``), or why the labels cannot be judged as classes."""
+    most ``max_samples``), :class:`RegressionData` when the targets are real values, or why
+    the labels cannot be judged."""
     xa, _ = _as_array(x, "inputs")
     ya, _ = _as_array(y, "labels")
     if xa.ndim == 0 or ya.ndim == 0 or xa.shape[0] != ya.shape[0]:
@@ -50,6 +52,8 @@ def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int, seed: int)
         return ("integer inputs (token or category ids): the probe's small MLP would read ids as magnitudes, "
                 "so its predictions say nothing about the labels")
     classes, reason = _class_labels(ya)
+    if classes is None and reason == REGRESSION:
+        return _regression_data(xa, ya, min_samples=min_samples, max_samples=max_samples, seed=seed)
     if classes is None:
         return reason
     features = xa.reshape(xa.shape[0], -1).astype(np.float64)
@@ -67,6 +71,32 @@ def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int, seed: int)
     return ClassData(features, targets, int(targets.max()) + 1, note)
 
 
+class RegressionData(NamedTuple):
+    """Features and real-valued targets (rows, float64; targets one column per output) of a
+    regression split."""
+
+    features: np.ndarray
+    targets: np.ndarray
+    note: str
+
+
+def _regression_data(xa: np.ndarray, ya: np.ndarray, *, min_samples: int, max_samples: int,
+                     seed: int) -> RegressionData | str:  # fmt: skip
+    features = xa.reshape(xa.shape[0], -1).astype(np.float64)
+    targets = ya.reshape(ya.shape[0], -1).astype(np.float64)
+    usable = np.isfinite(features).all(axis=1) & np.isfinite(targets).all(axis=1)
+    features, targets = features[usable], targets[usable]
+    dropped = int((~usable).sum())
+    note = f" ({dropped} rows with non-finite inputs/targets left out)" if dropped else ""
+    if features.shape[0] < min_samples:
+        return f"only {features.shape[0]} usable samples; need {min_samples}{note}"
+    order = np.random.default_rng(seed).permutation(features.shape[0])[:max_samples]
+    return RegressionData(features[order], targets[order], note)
+
+
+REGRESSION = "regression targets"
+
+
 def _class_labels(y: np.ndarray) -> tuple[np.ndarray | None, str]:
     """Class indices from ``y`` (index, one-hot or integral float), or None and why not."""
     if y.ndim == 2 and y.shape[1] == 1:
@@ -74,7 +104,9 @@ def _class_labels(y: np.ndarray) -> tuple[np.ndarray | None, str]:
     if y.ndim == 2:
         if np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all():
             return y.argmax(axis=1).astype(np.int64), ""
-        return None, "labels are neither class indices nor one-hot rows (multi-label or multi-target)"
+        if y.dtype.kind == "f" and not np.isin(y[np.isfinite(y)], (0, 1)).all():
+            return None, REGRESSION  # several real-valued targets per sample
+        return None, "labels are neither class indices nor one-hot rows (multi-label)"
     if y.ndim != 1:
         return None, f"labels of shape {list(y.shape)}: the probe needs one class per sample"
     if y.dtype.kind in "biu":
@@ -82,7 +114,7 @@ def _class_labels(y: np.ndarray) -> tuple[np.ndarray | None, str]:
     finite = np.isfinite(y)
     values = y[finite]
     if not np.array_equal(values, np.floor(values)) or np.unique(values).size > MAX_FLOAT_CLASSES:
-        return None, "regression targets: label alignment needs class labels"
+        return None, REGRESSION
     # non-finite labels become -1 and are left out with the non-finite inputs
     return np.where(finite, y, -1).astype(np.int64), ""
 
@@ -136,7 +168,9 @@ def train_mlp(
     w1, b1 = uniform((n_features, hidden), n_features), uniform((hidden,), n_features)
     w2, b2 = uniform((hidden, num_classes), hidden), uniform((num_classes,), hidden)
     inputs = torch.as_tensor(train_x, dtype=torch.float32)
-    targets = torch.as_tensor(train_y, dtype=torch.long)
+    regression = train_y.dtype.kind == "f"  # real-valued targets, one column per output: MSE
+    targets = torch.as_tensor(train_y, dtype=torch.float32 if regression else torch.long)
+    loss_fn = F.mse_loss if regression else F.cross_entropy
     optimizer = torch.optim.Adam([w1, b1, w2, b2], lr=lr)
 
     @torch.no_grad()
@@ -146,11 +180,11 @@ def train_mlp(
     for step in range(1, steps + 1):
         with torch.enable_grad():
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(torch.relu(inputs @ w1 + b1) @ w2 + b2, targets).backward()
+            loss_fn(torch.relu(inputs @ w1 + b1) @ w2 + b2, targets).backward()
             optimizer.step()
         if at_checkpoint is not None and step in checkpoints:
             at_checkpoint(predict, step)
     return predict
 
 
-__all__ = ["ClassData", "class_data", "one_thread", "standardise", "train_mlp"]
+__all__ = ["ClassData", "RegressionData", "class_data", "one_thread", "standardise", "train_mlp"]

@@ -41,7 +41,8 @@ mean of per-class recalls, chance = 1/C), reported for reading, not for the verd
 The probe works on a copy of the data, seeds its own ``torch.Generator`` and numpy
 generator, and leaves the global RNGs untouched. Inputs are standardised internally
 (with training-split statistics), so unnormalised data does not masquerade as
-misaligned labels — that is a separate check (``check_data``). Regression targets, a
+misaligned labels — that is a separate check (``check_data``). Real-valued (regression)
+targets get the same paired test on the held-out squared error (:func:`_regression`). A
 single class, or too little data give ``skipped`` with the reason.
 """
 
@@ -54,7 +55,9 @@ import numpy as np
 import torch
 
 from nndx.collector.probes import ProbeSpec
-from nndx.collector.probes._small_model import ClassData, class_data, one_thread, standardise, train_mlp
+from nndx.collector.probes._small_model import (
+    ClassData, RegressionData, class_data, one_thread, standardise, train_mlp,
+)
 from nndx.report import LabelAlignmentResult
 
 __all__ = ["label_alignment"]
@@ -67,6 +70,7 @@ PERMUTATIONS = 3
 Z_ALIGNED = 3.0  # the real labels beat the permuted ones by this many standard errors: aligned
 Z_BOUND = 1.64  # one-sided 95% upper bound of the gain
 MIN_EFFECT = 0.02  # of the prior's entropy: the least gain aligned labels give a model that learns at all
+MIN_REGRESSION_EFFECT = 0.05  # of the targets' variance: the same for real-valued targets (an R² of 5%)
 
 
 def label_alignment(
@@ -90,6 +94,8 @@ def label_alignment(
             f"max_samples >= {MIN_SAMPLES}"
         )
     data = class_data(x, y, min_samples=MIN_SAMPLES, max_samples=max_samples, seed=seed)
+    if isinstance(data, RegressionData):
+        return _regression(data, steps=steps, seed=seed, hidden=hidden, lr=lr, holdout_fraction=holdout_fraction)
     if not isinstance(data, ClassData):
         return LabelAlignmentResult(status="skipped", message=data, steps=0)
     features, targets, num_classes, note = data
@@ -138,6 +144,57 @@ def label_alignment(
         chance_accuracy=chance,
         steps=steps,
     )
+
+
+def _regression(data: RegressionData, *, steps: int, seed: int, hidden: int, lr: float,
+                holdout_fraction: float) -> LabelAlignmentResult:  # fmt: skip
+    """The same paired test for real-valued targets: the held-out squared error (targets
+    standardised with the training split's statistics, so the mean predictor scores 1 per
+    column) under permuted-target models minus under the real-target model. As with classes,
+    predictions are shrunk half-way to the training mean: a model that memorised targets is
+    far off on a few held-out rows, whose squared errors would be the noise."""
+    features, targets, note = data
+    n_holdout = int(round(features.shape[0] * holdout_fraction))
+    if n_holdout < MIN_HOLDOUT:
+        return LabelAlignmentResult(status="skipped", steps=0, message=(
+            f"too few samples to judge: {n_holdout} held out (need {MIN_HOLDOUT}){note}"))  # fmt: skip
+    train_x, test_x = standardise(features[n_holdout:], features[:n_holdout])
+    train_y, test_y = standardise(targets[n_holdout:], targets[:n_holdout])
+    test_inputs = torch.as_tensor(test_x, dtype=torch.float32)
+    rng = np.random.default_rng(seed + 1)
+
+    def score(labels: np.ndarray) -> np.ndarray:
+        errors: list[np.ndarray] = []
+
+        def at_checkpoint(predict: Any, _step: int) -> None:
+            shrunk = 0.5 * predict(test_inputs).double().numpy()
+            errors.append(((shrunk - test_y) ** 2).sum(axis=1))
+
+        checkpoints = {max(1, steps // 8), max(1, steps // 4), max(1, steps // 2), steps}
+        train_mlp(train_x, labels, labels.shape[1], steps=steps, seed=seed, hidden=hidden, lr=lr,
+                  checkpoints=checkpoints, at_checkpoint=at_checkpoint)  # fmt: skip
+        return min(errors, key=lambda e: e.mean())
+
+    with one_thread():
+        real = score(train_y)
+        permuted = [score(train_y[rng.permutation(train_y.shape[0])]) for _ in range(PERMUTATIONS)]
+    gains = np.mean(permuted, axis=0) - real
+    gain, error = float(gains.mean()), float(gains.std(ddof=1)) / math.sqrt(gains.size)
+    z = gain / max(error, 1e-12)
+    columns = test_y.shape[1]
+    effect = MIN_REGRESSION_EFFECT * columns  # of the targets' variance (1 per standardised column)
+    facts = (f"held-out squared error (standardised targets; the mean predictor scores {columns}) with the real "
+             f"targets {real.mean():.3g}, with permuted targets {np.mean(permuted):.3g}: the real targets lower it "
+             f"by {gain:.3g} ± {error:.2g} (z = {z:.1f}; {train_x.shape[0]} train / {n_holdout} held-out samples){note}")
+    if z >= Z_ALIGNED:
+        status, message = "passed", f"{facts}: the targets carry signal a model learns"
+    elif gain + Z_BOUND * error < effect:
+        status, message = "failed", (f"{facts}: no better than targets that belong to nothing, with samples enough "
+                                     f"to have seen a gain of {effect:.2g}; the targets probably do not belong to "
+                                     "their inputs")  # fmt: skip
+    else:
+        status, message = "skipped", f"{facts}: inconclusive, the held-out samples cannot tell a weak signal from none"
+    return LabelAlignmentResult(status=status, message=message, steps=steps)
 
 
 def _score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, num_classes: int,

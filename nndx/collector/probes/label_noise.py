@@ -67,7 +67,8 @@ def label_noise(
         raise ValueError("label_noise needs steps >= 1 and hidden >= 1")
     data = class_data(x, y, min_samples=MIN_SAMPLES, max_samples=max_samples, seed=seed)
     if not isinstance(data, ClassData):
-        return LabelNoiseResult(status="skipped", message=data)
+        reason = data if isinstance(data, str) else "regression targets: label noise needs class labels"
+        return LabelNoiseResult(status="skipped", message=reason)
     features, targets, num_classes, note = data
     probabilities = _out_of_sample(features, targets, num_classes, steps, seed, hidden, lr)
     predicted, confidence = probabilities.argmax(axis=1), probabilities.max(axis=1)
