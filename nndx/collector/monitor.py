@@ -152,9 +152,10 @@ class Monitor:
         self.loss_calls = LossCalls()
         self.facts = RunFacts(self.watched, name, project, lambda: self.layers.forward_order)
         self.initial = InitialState(self.watched, initial_state, initial_state_max_bytes)
+        self.grad_norm = GradientNorm(self.watched, history_size)
         self.watchers: list[Watcher] = [
             self.facts, LoopCounts(self.watched), self.losses, LearningRate(self.watched, history_size),
-            GradientNorm(self.watched, history_size),  # before ParameterUpdates: it shares ctx.grad_norms
+            self.grad_norm,  # before ParameterUpdates: it shares ctx.grad_norms
             InputNorms(history_size), self.layers, self.parameters, self.loss_calls, GraphSize(layer_history_size),
             self.initial, UnchangedParameters(self.watched),
         ]  # fmt: skip
@@ -202,6 +203,9 @@ class Monitor:
                                                      o.register_step_post_hook(self._on_step_end)])  # fmt: skip
         for owner in [*watched.optimizers, *watched.models.values()]:
             hooks.add(f"{type(owner).__name__}.zero_grad", lambda o=owner: hooks.patch_zero_grad(o, self, self._event("on_zero_grad")) or [])
+        if watched.manual:  # clipping between backward and a gradient reset is otherwise unseen
+            hooks.add("clip_grad_norm_", lambda: hooks.patch_clip_grad_norm(
+                self, self._guard("clip_grad_norm", self.grad_norm.clipped)) or [])  # fmt: skip
         parameter_hook = self._guard("backward", self._backward.parameter_hook)
         hooks.add("parameters", lambda: [p.register_hook(parameter_hook) for _, p in watched.params])
         hooks.add("layer statistics", self.layers.attach)

@@ -48,11 +48,14 @@ def hook_count(*objects):
 # ---------------------------------------------------------------- no optimizer: updates by hand
 
 
-def manual_loop(mon, model, steps=STEPS, *, update="data", lr=0.1, accumulate=1, clip=None, skip=()):
+def manual_loop(mon, model, steps=STEPS, *, update="data", lr=0.1, accumulate=1, clip=None, skip=(), reset="zero_grad"):
     x, y = data()
     for i in range(steps):
-        if i % accumulate == 0:
+        if i % accumulate == 0 and reset == "zero_grad":
             model.zero_grad()
+        elif i % accumulate == 0:  # the gradients dropped by hand, with no call the Monitor hears
+            for p in model.parameters():
+                p.grad = None
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         mon.log(loss)
@@ -96,6 +99,35 @@ def test_manual_accumulation_and_clipping_are_seen():
     loop = mon.report().loop
     assert loop.steps == STEPS // 3 and loop.backward_calls == STEPS and loop.zero_grad_calls == STEPS // 3
     assert loop.grad_norm_history and all(p.after_clip == pytest.approx(0.01, rel=1e-3) for p in loop.grad_norm_history)
+
+
+@pytest.mark.parametrize("clip", [1e-4, 1e6])
+def test_clipping_is_seen_when_the_loop_drops_the_gradients_by_hand(clip):
+    """``p.grad = None`` before the next forward: by the time the Monitor hears the update the
+    clipped gradients are gone, so ``clip_grad_norm_`` itself tells it (and is put back)."""
+    original = torch.nn.utils.clip_grad_norm_
+    model = mlp()
+    with Monitor(model, every=1) as mon:
+        manual_loop(mon, model, clip=clip, reset="none")
+    assert torch.nn.utils.clip_grad_norm_ is original
+    report = mon.report()
+    history = report.loop.grad_norm_history
+    assert len(history) >= STEPS - 1 and all(p.before_clip > 1e-3 for p in history)
+    if clip == 1e-4:
+        assert all(p.after_clip == pytest.approx(1e-4, rel=1e-2) for p in history)
+        assert fired(report, "NNDX308")
+    else:  # a threshold never reached clips nothing
+        assert all(p.after_clip is None for p in history) and not fired(report, "NNDX308")
+
+
+def test_monitors_closed_in_any_order_put_clip_grad_norm_back():
+    original = torch.nn.utils.clip_grad_norm_
+    for first_closed in (0, 1):
+        monitors = [Monitor(mlp(seed), every=1) for seed in (0, 1)]
+        assert torch.nn.utils.clip_grad_norm_ is not original
+        monitors[first_closed].close()
+        monitors[1 - first_closed].close()
+        assert torch.nn.utils.clip_grad_norm_ is original
 
 
 def test_manual_loop_without_any_update_fires_no_optimizer_step():

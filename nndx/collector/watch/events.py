@@ -47,6 +47,27 @@ class Hooks:
         owner.__dict__["zero_grad"] = zero_grad
         self.patched.append((owner, previous, zero_grad))
 
+    def patch_clip_grad_norm(self, monitor: Any, callback: Callable[[Any, Any], None]) -> None:
+        """Make ``torch.nn.utils.clip_grad_norm_`` tell ``callback(total_norm, max_norm)``
+        after it clipped. For loops without an optimizer only: there nothing else marks the
+        moment between clipping and the gradients' reset (``p.grad = None``). A module
+        attribute, so a name imported before the Monitor started is not seen; restored by
+        :meth:`remove` (a wrapper of a closed Monitor passes through)."""
+        module = torch.nn.utils
+        original = module.clip_grad_norm_
+
+        @functools.wraps(original)
+        def clip_grad_norm_(parameters: Any, max_norm: Any, *args: Any, **kwargs: Any) -> Any:
+            total = original(parameters, max_norm, *args, **kwargs)
+            if not monitor.closed:
+                callback(total, max_norm)
+            return total
+
+        clip_grad_norm_._nndx_monitor = monitor  # type: ignore[attr-defined]
+        clip_grad_norm_._nndx_previous = original  # type: ignore[attr-defined]
+        module.clip_grad_norm_ = clip_grad_norm_
+        self.handles.append(_Restore(module, "clip_grad_norm_", clip_grad_norm_, original))
+
     def remove(self) -> None:
         """Remove every hook and unwrap ``zero_grad``: the class method (or the next
         live Monitor's wrapper) is back. A wrapper patched over ours stays; ours then
@@ -65,6 +86,22 @@ class Hooks:
                 owner.__dict__["zero_grad"] = previous
         self.handles.clear()
         self.patched.clear()
+
+
+class _Restore:
+    """A handle that puts ``module.name`` back to what ``wrapper`` wrapped, if ``wrapper`` is
+    still there, skipping the wrappers of Monitors closed meanwhile (closed out of order)."""
+
+    def __init__(self, module: Any, name: str, wrapper: Any, original: Any) -> None:
+        self.module, self.name, self.wrapper, self.original = module, name, wrapper, original
+
+    def remove(self) -> None:
+        if getattr(self.module, self.name) is not self.wrapper:
+            return
+        previous = self.original
+        while getattr(previous, "_nndx_monitor", None) is not None and previous._nndx_monitor.closed:
+            previous = previous._nndx_previous
+        setattr(self.module, self.name, previous)
 
 
 class BackwardPasses:

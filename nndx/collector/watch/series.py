@@ -167,8 +167,17 @@ class GradientNorm(Watcher):
         self.history = History(capacity)
         self._versions: list[tuple[int, int]] = []
         self._recorded = False
+        self._clip_factor: Any = None
+
+    def clipped(self, total_norm: Any, max_norm: Any) -> None:
+        """``clip_grad_norm_`` ran (seen in loops without an optimizer): the factor it
+        multiplied every gradient by, as torch computes it, stands in for a norm measured at
+        the step when the loop resets the gradients before the Monitor sees the update."""
+        if isinstance(total_norm, torch.Tensor):
+            self._clip_factor = (float(max_norm) / (total_norm.detach().float() + 1e-6)).clamp(max=1.0)
 
     def on_backward_end(self, ctx: StepContext) -> None:
+        self._clip_factor = None
         ctx.grad_norms = ctx.total_grad_norm = None
         named = [(n, p.grad) for n, p in self.watched.params if p.grad is not None] if ctx.recording else []
         if not named:
@@ -185,6 +194,9 @@ class GradientNorm(Watcher):
         if not self._recorded:
             return
         after = self._changed_norm()  # unscale_ does not move version counters: only clipping shows
+        if after is None and self._clip_factor is not None:  # clipped, then reset before we looked
+            after = ctx.total_grad_norm * self._clip_factor.to(ctx.total_grad_norm.device)
+        self._clip_factor = None
         scale = _loss_scale()
         before = ctx.total_grad_norm if scale is None else ctx.total_grad_norm / scale.to(ctx.total_grad_norm.device)
         if after is not None or scale is not None:
