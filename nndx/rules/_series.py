@@ -257,6 +257,20 @@ def loss_is_moving(report: DiagnosticReport) -> bool | None:
     return curve.progress > 0.1
 
 
+def gradient_cut_params(report: DiagnosticReport) -> list[str]:
+    """Parameters that get no gradient or no update by construction: frozen, left out of
+    every optimizer, ``.grad`` never set, or cut from the loss (the gradient check's
+    autograd-zero tensors). A learning-rate remedy then speeds up only the rest: its
+    verdict says nothing about the LR."""
+    names: list[str] = []
+    if report.loop is not None:
+        names += report.loop.frozen_params + report.loop.params_not_in_optimizer + report.loop.params_grad_none
+    check = report.probes.grad_check if report.probes is not None else None
+    if check is not None:
+        names += [p.name for p in check.parameters if p.status == "bug" and p.autograd_zero]
+    return list(dict.fromkeys(names))
+
+
 def lr_varies(report: DiagnosticReport) -> bool:
     """Whether the recorded LR changed over the run by more than 2x (a warm-up, a decay):
     then the LR of any one moment — the one a probe from the initial state, or after

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding, Severity
-from nndx.rules._series import lr_varies, memoized
+from nndx.rules._series import gradient_cut_params, lr_varies, memoized
 
 Evidence = dict[str, Any]
 
@@ -202,6 +202,9 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     if lr_varies(report):
         # LR remedies were tried at the LR of one moment of a schedule: no verdict on the LR
         results = [r for r in results if r.cause not in (CauseCode.LR_TOO_LOW.value, CauseCode.LR_TOO_HIGH.value)]
+    if gradient_cut_params(report):
+        # part of the model gets no gradient: a 10x LR speeds up the rest, whatever the LR
+        results = [r for r in results if r.cause != CauseCode.LR_TOO_LOW.value]
     outcome: dict[str, Any] = {}
     for result in results:
         if result.status == "confirmed" or (result.status == "not_confirmed" and result.cause not in outcome):

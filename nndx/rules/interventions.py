@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import loss_curve, lr_varies
+from nndx.rules._series import gradient_cut_params, loss_curve, lr_varies
 from nndx.rules.engine import CONFIRMED_BY_INTERVENTION, Hit, Rule, add_rule
 
 LR_CAUSES = (C.LR_TOO_LOW, C.LR_TOO_HIGH)
@@ -45,6 +45,8 @@ def _check(code: C):
     def check(report: DiagnosticReport) -> list[Hit]:
         results = report.interventions.results if report.interventions is not None else []
         hits = []
+        if code == C.LR_TOO_LOW and gradient_cut_params(report):
+            return []  # a larger LR only speeds up what still trains (engine.confirm drops it too)
         for result in results:
             if result.status != "confirmed" or result.cause != code.value:
                 continue
@@ -101,7 +103,8 @@ for rule_id, code, remedy, fix in REMEDIES:
             detects=f"An intervention that applied {remedy} to a copy of the model from its initial state made the "
             "loss fall clearly further than on an untouched twin, while no other rule named this cause. Info "
             "when the untouched twin learned as well (30% or more of its way down in the probe), when the run's own "
-            "loss did, or, for an LR remedy, when a schedule moved the LR.",
+            "loss did, or, for an LR remedy, when a schedule moved the LR. A 10x LR is no verdict when parameters "
+            "get no gradient (frozen, outside the optimizer, cut from the loss): it speeds up the rest.",
             why=WHY,
             fix=fix,
             family="interventions",

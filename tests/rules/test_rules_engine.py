@@ -191,6 +191,25 @@ def test_a_faster_lr_on_a_probe_says_little_about_a_run_that_learned():
     assert all(f.rule_id != "NNDX802" or f.severity == "info" for f in findings)
 
 
+def test_a_faster_lr_is_no_verdict_when_part_of_the_model_gets_no_gradient():
+    """A body cut from the loss (or frozen from scratch): LR x 10 makes the head alone learn
+    faster on a probe, which says nothing about the LR. The structural cause ranks first."""
+    from nndx.report import InterventionResult, Interventions
+
+    from .reports import flat, healthy_mlp, points, with_loop
+
+    lr_up = InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 10", status="confirmed",
+                               steps=100, baseline_initial_loss=2.3, baseline_final_loss=2.2,
+                               remedied_initial_loss=2.3, remedied_final_loss=0.4)  # fmt: skip
+    stuck = healthy_mlp().model_copy(update={"interventions": Interventions(results=[lr_up]),
+                                             "loss_history": {"train": points(flat(3, level=2.3))}})  # fmt: skip
+    assert diagnose(stuck).top().code.value == "LR_TOO_LOW"
+    frozen = with_loop(stuck, frozen_params=["0.weight", "0.bias"])
+    diagnosis = diagnose(frozen)
+    assert diagnosis.top().code.value == "FROZEN_PARAMETERS"
+    assert all(f.rule_id != "NNDX802" and f.confirmation is None for f in diagnosis.findings)
+
+
 def test_a_remedy_that_only_speeds_up_a_twin_that_learned_is_context():
     """A third of an LSTM head's ReLUs silent at initialisation: re-initialising them makes a
     100-step probe learn much faster, but the untouched twin learned too (42% of its way
