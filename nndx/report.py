@@ -655,6 +655,10 @@ class SplitStats(Schema):
     label_runs_fraction: Fraction | None = Field(
         None, description="share of consecutive samples with the same label (order check)"
     )
+    target_order_correlation: Float | None = Field(
+        None, description="rank correlation of a regression target with the sample's position (order check: "
+        "±1 when sorted by target)",
+    )
     checked_samples: Count | None = Field(
         None, description="samples the statistics were computed on (< n_samples when sampled)"
     )

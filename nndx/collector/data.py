@@ -25,7 +25,7 @@ What is measured, per split (see ``SplitStats``):
   classes that are expected but absent (``num_classes``, a gap in the integer label range,
   or a class present only in the other split: their count is 0 and the ratio infinite),
   ``label_runs_fraction`` (1.0 when sorted by class, about 1/C when shuffled),
-  regression target mean/std.
+  regression target mean/std and ``target_order_correlation`` (±1 when sorted by target).
 - Exact duplicate rows and the train/test overlap, found by a vectorised hash of each
   row's bytes and then confirmed byte for byte, so the counts are exact and the cost is
   O(n log n), not O(n²). ``-0.0`` and ``0.0`` count as equal.
@@ -531,6 +531,7 @@ class _Labels:
     target_mean: float | None = None
     target_std: float | None = None
     runs_fraction: float | None = None
+    order_correlation: float | None = None
     classes: set[str] | None = None  # classes seen; None when the labels are not classes
     counts: dict[str, int] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
@@ -566,6 +567,8 @@ class _Labels:
             if task == "regression" and values.size:
                 labels.target_mean = float(values.mean(dtype=np.float64))
                 labels.target_std = float(values.std(dtype=np.float64))
+                if y.ndim == 1 and values.size >= 10:
+                    labels.order_correlation = _rank_correlation_with_position(values)
         labels.nan_count, labels.inf_count = nan_count, inf_count
         return labels
 
@@ -612,8 +615,20 @@ class _Labels:
             "class_counts": dict(self.counts),
             "imbalance_ratio": imbalance,
             "label_runs_fraction": self.runs_fraction,
+            "target_order_correlation": self.order_correlation,
             "missing_classes": list(self.missing),
         }
+
+
+def _rank_correlation_with_position(values: np.ndarray) -> float | None:
+    """Spearman's rank correlation of regression targets with their position: ±1 when the
+    samples are sorted by target, about 0 ± 1/sqrt(n) in random order (ties ranked in order)."""
+    ranks = np.empty(values.size, dtype=np.float64)
+    ranks[np.argsort(values, kind="stable")] = np.arange(values.size, dtype=np.float64)
+    positions = np.arange(values.size, dtype=np.float64)
+    if ranks.std() == 0:
+        return None
+    return float(np.corrcoef(positions, ranks)[0, 1])
 
 
 def _is_one_hot(y: np.ndarray) -> bool:

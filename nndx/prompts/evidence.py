@@ -295,6 +295,7 @@ def _split_rows(split: SplitStats) -> list[tuple[str, str]]:
         ("duplicate rows", f"{s.duplicate_count} ({num(s.duplicate_fraction)})"),
         ("all-zero samples", num(s.zero_sample_fraction)),
         ("same label as previous sample", num(s.label_runs_fraction)),
+        ("target's rank correlation with its position", num(s.target_order_correlation)),
     ]
     return rows
 

@@ -268,6 +268,9 @@ def labels_collapsed(report: DiagnosticReport) -> Hit | None:
     return None
 
 
+ORDERED_TARGETS = 0.9  # |rank correlation with position| above this: sorted (random order: ~1/sqrt(n))
+
+
 @rule(
     "NNDX508",
     C.UNSHUFFLED_DATA,
@@ -275,13 +278,20 @@ def labels_collapsed(report: DiagnosticReport) -> Hit | None:
     "Training data ordered by label",
     detects="A train split whose consecutive samples share a label far more often than random order "
     "would give (label_runs_fraction over 0.95, or closing 80% of the gap from the random-order "
-    "value to 1).",
+    "value to 1); for regression, targets whose rank correlation with their position is over 0.9 "
+    "in size (sorted by target).",
     why="Batches of one class pull the model back and forth between classes: the loss zigzags and the "
     "final model favours the last classes seen.",
     fix="Shuffle the training data every epoch (DataLoader(..., shuffle=True)).",
 )
 def unshuffled(report: DiagnosticReport) -> Hit | None:
     train = report.data.train if report.data is not None else None
+    if train is not None and train.target_order_correlation is not None:
+        rho = train.target_order_correlation
+        if abs(rho) <= ORDERED_TARGETS:
+            return None
+        return Hit(symptom=f"train targets are sorted: rank correlation {rho:.2f} with their position",
+                   evidence={"target_order_correlation": rho}, score=1.0 + abs(rho))  # fmt: skip
     if train is None or train.label_runs_fraction is None:
         return None
     counts = [c for c in train.class_counts.values() if c > 0]

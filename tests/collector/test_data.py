@@ -180,6 +180,10 @@ def test_regression_targets():
     assert stats.label_kind == "float_continuous"
     assert stats.target_mean == pytest.approx(y.mean()) and stats.target_std == pytest.approx(y.std())
     assert stats.class_counts == {} and stats.imbalance_ratio is None and stats.label_runs_fraction is None
+    assert abs(stats.target_order_correlation) < 0.2  # random order: ~1/sqrt(500)
+    ordered = np.argsort(y)
+    assert check_data(x[ordered], y[ordered]).train.target_order_correlation == pytest.approx(1.0)
+    assert check_data(x[ordered[::-1]], y[ordered[::-1]]).train.target_order_correlation == pytest.approx(-1.0)
     # integral targets with many values are a regression too
     counts = check_data(x, rng.integers(0, 1000, 500).astype(np.float64)).train
     assert counts.label_kind == "float_integral" and counts.target_mean is not None and counts.class_counts == {}

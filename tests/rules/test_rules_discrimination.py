@@ -439,3 +439,14 @@ def test_tiny_training_batches_are_seen_beside_large_evaluation_batches():
 
     assert "NNDX311" in found(2)
     assert "NNDX311" not in found(32)
+
+
+def test_regression_targets_sorted_by_value_are_unshuffled_data():
+    from .reports import healthy_data, healthy_split
+
+    def found(rho: float) -> set[str]:
+        split = healthy_split(label_runs_fraction=None, class_counts={}, target_order_correlation=rho)
+        return {f.rule_id for f in diagnose(BASE.model_copy(update={"data": healthy_data(train=split)})).findings}
+
+    assert "NNDX508" in found(0.998) and "NNDX508" in found(-0.97)
+    assert "NNDX508" not in found(0.04)  # random order

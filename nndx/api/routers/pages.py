@@ -301,7 +301,7 @@ SPLIT_FIELDS = (
     "input_max", "raw_range", "feature_scale_ratio", "constant_features", "input_nan_count", "input_inf_count",
     "label_dtype", "label_kind", "label_nan_count", "label_inf_count", "target_mean", "target_std",
     "imbalance_ratio", "missing_classes", "duplicate_count", "duplicate_fraction", "zero_sample_fraction",
-    "label_runs_fraction",
+    "label_runs_fraction", "target_order_correlation",
 )  # fmt: skip
 
 
