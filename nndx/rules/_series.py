@@ -188,6 +188,18 @@ def stays_fitted(report: DiagnosticReport) -> bool:
     return starts_fitted(report) and uninformed is not None and loss_curve(report).end < FITTED_SHARE * uninformed
 
 
+# a loss that ends under this share of an uninformed prediction's loss has learned something
+INFORMED_SHARE = 0.7
+
+
+def ends_informed(report: DiagnosticReport) -> bool:
+    """Whether the train loss ends under INFORMED_SHARE of an uninformed prediction's loss
+    (ln C; the targets' variance for MSE): the model learned, whatever share of its own
+    first values it removed (a text with a high entropy floor barely falls from there)."""
+    uninformed, curve = uninformed_loss(report), loss_curve(report)
+    return uninformed is not None and curve.n >= 2 and 0 <= curve.end < INFORMED_SHARE * uninformed
+
+
 def loss_calls(report: DiagnosticReport) -> list[LossCall]:
     return list(report.loop.loss_calls) if report.loop is not None else []
 

@@ -450,3 +450,23 @@ def test_regression_targets_sorted_by_value_are_unshuffled_data():
 
     assert "NNDX508" in found(0.998) and "NNDX508" in found(-0.97)
     assert "NNDX508" not in found(0.04)  # random order
+
+
+def test_large_updates_on_a_run_that_ends_well_under_chance_are_context():
+    """The PyTorch word-language-model example: SGD at lr 20 clipped to 0.25 makes large early
+    updates; its loss falls only from 3.3 to 2.6 (a text with a high entropy floor) — yet that
+    is far under ln(48) = 3.87. The same updates with the loss stuck at ln(48) are an alarm."""
+    from nndx.report import LossCall
+
+    from .broken import mlp_params
+    from .reports import points
+
+    nll = LossCall(loss_type="NLLLoss", output_shape=[160, 48], target_shape=[160], target_dtype="int64", calls=200)
+
+    def severity(values: list[float]) -> str | None:
+        report = with_loop(BASE, loss_calls=[nll]).model_copy(
+            update={"num_classes": 48, "loss_history": {"train": points(values)}, "parameters": mlp_params(ratio=0.12)})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX205"), None)
+
+    assert severity([3.3 - 0.7 * (1 - math.exp(-i / 30)) for i in range(100)]) == "info"
+    assert severity([3.87 + 0.01 * math.sin(i) for i in range(100)]) in ("warning", "error")
