@@ -15,4 +15,6 @@ PROGRAMS = (
     "time_sequence_prediction",
     "nanogpt",
     "makemore",
+    "regression",
+    "siamese_network",
 )
