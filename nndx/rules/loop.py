@@ -443,7 +443,7 @@ def ddp_desync(report: DiagnosticReport) -> Hit | None:
     "Tiny batches make the loss noisy",
     detects="A batch of at most 4 samples at the loss (the size most loss calls were made with, so that "
     "evaluation on large batches does not hide it) together with step-to-step loss swings over 20% "
-    "of the local loss level.",
+    "of the local loss level. Info in a preflight (no loss history): the probes' batch that small.",
     why="Gradient noise grows as the batch shrinks; steps point in nearly random directions.",
     fix="Increase the batch size (or accumulate gradients over several micro-batches), and lower the LR "
     "if the batch must stay small.",
@@ -457,7 +457,12 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
             calls[c.output_shape[0]] = calls.get(c.output_shape[0], 0) + c.calls
     curve = loss_curve(report)
     size = max(calls, key=lambda s: (calls[s], s)) if calls else None
-    if size is None or size > 4 or curve.n < 10 or curve.multiplicative_noise <= 0.2:
+    if size is None or size > 4:
+        return None
+    if curve.n < 10:  # a preflight: the batch is all there is to see
+        return Hit(severity="info", symptom=f"the probes were given a batch of {size}: if training uses batches "
+                   "this small, each step follows mostly noise", evidence={"batch_size": size}, score=1.0)  # fmt: skip
+    if curve.multiplicative_noise <= 0.2:
         return None
     return Hit(
         symptom=f"batch size {size} with step-to-step loss swings of {curve.multiplicative_noise:.0%}",

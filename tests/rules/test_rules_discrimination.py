@@ -470,3 +470,14 @@ def test_large_updates_on_a_run_that_ends_well_under_chance_are_context():
 
     assert severity([3.3 - 0.7 * (1 - math.exp(-i / 30)) for i in range(100)]) == "info"
     assert severity([3.87 + 0.01 * math.sin(i) for i in range(100)]) in ("warning", "error")
+
+
+def test_a_preflight_on_a_batch_of_two_says_so_as_context():
+    from nndx.report import LossCall
+
+    def severity(rows: int) -> str | None:
+        call = LossCall(loss_type="CrossEntropyLoss", output_shape=[rows, 10], target_shape=[rows], target_dtype="int64")
+        report = with_loop(BASE, loss_calls=[call]).model_copy(update={"loss_history": {}})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX311"), None)
+
+    assert severity(2) == "info" and severity(64) is None
