@@ -504,6 +504,10 @@ class Interventions(Schema):
     message: str | None = None
     budget_seconds: Float | None = None
     seconds: Float = 0.0
+    optimizer: Literal["user", "default"] | None = Field(
+        None, description="what the runs trained with: 'user' (a copy of the user's optimizer, or SGD at the step "
+        "size a Monitor measured) or 'default' (nndx's Adam at 1e-3: none was known), which makes a "
+        "confirmation weaker evidence")
     results: list[InterventionResult] = Field(default_factory=list)
 
 

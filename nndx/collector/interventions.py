@@ -110,7 +110,7 @@ def interventions(
         return Interventions(steps=steps, baseline_initial_loss=baseline[0] if baseline else None,
                              baseline_final_loss=baseline[-1] if baseline else None, message=message,
                              budget_seconds=budget_seconds, seconds=_clock() - started,
-                             results=results)  # fmt: skip
+                             optimizer="default" if optimizer is None else "user", results=results)  # fmt: skip
 
     if budget_seconds == 0:
         return done("the time budget is 0 s: nothing was run")

@@ -40,7 +40,9 @@ probe); an unknown one is a TypeError before anything runs.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import statistics
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -141,8 +143,9 @@ def probe(
         if initial_state is None:
             ok, snapshot = guard.attempt("monitor", lambda: _monitor_snapshot(monitor))
             initial_state = snapshot if ok else None
-    setup = _Setup.make(model, batch, loss_fn, optimizer, device, amp, initial_state)
-    report.run.notes = setup.notes
+    stand_in, note = (None, None) if optimizer is not None else _measured_sgd(model, watched)
+    setup = _Setup.make(model, batch, loss_fn, optimizer or stand_in, device, amp, initial_state)
+    report.run.notes = setup.notes + ([note] if note else [])
 
     guard.attempt("model", lambda: _describe_model(report, model, optimizer))
     guard.attempt("describe", lambda: _describe_run(report, setup), warn=True, reraise=UsageError)
@@ -352,6 +355,22 @@ def _run_info(model: nn.Module, device: torch.device | str | None) -> RunInfo:
         dtype=str(first.dtype).removeprefix("torch.") if first is not None else None,
         seed=torch.initial_seed(),
     )
+
+
+def _measured_sgd(model: nn.Module, watched: DiagnosticReport | None) -> tuple[torch.optim.Optimizer | None, str | None]:
+    """For a loop that updates its parameters by hand (no optimizer object): plain SGD at
+    the step size the Monitor measured (``loop.effective_lr_history``, the median), so the
+    probes train the way the loop does rather than with nndx's default Adam at 1e-3 — which
+    on a problem the loop solves at lr 0.1 barely moves and makes any rescaling remedy look
+    like a cure. Never stepped: the probes copy it."""
+    history = watched.loop.effective_lr_history if watched is not None and watched.loop is not None else []
+    sizes = [lr for point in history for lr in point.lrs if math.isfinite(lr) and lr > 0]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not sizes or not params:
+        return None, None
+    lr = statistics.median(sizes)
+    note = f"no optimizer object: the probes train with SGD at the step size the Monitor measured (lr {lr:.3g})"
+    return torch.optim.SGD(params, lr=lr), note
 
 
 def _describe_model(report: DiagnosticReport, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:

@@ -73,10 +73,14 @@ def _check(code: C):
             if twin_learned:
                 symptom += f"; the untouched twin learned too ({result.baseline_progress:.0%} of its way down)"
             learned = learned or scheduled or twin_learned
+            # confirmed with nndx's own Adam (no optimizer was known): a lead, not proof
+            stand_in = report.interventions.optimizer == "default"
+            if stand_in and not learned:
+                symptom += "; tried with nndx's Adam at lr 1e-3 (no optimizer was given), not the user's"
             hits.append(
                 Hit(
                     symptom=symptom,
-                    severity="info" if learned else None,
+                    severity="info" if learned else "warning" if stand_in else None,
                     evidence={
                         "remedy": result.remedy,
                         "steps": result.steps,
@@ -103,7 +107,8 @@ for rule_id, code, remedy, fix in REMEDIES:
             detects=f"An intervention that applied {remedy} to a copy of the model from its initial state made the "
             "loss fall clearly further than on an untouched twin, while no other rule named this cause. Info "
             "when the untouched twin learned as well (30% or more of its way down in the probe), when the run's own "
-            "loss did, or, for an LR remedy, when a schedule moved the LR. A 10x LR is no verdict when parameters "
+            "loss did, or, for an LR remedy, when a schedule moved the LR; a warning when the runs trained with nndx's "
+            "own Adam (no optimizer was given). A 10x LR is no verdict when parameters "
             "get no gradient (frozen, outside the optimizer, cut from the loss): it speeds up the rest.",
             why=WHY,
             fix=fix,

@@ -727,3 +727,21 @@ def test_clipping_inside_a_closure_step_is_seen(clip):
     else:
         assert all(p.after_clip == pytest.approx(clip, rel=1e-3) and p.before_clip > 100 * clip for p in history)
         assert fired(mon.report(), "NNDX308")
+
+
+def test_probes_after_a_manual_loop_train_with_sgd_at_the_measured_step_size():
+    """No optimizer object: the probes (and the interventions) train with plain SGD at the
+    step size the Monitor measured, not nndx's Adam at 1e-3; the user's model is untouched."""
+    model = mlp()
+    with Monitor(model, every=1) as mon:
+        manual_loop(mon, model, lr=0.05)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = nndx.probe(model, data(), nn.functional.cross_entropy, monitor=mon,
+                        probes=["overfit_one_batch", "interventions"])  # fmt: skip
+    note = next(n for n in report.run.notes if "step size the Monitor measured" in n)
+    assert "lr 0.05" in note
+    assert report.interventions.optimizer == "user"
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # without a Monitor nothing was measured: nndx's default, said so in the interventions
+    alone = nndx.probe(model, data(), nn.functional.cross_entropy, probes=["interventions"])
+    assert alone.interventions.optimizer == "default"

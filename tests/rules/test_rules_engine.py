@@ -227,3 +227,24 @@ def test_a_remedy_that_only_speeds_up_a_twin_that_learned_is_context():
 
     assert verdict(0.42) == "info"
     assert verdict(0.0) == "error"
+
+
+def test_a_remedy_confirmed_with_nndxs_own_optimizer_is_a_lead_not_proof():
+    """No optimizer was given (a preflight of a loop that updates by hand): the runs trained
+    with nndx's Adam at 1e-3. Standardising the targets helping there says as much about
+    that Adam as about the targets: a warning. With the user's optimizer it is an error."""
+    from nndx.report import InterventionResult, Interventions
+
+    from .reports import healthy_mlp
+
+    result = InterventionResult(cause="UNNORMALIZED_TARGETS", remedy="the regression targets standardised",
+                                status="confirmed", steps=100, baseline_initial_loss=11.6, baseline_final_loss=11.2,
+                                remedied_initial_loss=0.26, remedied_final_loss=0.09)  # fmt: skip
+
+    def top(optimizer):
+        tried = Interventions(results=[result], optimizer=optimizer)
+        return diagnose(healthy_mlp().model_copy(update={"interventions": tried})).top()
+
+    assert (top("user").rule_id, top("user").severity) == ("NNDX806", "error")
+    assert (top("default").rule_id, top("default").severity) == ("NNDX806", "warning")
+    assert "nndx's Adam" in top("default").symptom
