@@ -44,7 +44,7 @@ import math
 import os
 import statistics
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -215,6 +215,9 @@ class _Setup:
             if initial_opt is not None:
                 initial_opt.state.clear()  # the optimizer's state at the start: none
             notes.append("the trainability probes (overfit, LR range, gradient check) ran from the initial state")
+        if not model.training:
+            notes.append("the model was in eval mode: the trainability probes trained it in train mode, as a training "
+                         "loop does")  # fmt: skip
         target_device = next((p.device for p in current.parameters()), None) if device is None else torch.device(device)
         if target_device is not None:
             inputs, targets = (map_tensors(t, lambda x: x.to(target_device)) for t in (inputs, targets))
@@ -237,8 +240,24 @@ class _Setup:
 
     def run(self, spec: ProbeSpec, model: nn.Module, optimizer: torch.optim.Optimizer | None, data: Any,
             options: Mapping[str, Any]) -> Any:  # fmt: skip
-        with self.amp():
+        with self.amp(), _train_mode(model, spec.trains):
             return spec.call(model, self.batch, self.loss_fn, optimizer, data, options)
+
+
+@contextlib.contextmanager
+def _train_mode(model: nn.Module, trains: bool) -> Iterator[None]:
+    """A trainability probe trains in train mode, as a training loop does: a model left in
+    eval mode by the user's evaluation would otherwise train with BatchNorm's running
+    statistics (at initialisation: none, so raw inputs pass unnormalised) and say nothing
+    about the user's training. Every module's own mode is put back afterwards."""
+    modes = [(m, m.training) for m in model.modules()]
+    if trains and not model.training:
+        model.train()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def _first_batch(batch: Batch) -> tuple[Batch, str | None]:

@@ -536,3 +536,22 @@ def test_dead_functional_relu_is_dead_relu_like_a_module():
     assert {f.code.value for f in nndx.diagnose(dead).findings if f.severity == "error"} >= {"DEAD_RELU"}
     healthy = nndx.probe(Head(), batch(), nn.CrossEntropyLoss(), probes=["hooks"])
     assert [f.code.value for f in nndx.diagnose(healthy).findings if f.severity != "info"] == []
+
+
+def test_trainability_probes_train_a_model_left_in_eval_mode_in_train_mode():
+    """After the user's evaluation the model is in eval mode; training happens in train mode.
+    With BatchNorm's initial running statistics, eval mode passes raw 0-255 inputs through
+    unnormalised and the sigmoid saturates: the probe would fail for a reason training never
+    meets. The user's modes are left as they were."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1), nn.Sigmoid(), nn.Flatten(0))
+    x = torch.randint(0, 256, (64, 16)).float()
+    y = (x[:, 0] > 128).float()
+    model.eval()
+    report = nndx.probe(model, (x, y), nn.BCELoss(), probes=["overfit_one_batch"])
+    assert report.probes.overfit_one_batch.status == "passed", report.probes.overfit_one_batch.message
+    assert any("eval mode" in note for note in report.run.notes)
+    assert not any(m.training for m in model.modules())
+    model[1].train()  # one module in a mode of its own: kept
+    nndx.probe(model, (x, y), nn.BCELoss(), probes=["overfit_one_batch"])
+    assert [m.training for m in model.modules()] == [False, False, True, False, False, False, False]
