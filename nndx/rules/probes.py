@@ -90,8 +90,8 @@ def _lr_range(report: DiagnosticReport):
     "warning",
     "The learning rate used is beyond the LR range test's usable range",
     detects="The peak LR of the user's optimizer is at or above the LR where the range "
-    "test's loss diverged, or over 30x the suggested LR. Error when the loss also misbehaves; info when "
-    "the train loss is decreasing anyway.",
+    "test's loss diverged, or over 30x the suggested LR (of a sweep whose loss clearly fell). Error when the "
+    "loss also misbehaves; info when the train loss is decreasing anyway.",
     why="Beyond the divergence point each step overshoots the minimum.",
     fix="Train at the range test's suggested LR, or inside its interval (nndx.lr_find: .suggestion, .interval).",
 )
@@ -99,7 +99,10 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     result, lr = _lr_range(report), used_lr(report)
     if result is None or lr is None or lr <= 0:
         return None
-    suggestions = finite([v for v in (result.suggested_lr, result.min_over_10_lr) if v is not None])
+    # a sweep whose loss never clearly fell (Adadelta's first steps are tiny at any lr) has its
+    # minimum at its first lr: no reading of it is a suggestion
+    readings = (result.suggested_lr, result.min_over_10_lr) if result.status == "passed" else ()
+    suggestions = finite([v for v in readings if v is not None])
     diverged = result.diverged_at_lr is not None and math.isfinite(result.diverged_at_lr) and lr >= result.diverged_at_lr
     too_far = bool(suggestions) and lr > 30 * max(suggestions)
     if not (diverged or too_far):
@@ -123,7 +126,8 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     C.LR_TOO_LOW,
     "warning",
     "The learning rate used is far below the LR range test's suggestion",
-    detects="The peak LR of the user's optimizer is under 1/100 of both the suggested LR and min_over_10_lr, "
+    detects="The peak LR of the user's optimizer is under 1/100 of both the suggested LR and min_over_10_lr "
+    "(of a sweep whose loss clearly fell), "
     "and the train loss is not clearly decreasing (info when it is).",
     why="Steps that small need orders of magnitude more of them; the loss looks stuck.",
     fix="Raise the LR to the range test's suggestion, or inside its interval (nndx.lr_find: .suggestion, .interval).",
@@ -132,7 +136,8 @@ def lr_below_range(report: DiagnosticReport) -> Hit | None:
     result, lr = _lr_range(report), used_lr(report)
     if result is None or lr is None or lr <= 0:
         return None
-    suggestions = finite([v for v in (result.suggested_lr, result.min_over_10_lr) if v is not None and v > 0])
+    readings = (result.suggested_lr, result.min_over_10_lr) if result.status == "passed" else ()
+    suggestions = finite([v for v in readings if v is not None and v > 0])
     if not suggestions or lr >= min(suggestions) / 100:
         return None
     moving = loss_is_moving(report)

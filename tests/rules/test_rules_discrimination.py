@@ -481,3 +481,20 @@ def test_a_preflight_on_a_batch_of_two_says_so_as_context():
         return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX311"), None)
 
     assert severity(2) == "info" and severity(64) is None
+
+
+def test_a_sweep_whose_loss_never_fell_gives_no_lr_verdict():
+    """Adadelta at its standard lr 1.0: its first steps are tiny at any lr, so the range test's
+    loss never clearly falls and its minimum sits at the first lr (min/10 = 1e-8). That is no
+    reference for 'lr 1.0 is 30x too high'; a divergence point still is."""
+    from nndx.report import LRRangeResult
+
+    from .reports import healthy_loop
+
+    def found(**sweep) -> set[str]:
+        lr_range = LRRangeResult(status="failed", min_over_10_lr=1e-8, **sweep)
+        report = BASE.model_copy(update={"loop": healthy_loop(lr=1.0), "probes": healthy_probes(lr_range=lr_range)})
+        return _found(report)
+
+    assert "NNDX602" not in found() and "NNDX603" not in found()
+    assert "NNDX602" in found(diverged_at_lr=0.5)
