@@ -350,8 +350,8 @@ def nan_from_layer(report: DiagnosticReport) -> Hit | None:
     detects="The eval-mode probe saw a dropout active with the model in eval mode (ignores_eval), e.g. "
     "F.dropout(x, training=True); in reports without that field, two eval-mode forwards that differ beyond "
     "the probe's rounding tolerance (1e-6 when none is given). Sampling that is not dropout (a VAE) does "
-    "not fire. When the probe only found the model in train mode (dropout or "
-    "batch statistics active), that is info: it is a bug only if you evaluate in that state, which "
+    "not fire, nor does a model the probe only found in train mode (dropout or batch statistics active, "
+    "as every model is before training): that is a bug only if you evaluate in that state, which "
     "NNDX306 sees in your loop.",
     why="Evaluation must be deterministic; active dropout or batch statistics make metrics noisy and "
     "wrong, and no call to model.eval() can switch a functional dropout with training=True off.",
@@ -376,13 +376,10 @@ def eval_mode_probe(report: DiagnosticReport) -> Hit | None:
         ignores_eval = result.eval_abs_diff is not None and result.eval_abs_diff > (result.tolerance or 1e-6)
     if ignores_eval or result.training is False:
         return Hit(symptom="two forwards of the same batch differ in eval mode", evidence=evidence, score=3.0)
-    return Hit(
-        symptom="the model was in train mode when probed: evaluating now would be noisy",
-        evidence=evidence,
-        severity="info",
-        score=0.5,
-        next_probe="Monitor (counts no-grad forwards in train mode during your evaluation)",
-    )
+    # only the model's train mode at probe time (dropout or batch statistics active): a
+    # model is in train mode before training, so this says nothing; evaluating in that state
+    # is NNDX306, seen in the loop
+    return None
 
 
 @rule(

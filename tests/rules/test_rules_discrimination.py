@@ -498,3 +498,14 @@ def test_a_sweep_whose_loss_never_fell_gives_no_lr_verdict():
 
     assert "NNDX602" not in found() and "NNDX603" not in found()
     assert "NNDX602" in found(diverged_at_lr=0.5)
+
+
+def test_a_model_probed_in_train_mode_is_no_finding_but_dropout_that_ignores_eval_is():
+    from nndx.report import EvalModeResult
+
+    def found(**result) -> set[str]:
+        probe = EvalModeResult(status="failed", training=True, has_dropout=True, has_batchnorm=True, **result)
+        return _found(BASE.model_copy(update={"probes": healthy_probes(eval_mode=probe)}))
+
+    assert "NNDX609" not in found(max_abs_diff=1.6, eval_abs_diff=0.0, ignores_eval=False)  # every fresh model
+    assert "NNDX609" in found(max_abs_diff=1.6, eval_abs_diff=0.4, ignores_eval=True)  # F.dropout(training=True)

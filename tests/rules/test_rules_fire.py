@@ -14,7 +14,6 @@ HEALTHY = healthy_reports()
 # Info findings that are the honest description of a healthy run, never alarms.
 EXPECTED_INFO = {
     "accumulation": {"NNDX302"},
-    "dropout_batchnorm_cnn": {"NNDX609"},
     "frozen_backbone": {"NNDX305"},
     "noisy_task_plateau": {"NNDX108", "NNDX105"},
     "step_decay": {"NNDX602"},
