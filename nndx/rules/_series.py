@@ -287,5 +287,8 @@ def lr_varies(report: DiagnosticReport) -> bool:
     """Whether the recorded LR changed over the run by more than 2x (a warm-up, a decay):
     then the LR of any one moment — the one a probe from the initial state, or after
     training, ran at — is not the LR the run trains at."""
-    lrs = [lr for point in report.loop.lr_history for lr in point.lrs if lr > 0] if report.loop is not None else []
+    loop = report.loop
+    # a loop without an optimizer: the step size the Monitor measured is its LR
+    history = (loop.lr_history or loop.effective_lr_history) if loop is not None else []
+    lrs = [lr for point in history for lr in point.lrs if lr > 0]
     return bool(lrs) and max(lrs) > 2 * min(lrs)

@@ -10,7 +10,9 @@ from statistics import median
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
-from nndx.rules._series import finite, is_classification, loss_calls, loss_curve, starts_fitted, train_curve
+from nndx.rules._series import (
+    ends_informed, finite, is_classification, loss_calls, loss_curve, starts_fitted, train_curve,
+)
 from nndx.rules.engine import Hit, rule
 
 
@@ -40,7 +42,10 @@ def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
     if curve.n >= 10 and curve.start > 0 and sum(1 for v in late if v > 2 * curve.start) >= 2:
         evidence["loss_max_over_start"] = max(late) / curve.start
     ratios = [p.update_ratio for p in report.parameters if p.update_ratio is not None and len(p.shape) >= 2]
-    if ratios and median([r if math.isfinite(r) else math.inf for r in ratios]) > 0.1:
+    # large updates on a loss that learned did no visible harm (BatchNorm'd weights take large
+    # relative steps and train fine): they count only beside a loss that did not
+    learned = curve.n >= 6 and (curve.progress > 0.3 or ends_informed(report))
+    if ratios and not learned and median([r if math.isfinite(r) else math.inf for r in ratios]) > 0.1:
         evidence["median_update_ratio"] = median([r if math.isfinite(r) else math.inf for r in ratios])
     return evidence or None
 
@@ -95,7 +100,8 @@ def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
     "Gradient accumulation: check that each micro-batch loss is divided by k",
     detects="k > 1 backward passes per optimizer step with one zero_grad per step (deliberate "
     "accumulation); backward passes a closure runs inside optimizer.step() (L-BFGS) count as one. Info on its own; warning when the run also shows overshooting updates (NaN after "
-    "finite steps, a loss above twice its start, median update/weight ratio over 0.1), which is what "
+    "finite steps, a loss above twice its start, median update/weight ratio over 0.1 beside a loss that did "
+    "not learn), which is what "
     "an undivided accumulated loss — a k-times larger step — produces. Adam, RMSprop and the other "
     "optimizers that divide by a running gradient scale stay info: their steps do not grow with the loss. "
     "Silent in a loop without an optimizer whose loss turned non-finite (its steps are counted from weights "

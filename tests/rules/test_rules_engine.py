@@ -235,16 +235,52 @@ def test_a_remedy_confirmed_with_nndxs_own_optimizer_is_a_lead_not_proof():
     that Adam as about the targets: a warning. With the user's optimizer it is an error."""
     from nndx.report import InterventionResult, Interventions
 
-    from .reports import healthy_mlp
+    from .reports import flat, healthy_mlp, points
 
     result = InterventionResult(cause="UNNORMALIZED_TARGETS", remedy="the regression targets standardised",
                                 status="confirmed", steps=100, baseline_initial_loss=11.6, baseline_final_loss=11.2,
                                 remedied_initial_loss=0.26, remedied_final_loss=0.09)  # fmt: skip
 
+    stuck = healthy_mlp().model_copy(update={"loss_history": {"train": points(flat(2, level=11.6))}})
+
     def top(optimizer):
         tried = Interventions(results=[result], optimizer=optimizer)
-        return diagnose(healthy_mlp().model_copy(update={"interventions": tried})).top()
+        return diagnose(stuck.model_copy(update={"interventions": tried})).top()
 
     assert (top("user").rule_id, top("user").severity) == ("NNDX806", "error")
     assert (top("default").rule_id, top("default").severity) == ("NNDX806", "warning")
     assert "nndx's Adam" in top("default").symptom
+
+
+def test_a_structural_remedy_that_helps_a_probe_is_context_when_the_run_itself_learned():
+    """Re-initialising dead units rescued a probe whose baseline (SGD without the loop's
+    clipping) got worse, but the user's own run learned: worth knowing, not an alarm. On a run
+    whose loss did not move, the same confirmation is an error."""
+    from nndx.report import InterventionResult, Interventions
+
+    from .reports import flat, healthy_mlp, points
+
+    result = InterventionResult(cause="DEAD_RELU", remedy="the dead ReLU units re-initialised", status="confirmed",
+                                steps=100, baseline_initial_loss=1.40, baseline_final_loss=1.57,
+                                remedied_initial_loss=1.40, remedied_final_loss=0.32, baseline_progress=-0.13)  # fmt: skip
+    learned = healthy_mlp().model_copy(update={"interventions": Interventions(results=[result], optimizer="user")})
+    assert next(f.severity for f in diagnose(learned).findings if f.rule_id == "NNDX807") == "info"
+    stuck = learned.model_copy(update={"loss_history": {"train": points(flat(3, level=2.3))}})
+    assert next(f.severity for f in diagnose(stuck).findings if f.rule_id == "NNDX807") == "error"
+
+
+def test_a_hand_written_schedule_voids_lr_remedies_like_an_optimizers_schedule():
+    """No optimizer: the step size the Monitor measured is the loop's LR. A per-batch decay took
+    it from 0.2 to 1e-12, so a probe at its median LR says nothing about the LR the run meant."""
+    from nndx.report import InterventionResult, Interventions, LRPoint
+
+    from .reports import flat, healthy_mlp, points, with_loop
+
+    lr_up = InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 10", status="confirmed",
+                               steps=100, baseline_initial_loss=2.3, baseline_final_loss=2.2,
+                               remedied_initial_loss=2.3, remedied_final_loss=0.4)  # fmt: skip
+    stuck = healthy_mlp().model_copy(update={"interventions": Interventions(results=[lr_up], optimizer="user"),
+                                             "loss_history": {"train": points(flat(3, level=2.3))}})  # fmt: skip
+    decayed = [LRPoint(step=s, lrs=[0.2 * 0.1 ** (s // 10)]) for s in range(0, 60, 5)]
+    manual = with_loop(stuck, optimizers=[], lr_history=[], effective_lr_history=decayed)
+    assert all(f.rule_id != "NNDX802" and f.confirmation is None for f in diagnose(manual).findings)
