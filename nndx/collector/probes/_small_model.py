@@ -56,15 +56,10 @@ def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int,
         return _regression_data(xa, ya, min_samples=min_samples, max_samples=max_samples, seed=seed)
     if classes is None:
         return reason
-    features = xa.reshape(xa.shape[0], -1).astype(np.float64)
-    usable = np.isfinite(features).all(axis=1) & (classes >= 0)
-    features, classes = features[usable], classes[usable]
-    dropped = int((~usable).sum())
-    note = f" ({dropped} rows with non-finite inputs/labels left out)" if dropped else ""
-    if features.shape[0] < min_samples:
-        return f"only {features.shape[0]} usable samples; need {min_samples}{note}"
-    order = np.random.default_rng(seed).permutation(features.shape[0])[:max_samples]
-    features, classes = features[order], classes[order]
+    rows = _usable_rows(xa, classes, classes >= 0, min_samples=min_samples, max_samples=max_samples, seed=seed)
+    if isinstance(rows, str):
+        return rows
+    features, classes, note = rows
     _, targets = np.unique(classes, return_inverse=True)
     if targets.max() < 1:
         return f"only one class in the labels{note}"
@@ -82,16 +77,26 @@ class RegressionData(NamedTuple):
 
 def _regression_data(xa: np.ndarray, ya: np.ndarray, *, min_samples: int, max_samples: int,
                      seed: int) -> RegressionData | str:  # fmt: skip
-    features = xa.reshape(xa.shape[0], -1).astype(np.float64)
     targets = ya.reshape(ya.shape[0], -1).astype(np.float64)
-    usable = np.isfinite(features).all(axis=1) & np.isfinite(targets).all(axis=1)
-    features, targets = features[usable], targets[usable]
+    rows = _usable_rows(xa, targets, np.isfinite(targets).all(axis=1), min_samples=min_samples,
+                        max_samples=max_samples, seed=seed)  # fmt: skip
+    return rows if isinstance(rows, str) else RegressionData(*rows)
+
+
+def _usable_rows(xa: np.ndarray, labels: np.ndarray, labelled: np.ndarray, *, min_samples: int, max_samples: int,
+                 seed: int) -> tuple[np.ndarray, np.ndarray, str] | str:  # fmt: skip
+    """(features as float64 rows, labels, a note on rows left out) for the rows whose inputs
+    are finite and whose label is usable (``labelled``), a seeded random subset of at most
+    ``max_samples``; or why there are too few."""
+    features = xa.reshape(xa.shape[0], -1).astype(np.float64)
+    usable = np.isfinite(features).all(axis=1) & labelled
+    features, labels = features[usable], labels[usable]
     dropped = int((~usable).sum())
-    note = f" ({dropped} rows with non-finite inputs/targets left out)" if dropped else ""
+    note = f" ({dropped} rows with non-finite inputs/labels left out)" if dropped else ""
     if features.shape[0] < min_samples:
         return f"only {features.shape[0]} usable samples; need {min_samples}{note}"
     order = np.random.default_rng(seed).permutation(features.shape[0])[:max_samples]
-    return RegressionData(features[order], targets[order], note)
+    return features[order], labels[order], note
 
 
 REGRESSION = "regression targets"

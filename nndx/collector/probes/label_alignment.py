@@ -118,24 +118,14 @@ def label_alignment(
         # the null: the same model from the same initialisation, on labels that belong to nothing
         permuted = [score(train_y[rng.permutation(train_y.shape[0])]) for _ in range(PERMUTATIONS)]
     gains = np.mean([loss for _, loss in permuted], axis=0) - real_loss  # per held-out sample, in nats
-    gain, error = float(gains.mean()), float(gains.std(ddof=1)) / math.sqrt(gains.size)
-    z = gain / max(error, 1e-12)
     prior = np.bincount(train_y, minlength=num_classes) / train_y.size
     effect = MIN_EFFECT * float(-(prior[prior > 0] * np.log(prior[prior > 0])).sum())
     null = float(np.mean([accuracy for accuracy, _ in permuted]))
     chance = 1.0 / num_classes
     facts = (f"held-out balanced accuracy with the real labels {real:.3f}, with permuted labels {null:.3f} "
-             f"(chance {chance:.3f}); the real labels lower the held-out cross-entropy by {gain:.3g} ± {error:.2g} "
-             f"nats (z = {z:.1f}; {train_x.shape[0]} train / {n_holdout} held-out samples){note}")
-    if z >= Z_ALIGNED:
-        status, message = "passed", f"{facts}: the labels carry signal a model learns"
-    elif gain + Z_BOUND * error < effect:
-        status, message = "failed", (f"{facts}: no better than labels that belong to nothing, with samples enough "
-                                     f"to have seen a gain of {effect:.2g} nats; the labels probably do not belong "
-                                     "to their inputs")  # fmt: skip
-    else:
-        status, message = "skipped", (f"{facts}: inconclusive, the held-out samples cannot tell a weak signal from "
-                                      "none")  # fmt: skip
+             f"(chance {chance:.3f}); the real labels lower the held-out cross-entropy by")  # fmt: skip
+    status, message = _verdict(gains, effect, facts, "nats", "labels", f"{train_x.shape[0]} train / {n_holdout} "
+                               f"held-out samples{note}")  # fmt: skip
     return LabelAlignmentResult(
         status=status,
         message=message,
@@ -179,22 +169,29 @@ def _regression(data: RegressionData, *, steps: int, seed: int, hidden: int, lr:
         real = score(train_y)
         permuted = [score(train_y[rng.permutation(train_y.shape[0])]) for _ in range(PERMUTATIONS)]
     gains = np.mean(permuted, axis=0) - real
-    gain, error = float(gains.mean()), float(gains.std(ddof=1)) / math.sqrt(gains.size)
-    z = gain / max(error, 1e-12)
     columns = test_y.shape[1]
     effect = MIN_REGRESSION_EFFECT * columns  # of the targets' variance (1 per standardised column)
     facts = (f"held-out squared error (standardised targets; the mean predictor scores {columns}) with the real "
-             f"targets {real.mean():.3g}, with permuted targets {np.mean(permuted):.3g}: the real targets lower it "
-             f"by {gain:.3g} ± {error:.2g} (z = {z:.1f}; {train_x.shape[0]} train / {n_holdout} held-out samples){note}")
-    if z >= Z_ALIGNED:
-        status, message = "passed", f"{facts}: the targets carry signal a model learns"
-    elif gain + Z_BOUND * error < effect:
-        status, message = "failed", (f"{facts}: no better than targets that belong to nothing, with samples enough "
-                                     f"to have seen a gain of {effect:.2g}; the targets probably do not belong to "
-                                     "their inputs")  # fmt: skip
-    else:
-        status, message = "skipped", f"{facts}: inconclusive, the held-out samples cannot tell a weak signal from none"
+             f"targets {real.mean():.3g}, with permuted targets {np.mean(permuted):.3g}: the real targets lower it by")
+    status, message = _verdict(gains, effect, facts, "", "targets", f"{train_x.shape[0]} train / {n_holdout} "
+                               f"held-out samples{note}")  # fmt: skip
     return LabelAlignmentResult(status=status, message=message, steps=steps)
+
+
+def _verdict(gains: np.ndarray, effect: float, facts: str, unit: str, what: str, samples: str) -> tuple[str, str]:
+    """The paired test's status and message from the per-sample ``gains`` of the real
+    labels (or targets) over permuted ones: passed when their mean is Z_ALIGNED standard
+    errors above 0, failed when even its one-sided 95% bound stays under ``effect``."""
+    gain, error = float(gains.mean()), float(gains.std(ddof=1)) / math.sqrt(gains.size)
+    z = gain / max(error, 1e-12)
+    unit = f" {unit}" if unit else ""
+    facts = f"{facts} {gain:.3g} ± {error:.2g}{unit} (z = {z:.1f}; {samples})"
+    if z >= Z_ALIGNED:
+        return "passed", f"{facts}: the {what} carry signal a model learns"
+    if gain + Z_BOUND * error < effect:
+        return "failed", (f"{facts}: no better than {what} that belong to nothing, with samples enough to have seen "
+                          f"a gain of {effect:.2g}{unit}; the {what} probably do not belong to their inputs")  # fmt: skip
+    return "skipped", f"{facts}: inconclusive, the held-out samples cannot tell a weak signal from none"
 
 
 def _score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
