@@ -70,6 +70,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  description="Plot a CSV written by `nndx lr-find --csv` and print its suggestion.")
     plot.add_argument("csv", metavar="FILE.csv", help="CSV with columns lr,loss,smoothed")
     plot.add_argument("--png", required=True, help="output PNG file")
+    plot.add_argument("--loss", help="the loss class the sweep trained (MSELoss, ...): the CSV does not record it, "
+                      "and a regression loss is read differently from a classification one")
+    plot.add_argument("--optimizer", help="the optimizer the sweep trained (SGD, Adam, 'SGD with momentum'), "
+                      "for the same reason")
     plot.set_defaults(handler=_run_lr_plot, outputs={"png": "file"})
 
 
@@ -116,7 +120,7 @@ def _run_lr_plot(args: argparse.Namespace) -> int:
     from nndx.collector.probes.lr_range import from_csv
 
     try:
-        result = from_csv(args.csv)
+        result = from_csv(args.csv, loss=args.loss, optimizer=args.optimizer)
     except OSError as exc:
         raise UsageError(f"cannot read {args.csv}: {exc.strerror or exc}") from None
     except ValueError as exc:  # not a sweep CSV: the message names the line

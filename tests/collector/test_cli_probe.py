@@ -88,6 +88,23 @@ def test_lr_find_with_an_interval_and_no_trusted_point_says_why_and_succeeds(cap
     assert out.startswith("no suggestion: no suggested lr") and "trains from" in out
 
 
+def mse_momentum_factory():
+    x, _ = batch(n=64)
+    model = nn.Sequential(nn.Linear(x.shape[1], 16), nn.ReLU(), nn.Linear(16, 1))
+    return model, (x, x[:, :1] * 2), nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def test_lr_plot_reads_a_regression_sweep_as_lr_find_did_when_told_its_loss_and_optimizer(tmp_path, capsys):
+    csv_path = tmp_path / "lr.csv"
+    assert main(["lr-find", f"{__file__}:mse_momentum_factory", "--csv", str(csv_path), "--steps", "60", "--quiet"]) == 0
+    found = capsys.readouterr().out
+    args = ["lr-plot", str(csv_path), "--png", str(tmp_path / "lr.png")]
+    assert main(args + ["--loss", "MSELoss", "--optimizer", "SGD with momentum"]) == 0
+    assert capsys.readouterr().out.split(";")[0] == found.split(";")[0]
+    assert main(args) == 0  # unnamed: the knee rule's reading, not the one lr-find printed
+    assert capsys.readouterr().out.split(";")[0] != found.split(";")[0]
+
+
 def test_bad_factories_and_files_are_usage_errors(tmp_path, capsys):
     assert main(["probe", "no_colon_here"]) == 2
     assert "MODULE:FACTORY" in capsys.readouterr().err
