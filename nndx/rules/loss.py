@@ -355,7 +355,7 @@ def _val_turn(report: DiagnosticReport) -> tuple[Curve, Curve, float, int] | Non
     detects="A validation loss whose smoothed curve bottomed out and then rose by over 10% of its "
     "minimum (and by more than its noise) while the train loss kept falling. Or a train loss that fell "
     "under a tenth of its start and a twentieth of the validation loss while validation stopped improving: a warning "
-    "when validation improved by under 10% of its start (the train set was memorised), info otherwise.",
+    "when validation improved by under 10% of its first value (the train set was memorised), info otherwise.",
     why="The model fits the training set's noise instead of the signal; every further epoch makes "
     "it worse on new data.",
     fix="Stop early at the validation minimum; add weight decay, dropout or augmentation; get more "
@@ -395,13 +395,17 @@ def _memorised(train: Curve, val: Curve) -> Hit | None:
         return None
     if val.second_half_progress() > 0.05:  # validation still improving
         return None
-    transfers = val.progress >= 0.1
+    # from its first value: validation is measured rarely, and a first window's median can
+    # already sit past most of its improvement
+    first = val.initial
+    improved = (first - val.end) / first if first > 0 else 0.0
+    transfers = improved >= 0.1
     return Hit(
         severity="info" if transfers else None,
         symptom=f"train loss fell to {train.end:.3g} while validation stopped at {val.end:.3g}"
-        + ("" if transfers else f", barely below its start of {val.start:.3g}: the train set was memorised"),
-        evidence={"train_start": train.start, "train_end": train.end, "val_start": val.start, "val_end": val.end,
-                  "val_relative_progress": val.progress},  # fmt: skip
+        + ("" if transfers else f", barely below its first value {first:.3g}: the train set was memorised"),
+        evidence={"train_start": train.start, "train_end": train.end, "val_first": first, "val_end": val.end,
+                  "val_relative_progress": improved},  # fmt: skip
         score=1.0 + min(2.0, math.log10(val.end / max(train.end, 1e-12)) / 2),
     )
 
