@@ -203,16 +203,18 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     if lr_varies(report):
         # LR remedies were tried at the LR of one moment of a schedule: no verdict on the LR
         results = [r for r in results if r.cause not in (CauseCode.LR_TOO_LOW.value, CauseCode.LR_TOO_HIGH.value)]
-    if gradient_cut_params(report):
-        # part of the model gets no gradient: a 10x LR speeds up the rest, whatever the LR
+    named = {f.code.value for f in findings if not _from_intervention(f)}
+    if gradient_cut_params(report) or CauseCode.GRAD_CLIP_TOO_SMALL.value in named:
+        # part of the model gets no gradient, or clipping shrinks every step: a 10x LR speeds
+        # up the rest, or undoes the clip, whatever the LR
         results = [r for r in results if r.cause != CauseCode.LR_TOO_LOW.value]
+        findings = [f for f in findings if not (_from_intervention(f) and f.code == CauseCode.LR_TOO_LOW)]
     outcome: dict[str, Any] = {}
     for result in results:
         if result.status == "confirmed" or (result.status == "not_confirmed" and result.cause not in outcome):
             outcome[result.cause] = result
     if not outcome:
         return [f for f in findings if not _from_intervention(f)]
-    named = {f.code.value for f in findings if not _from_intervention(f)}
     out = []
     for f in findings:
         result = outcome.get(f.code.value)

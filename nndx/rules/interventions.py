@@ -109,7 +109,7 @@ for rule_id, code, remedy, fix in REMEDIES:
             "loss fall clearly further than on an untouched twin, while no other rule named this cause. Info "
             "when the untouched twin learned as well (30% or more of its way down in the probe), when the run's own "
             "loss did, or, for an LR remedy, when a schedule moved the LR; a warning when the runs trained with nndx's "
-            "own Adam (no optimizer was given). A 10x LR is no verdict when parameters "
+            "own Adam (no optimizer was given). A 10x LR is no verdict when clipping shrinks every step or parameters "
             "get no gradient (frozen, outside the optimizer, cut from the loss): it speeds up the rest.",
             why=WHY,
             fix=fix,

@@ -284,3 +284,23 @@ def test_a_hand_written_schedule_voids_lr_remedies_like_an_optimizers_schedule()
     decayed = [LRPoint(step=s, lrs=[0.2 * 0.1 ** (s // 10)]) for s in range(0, 60, 5)]
     manual = with_loop(stuck, optimizers=[], lr_history=[], effective_lr_history=decayed)
     assert all(f.rule_id != "NNDX802" and f.confirmation is None for f in diagnose(manual).findings)
+
+
+def test_a_faster_lr_is_no_verdict_when_clipping_shrinks_every_step():
+    """clip_grad_norm_(1e-4) on gradients of norm 0.4: every step is 4000x smaller than the LR
+    says. LR x 10 helps a probe that trains at those steps, but the cause is the clip."""
+    from nndx.report import GradNormPoint, InterventionResult, Interventions
+
+    from .reports import flat, healthy_mlp, points, with_loop
+
+    lr_up = InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 10", status="confirmed",
+                               steps=100, baseline_initial_loss=1.39, baseline_final_loss=1.38,
+                               remedied_initial_loss=1.39, remedied_final_loss=0.6)  # fmt: skip
+    stuck = healthy_mlp().model_copy(update={"interventions": Interventions(results=[lr_up], optimizer="user"),
+                                             "loss_history": {"train": points(flat(3, level=1.386))}})  # fmt: skip
+    assert diagnose(stuck).top().code.value == "LR_TOO_LOW"
+    clipped = with_loop(stuck, grad_norm_history=[GradNormPoint(step=s, before_clip=0.4, after_clip=1e-4)
+                                                  for s in range(0, 60, 5)])  # fmt: skip
+    diagnosis = diagnose(clipped)
+    assert diagnosis.top().code.value == "GRAD_CLIP_TOO_SMALL"
+    assert all(f.confirmation is None and f.rule_id != "NNDX802" for f in diagnosis.findings)
