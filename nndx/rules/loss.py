@@ -550,27 +550,3 @@ def _unbounded(report: DiagnosticReport, where: str, curve: Curve, one_batch: bo
             score=2.0 + min(3.0, math.log10(abs(curve.end) / scale)),
         )
     return None
-    lowest = min(curve.values)
-    types = {c.loss_type for c in loss_calls(report)}
-    # float noise can take a loss of ~0 a hair below it: judge against the curve's own scale
-    below_floor = lowest < -1e-4 * max(abs(curve.initial), 1.0)
-    if types and types <= _NON_NEGATIVE_LOSSES and below_floor:
-        return Hit(
-            symptom=f"{', '.join(sorted(types))} reached {lowest:.3g}, below its minimum of 0",
-            evidence={"loss_types": sorted(types), "loss_min": lowest, "loss_initial": curve.initial},
-            score=3.0,
-        )
-    scale = max(abs(curve.initial), 1.0)
-    still_falling = curve.second_half_progress() > 0
-    # a bounded loss slows down as it nears its floor; one with no floor falls as fast or
-    # faster in its second half as in its first (within 20%)
-    middle = median(curve.values[curve.n // 2 - window(curve.n) // 2 : curve.n // 2 + window(curve.n) // 2 + 1])
-    not_slowing = curve.start - middle > 0 and middle - curve.end >= 0.8 * (curve.start - middle)
-    far = abs(curve.end) > 10 * scale or (not_slowing and curve.start - curve.end > 2 * scale)
-    if curve.end < 0 and far and still_falling:
-        return Hit(
-            symptom=f"train loss fell from {curve.initial:.3g} to {curve.end:.3g} and keeps falling",
-            evidence={"loss_initial": curve.initial, "loss_end": curve.end, "loss_min": lowest},
-            score=2.0 + min(3.0, math.log10(abs(curve.end) / scale)),
-        )
-    return None
