@@ -200,6 +200,13 @@ def ends_informed(report: DiagnosticReport) -> bool:
     return uninformed is not None and curve.n >= 2 and 0 <= curve.end < INFORMED_SHARE * uninformed
 
 
+def loss_learned(report: DiagnosticReport) -> bool:
+    """Whether the train loss fell by over 30% of its start or ends informed (:func:`ends_informed`):
+    large updates or dead units beside such a loss did no visible harm."""
+    curve = loss_curve(report)
+    return curve.n >= 6 and (curve.progress > 0.3 or ends_informed(report))
+
+
 def loss_calls(report: DiagnosticReport) -> list[LossCall]:
     return list(report.loop.loss_calls) if report.loop is not None else []
 

@@ -9,7 +9,7 @@ from statistics import median
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import ends_informed, finite, latest_layers, layer_steps, loss_curve, train_curve, weight_params
+from nndx.rules._series import finite, latest_layers, layer_steps, loss_curve, loss_learned, train_curve, weight_params
 from nndx.rules.engine import Hit, rule
 
 DEAD_THRESHOLD = 0.5
@@ -252,8 +252,7 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     large or small updates then did no visible harm, so what they show is context, not an alarm."""
     points = train_curve(report)
     curve = loss_curve(report)
-    finite_run = curve.n >= 6 and len(curve.values) == len(points)
-    return finite_run and (curve.progress > 0.3 or ends_informed(report))
+    return len(curve.values) == len(points) and loss_learned(report)
 
 
 @rule(

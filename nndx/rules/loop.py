@@ -11,7 +11,7 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
 from nndx.rules._series import (
-    ends_informed, finite, is_classification, loss_calls, loss_curve, starts_fitted, train_curve,
+    finite, is_classification, loss_calls, loss_curve, loss_learned, starts_fitted, train_curve,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -44,9 +44,9 @@ def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
     ratios = [p.update_ratio for p in report.parameters if p.update_ratio is not None and len(p.shape) >= 2]
     # large updates on a loss that learned did no visible harm (BatchNorm'd weights take large
     # relative steps and train fine): they count only beside a loss that did not
-    learned = curve.n >= 6 and (curve.progress > 0.3 or ends_informed(report))
-    if ratios and not learned and median([r if math.isfinite(r) else math.inf for r in ratios]) > 0.1:
-        evidence["median_update_ratio"] = median([r if math.isfinite(r) else math.inf for r in ratios])
+    typical = median([r if math.isfinite(r) else math.inf for r in ratios]) if ratios else 0.0
+    if typical > 0.1 and not loss_learned(report):
+        evidence["median_update_ratio"] = typical
     return evidence or None
 
 
