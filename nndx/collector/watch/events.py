@@ -77,9 +77,7 @@ class Hooks:
         for owner, previous, wrapper in reversed(self.patched):
             if owner.__dict__.get("zero_grad") is not wrapper:
                 continue
-            # skip wrappers of Monitors closed meanwhile (closed out of order)
-            while getattr(previous, "_nndx_monitor", None) is not None and previous._nndx_monitor.closed:
-                previous = previous._nndx_previous
+            previous = _live(previous)
             if previous is None:
                 owner.__dict__.pop("zero_grad", None)
             else:
@@ -96,12 +94,15 @@ class _Restore:
         self.module, self.name, self.wrapper, self.original = module, name, wrapper, original
 
     def remove(self) -> None:
-        if getattr(self.module, self.name) is not self.wrapper:
-            return
-        previous = self.original
-        while getattr(previous, "_nndx_monitor", None) is not None and previous._nndx_monitor.closed:
-            previous = previous._nndx_previous
-        setattr(self.module, self.name, previous)
+        if getattr(self.module, self.name) is self.wrapper:
+            setattr(self.module, self.name, _live(self.original))
+
+
+def _live(previous: Any) -> Any:
+    """``previous`` past the wrappers of Monitors closed meanwhile (closed out of order)."""
+    while getattr(previous, "_nndx_monitor", None) is not None and previous._nndx_monitor.closed:
+        previous = previous._nndx_previous
+    return previous
 
 
 class BackwardPasses:
