@@ -197,7 +197,7 @@ class GradientNorm(Watcher):
         if after is None and self._clip_factor is not None:  # clipped, then reset before we looked
             after = ctx.total_grad_norm * self._clip_factor.to(ctx.total_grad_norm.device)
         self._clip_factor = None
-        scale = _loss_scale()
+        scale = _loss_scale() if ctx.optimizer is not None else None  # only an optimizer step runs in a scaler
         before = ctx.total_grad_norm if scale is None else ctx.total_grad_norm / scale.to(ctx.total_grad_norm.device)
         if after is not None or scale is not None:
             ctx.grad_norms = None  # changed since backward: parameter statistics measure anew
