@@ -217,9 +217,10 @@ def test_a_hung_llm_delays_no_other_request(serve, tmp_path):
     assert still_waiting > 0, "other requests were answered only once the explains had given up"
     assert all(answer.startswith(b"HTTP/1.1 200") and b'"source":"rules"' in answer for _, answer in results)
     assert any(b"deadline" in answer for _, answer in results)
-    # bounded at 16 (unbounded, all 80 would hang there at once); the fake LLM notices a
-    # call given up only at its next 50 ms poll, so a slot's next call may overlap it
-    assert 1 <= peak <= 16 + 4
+    # bounded at 16 (unbounded, all 80 would hang there at once); a call given up closes
+    # its socket before the slot's next call starts, and the fake LLM counts only calls
+    # whose clients still wait, so no slack for a loaded machine is needed
+    assert 1 <= peak <= 16
 
 
 def _stall(port: int, headers: str, body: bytes) -> socket.socket:
@@ -232,16 +233,16 @@ def _stall(port: int, headers: str, body: bytes) -> socket.socket:
     return sock
 
 
-def _answer_and_close(sock: socket.socket) -> tuple[bytes, float]:
-    """The answer the server sent, once it has closed the connection; and when. A close
-    with our unread body in its buffer is a reset, which may drop the answer itself."""
+def _answer_and_close(sock: socket.socket) -> bytes:
+    """The answer the server sent, once it has closed the connection. A close with our
+    unread body in its buffer is a reset, which may drop the answer itself."""
     chunks = []
     try:
         while chunk := sock.recv(65536):
             chunks.append(chunk)
     except ConnectionResetError:
         pass
-    return b"".join(chunks), time.monotonic()
+    return b"".join(chunks)
 
 
 def test_stalled_bodies_cost_bounded_memory_and_are_disconnected(serve, tmp_path):
@@ -258,22 +259,20 @@ def test_stalled_bodies_cost_bounded_memory_and_are_disconnected(serve, tmp_path
     head = ("POST /v1/reports HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             "Content-Length: 4000000\r\n{auth}\r\n")  # fmt: skip
     megabyte = b" " * 2**20
-    started = time.monotonic()
     unauthenticated = [_stall(server.port, head.format(auth=""), megabyte) for _ in range(100)]
     answers = [_answer_and_close(sock) for sock in unauthenticated]
-    assert all(answer.startswith(b"HTTP/1.1 401") or answer == b"" for answer, _ in answers)
-    assert max(closed for _, closed in answers) - started < 10  # at once, with a wide margin
+    # 401, not 408: answered without waiting for the body (no clock is read: a loaded
+    # machine may be slow, but a server that waited would time the body out first)
+    assert all(answer.startswith(b"HTTP/1.1 401") or answer == b"" for answer in answers)
     peak_unauthenticated = server.rss_bytes()
 
-    started = time.monotonic()
     authenticated = [_stall(server.port, head.format(auth="Authorization: Bearer secret\r\n"), megabyte[:65536])
                      for _ in range(100)]  # fmt: skip
     time.sleep(1)
     peak_authenticated = server.rss_bytes()
     answers = [_answer_and_close(sock) for sock in authenticated]
-    assert all(answer.startswith(b"HTTP/1.1 408") or answer == b"" for answer, _ in answers)
-    assert any(answer.startswith(b"HTTP/1.1 408") for answer, _ in answers)
-    assert max(closed for _, closed in answers) - started < body_timeout + 10
+    assert all(answer.startswith(b"HTTP/1.1 408") or answer == b"" for answer in answers)
+    assert any(answer.startswith(b"HTTP/1.1 408") for answer in answers)  # closed, not left open
     for sock in unauthenticated + authenticated:
         sock.close()
     assert peak_unauthenticated - before < 50 * 2**20

@@ -35,6 +35,18 @@ def chunk(text: str, finish: str | None = None) -> str:
     return json.dumps({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]})
 
 
+def _hung_up(connection: socket.socket) -> bool:
+    """Whether the client closed its end. Checked for every open request when a new one
+    arrives: a client that gives up a call closes its socket before starting its next
+    call, so the peak counts no call given up, however late a slow poll notices it."""
+    try:
+        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 @dataclass
 class Received:
     path: str
@@ -48,8 +60,9 @@ class FakeLLM:
         self.received: list[Received] = []
         self.release = threading.Event()
         self.in_flight = 0  # requests being answered now
-        self.peak_in_flight = 0
+        self.peak_in_flight = 0  # the most requests answered at once whose clients were still waiting
         self._count_lock = threading.Lock()
+        self._answering: set[socket.socket] = set()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -66,12 +79,15 @@ class FakeLLM:
                 index = min(len(fake.received), len(fake.replies)) - 1
                 with fake._count_lock:
                     fake.in_flight += 1
-                    fake.peak_in_flight = max(fake.peak_in_flight, fake.in_flight)
+                    fake._answering = {c for c in fake._answering if not _hung_up(c)}
+                    fake._answering.add(self.connection)
+                    fake.peak_in_flight = max(fake.peak_in_flight, len(fake._answering))
                 try:
                     fake.serve(self, fake.replies[index])
                 finally:
                     with fake._count_lock:
                         fake.in_flight -= 1
+                        fake._answering.discard(self.connection)
 
         class Server(ThreadingHTTPServer):
             request_queue_size = 256  # many clients connecting at once are queued, not refused
