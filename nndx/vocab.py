@@ -140,6 +140,9 @@ LINEAR_PRESERVING_NAMES = PASSTHROUGH_NAMES | BATCHNORM_NAMES | frozenset({"Laye
 # derived name sets the rules read
 CLASSIFICATION_LOSS_NAMES = frozenset(k.name for k in LOSSES if k.task == "classification")
 REGRESSION_LOSS_NAMES = frozenset(k.name for k in LOSSES if k.task == "regression")
+# regression losses whose gradient per sample is bounded (|dL/dy| <= 1, or delta): targets of
+# a large scale slow the fit of their offset but do not make the gradients large
+BOUNDED_GRADIENT_LOSS_NAMES = frozenset({"L1Loss", "SmoothL1Loss", "HuberLoss"})
 # losses that read a (log-)softmax over the class axis of an [N, C, ...] output
 SOFTMAX_LOSS_NAMES = frozenset({"CrossEntropyLoss", "NLLLoss"})
 

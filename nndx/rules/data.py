@@ -195,31 +195,37 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Regression targets of a large scale",
     detects="Continuous regression targets (from the data checks, or as they reached a regression loss) "
-    "whose mean or std exceeds 20 in absolute value.",
+    "whose mean or std exceeds 20 in absolute value; info when the loss's gradient is bounded (L1, "
+    "smooth L1, Huber).",
     why="An output layer initialised near 0 needs huge weights to reach targets in the hundreds: the "
     "first gradients are enormous (MSE grows with the square of the scale) and training is unstable "
-    "or slow.",
+    "or slow. An L1-type loss caps each sample's gradient, so there the scale only slows the fit.",
     fix="Standardise the targets ((y - mean) / std) for training and invert the transform for "
     "predictions.",
 )
 def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
     if is_classification(report) is True:
         return None
+    calls = [c for c in loss_calls(report) if c.loss_type in vocab.REGRESSION_LOSS_NAMES]
     train = report.data.train if report.data is not None else None
     if train is not None and train.label_kind == "float_continuous":
         mean, std = train.target_mean, train.target_std
     else:  # what reached a regression loss, seen by the probes or the Monitor
-        calls = [c for c in loss_calls(report) if c.loss_type in vocab.REGRESSION_LOSS_NAMES and c.target_std is not None]
-        if not calls:
+        measured = [c for c in calls if c.target_std is not None]
+        if not measured:
             return None
-        mean, std = calls[0].target_mean, calls[0].target_std
+        mean, std = measured[0].target_mean, measured[0].target_std
     scale = max(abs(mean or 0.0), abs(std or 0.0))
     if not math.isfinite(scale) or scale <= 20:
         return None
+    bounded = bool(calls) and all(c.loss_type in vocab.BOUNDED_GRADIENT_LOSS_NAMES for c in calls)
     return Hit(
-        symptom=f"targets of mean {mean} and std {std}" if mean is None or std is None else f"targets of mean {mean:.3g} and std {std:.3g}",
-        evidence={"target_mean": mean, "target_std": std},
-        score=min(5.0, math.log10(scale)),
+        symptom=(f"targets of mean {mean} and std {std}" if mean is None or std is None else
+                 f"targets of mean {mean:.3g} and std {std:.3g}")
+        + (f" into {calls[0].loss_type}, whose gradient is bounded" if bounded else ""),
+        evidence={"target_mean": mean, "target_std": std, "loss_type": calls[0].loss_type if calls else None},
+        severity="info" if bounded else None,
+        score=min(5.0, math.log10(scale)) / (2 if bounded else 1),
     )
 
 

@@ -196,7 +196,8 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     A finding whose cause a remedy confirmed becomes an error with direct evidence (it
     ranks as a cause even when its rule sees a symptom) — a warning when its rule had
     judged it context (info: the run learned) or when the remedy was tried with nndx's
-    own Adam because no optimizer was known; one whose remedy did not help
+    own Adam because no optimizer was known (context judged so stays info); one whose
+    remedy did not help
     keeps at most a warning and half its score. NNDX8xx findings (a confirmed remedy)
     are kept only for causes no other rule named."""
     results = report.interventions.results if report.interventions is not None else []
@@ -227,9 +228,12 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
             continue
         evidence = dict(f.evidence) | {"intervention": f"{result.remedy}: {result.status.replace('_', ' ')}"}
         if result.status == "confirmed" and f.severity == "info":
-            # the rule judged the run healthy (the loss fell): a remedy that helps a probe
-            # from the initial state makes it worth a look, not an alarm
-            update = {"confirmation": "confirmed", "severity": "warning", "score": _round(f.score + 1.0)}
+            # the rule judged the run healthy (the loss fell) or the harm unlikely: a remedy
+            # that helps a probe from the initial state makes it worth a look, not an alarm —
+            # and no more than context when the probe trained with nndx's own Adam, whose
+            # fixed step any rescaling of the problem helps
+            severity = "info" if report.interventions.optimizer == "default" else "warning"
+            update = {"confirmation": "confirmed", "severity": severity, "score": _round(f.score + 1.0)}
         elif result.status == "confirmed" and report.interventions.optimizer == "default":
             # confirmed with nndx's own Adam at 1e-3, not the user's optimizer: a lead, not proof
             update = {"confirmation": "confirmed", "severity": "warning", "score": _round(f.score + 2.0)}

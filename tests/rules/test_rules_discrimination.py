@@ -264,6 +264,22 @@ def test_large_regression_targets_are_seen_at_the_loss_without_data_checks():
     assert "NNDX506" not in _found(with_loop(BASE, loss_calls=[small]).model_copy(update={"task": "regression", "data": None}))
 
 
+def test_large_targets_into_a_bounded_gradient_loss_are_context_not_an_alarm():
+    """The PyTorch regression example: targets of std 35 into smooth_l1_loss, trained well
+    at lr 0.1. Each sample's gradient is at most 1 there, so the scale only slows the fit:
+    info. The same targets into MSE stay a warning."""
+    from nndx.report import LossCall
+
+    def severity(loss_type):
+        call = LossCall(loss_type=loss_type, output_shape=[32, 1], target_shape=[32, 1], target_dtype="float32",
+                        target_mean=3.0, target_std=35.2)  # fmt: skip
+        report = with_loop(BASE, loss_calls=[call]).model_copy(update={"task": "regression", "data": None})
+        return next(f.severity for f in diagnose(report).findings if f.rule_id == "NNDX506")
+
+    assert severity("SmoothL1Loss") == "info" and severity("HuberLoss") == "info" and severity("L1Loss") == "info"
+    assert severity("MSELoss") == "warning"
+
+
 def test_a_gradscaler_unscaling_before_healthy_clipping_is_not_clipping_too_small():
     scale = 65536.0
     history = []

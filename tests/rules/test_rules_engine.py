@@ -252,6 +252,28 @@ def test_a_remedy_confirmed_with_nndxs_own_optimizer_is_a_lead_not_proof():
     assert "nndx's Adam" in top("default").symptom
 
 
+def test_context_confirmed_with_nndxs_own_optimizer_stays_context():
+    """A finding its rule judged context (info), confirmed only by nndx's Adam at 1e-3 (no
+    optimizer known): any rescaling helps that Adam's fixed step, so it stays info. The same
+    confirmation with the user's optimizer makes it worth a look (warning)."""
+    from nndx.report import InterventionResult, Interventions, LossCall, LoopStats
+
+    result = InterventionResult(cause="UNNORMALIZED_TARGETS", remedy="the regression targets standardised",
+                                status="confirmed", steps=100, baseline_initial_loss=12.3, baseline_final_loss=11.0,
+                                remedied_initial_loss=1.0, remedied_final_loss=0.2)  # fmt: skip
+    call = LossCall(loss_type="SmoothL1Loss", output_shape=[32, 1], target_shape=[32, 1], target_dtype="float32",
+                    target_mean=3.0, target_std=35.2)  # fmt: skip
+    report = DiagnosticReport(task="regression", loop=LoopStats(loss_calls=[call]))
+
+    def severity(optimizer):
+        tried = Interventions(results=[result], optimizer=optimizer)
+        found = diagnose(report.model_copy(update={"interventions": tried})).findings
+        return next((f.severity, f.confirmation) for f in found if f.rule_id == "NNDX506")
+
+    assert severity("default") == ("info", "confirmed")
+    assert severity("user") == ("warning", "confirmed")
+
+
 def test_a_structural_remedy_that_helps_a_probe_is_context_when_the_run_itself_learned():
     """Re-initialising dead units rescued a probe whose baseline (SGD without the loop's
     clipping) got worse, but the user's own run learned: worth knowing, not an alarm. On a run
