@@ -2,20 +2,20 @@
 
 How to use::
 
-    with one_thread():
-        train_mlp(x, y, num_classes, steps=200, seed=0, checkpoints={50, 200},
-                  at_checkpoint=lambda predict, step: scores.append(predict(x_test)))
+    with one_thread():  # two models on x: y and its permutation
+        train_mlps([x, x], [y, y[perm]], num_classes, seeds=[0, 0], steps=200, checkpoints={50, 200},
+                   at_checkpoint=lambda predict, step: scores.append(predict(torch.as_tensor(x_test))))
 
 The label probes ask what the *data* supports, not what the user's model does: a
 one-hidden-layer ReLU MLP, full-batch Adam, its own ``torch.Generator`` (the global RNGs
-are untouched), trained on standardised features. ``predict`` returns logits.
+are untouched), trained on standardised features. ``predict`` returns each model's logits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from nndx.collector.data import _as_array
 
-Predict = Callable[[torch.Tensor], torch.Tensor]
+Predict = Callable[[Any], list[torch.Tensor]]
 # Float labels with integral values and at most this many distinct values are classes.
 MAX_FLOAT_CLASSES = 100
 
@@ -148,48 +148,78 @@ def standardise(train_x: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
     return [(a - mean) / std for a in (train_x, *others)]
 
 
-def train_mlp(
-    train_x: np.ndarray,
-    train_y: np.ndarray,
-    num_classes: int,
+def train_mlps(
+    inputs: Sequence[np.ndarray],
+    targets: Sequence[np.ndarray],
+    num_outputs: int,
     *,
+    seeds: Sequence[int],
     steps: int,
-    seed: int,
     hidden: int = 64,
     lr: float = 1e-2,
     checkpoints: Collection[int] = (),
     at_checkpoint: Callable[[Predict, int], None] | None = None,
 ) -> Predict:
-    """Train the MLP full-batch for ``steps`` Adam steps; call ``at_checkpoint(predict,
-    step)`` after each step in ``checkpoints``. The same ``seed`` gives the same
-    initialisation. Returns ``predict``, the logits of the trained model."""
-    generator = torch.Generator().manual_seed(seed)
-    n_features = train_x.shape[1]
+    """Train one MLP per (``inputs[k]``, ``targets[k]``, ``seeds[k]``), full-batch, for
+    ``steps`` Adam steps; call ``at_checkpoint(predict, step)`` after each step in
+    ``checkpoints``. ``predict(xs)`` takes one input array per model (or one for all) and
+    returns each model's logits. Integer targets are classes (cross-entropy), float ones
+    real values (MSE, one column per output). A seed gives the same initialisation
+    wherever it appears.
 
-    def uniform(shape: tuple[int, ...], fan_in: int) -> torch.Tensor:
-        bound = 1.0 / math.sqrt(fan_in)
-        return ((torch.rand(shape, generator=generator) * 2 - 1) * bound).requires_grad_()
+    Why stacked: the probes train a few models each (permuted-label nulls, folds) on a few
+    hundred rows, where each step is all Python overhead; the models train as one batch
+    of independent weights (padded rows carry no weight), each exactly as if alone, in a
+    quarter of the time for four."""
+    count = len(inputs)
+    if not count == len(targets) == len(seeds):
+        raise ValueError("train_mlps needs as many targets and seeds as inputs")
+    n_features = inputs[0].shape[1]
+    rows = max(x.shape[0] for x in inputs)
 
-    w1, b1 = uniform((n_features, hidden), n_features), uniform((hidden,), n_features)
-    w2, b2 = uniform((hidden, num_classes), hidden), uniform((num_classes,), hidden)
-    inputs = torch.as_tensor(train_x, dtype=torch.float32)
-    regression = train_y.dtype.kind == "f"  # real-valued targets, one column per output: MSE
-    targets = torch.as_tensor(train_y, dtype=torch.float32 if regression else torch.long)
-    loss_fn = F.mse_loss if regression else F.cross_entropy
-    optimizer = torch.optim.Adam([w1, b1, w2, b2], lr=lr)
+    def init(seed: int) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+
+        def uniform(shape: tuple[int, ...], fan_in: int) -> torch.Tensor:
+            return (torch.rand(shape, generator=generator) * 2 - 1) / math.sqrt(fan_in)
+
+        return [uniform((n_features, hidden), n_features), uniform((hidden,), n_features),
+                uniform((hidden, num_outputs), hidden), uniform((num_outputs,), hidden)]  # fmt: skip
+
+    w1, b1, w2, b2 = (torch.stack(group).requires_grad_() for group in zip(*(init(seed) for seed in seeds)))
+    regression = targets[0].dtype.kind == "f"
+    x = torch.zeros(count, rows, n_features)
+    y = torch.zeros((count, rows, num_outputs) if regression else (count, rows),
+                    dtype=torch.float32 if regression else torch.long)  # fmt: skip
+    weight = torch.zeros(count, rows)  # 1/n on a model's own rows: the sum is each model's mean loss
+    for k, (features, labels) in enumerate(zip(inputs, targets)):
+        n = features.shape[0]
+        x[k, :n] = torch.as_tensor(features, dtype=torch.float32)
+        y[k, :n] = torch.as_tensor(labels, dtype=y.dtype).reshape(y[k, :n].shape)
+        weight[k, :n] = 1.0 / n
+    optimizer = torch.optim.Adam([w1, b1, w2, b2], lr=lr, fused=True)
+
+    def forward(batch: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(b2[:, None], torch.relu(torch.baddbmm(b1[:, None], batch, w1)), w2)
 
     @torch.no_grad()
-    def predict(x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x @ w1 + b1) @ w2 + b2
+    def predict(xs: Any) -> list[torch.Tensor]:
+        xs = [xs] * count if isinstance(xs, torch.Tensor) else xs
+        return [torch.relu(xk @ w1[k] + b1[k]) @ w2[k] + b2[k] for k, xk in enumerate(xs)]
 
     for step in range(1, steps + 1):
         with torch.enable_grad():
             optimizer.zero_grad(set_to_none=True)
-            loss_fn(torch.relu(inputs @ w1 + b1) @ w2 + b2, targets).backward()
+            out = forward(x)
+            if regression:
+                per_row = (out - y).square().mean(dim=2)
+            else:
+                per_row = F.cross_entropy(out.reshape(-1, num_outputs), y.reshape(-1), reduction="none")
+            (per_row.reshape(count, rows) * weight).sum().backward()
             optimizer.step()
         if at_checkpoint is not None and step in checkpoints:
             at_checkpoint(predict, step)
     return predict
 
 
-__all__ = ["ClassData", "RegressionData", "class_data", "one_thread", "standardise", "train_mlp"]
+__all__ = ["ClassData", "RegressionData", "class_data", "one_thread", "standardise", "train_mlps"]

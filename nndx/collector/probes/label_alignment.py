@@ -56,7 +56,7 @@ import torch
 
 from nndx.collector.probes import ProbeSpec
 from nndx.collector.probes._small_model import (
-    ClassData, RegressionData, class_data, one_thread, standardise, train_mlp,
+    ClassData, RegressionData, class_data, one_thread, standardise, train_mlps,
 )
 from nndx.report import LabelAlignmentResult
 
@@ -110,13 +110,10 @@ def label_alignment(
             f"too few samples to judge: {n_holdout} held out, the rarest class {int(held_out_counts.min())} times "
             f"(need {MIN_HOLDOUT} and {MIN_PER_CLASS} per class){note}"))  # fmt: skip
 
-    def score(labels: np.ndarray) -> tuple[float, np.ndarray]:
-        return _score(train_x, labels, test_x, test_y, num_classes, steps, seed, hidden, lr)
-
+    # the null: the same model from the same initialisation, on labels that belong to nothing
+    labels = [train_y] + [train_y[rng.permutation(train_y.shape[0])] for _ in range(PERMUTATIONS)]
     with one_thread():
-        real, real_loss = score(train_y)
-        # the null: the same model from the same initialisation, on labels that belong to nothing
-        permuted = [score(train_y[rng.permutation(train_y.shape[0])]) for _ in range(PERMUTATIONS)]
+        (real, real_loss), *permuted = _score(train_x, labels, test_x, test_y, num_classes, steps, seed, hidden, lr)
     gains = np.mean([loss for _, loss in permuted], axis=0) - real_loss  # per held-out sample, in nats
     prior = np.bincount(train_y, minlength=num_classes) / train_y.size
     effect = MIN_EFFECT * float(-(prior[prior > 0] * np.log(prior[prior > 0])).sum())
@@ -153,21 +150,18 @@ def _regression(data: RegressionData, *, steps: int, seed: int, hidden: int, lr:
     test_inputs = torch.as_tensor(test_x, dtype=torch.float32)
     rng = np.random.default_rng(seed + 1)
 
-    def score(labels: np.ndarray) -> np.ndarray:
-        errors: list[np.ndarray] = []
+    labels = [train_y] + [train_y[rng.permutation(train_y.shape[0])] for _ in range(PERMUTATIONS)]
+    errors: list[list[np.ndarray]] = [[] for _ in labels]
 
-        def at_checkpoint(predict: Any, _step: int) -> None:
-            shrunk = 0.5 * predict(test_inputs).double().numpy()
-            errors.append(((shrunk - test_y) ** 2).sum(axis=1))
+    def at_checkpoint(predict: Any, _step: int) -> None:
+        for kept, predicted in zip(errors, predict(test_inputs)):
+            kept.append(((0.5 * predicted.double().numpy() - test_y) ** 2).sum(axis=1))
 
-        checkpoints = {max(1, steps // 8), max(1, steps // 4), max(1, steps // 2), steps}
-        train_mlp(train_x, labels, labels.shape[1], steps=steps, seed=seed, hidden=hidden, lr=lr,
-                  checkpoints=checkpoints, at_checkpoint=at_checkpoint)  # fmt: skip
-        return min(errors, key=lambda e: e.mean())
-
+    checkpoints = {max(1, steps // 8), max(1, steps // 4), max(1, steps // 2), steps}
     with one_thread():
-        real = score(train_y)
-        permuted = [score(train_y[rng.permutation(train_y.shape[0])]) for _ in range(PERMUTATIONS)]
+        train_mlps([train_x] * len(labels), labels, train_y.shape[1], seeds=[seed] * len(labels), steps=steps,
+                   hidden=hidden, lr=lr, checkpoints=checkpoints, at_checkpoint=at_checkpoint)  # fmt: skip
+    real, *permuted = (min(kept, key=lambda e: e.mean()) for kept in errors)
     gains = np.mean(permuted, axis=0) - real
     columns = test_y.shape[1]
     effect = MIN_REGRESSION_EFFECT * columns  # of the targets' variance (1 per standardised column)
@@ -194,28 +188,30 @@ def _verdict(gains: np.ndarray, effect: float, facts: str, unit: str, what: str,
     return "skipped", f"{facts}: inconclusive, the held-out samples cannot tell a weak signal from none"
 
 
-def _score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
-           steps: int, seed: int, hidden: int, lr: float) -> tuple[float, np.ndarray]:  # fmt: skip
-    """(best held-out balanced accuracy, the held-out cross-entropy per sample at the
-    checkpoint where its mean was lowest). Scored at a few checkpoints, alike for every
-    run: a small MLP overfits weak but real signal long before the budget ends."""
+def _score(train_x: np.ndarray, labels: list[np.ndarray], test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
+           steps: int, seed: int, hidden: int, lr: float) -> list[tuple[float, np.ndarray]]:  # fmt: skip
+    """Per set of train labels: (best held-out balanced accuracy, the held-out cross-entropy
+    per sample at the checkpoint where its mean was lowest). One model per set, all from
+    the same initialisation, scored at a few checkpoints alike for every model: a small
+    MLP overfits weak but real signal long before the budget ends."""
     test_inputs, test_targets = torch.as_tensor(test_x, dtype=torch.float32), torch.as_tensor(test_y)
-    prior = torch.as_tensor(np.bincount(train_y, minlength=num_classes) / train_y.size)
-    scores: list[tuple[float, np.ndarray]] = []
+    prior = torch.as_tensor(np.bincount(labels[0], minlength=num_classes) / labels[0].size)
+    scores: list[list[tuple[float, np.ndarray]]] = [[] for _ in labels]
 
     def at_checkpoint(predict: Any, _step: int) -> None:
-        logits = predict(test_inputs)
-        # half the model's probabilities, half the training prior: a model that memorised
-        # labels is confidently wrong on most held-out samples, and without the prior those
-        # few samples' huge losses are the noise that hides a real signal
-        probabilities = 0.5 * torch.softmax(logits.double(), dim=1) + 0.5 * prior
-        losses = -torch.log(probabilities.gather(1, test_targets[:, None])[:, 0]).numpy()
-        scores.append((_balanced_accuracy(test_y, logits.argmax(dim=1).numpy(), num_classes), losses))
+        for kept, logits in zip(scores, predict(test_inputs)):
+            # half the model's probabilities, half the training prior: a model that memorised
+            # labels is confidently wrong on most held-out samples, and without the prior those
+            # few samples' huge losses are the noise that hides a real signal
+            probabilities = 0.5 * torch.softmax(logits.double(), dim=1) + 0.5 * prior
+            losses = -torch.log(probabilities.gather(1, test_targets[:, None])[:, 0]).numpy()
+            kept.append((_balanced_accuracy(test_y, logits.argmax(dim=1).numpy(), num_classes), losses))
 
     checkpoints = {max(1, steps // 8), max(1, steps // 4), max(1, steps // 2), steps}
-    train_mlp(train_x, train_y, num_classes, steps=steps, seed=seed, hidden=hidden, lr=lr, checkpoints=checkpoints,
-              at_checkpoint=at_checkpoint)  # fmt: skip
-    return max(a for a, _ in scores), min((losses for _, losses in scores), key=lambda losses: losses.mean())
+    train_mlps([train_x] * len(labels), labels, num_classes, seeds=[seed] * len(labels), steps=steps, hidden=hidden,
+               lr=lr, checkpoints=checkpoints, at_checkpoint=at_checkpoint)  # fmt: skip
+    return [(max(a for a, _ in kept), min((losses for _, losses in kept), key=lambda losses: losses.mean()))
+            for kept in scores]  # fmt: skip
 
 
 def _balanced_accuracy(truth: np.ndarray, predicted: np.ndarray, num_classes: int) -> float:

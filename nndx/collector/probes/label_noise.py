@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from nndx.collector.probes import ProbeSpec
-from nndx.collector.probes._small_model import ClassData, class_data, one_thread, standardise, train_mlp
+from nndx.collector.probes._small_model import ClassData, class_data, one_thread, standardise, train_mlps
 from nndx.report import LabelNoiseResult
 
 MIN_SAMPLES = 100
@@ -96,17 +96,17 @@ def _out_of_sample(features: np.ndarray, targets: np.ndarray, num_classes: int, 
     fold = np.arange(targets.size) % FOLDS  # the rows come shuffled from class_data
     checkpoints = sorted({max(1, steps // 4), max(1, steps // 2), steps})
     logits = {step: np.zeros((targets.size, num_classes)) for step in checkpoints}
+    splits = [standardise(features[fold != k], features[fold == k]) for k in range(FOLDS)]
+    held_inputs = [torch.as_tensor(held_x, dtype=torch.float32) for _, held_x in splits]
+
+    def keep(predict: Any, step: int) -> None:
+        for k, predicted in enumerate(predict(held_inputs)):
+            logits[step][fold == k] = predicted.double().numpy()
+
     with one_thread():
-        for k in range(FOLDS):
-            train, held = fold != k, fold == k
-            train_x, held_x = standardise(features[train], features[held])
-            held_inputs = torch.as_tensor(held_x, dtype=torch.float32)
-
-            def keep(predict: Any, step: int, held: np.ndarray = held, inputs: torch.Tensor = held_inputs) -> None:
-                logits[step][held] = predict(inputs).double().numpy()
-
-            train_mlp(train_x, targets[train], num_classes, steps=steps, seed=seed + k, hidden=hidden, lr=lr,
-                      checkpoints=checkpoints, at_checkpoint=keep)  # fmt: skip
+        train_mlps([train_x for train_x, _ in splits], [targets[fold != k] for k in range(FOLDS)], num_classes,
+                   seeds=[seed + k for k in range(FOLDS)], steps=steps, hidden=hidden, lr=lr, checkpoints=checkpoints,
+                   at_checkpoint=keep)  # fmt: skip
     truth = torch.as_tensor(targets)
     best = min(checkpoints, key=lambda step: float(F.cross_entropy(torch.as_tensor(logits[step]), truth)))
     return torch.softmax(torch.as_tensor(logits[best]), dim=1).numpy()
