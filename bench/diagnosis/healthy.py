@@ -37,7 +37,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("accumulation_scaled", micro_batches, every, LOOP | {"lightning"},
             doc="4 micro-batches, each loss divided by 4 (Lightning: accumulate_grad_batches=4)"),
     Variant("frozen_pretrained_backbone", lambda s: s.with_(freeze="pretrained"), every,
-            doc="backbone trained first, then frozen; only the head trains"),
+            doc="backbone trained first, then frozen; a new head trains on it"),
     Variant("label_smoothing", lambda s: s.with_(label_smoothing=0.1), lambda f: f.task in ("multiclass", "lm")),
     Variant("heavy_dropout", lambda s: s.with_(dropout=0.5), lambda f: f.task != "lm"),
     Variant("tiny_dataset", lambda s: s.plus_data(small_train).with_(steps=80, batch_size=16), every,

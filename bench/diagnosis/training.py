@@ -264,6 +264,7 @@ def _make_model(spec: Spec, family: Family, data: Data) -> nn.Module:
     if spec.freeze is not None:
         if spec.freeze == "pretrained":
             _pretrain(model, spec, family, data)
+            model.head.reset_parameters()  # transfer learning's recipe: a new head on the pretrained body
         for name, p in model.named_parameters():
             if not name.startswith("head.") and ".head." not in f".{name}":
                 p.requires_grad_(False)
