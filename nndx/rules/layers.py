@@ -270,9 +270,11 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     "oscillates, diverges, or the units die and the loss freezes.",
     fix="Lower the learning rate until the ratio is near 1e-3 (run the LR range test).",
     # NaN gradients from the data or the forward pass make non-finite updates too; batches of one
-    # class pull every weight toward that class in turn
+    # class pull every weight toward that class in turn; inputs or targets of a large scale make
+    # gradients (and a plain SGD step) that large at any sensible LR
     explained_by=(C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.UNSHUFFLED_DATA)
-    + (C.NAN_IN_DATA, C.LOG_OF_ZERO, C.DIVISION_BY_ZERO, C.NUMERICAL_OVERFLOW),
+    + (C.NAN_IN_DATA, C.LOG_OF_ZERO, C.DIVISION_BY_ZERO, C.NUMERICAL_OVERFLOW)
+    + (C.UNNORMALIZED_INPUTS, C.UNNORMALIZED_TARGETS),
 )
 def update_ratio_high(report: DiagnosticReport) -> Hit | None:
     found = _update_ratio_summary(report)

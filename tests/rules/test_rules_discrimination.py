@@ -145,6 +145,24 @@ def test_an_lr_that_kills_the_network_early_is_the_root_even_when_later_updates_
     assert "NNDX206" not in {f.rule_id for f in diagnosis.findings}  # no 'LR too low' from the dead tail
 
 
+def test_huge_updates_from_targets_of_a_large_scale_fold_under_the_targets():
+    """A plain-SGD regression on targets in the thousands: the updates blow up (ratio 3)
+    at the loop's LR. The targets are the root, the LR reading a symptom of them; the same
+    updates with targets of unit scale stay an LR finding."""
+    from nndx.report import LossCall
+
+    from .broken import network_killed_by_lr
+
+    killed = network_killed_by_lr().model_copy(update={"task": "regression", "data": None})
+    call = LossCall(loss_type="MSELoss", output_shape=[32, 1], target_shape=[32, 1], target_dtype="float32",
+                    target_mean=5000.0, target_std=999.0)  # fmt: skip
+    huge = diagnose(with_loop(killed, loss_calls=[call]))
+    assert huge.top().rule_id == "NNDX506"
+    assert next(f for f in huge.findings if f.rule_id == "NNDX205").explained_by == "NNDX506"
+    unit = call.model_copy(update={"target_mean": 0.1, "target_std": 1.0})
+    assert diagnose(with_loop(killed, loss_calls=[unit])).top().rule_id == "NNDX205"
+
+
 def test_large_update_ratios_with_a_falling_loss_are_context_not_an_alarm():
     diagnosis = diagnose(healthy_reports()["adam_large_ratio"])
     assert diagnosis.healthy
