@@ -146,6 +146,11 @@ BOUNDED_GRADIENT_LOSS_NAMES = frozenset({"L1Loss", "SmoothL1Loss", "HuberLoss"})
 # losses that read a (log-)softmax over the class axis of an [N, C, ...] output
 SOFTMAX_LOSS_NAMES = frozenset({"CrossEntropyLoss", "NLLLoss"})
 
+# A layer's gain (weight rms x sqrt(fan_in): how much it scales its input's std) that no
+# standard init gives: PyTorch's default gives 0.58, He 1.41; N(0, 1) gives sqrt(fan_in).
+# NNDX207 reads it; the BAD_INIT remedy restores PyTorch's init where a gain is past it.
+MAX_INIT_GAIN = 5.0
+
 # Optimizers whose step divides by a running gradient scale: a loss (and its gradient) k
 # times larger moves the weights by about the same amount (up to eps)
 SCALE_INVARIANT_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",

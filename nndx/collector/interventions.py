@@ -27,8 +27,9 @@ The remedies and their causes: the learning rate ÷10, ÷100, ÷1000 (LR_TOO_HIG
 start (slow is not stuck); the activation on the output removed (WRONG_OUTPUT_ACTIVATION, or
 DOUBLE_SOFTMAX before a loss that applies its own); inputs standardised
 (UNNORMALIZED_INPUTS); regression targets standardised (UNNORMALIZED_TARGETS); dead ReLU
-units re-initialised (DEAD_RELU); cross-entropy for class labels given to a regression
-loss (WRONG_LOSS). Each run is bounded by ``steps``; the whole probe by
+units re-initialised (DEAD_RELU); PyTorch's default init restored in layers whose
+weights no standard init gives (BAD_INIT); cross-entropy for class labels given to a
+regression loss (WRONG_LOSS). Each run is bounded by ``steps``; the whole probe by
 ``budget_seconds``, checked before every step: a run the budget cuts short is not judged
 (a remedy is ``skipped`` with the reason, like the remedies not reached; a baseline cut
 short tries no remedy), so a budget of 0 runs nothing. Warnings raised while a remedy
@@ -200,6 +201,8 @@ def _candidates(model: nn.Module, inputs: Any, loss_fn: LossFn,
     found += [
         ("WRONG_LOSS", "cross-entropy for the class labels", remedies.matching_loss),
         ("DEAD_RELU", "the dead ReLU units re-initialised", remedies.reinit_dead_units),
+        ("BAD_INIT", "PyTorch's default init restored where a layer's was far from any standard init",
+         remedies.default_init),
         ("UNNORMALIZED_INPUTS", "the inputs standardised", remedies.standardize_inputs),
         ("UNNORMALIZED_TARGETS", "the targets standardised", remedies.standardize_targets),
     ]

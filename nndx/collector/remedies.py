@@ -23,7 +23,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from nndx import vocab
-from nndx.collector._common import LossFn, first_output, forward, loss_name
+from nndx.collector._common import LossFn, first_output, forward, loss_name, preserved_rng
 from nndx.collector.stats import CONV_TYPES, unit_dim
 
 
@@ -251,6 +251,41 @@ def reinitialize_units(producer: nn.Module, indices: list[int], generator: torch
         weight[indices] = fresh.to(dtype=weight.dtype, device=weight.device)
         if producer.bias is not None:
             producer.bias[indices] = 0
+
+
+# --------------------------------------------------------------------------- the initialisation
+
+_INIT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+               nn.ConvTranspose3d, nn.RNNBase)  # fmt: skip
+
+
+def _gain(weight: torch.Tensor) -> float:
+    """How much a layer scales its input's std: weight rms x sqrt(fan_in)."""
+    w = weight.detach().double()
+    return float(w.square().mean().sqrt()) * math.sqrt(w[0].numel())
+
+
+def default_init(setup: Setup) -> Setup:
+    """PyTorch's own initialisation for the layers no standard init would give: a weight
+    whose gain is over vocab.MAX_INIT_GAIN (N(0, 1) on a wide layer), or all zero before
+    the last layer (whose zeros are a common, harmless choice). Layers within the range
+    keep their weights, so a deliberate init (GPT's N(0, 0.02), He) is never undone."""
+    layers = [m for m in setup.model.modules() if isinstance(m, _INIT_TYPES)]
+    off = []
+    for index, layer in enumerate(layers):
+        weights = [p for name, p in layer.named_parameters(recurse=False) if "weight" in name and p.dim() >= 2]
+        gains = [_gain(w) for w in weights]
+        zero = index < len(layers) - 1 and any(not w.detach().any() for w in weights)
+        if zero or any(g > vocab.MAX_INIT_GAIN for g in gains if math.isfinite(g)):
+            off.append(layer)
+    if not off:
+        raise NotApplicable(f"every layer's weight gain is within {vocab.MAX_INIT_GAIN:g} and none before the last "
+                            "is all zero: nothing to restore")  # fmt: skip
+    with preserved_rng(), torch.no_grad():
+        torch.manual_seed(0)
+        for layer in off:
+            layer.reset_parameters()
+    return setup
 
 
 def reinit_dead_units(setup: Setup, min_fraction: float = 0.3) -> Setup:

@@ -36,6 +36,8 @@ REMEDIES: tuple[tuple[str, C, str, str], ...] = (
      "Standardise the targets for training and invert the transform for predictions."),
     ("NNDX807", C.DEAD_RELU, "the dead units re-initialised",
      "Use Kaiming init with zero biases or a LeakyReLU/GELU; nndx.fix.resurrect_dead_units re-initialises dead units."),
+    ("NNDX809", C.BAD_INIT, "PyTorch's default init restored in the layers whose weights no standard init gives",
+     "Drop the custom init (or use Kaiming/Xavier): weights of std 1 on a wide layer, or all zero, break learning."),
     ("NNDX808", C.WRONG_LOSS, "the loss that matches the targets (cross-entropy for classes)",
      "Use CrossEntropyLoss on logits with integer class labels; MSE only for continuous targets."),
 )  # fmt: skip

@@ -16,8 +16,7 @@ DEAD_THRESHOLD = 0.5
 SATURATED_THRESHOLD = 0.5
 # all-zero outputs of these are dead units (NNDX201), not a constant initialisation
 RELU_TYPES = {"ReLU", "ReLU6", "Hardtanh", "Threshold"}
-# a layer gain (weight rms x sqrt(fan_in)) this far above He init's 1.41 is no standard init
-MAX_INIT_GAIN = 5.0
+MAX_INIT_GAIN = vocab.MAX_INIT_GAIN
 
 
 def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:

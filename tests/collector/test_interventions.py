@@ -47,6 +47,36 @@ def _dead(model: nn.Sequential) -> nn.Sequential:
     return model
 
 
+def _std_one(model: nn.Sequential) -> nn.Sequential:
+    for layer in (model[0], model[2]):
+        nn.init.normal_(layer.weight, std=1.0)
+    return model
+
+
+def test_the_init_remedy_restores_only_layers_no_standard_init_gives():
+    """N(0, 1) on a wide layer is restored to PyTorch's init; a GPT-style N(0, 0.02) layer
+    and a zero last layer (both deliberate and harmless) keep their weights, and the
+    global RNG is where it was."""
+    from nndx.collector import remedies
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 768), nn.ReLU(), nn.Linear(768, 4))
+    nn.init.normal_(model[0].weight, std=1.0)
+    nn.init.normal_(model[2].weight, std=0.02)
+    nn.init.zeros_(model[4].weight)
+    kept = [model[2].weight.clone(), model[4].weight.clone()]
+    rng = torch.get_rng_state()
+    remedies.default_init(remedies.Setup(model, torch.optim.SGD(model.parameters(), lr=0.1), None, None, F.mse_loss))
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert remedies._gain(model[0].weight) < 1.0  # was 16
+    assert torch.equal(model[2].weight, kept[0]) and torch.equal(model[4].weight, kept[1])
+    with pytest.raises(remedies.NotApplicable):  # nothing left to restore
+        remedies.default_init(remedies.Setup(model, torch.optim.SGD(model.parameters(), lr=0.1), None, None, F.mse_loss))
+    nn.init.zeros_(model[2].weight)  # all zero before the last layer: no standard init either
+    remedies.default_init(remedies.Setup(model, torch.optim.SGD(model.parameters(), lr=0.1), None, None, F.mse_loss))
+    assert model[2].weight.any()
+
+
 def _statuses(result) -> dict[str, str]:
     return {r.cause: r.status for r in result.results}
 
@@ -66,6 +96,7 @@ def test_a_healthy_setup_learns_and_no_remedy_is_judged():
         ("lr far too low", lambda m: (m, torch.optim.SGD(m.parameters(), lr=1e-4)), "LR_TOO_LOW"),
         ("softmax before CE", lambda m: (m.append(nn.Softmax(dim=1)), torch.optim.SGD(m.parameters(), lr=0.1)), "DOUBLE_SOFTMAX"),
         ("dead units", lambda m: (_dead(m), torch.optim.Adam(m.parameters(), 1e-3)), "DEAD_RELU"),
+        ("weights of std 1", lambda m: (_std_one(m), torch.optim.Adam(m.parameters(), 1e-3)), "BAD_INIT"),
     ],
 )
 def test_the_planted_causes_remedy_is_confirmed_and_no_other(name, build, expected):
