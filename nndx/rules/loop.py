@@ -442,6 +442,11 @@ def ddp_desync(report: DiagnosticReport) -> Hit | None:
     )
 
 
+# a step whose loss averages over this many targets (a few images of pixels, a few long
+# sequences of tokens) is no tiny batch, whatever its sample count
+DENSE_TARGETS = 256
+
+
 @rule(
     "NNDX311",
     C.BATCH_TOO_SMALL,
@@ -449,7 +454,10 @@ def ddp_desync(report: DiagnosticReport) -> Hit | None:
     "Tiny batches make the loss noisy",
     detects="A batch of at most 4 samples at the loss (the size most loss calls were made with, so that "
     "evaluation on large batches does not hide it) together with step-to-step loss swings over 20% "
-    "of the local loss level. Info in a preflight (no loss history): the probes' batch that small.",
+    "of the local loss level. Info in a preflight (no loss history): the probes' batch that small; "
+    f"info too when each step averages over {DENSE_TARGETS} targets or more (a few images in "
+    "super-resolution or segmentation, a few long sequences): there the swings are the samples' "
+    "differences, and a small batch is a common, deliberate choice.",
     why="Gradient noise grows as the batch shrinks; steps point in nearly random directions.",
     fix="Increase the batch size (or accumulate gradients over several micro-batches), and lower the LR "
     "if the batch must stay small.",
@@ -458,22 +466,31 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     # the training batch is the one most loss calls were made with: a few evaluation calls on
     # large batches are not what the steps were taken on
     calls: dict[int, int] = {}
+    per_sample: dict[int, int] = {}  # targets per sample, by batch size
     for c in loss_calls(report):
         if c.output_shape:
-            calls[c.output_shape[0]] = calls.get(c.output_shape[0], 0) + c.calls
+            size = c.output_shape[0]
+            calls[size] = calls.get(size, 0) + c.calls
+            shape = c.target_shape if c.target_shape else [size]
+            per_sample[size] = max(per_sample.get(size, 1), math.prod(shape[1:]))
     curve = loss_curve(report)
     size = max(calls, key=lambda s: (calls[s], s)) if calls else None
     if size is None or size > 4:
         return None
+    targets = size * per_sample[size]
+    evidence = {"batch_size": size, "targets_per_step": targets}
     if curve.n < 10:  # a preflight: the batch is all there is to see
         return Hit(severity="info", symptom=f"the probes were given a batch of {size}: if training uses batches "
-                   "this small, each step follows mostly noise", evidence={"batch_size": size}, score=1.0)  # fmt: skip
+                   "this small, each step follows mostly noise", evidence=evidence, score=1.0)  # fmt: skip
     if curve.multiplicative_noise <= 0.2:
         return None
+    dense = targets >= DENSE_TARGETS
     return Hit(
-        symptom=f"batch size {size} with step-to-step loss swings of {curve.multiplicative_noise:.0%}",
-        evidence={"batch_size": size, "relative_swing": curve.multiplicative_noise},
-        score=1.0 + curve.multiplicative_noise,
+        symptom=f"batch size {size} with step-to-step loss swings of {curve.multiplicative_noise:.0%}"
+        + (f" ({targets} targets a step: the swings are mostly the samples' differences)" if dense else ""),
+        evidence=evidence | {"relative_swing": curve.multiplicative_noise},
+        severity="info" if dense else None,
+        score=(1.0 + curve.multiplicative_noise) / (2 if dense else 1),
     )
 
 

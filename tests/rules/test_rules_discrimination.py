@@ -478,6 +478,23 @@ def test_tiny_training_batches_are_seen_beside_large_evaluation_batches():
     assert "NNDX311" not in found(32)
 
 
+def test_a_small_batch_of_dense_targets_is_context_not_an_alarm():
+    """The PyTorch super-resolution example trains on batches of 4 images, each a 48x48
+    target (9,216 targets a step); its loss swings from image to image. That is context.
+    Batches of 4 class labels (or of 4 sequences of 16 tokens) with the same swings warn."""
+    from .broken import loss_call, tiny_batch
+
+    def severity(target_shape: list[int]) -> str | None:
+        calls = [loss_call(output_shape=[4, *target_shape[1:]] if len(target_shape) > 1 else [4, 10],
+                           target_shape=target_shape).model_copy(update={"calls": 120})]  # fmt: skip
+        report = tiny_batch()
+        report = report.model_copy(update={"loop": report.loop.model_copy(update={"loss_calls": calls})})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX311"), None)
+
+    assert severity([4, 1, 48, 48]) == "info"
+    assert severity([4]) == "warning" and severity([4, 16]) == "warning"
+
+
 def test_regression_targets_sorted_by_value_are_unshuffled_data():
     from .reports import healthy_data, healthy_split
 
