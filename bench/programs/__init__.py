@@ -17,4 +17,6 @@ PROGRAMS = (
     "makemore",
     "regression",
     "siamese_network",
+    "super_resolution",
+    "gcn",
 )
