@@ -402,14 +402,26 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return obj
 
 
+def stored_values(t: torch.Tensor) -> torch.Tensor:
+    """The elements a tensor stores: itself when dense; a sparse tensor's values (a graph's
+    adjacency, say), whose implicit zeros change no norm and hold no NaN. Elementwise ops
+    such as isfinite or a comparison do not run on sparse layouts."""
+    if t.layout == torch.strided:
+        return t
+    if t.layout == torch.sparse_coo:
+        return (t if t.is_coalesced() else t.coalesce()).values()
+    return t.values()
+
+
 def has_nonfinite(obj: Any) -> bool:
     """Whether a floating tensor in ``obj`` holds a NaN/Inf (stops at the first such tensor)."""
-    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in iter_tensors(obj))
+    return any(t.is_floating_point() and not bool(torch.isfinite(stored_values(t)).all()) for t in iter_tensors(obj))
 
 
 def nonfinite_count(obj: Any) -> int:
     """Non-finite elements over every floating tensor in ``obj``."""
-    return sum(int((~torch.isfinite(t)).sum()) for t in iter_tensors(obj) if t.is_floating_point() or t.is_complex())
+    return sum(int((~torch.isfinite(stored_values(t))).sum()) for t in iter_tensors(obj)
+               if t.is_floating_point() or t.is_complex())  # fmt: skip
 
 
 def first_output(output: Any) -> torch.Tensor | None:

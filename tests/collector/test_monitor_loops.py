@@ -745,3 +745,49 @@ def test_probes_after_a_manual_loop_train_with_sgd_at_the_measured_step_size():
     # without a Monitor nothing was measured: nndx's default, said so in the interventions
     alone = nndx.probe(model, data(), nn.functional.cross_entropy, probes=["interventions"])
     assert alone.interventions.optimizer == "default"
+
+
+class GraphConvNet(nn.Module):
+    """Two graph convolutions over a sparse adjacency, as the PyTorch GCN example feeds it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(12, 16), nn.Linear(16, 3)
+
+    def forward(self, features: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(torch.sparse.mm(adj, self.first(features)))
+        return torch.log_softmax(torch.sparse.mm(adj, self.second(hidden)), dim=1)
+
+
+def _graph(nodes: int = 60) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 3, (nodes,), generator=gen)
+    features = torch.rand(nodes, 12, generator=gen) + nn.functional.one_hot(labels, 12).float()
+    edges = torch.randint(0, nodes, (2, 4 * nodes), generator=gen)
+    adj = torch.sparse_coo_tensor(edges, torch.full((4 * nodes,), 0.2), (nodes, nodes)) + torch.eye(nodes).to_sparse()
+    return (features.to_sparse(), adj.coalesce()), labels
+
+
+def test_sparse_graph_inputs_are_measured_not_errors():
+    """Sparse features and adjacency (the PyTorch GCN example): every probe runs or says why
+    it cannot (a graph's rows are no separable samples), none raises, and the Monitor
+    records the inputs' norms."""
+    torch.manual_seed(0)
+    model, (inputs, labels) = GraphConvNet(), _graph()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    with Monitor(model, optimizer, every=5) as mon:
+        for _ in range(20):
+            optimizer.zero_grad()
+            loss = nn.functional.nll_loss(model(*inputs), labels)
+            loss.backward()
+            optimizer.step()
+            mon.log(loss)
+    report = nndx.probe(model, (inputs, labels), nn.functional.nll_loss, optimizer=optimizer, monitor=mon,
+                        progress=False)  # fmt: skip
+    assert report.errors == []
+    assert report.probes.sample_independence.status == "skipped"
+    assert "sparse" in report.probes.sample_independence.message
+    assert report.probes.nan_origin.status != "error" and report.probes.eval_mode.status != "error"
+    assert report.probes.grad_check.status != "error"
+    norms = report.loop.input_norm_history
+    assert norms and all(math.isfinite(p.value) and p.value > 0 for p in norms)

@@ -136,8 +136,8 @@ def _first_half(inputs: object) -> object | None:
     size = _batch_size(inputs)
     if size is None or size < 4:
         return None
-    if any(t.dim() == 0 or t.shape[0] != size for t in iter_tensors(inputs)):
-        return None
+    if any(t.dim() == 0 or t.shape[0] != size or t.layout != torch.strided for t in iter_tensors(inputs)):
+        return None  # a sparse input (a graph's adjacency) has no rows to halve
     return map_tensors(inputs, lambda t: t[: size // 2])
 
 

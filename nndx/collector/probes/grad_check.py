@@ -195,7 +195,7 @@ def _record_kinks(model: nn.Module, pattern: Pattern) -> list[torch.utils.hooks.
     def hook(module: nn.Module, inputs: tuple, output: object) -> None:
         first_input = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
         for t in (first_input, output):
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.layout == torch.strided:  # not a sparse input
                 pattern.append(t.detach() > 0)
         bounds = _KINKS.get(type(module))
         if bounds is not None and first_input is not None:

@@ -90,6 +90,8 @@ def _batch_axis(inputs: object, targets: object) -> tuple[int | None, str]:
     target = next(iter_tensors(targets), None) if targets is not None else None
     if first is None or first.dim() == 0:
         return None, "the inputs hold no batched tensor"
+    if any(t.layout != torch.strided for t in iter_tensors(inputs)):
+        return None, "a sparse input (a graph's adjacency, say): its rows are not samples the probe can swap"
     if target is None or target.dim() == 0:
         return None, "no targets to tell which axis of the inputs holds the samples"
     if target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()]):

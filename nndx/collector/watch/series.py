@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from nndx.collector._common import iter_tensors
+from nndx.collector._common import iter_tensors, stored_values
 from nndx.collector.stats import norms, single_threaded
 from nndx.collector.watch.base import History, StepContext, Watched, Watcher
 from nndx.report import GradNormPoint, LossPoint, LRPoint, ScalarPoint
@@ -277,7 +277,7 @@ class InputNorms(Watcher):
         self.dtype = str(x.dtype).removeprefix("torch.")
         if x.is_floating_point():
             with single_threaded(x.device):
-                norm = torch.linalg.vector_norm(x.detach().float())
+                norm = torch.linalg.vector_norm(stored_values(x.detach()).float())
             ctx.defer(self.history, ScalarRecord(ctx.step, norm))
 
     def report(self, window: int | None) -> dict[str, Any]:
