@@ -583,6 +583,9 @@ class LoopStats(Schema):
     optimizer_params_not_in_model: Count = 0
     params_grad_none: list[str] = Field(default_factory=list, description="trainable, but .grad stayed None")
     frozen_params: list[str] = Field(default_factory=list, description="requires_grad=False")
+    frozen_at_init: list[str] | None = Field(
+        None, description="of the frozen Linear/conv/RNN weights, those whose values still fit PyTorch's default "
+        "initialisation (never trained or loaded); None when no frozen weight could be checked")
     no_grad_forwards_in_train_mode: Count = 0
     has_dropout: bool = False
     has_batchnorm: bool = False

@@ -78,7 +78,7 @@ from nndx.collector.merge import merge_monitor
 from nndx.collector.probes import ProbeSpec, specs
 from nndx.collector.probes._observe import ForwardObserver, observed_summary
 from nndx.collector.progress import progress_bar
-from nndx.collector.stats import has_batchnorm, has_dropout, summarize_model
+from nndx.collector.stats import frozen_at_init, has_batchnorm, has_dropout, summarize_model
 from nndx.errors import UsageError
 from nndx.report import (
     MAX_ERROR_MESSAGE,
@@ -398,6 +398,7 @@ def _describe_model(report: DiagnosticReport, model: nn.Module, optimizer: torch
     loop = LoopStats(
         trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
         frozen_params=[n for n, p in model.named_parameters() if not p.requires_grad],
+        frozen_at_init=frozen_at_init(model),
         has_dropout=has_dropout(model),
         has_batchnorm=has_batchnorm(model),
     )

@@ -807,3 +807,50 @@ def iter_named_leaves(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     for name, module in model.named_modules():
         if next(module.children(), None) is None:
             yield name or type(module).__name__, module
+
+
+# PyTorch's default initialisation draws these layers' weights from U(-b, b): b = 1/sqrt(fan_in) for
+# Linear and convolutions (kaiming_uniform_ with a=sqrt(5)), b = 1/sqrt(hidden_size) for RNN/LSTM/GRU
+_DEFAULT_UNIFORM = (nn.Linear, nn.modules.conv._ConvNd, nn.RNNBase)
+# a tensor of n draws of U(-b, b) has rms b/sqrt(3) within 0.45/sqrt(n) (one sd, relative); 4 sd,
+# over at least this many elements, leave a trained tensor no room to pass by chance
+_MIN_INIT_ELEMENTS = 64
+
+
+def frozen_at_init(model: nn.Module) -> list[str] | None:
+    """Frozen weight tensors whose values still fit PyTorch's default initialisation.
+
+    Why: freezing a backbone is a recipe for *pretrained* weights. A frozen body that
+    was never trained or loaded (``pretrained=False``, a checkpoint not loaded) is random
+    features under a trainable head: the loss still falls a little, so nothing looks
+    broken. A default-initialised tensor lies inside its uniform bound with the rms of
+    that uniform; any training moves some entries past the bound. Checked: the weights of
+    frozen Linear, convolution and RNN/LSTM/GRU layers with at least 64 elements. None
+    when no frozen tensor could be checked (other layers, custom initialisation).
+    """
+    names, bounds, readings = [], [], []
+    for prefix, module in model.named_modules():
+        if not isinstance(module, _DEFAULT_UNIFORM):
+            continue
+        for name, param in module.named_parameters(recurse=False):
+            if param.requires_grad or "weight" not in name or param.dim() < 2 or param.numel() < _MIN_INIT_ELEMENTS:
+                continue
+            if param.is_sparse or not param.is_floating_point():
+                continue
+            if isinstance(module, nn.RNNBase):
+                bound = 1.0 / math.sqrt(module.hidden_size)
+            else:
+                bound = 1.0 / math.sqrt(nn.init._calculate_fan_in_and_fan_out(param)[0])
+            with torch.no_grad():
+                values = param.detach().to(statistics_dtype(param.dtype))
+                readings.append(torch.stack([values.abs().max(), values.square().mean().sqrt()]).float().cpu())
+            names.append(f"{prefix}.{name}" if prefix else name)
+            # a low-precision weight rounds a draw near the bound past it by up to its eps
+            bounds.append((bound * (1 + 2 * torch.finfo(param.dtype).eps), bound / math.sqrt(3.0), param.numel()))
+    if not names:
+        return None
+    at_init = []
+    for name, (largest, rms), (bound, expected, n) in zip(names, torch.stack(readings).tolist(), bounds):
+        if largest <= bound and abs(rms / expected - 1) <= 4 * 0.45 / math.sqrt(n):
+            at_init.append(name)
+    return at_init

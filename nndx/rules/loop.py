@@ -203,12 +203,16 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
     C.FROZEN_PARAMETERS,
     "warning",
     "Parameters frozen (requires_grad=False) and nothing else learns",
-    detects="Frozen parameters while nothing trainable remains (error), or while the train loss is not "
-    "moving (warning). A frozen backbone whose trainable head lowers the loss, or whose loss starts under "
-    "half an uninformed prediction's (the frozen part was trained), is reported as info.",
+    detects="Frozen parameters while nothing trainable remains (error); frozen Linear/conv/RNN weights that "
+    "still hold PyTorch's default initialisation — inside its uniform bound, with its rms (warning); or "
+    "frozen parameters while the train loss is not moving (warning). A frozen trained backbone whose "
+    "trainable head lowers the loss, or whose loss starts under half an uninformed prediction's, is "
+    "reported as info.",
     why="Parameters left frozen by mistake (a fine-tuning recipe that never unfreezes, a copy-pasted "
-    "requires_grad=False) stop the model learning; deliberate freezing is fine.",
-    fix="Set requires_grad=True on the parameters meant to train, and rebuild the optimizer over them.",
+    "requires_grad=False, a backbone frozen before its pretrained weights were loaded) stop the model "
+    "learning or leave it random features under a head; deliberate freezing of trained weights is fine.",
+    fix="Load the pretrained weights before freezing them, or set requires_grad=True on the parameters "
+    "meant to train and rebuild the optimizer over them.",
 )
 def frozen(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
@@ -223,9 +227,17 @@ def frozen(report: DiagnosticReport) -> Hit | None:
         "frozen_count": len(loop.frozen_params),
         "trainable_param_count": trainable,
         "loss_relative_progress": curve.progress if curve.n >= 10 else None,
+        "frozen_at_init": (loop.frozen_at_init or [])[:20],
     }
     if trainable == 0:
         return Hit(symptom="every parameter is frozen", evidence=evidence, severity="error", score=3.0)
+    if loop.frozen_at_init:
+        return Hit(
+            symptom=f"{len(loop.frozen_at_init)} frozen weight tensors still hold PyTorch's default random "
+            "initialisation: the frozen part was never trained or loaded",
+            evidence=evidence,
+            score=2.5,
+        )
     if curve.n >= 10 and curve.progress < 0.05 and not starts_fitted(report):
         return Hit(
             symptom=f"{len(loop.frozen_params)} parameters frozen and the loss is not moving",

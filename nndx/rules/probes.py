@@ -17,6 +17,9 @@ CHANCE_DISAGREEMENT = 0.9
 # 300 Adam steps barely learns (dead units, no gradient, a loss that cannot reach its floor): NNDX601
 # warns; below this share it nearly fits, and says so as info
 BARELY_LEARNS = 0.5
+# a head on a frozen trained body fits a batch only as far as the body's features allow: a fall of a
+# tenth shows that the head and the loss work together
+HEAD_FALLS = 0.9
 
 
 def _probe(report: DiagnosticReport, name: str):
@@ -32,7 +35,8 @@ def _probe(report: DiagnosticReport, name: str):
     "the loss did not fall to a small share of its start above its floor (or accuracy did not reach "
     "100%). A warning when the loss above its floor fell by less than half; info when it fell further "
     "but not to 1% — a term the floor cannot see (a KL penalty, targets that identical inputs "
-    "contradict) stops healthy models there too.",
+    "contradict) stops healthy models there too; info as well when it fell by a tenth and most parameters "
+    "are frozen trained weights (a head on a pretrained body).",
     why="Any working model/loss pair memorises one batch. Failing means a bug between the output and "
     "the loss (wrong loss, double softmax, mismatched shapes or label dtype) or in the model (dead "
     "units, detached or frozen layers, a broken backward) — not the learning rate of your own loop.",
@@ -52,9 +56,11 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
     if result.initial_loss is not None and result.final_loss is not None and result.initial_loss > floor:
         ratio = (result.final_loss - floor) / (result.initial_loss - floor)
     nearly = ratio is not None and ratio <= BARELY_LEARNS
+    head_only = _head_on_trained_body(report) and ratio is not None and ratio <= HEAD_FALLS
     return Hit(
         symptom=f"overfit_one_batch failed after {result.steps} steps"
-        + (f" (the loss above its floor fell to {ratio:.2g} of its start, not to 0.01)" if nearly else ""),
+        + (f" (the loss above its floor fell to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
+        + (": most parameters are frozen trained weights, and a head alone need not memorise a batch" if head_only else ""),
         evidence={
             "steps": result.steps,
             "lr": result.lr,
@@ -64,10 +70,19 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
             "final_to_initial": ratio,
             "final_accuracy": result.final_accuracy,
         },
-        severity="info" if nearly else None,
+        severity="info" if nearly or head_only else None,
         score=2.0,
         next_probe="grad_check and hooks (gradient flow per layer)",
     )
+
+
+def _head_on_trained_body(report: DiagnosticReport) -> bool:
+    """Most parameters frozen, all of the checkable ones trained (none at their default
+    initialisation): transfer learning, whose trainable rest is a small head."""
+    loop, model = report.loop, report.model
+    if loop is None or model is None or loop.frozen_at_init is None or loop.frozen_at_init:
+        return False
+    return 0 < model.trainable_param_count <= model.param_count / 2
 
 
 def _lr_range(report: DiagnosticReport):

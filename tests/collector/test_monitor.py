@@ -288,6 +288,7 @@ def test_frozen_parameters_listed():
     assert loop.frozen_params == ["0.weight", "0.bias"]
     assert loop.params_not_in_optimizer == []  # frozen parameters are not "trainable"
     assert loop.trainable_param_count == 16 * 3 + 3
+    assert loop.frozen_at_init == ["0.weight"]  # frozen straight after construction: never trained
 
 
 # ---------------------------------------------------------------- eval in train mode

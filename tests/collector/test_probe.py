@@ -555,3 +555,20 @@ def test_trainability_probes_train_a_model_left_in_eval_mode_in_train_mode():
     model[1].train()  # one module in a mode of its own: kept
     nndx.probe(model, (x, y), nn.BCELoss(), probes=["overfit_one_batch"])
     assert [m.training for m in model.modules()] == [False, False, True, False, False, False, False]
+
+
+def test_a_body_frozen_before_it_was_trained_is_named_from_the_probes_alone():
+    """Fine-tuning code run on a model built from scratch: freeze everything but the head,
+    with no weights loaded. A preflight (no Monitor, no loss history) names it."""
+    model = mlp(hidden=32)
+    model[0].requires_grad_(False)
+    report = run(model, probes=["overfit_one_batch"])
+    assert report.loop.frozen_at_init == ["0.weight"]
+    assert nndx.diagnose(report).top().rule_id == "NNDX305"
+    trained = mlp(hidden=32)
+    with torch.no_grad():
+        trained[0].weight.mul_(3.0)  # outside the default init's bound: weights from elsewhere
+    trained[0].requires_grad_(False)
+    report = run(trained, probes=["overfit_one_batch"])
+    assert report.loop.frozen_at_init == []
+    assert "NNDX305" not in {f.rule_id for f in nndx.diagnose(report).findings if f.severity != "info"}

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from nndx.collector.stats import LayerRecorder, parameter_stats, snapshot_parameters, summarize_model, watched_modules
+from nndx.collector.stats import LayerRecorder, frozen_at_init, parameter_stats, snapshot_parameters, summarize_model, watched_modules
 
 
 def mlp(bias: float | None = None) -> nn.Sequential:
@@ -384,3 +384,45 @@ def test_error_guard_bounds_the_monitors_errors_but_keeps_the_training_exception
         hook()  # never raises into the loop
     guard.record_training(RuntimeError("one of the variables needed for gradient computation"))
     assert [e.source for e in guard.records] == ["monitor.layer_hook"] * 3 + ["training"]
+
+
+def _train(model: nn.Module, steps: int = 20) -> nn.Module:
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return model
+
+
+def _freeze_body(model: nn.Sequential) -> nn.Sequential:
+    for layer in model[:-1]:
+        layer.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_frozen_at_init_tells_a_never_trained_body_from_a_trained_one(dtype):
+    assert frozen_at_init(mlp()) is None  # nothing frozen: nothing to check
+    random_body = _freeze_body(mlp()).to(dtype)
+    assert frozen_at_init(random_body) == ["0.weight", "2.weight"]  # the 16x3 head is not frozen
+    trained_body = _freeze_body(_train(mlp())).to(dtype)  # 20 Adam steps at lr 1e-3 already leave the init
+    assert frozen_at_init(trained_body) == []
+
+
+def test_frozen_at_init_knows_convolutions_and_rnns_and_leaves_custom_inits_alone():
+    torch.manual_seed(0)
+    conv, lstm, gru = nn.Conv2d(3, 8, 3), nn.LSTM(8, 16), nn.GRU(8, 16, num_layers=2)
+    for module in (conv, lstm, gru):
+        module.requires_grad_(False)
+    assert frozen_at_init(conv) == ["weight"]
+    assert set(frozen_at_init(lstm)) == {"weight_ih_l0", "weight_hh_l0"}
+    assert len(frozen_at_init(gru)) == 4
+    custom = nn.Linear(32, 32)
+    nn.init.normal_(custom.weight, std=0.02)  # e.g. a transformer's init: not PyTorch's default, no claim
+    assert frozen_at_init(custom.requires_grad_(False)) == []
+    shrunk = nn.Linear(32, 32)
+    with torch.no_grad():
+        shrunk.weight.mul_(0.5)  # inside the bound, but with half the rms: changed, not at init
+    assert frozen_at_init(shrunk.requires_grad_(False)) == []

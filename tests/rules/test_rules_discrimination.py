@@ -563,3 +563,37 @@ def test_a_model_probed_in_train_mode_is_no_finding_but_dropout_that_ignores_eva
 
     assert "NNDX609" not in found(max_abs_diff=1.6, eval_abs_diff=0.0, ignores_eval=False)  # every fresh model
     assert "NNDX609" in found(max_abs_diff=1.6, eval_abs_diff=0.4, ignores_eval=True)  # F.dropout(training=True)
+
+
+def test_a_frozen_body_still_at_its_default_init_warns_a_trained_one_is_context():
+    """The same frozen backbone under a head whose loss falls: trained weights (frozen_at_init
+    empty) are transfer learning; weights still at PyTorch's default init were never loaded."""
+    backbone = healthy_reports()["frozen_backbone"]
+    assert _found(with_loop(backbone, frozen_at_init=[]))["NNDX305"].severity == "info"
+    assert _found(with_loop(backbone, frozen_at_init=None))["NNDX305"].severity == "info"  # not checked: no claim
+    random_body = _found(with_loop(backbone, frozen_at_init=["0.weight", "2.weight"]))["NNDX305"]
+    assert random_body.severity == "warning" and random_body.evidence["frozen_at_init"] == ["0.weight", "2.weight"]
+    assert diagnose(with_loop(backbone, frozen_at_init=["0.weight", "2.weight"])).top().rule_id == "NNDX305"
+
+
+def test_a_head_on_a_trained_frozen_body_need_not_memorise_a_batch():
+    """A head of 650 parameters on a frozen trained body of 54,400 fits one batch only as far
+    as the body's features allow: its overfit failure is context. The same failure stays an
+    alarm when the body is random, unchecked, or when the loss did not fall at all."""
+    from nndx.report import OverfitResult
+
+    backbone = healthy_reports()["frozen_backbone"]
+
+    def severities(at_init: list[str] | None, final_loss: float) -> dict[str, str]:
+        failed = OverfitResult(status="failed", task="classification", steps=300, initial_loss=2.6, final_loss=final_loss)
+        report = with_loop(backbone, frozen_at_init=at_init).model_copy(
+            update={"probes": healthy_probes(overfit_one_batch=failed)})
+        return {f.rule_id: f.severity for f in diagnose(report).findings}
+
+    trained = severities([], final_loss=1.4)  # fell to 0.54 of its start
+    assert trained["NNDX601"] == "info" and trained["NNDX305"] == "info"
+    assert severities([], final_loss=2.55)["NNDX601"] == "warning"  # the head does not learn at all
+    assert severities(None, final_loss=1.4)["NNDX601"] == "warning"
+    random_body = severities(["0.weight"], final_loss=1.4)
+    assert random_body["NNDX601"] == "warning" and random_body["NNDX305"] == "warning"
+

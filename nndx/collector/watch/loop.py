@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nndx.collector.stats import has_batchnorm, has_dropout
+from nndx.collector.stats import frozen_at_init, has_batchnorm, has_dropout
 from nndx.collector.watch.base import StepContext, Watched, Watcher
 
 
@@ -112,6 +112,7 @@ class LoopCounts(Watcher):
                 [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
             ),
             "frozen_params": [n for n, p in named if not p.requires_grad],
+            "frozen_at_init": frozen_at_init(self.watched.root),
             "has_dropout": self._has_dropout,
             "has_batchnorm": self._has_batchnorm,
             "optimizers": [type(o).__name__ for o in self.watched.optimizers],
