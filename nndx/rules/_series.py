@@ -7,6 +7,7 @@ engine stays importable on a server that only diagnoses JSON.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -266,6 +267,16 @@ def used_lr(report: DiagnosticReport) -> float | None:
         return None
     lrs = finite([lr for point in report.loop.lr_history for lr in point.lrs])
     return max(lrs) if lrs else None
+
+
+def stepped_lr(report: DiagnosticReport) -> float | None:
+    """The LR the loop trained at: its optimizer's peak LR, or without an optimizer the
+    median step size the Monitor measured (plain SGD's LR)."""
+    lr = used_lr(report)
+    if lr is not None or report.loop is None:
+        return lr
+    sizes = finite([lr for point in report.loop.effective_lr_history for lr in point.lrs if lr > 0])
+    return statistics.median(sizes) if sizes else None
 
 
 def loss_is_moving(report: DiagnosticReport) -> bool | None:

@@ -9,11 +9,23 @@ from statistics import median
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import finite, latest_layers, layer_steps, loss_curve, loss_learned, train_curve, weight_params
+from nndx.rules._series import (
+    finite,
+    latest_layers,
+    layer_steps,
+    loss_curve,
+    loss_learned,
+    stepped_lr,
+    train_curve,
+    weight_params,
+)
 from nndx.rules.engine import Hit, rule
 
 DEAD_THRESHOLD = 0.5
 SATURATED_THRESHOLD = 0.5
+# the LR range test reads an LR to about a factor 2 (its sweep's spacing and smoothing): a loop stepping
+# within twice the top of its interval that trains well is not at too high an LR (NNDX205)
+RANGE_READING = 2.0
 # all-zero outputs of these are dead units (NNDX201), not a constant initialisation
 RELU_TYPES = {"ReLU", "ReLU6", "Hardtanh", "Threshold"}
 MAX_INIT_GAIN = vocab.MAX_INIT_GAIN
@@ -245,6 +257,16 @@ def _update_ratio_summary(report: DiagnosticReport) -> tuple[float, float, int] 
     return peak, median(values), len(values)
 
 
+def _trains_well_up_to(report: DiagnosticReport) -> float | None:
+    """The top of the interval where the LR range test's loss fell well (its suggestion
+    when it found no interval); None when the test found neither."""
+    result = report.probes.lr_range if report.probes is not None else None
+    if result is None or result.status != "passed":
+        return None
+    top = result.interval_high_lr if result.interval_high_lr is not None else result.suggested_lr
+    return top if top is not None and math.isfinite(top) and top > 0 else None
+
+
 def _loss_healthy(report: DiagnosticReport) -> bool:
     """The train loss fell clearly, or ended well under an uninformed prediction's loss (a
     pretrained model that stays fitted, a text near its entropy floor), and stayed finite:
@@ -264,7 +286,10 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     "training sits near 1e-3). Error from 1.0 or when every ratio is non-finite. Info when the train "
     "loss still fell by over 30%, or ended under 70% of an uninformed prediction's loss (ln C; the targets' "
     "variance), and stayed finite: Adam at a high-ish LR on small weights has large "
-    "ratios and trains fine.",
+    "ratios and trains fine. Info too when the LR the loop stepped with (without an optimizer: the "
+    "measured step size) is within twice the top of the interval where the LR range test trains well "
+    "(the sweep reads the LR to about that factor) and the ratio stays under 1: the LR is then not too "
+    "high (a fresh small head's weights are small).",
     why="Each step then rewrites a large share of every weight: the optimiser overshoots and the loss "
     "oscillates, diverges, or the units die and the loss freezes.",
     fix="Lower the learning rate until the ratio is near 1e-3 (run the LR range test).",
@@ -281,12 +306,16 @@ def update_ratio_high(report: DiagnosticReport) -> Hit | None:
         return None
     peak, typical, count = found
     severity = "error" if peak >= 1.0 else "warning"
-    if _loss_healthy(report):
+    lr, top = stepped_lr(report), _trains_well_up_to(report)
+    # a ratio of 1 rewrites every weight each step: no LR reading excuses that
+    in_range = lr is not None and top is not None and lr <= RANGE_READING * top and peak < 1.0
+    if _loss_healthy(report) or in_range:
         severity = "info"
     return Hit(
-        symptom=f"median update/weight ratio reaches {peak:.3g}",
+        symptom=f"median update/weight ratio reaches {peak:.3g}"
+        + (f" at lr {lr:.3g}, where the LR range test still trains well (up to {top:.3g})" if in_range else ""),
         evidence={"peak_update_ratio": peak, "median_update_ratio": typical, "healthy_update_ratio": 1e-3,
-                  "recorded_steps": count},  # fmt: skip
+                  "recorded_steps": count, "lr": lr, "range_test_trains_well_up_to": top},  # fmt: skip
         severity=severity,
         score=min(10.0, 1.0 + math.log10(peak / 1e-3) if math.isfinite(peak) else 10.0),
     )

@@ -597,3 +597,22 @@ def test_a_head_on_a_trained_frozen_body_need_not_memorise_a_batch():
     random_body = severities(["0.weight"], final_loss=1.4)
     assert random_body["NNDX601"] == "warning" and random_body["NNDX305"] == "warning"
 
+
+def test_large_updates_at_an_lr_the_range_test_trains_well_at_are_context():
+    """A fresh small head makes large update/weight ratios at any workable LR. When the loop's
+    LR is inside what the LR range test found training well, the LR is not too high; the same
+    ratios at ten times the interval's top are. The loss falls slowly (a head on a frozen
+    body), as in the bench's frozen char-LM runs with a hand-written SGD loop."""
+    from nndx.report import LRRangeResult
+
+    from .reports import mlp_params, points
+
+    def severity(lr: float) -> str | None:
+        sweep = LRRangeResult(status="passed", suggested_lr=0.39, interval_low_lr=0.19, interval_high_lr=0.78)
+        report = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i in range(0, 100, 10)]).model_copy(
+            update={"loss_history": {"train": points([2.6 - 0.25 * i / 100 for i in range(100)])}, "parameters": mlp_params(ratio=0.12),
+                    "probes": healthy_probes(lr_range=sweep)})  # fmt: skip
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX205"), None)
+
+    assert severity(0.85) == "info"
+    assert severity(8.5) in ("warning", "error")
