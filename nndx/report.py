@@ -584,8 +584,10 @@ class LoopStats(Schema):
     params_grad_none: list[str] = Field(default_factory=list, description="trainable, but .grad stayed None")
     frozen_params: list[str] = Field(default_factory=list, description="requires_grad=False")
     frozen_at_init: list[str] | None = Field(
-        None, description="of the frozen Linear/conv/RNN weights, those whose values still fit PyTorch's default "
-        "initialisation (never trained or loaded); None when no frozen weight could be checked")
+        None, description="frozen weights whose values still fit a standard initialisation (PyTorch's default, "
+        "a He/Xavier/LeCun normal, a norm layer's ones): never trained or loaded; None when no frozen weight "
+        "could be checked")
+    frozen_checked: Count = Field(0, description="frozen weight tensors the initialisation check could read")
     no_grad_forwards_in_train_mode: Count = 0
     has_dropout: bool = False
     has_batchnorm: bool = False

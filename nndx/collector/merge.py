@@ -172,7 +172,8 @@ def merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
             loop = loop.model_copy(update={
                 "params_not_in_optimizer": _union([loop.params_not_in_optimizer, report.loop.params_not_in_optimizer]),
                 "frozen_params": _union([loop.frozen_params, report.loop.frozen_params]),
-                "frozen_at_init": report.loop.frozen_at_init if loop.frozen_at_init is None else loop.frozen_at_init,
+                **({"frozen_at_init": report.loop.frozen_at_init, "frozen_checked": report.loop.frozen_checked}
+                   if loop.frozen_at_init is None else {}),
                 "has_dropout": loop.has_dropout or report.loop.has_dropout,
                 "has_batchnorm": loop.has_batchnorm or report.loop.has_batchnorm,
                 "trainable_param_count": loop.trainable_param_count or report.loop.trainable_param_count,

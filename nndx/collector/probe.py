@@ -395,10 +395,12 @@ def _measured_sgd(model: nn.Module, watched: DiagnosticReport | None) -> tuple[t
 def _describe_model(report: DiagnosticReport, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
     """Static facts: model summary and optimizer coverage."""
     report.model = summarize_model(model)
+    at_init, checked = frozen_at_init(model)
     loop = LoopStats(
         trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
         frozen_params=[n for n, p in model.named_parameters() if not p.requires_grad],
-        frozen_at_init=frozen_at_init(model),
+        frozen_at_init=at_init if checked else None,
+        frozen_checked=checked,
         has_dropout=has_dropout(model),
         has_batchnorm=has_batchnorm(model),
     )

@@ -814,43 +814,75 @@ def iter_named_leaves(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 _DEFAULT_UNIFORM = (nn.Linear, nn.modules.conv._ConvNd, nn.RNNBase)
 # a tensor of n draws of U(-b, b) has rms b/sqrt(3) within 0.45/sqrt(n) (one sd, relative); 4 sd,
 # over at least this many elements, leave a trained tensor no room to pass by chance
-_MIN_INIT_ELEMENTS = 64
+_MIN_UNIFORM_ELEMENTS = 64
+# the normal inits (He/Kaiming, Xavier/Glorot, LeCun) have no bound to test against, only their rms
+# and a normal's kurtosis of 3: both read within 4 sd over at least this many elements
+_MIN_NORMAL_ELEMENTS = 1024
 
 
-def frozen_at_init(model: nn.Module) -> list[str] | None:
-    """Frozen weight tensors whose values still fit PyTorch's default initialisation.
+def _normal_stds(param: torch.Tensor) -> list[float]:
+    """The std of each standard normal init of a Linear/conv weight: variance 1 or 2 (ReLU
+    gain) over fan_in, fan_out, or their mean (Xavier)."""
+    fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(param)
+    return [math.sqrt(gain / fan) for gain in (1.0, 2.0) for fan in (fan_in, fan_out, (fan_in + fan_out) / 2)]
+
+
+def _fits_init(kind: str, reading: list[float], n: int, scale: list[float]) -> bool:
+    largest, rms, mean, kurtosis, spread = reading
+    if kind == "norm":  # a norm layer's scale starts at ones (zeros for a zero-init residual)
+        return spread == 0.0 and mean in (0.0, 1.0)
+    if kind == "uniform":
+        (bound,) = scale
+        return largest <= bound and abs(rms / (bound / math.sqrt(3.0)) - 1) <= 4 * 0.45 / math.sqrt(n)
+    if n < _MIN_NORMAL_ELEMENTS or abs(mean) > 4 * rms / math.sqrt(n) or abs(kurtosis - 3) > 4 * 4.9 / math.sqrt(n):
+        return False
+    return any(abs(rms / std - 1) <= 4 * 0.71 / math.sqrt(n) for std in scale)
+
+
+def frozen_at_init(model: nn.Module) -> tuple[list[str], int]:
+    """Frozen weight tensors whose values still fit a standard initialisation, and how
+    many frozen weight tensors could be checked.
 
     Why: freezing a backbone is a recipe for *pretrained* weights. A frozen body that
     was never trained or loaded (``pretrained=False``, a checkpoint not loaded) is random
     features under a trainable head: the loss still falls a little, so nothing looks
-    broken. A default-initialised tensor lies inside its uniform bound with the rms of
-    that uniform; any training moves some entries past the bound. Checked: the weights of
-    frozen Linear, convolution and RNN/LSTM/GRU layers with at least 64 elements. None
-    when no frozen tensor could be checked (other layers, custom initialisation).
+    broken. Recognised: PyTorch's default (inside its uniform bound, with that uniform's
+    rms; Linear, convolutions, RNN/LSTM/GRU), the He/Xavier/LeCun normal inits (their rms
+    and a normal's kurtosis; torchvision's ResNet and VGG convolutions use one), and a
+    norm layer's scale still all ones. Any training moves a tensor off these: 20 Adam
+    steps at lr 1e-3 do. Checked: frozen weights of at least 64 elements (1,024 for the
+    normal inits). A trained network can hold a layer that barely moved; a body that was
+    never trained or loaded holds them all.
     """
-    names, bounds, readings = [], [], []
+    checks: list[tuple[str, int, list[tuple[str, list[float]]]]] = []  # name, elements, (init, scale)
+    readings = []
     for prefix, module in model.named_modules():
-        if not isinstance(module, _DEFAULT_UNIFORM):
-            continue
         for name, param in module.named_parameters(recurse=False):
-            if param.requires_grad or "weight" not in name or param.dim() < 2 or param.numel() < _MIN_INIT_ELEMENTS:
+            if param.requires_grad or "weight" not in name or param.is_sparse or not param.is_floating_point():
                 continue
-            if param.is_sparse or not param.is_floating_point():
-                continue
-            if isinstance(module, nn.RNNBase):
-                bound = 1.0 / math.sqrt(module.hidden_size)
+            if isinstance(module, NORMALIZATION_TYPES) and param.numel() >= 8:
+                inits = [("norm", [])]
+            elif isinstance(module, nn.RNNBase) and param.numel() >= _MIN_UNIFORM_ELEMENTS:
+                inits = [("uniform", [1.0 / math.sqrt(module.hidden_size)])]
+            elif isinstance(module, _DEFAULT_UNIFORM) and param.dim() >= 2 and param.numel() >= _MIN_UNIFORM_ELEMENTS:
+                fan_in = nn.init._calculate_fan_in_and_fan_out(param)[0]
+                inits = [("uniform", [1.0 / math.sqrt(fan_in)]), ("normal", _normal_stds(param))]
             else:
-                bound = 1.0 / math.sqrt(nn.init._calculate_fan_in_and_fan_out(param)[0])
+                continue
             with torch.no_grad():
-                values = param.detach().to(statistics_dtype(param.dtype))
-                readings.append(torch.stack([values.abs().max(), values.square().mean().sqrt()]).float().cpu())
-            names.append(f"{prefix}.{name}" if prefix else name)
+                values = param.detach().to(statistics_dtype(param.dtype)).flatten()
+                centred = values - values.mean()
+                variance = centred.square().mean()
+                kurtosis = centred.pow(4).mean() / variance.square().clamp_min(torch.finfo(values.dtype).tiny)
+                readings.append(torch.stack([values.abs().max(), values.square().mean().sqrt(), values.mean(),
+                                             kurtosis, values.max() - values.min()]).float().cpu())  # fmt: skip
             # a low-precision weight rounds a draw near the bound past it by up to its eps
-            bounds.append((bound * (1 + 2 * torch.finfo(param.dtype).eps), bound / math.sqrt(3.0), param.numel()))
-    if not names:
-        return None
-    at_init = []
-    for name, (largest, rms), (bound, expected, n) in zip(names, torch.stack(readings).tolist(), bounds):
-        if largest <= bound and abs(rms / expected - 1) <= 4 * 0.45 / math.sqrt(n):
-            at_init.append(name)
-    return at_init
+            slack = 1 + 2 * torch.finfo(param.dtype).eps
+            inits = [(kind, [v * slack for v in scale] if kind == "uniform" else scale) for kind, scale in inits]
+            checks.append((f"{prefix}.{name}" if prefix else name, param.numel(), inits))
+    if not checks:
+        return [], 0
+    values = torch.stack(readings).tolist()  # one host transfer for every tensor
+    at_init = [name for (name, n, inits), reading in zip(checks, values)
+               if any(_fits_init(kind, reading, n, scale) for kind, scale in inits)]  # fmt: skip
+    return at_init, len(checks)

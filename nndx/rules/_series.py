@@ -269,6 +269,16 @@ def used_lr(report: DiagnosticReport) -> float | None:
     return max(lrs) if lrs else None
 
 
+def frozen_untrained(report: DiagnosticReport) -> bool | None:
+    """Whether the frozen part was never trained or loaded: most of its checked weight
+    tensors still hold a standard initialisation (one layer that barely moved in a trained
+    network is no sign). None when nothing frozen could be checked."""
+    loop = report.loop
+    if loop is None or loop.frozen_at_init is None or not loop.frozen_checked:
+        return None
+    return 2 * len(loop.frozen_at_init) >= loop.frozen_checked
+
+
 def stepped_lr(report: DiagnosticReport) -> float | None:
     """The LR the loop trained at: its optimizer's peak LR, or without an optimizer the
     median step size the Monitor measured (plain SGD's LR)."""

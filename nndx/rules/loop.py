@@ -11,7 +11,7 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
 from nndx.rules._series import (
-    finite, is_classification, loss_calls, loss_curve, loss_learned, starts_fitted, train_curve,
+    finite, frozen_untrained, is_classification, loss_calls, loss_curve, loss_learned, starts_fitted, train_curve,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -203,8 +203,9 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
     C.FROZEN_PARAMETERS,
     "warning",
     "Parameters frozen (requires_grad=False) and nothing else learns",
-    detects="Frozen parameters while nothing trainable remains (error); frozen Linear/conv/RNN weights that "
-    "still hold PyTorch's default initialisation — inside its uniform bound, with its rms (warning); or "
+    detects="Frozen parameters while nothing trainable remains (error); frozen weights of which at least "
+    "half still hold a standard initialisation — PyTorch's default uniform, a He/Xavier/LeCun normal, a "
+    "norm layer's ones (warning); or "
     "frozen parameters while the train loss is not moving (warning). A frozen trained backbone whose "
     "trainable head lowers the loss, or whose loss starts under half an uninformed prediction's, is "
     "reported as info.",
@@ -228,13 +229,14 @@ def frozen(report: DiagnosticReport) -> Hit | None:
         "trainable_param_count": trainable,
         "loss_relative_progress": curve.progress if curve.n >= 10 else None,
         "frozen_at_init": (loop.frozen_at_init or [])[:20],
+        "frozen_checked": loop.frozen_checked,
     }
     if trainable == 0:
         return Hit(symptom="every parameter is frozen", evidence=evidence, severity="error", score=3.0)
-    if loop.frozen_at_init:
+    if frozen_untrained(report):
         return Hit(
-            symptom=f"{len(loop.frozen_at_init)} frozen weight tensors still hold PyTorch's default random "
-            "initialisation: the frozen part was never trained or loaded",
+            symptom=f"{len(loop.frozen_at_init or [])} of {loop.frozen_checked} frozen weight tensors still hold "
+            "their random initialisation: the frozen part was never trained or loaded",
             evidence=evidence,
             score=2.5,
         )

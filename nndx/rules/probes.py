@@ -6,7 +6,7 @@ import math
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, NanOriginResult
-from nndx.rules._series import finite, loss_is_moving, used_lr
+from nndx.rules._series import finite, frozen_untrained, loss_is_moving, used_lr
 from nndx.rules.loss import NO_LEARNING_CAUSES
 from nndx.rules.engine import Hit, rule
 
@@ -77,10 +77,10 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
 
 
 def _head_on_trained_body(report: DiagnosticReport) -> bool:
-    """Most parameters frozen, all of the checkable ones trained (none at their default
-    initialisation): transfer learning, whose trainable rest is a small head."""
-    loop, model = report.loop, report.model
-    if loop is None or model is None or loop.frozen_at_init is None or loop.frozen_at_init:
+    """Most parameters frozen, and trained (not at their initialisation): transfer
+    learning, whose trainable rest is a small head."""
+    model = report.model
+    if model is None or frozen_untrained(report) is not False:
         return False
     return 0 < model.trainable_param_count <= model.param_count / 2
 

@@ -572,3 +572,4 @@ def test_a_body_frozen_before_it_was_trained_is_named_from_the_probes_alone():
     report = run(trained, probes=["overfit_one_batch"])
     assert report.loop.frozen_at_init == []
     assert "NNDX305" not in {f.rule_id for f in nndx.diagnose(report).findings if f.severity != "info"}
+

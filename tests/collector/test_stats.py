@@ -404,11 +404,11 @@ def _freeze_body(model: nn.Sequential) -> nn.Sequential:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_frozen_at_init_tells_a_never_trained_body_from_a_trained_one(dtype):
-    assert frozen_at_init(mlp()) is None  # nothing frozen: nothing to check
+    assert frozen_at_init(mlp()) == ([], 0)  # nothing frozen: nothing to check
     random_body = _freeze_body(mlp()).to(dtype)
-    assert frozen_at_init(random_body) == ["0.weight", "2.weight"]  # the 16x3 head is not frozen
+    assert frozen_at_init(random_body) == (["0.weight", "2.weight"], 2)  # the 16x3 head is not frozen
     trained_body = _freeze_body(_train(mlp())).to(dtype)  # 20 Adam steps at lr 1e-3 already leave the init
-    assert frozen_at_init(trained_body) == []
+    assert frozen_at_init(trained_body) == ([], 2)
 
 
 def test_frozen_at_init_knows_convolutions_and_rnns_and_leaves_custom_inits_alone():
@@ -416,13 +416,28 @@ def test_frozen_at_init_knows_convolutions_and_rnns_and_leaves_custom_inits_alon
     conv, lstm, gru = nn.Conv2d(3, 8, 3), nn.LSTM(8, 16), nn.GRU(8, 16, num_layers=2)
     for module in (conv, lstm, gru):
         module.requires_grad_(False)
-    assert frozen_at_init(conv) == ["weight"]
-    assert set(frozen_at_init(lstm)) == {"weight_ih_l0", "weight_hh_l0"}
-    assert len(frozen_at_init(gru)) == 4
+    assert frozen_at_init(conv) == (["weight"], 1)
+    assert set(frozen_at_init(lstm)[0]) == {"weight_ih_l0", "weight_hh_l0"}
+    assert frozen_at_init(gru)[1] == 4 and len(frozen_at_init(gru)[0]) == 4
     custom = nn.Linear(32, 32)
     nn.init.normal_(custom.weight, std=0.02)  # e.g. a transformer's init: not PyTorch's default, no claim
-    assert frozen_at_init(custom.requires_grad_(False)) == []
+    assert frozen_at_init(custom.requires_grad_(False)) == ([], 1)
     shrunk = nn.Linear(32, 32)
     with torch.no_grad():
         shrunk.weight.mul_(0.5)  # inside the bound, but with half the rms: changed, not at init
-    assert frozen_at_init(shrunk.requires_grad_(False)) == []
+    assert frozen_at_init(shrunk.requires_grad_(False)) == ([], 1)
+
+
+def test_frozen_at_init_knows_the_normal_inits_and_a_norm_layers_ones():
+    """torchvision's ResNet: He-normal convolutions (fan_out) and BatchNorm scales of one."""
+    torch.manual_seed(0)
+    body = nn.Sequential(nn.Conv2d(16, 32, 3), nn.BatchNorm2d(32), nn.ReLU(), nn.Linear(64, 64))
+    nn.init.kaiming_normal_(body[0].weight, mode="fan_out", nonlinearity="relu")
+    nn.init.xavier_normal_(body[3].weight)
+    body.requires_grad_(False)
+    assert frozen_at_init(body) == (["0.weight", "1.weight", "3.weight"], 3)
+    with torch.no_grad():
+        body[0].weight.add_(0.3 * body[0].weight.std() * torch.randn_like(body[0].weight))  # rms up 4%
+        body[1].weight.add_(0.01 * torch.randn(32))
+        body[3].weight.uniform_(-0.125 * 3**0.5, 0.125 * 3**0.5)  # the rms of Xavier-normal, not its shape
+    assert frozen_at_init(body) == ([], 3)

@@ -101,6 +101,7 @@ class LoopCounts(Watcher):
     def report(self, window: int | None) -> dict[str, Any]:
         named = list(self.watched.root.named_parameters())
         trainable = [(n, p) for n, p in named if p.requires_grad]
+        at_init, checked = frozen_at_init(self.watched.root)
         loop: dict[str, Any] = {
             "backward_calls": self.backward_calls,
             "backward_calls_in_step": self.backward_calls_in_step,
@@ -112,7 +113,8 @@ class LoopCounts(Watcher):
                 [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
             ),
             "frozen_params": [n for n, p in named if not p.requires_grad],
-            "frozen_at_init": frozen_at_init(self.watched.root),
+            "frozen_at_init": at_init if checked else None,
+            "frozen_checked": checked,
             "has_dropout": self._has_dropout,
             "has_batchnorm": self._has_batchnorm,
             "optimizers": [type(o).__name__ for o in self.watched.optimizers],
