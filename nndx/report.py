@@ -561,6 +561,11 @@ class LossCall(Schema):
     target_mean: Float | None = Field(None, description="mean of floating-point targets")
     target_std: Float | None = Field(None, description="standard deviation of floating-point targets")
     calls: Count = 1
+    measured_batches: Count = Field(0, description="calls whose targets (2 or more values) were measured")
+    single_target_batches: Count = Field(
+        0, description="of the measured calls, those whose targets all held one value: a batch of one class")
+    single_target_values: list[Float] = Field(
+        default_factory=list, description="the values those one-value batches held, each once (at most 16)")
 
 
 class LiveFinding(Schema):
@@ -671,6 +676,9 @@ class SplitStats(Schema):
     checked_samples: Count | None = Field(
         None, description="samples the statistics were computed on (< n_samples when sampled)"
     )
+    order_source: Literal["loader", "storage"] | None = Field(
+        None, description="whose order the order checks read: a DataLoader's (the order training sees) or the "
+        "storage order of arrays or a Dataset (an ImageFolder is sorted by class; a shuffling loader changes it)")
     missing_classes: list[str] = Field(
         default_factory=list,
         description="classes expected (num_classes, a gap in the label range, or seen in the other split) "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .families import Family
-from .operators import ALL_STYLES, LOOP, classifier, every, micro_batches, mild_imbalance, small_train
+from .operators import ALL_STYLES, LOOP, classifier, every, micro_batches, mild_imbalance, small_train, sort_by_label
 from .spec import Spec
 
 NO_MANUAL = ALL_STYLES - {"manual"}
@@ -56,6 +56,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("sgd_momentum_steplr", lambda s: s.with_(optimizer="sgd", schedule="step_per_epoch"), every,
             doc="SGD(momentum=0.9) with StepLR stepped per epoch"),
     Variant("adamw_weight_decay", lambda s: s.with_(optimizer="adamw", weight_decay=0.05), every, NO_MANUAL),
+    Variant("stored_by_class", lambda s: s.plus_data(sort_by_label),
+            lambda f: f.task in ("multiclass", "binary", "regression"),
+            doc="training data stored sorted by label (an ImageFolder's order); the loader shuffles"),
     Variant("full_batch", lambda s: s.with_(batch_size=10_000, steps=100), lambda f: f.inputs != "tokens",
             doc="the whole training set in every batch"),
 )  # fmt: skip

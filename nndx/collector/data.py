@@ -25,7 +25,9 @@ What is measured, per split (see ``SplitStats``):
   classes that are expected but absent (``num_classes``, a gap in the integer label range,
   or a class present only in the other split: their count is 0 and the ratio infinite),
   ``label_runs_fraction`` (1.0 when sorted by class, about 1/C when shuffled),
-  regression target mean/std and ``target_order_correlation`` (±1 when sorted by target).
+  regression target mean/std and ``target_order_correlation`` (±1 when sorted by target);
+  ``order_source`` says whose order that is: a DataLoader's (what training sees) or the
+  storage order of arrays and Datasets, which a shuffling loader changes.
 - Exact duplicate rows and the train/test overlap, found by a vectorised hash of each
   row's bytes and then confirmed byte for byte, so the counts are exact and the cost is
   O(n log n), not O(n²). ``-0.0`` and ``0.0`` count as equal.
@@ -152,6 +154,7 @@ class _Split:
     y_dtype: str | None
     n_samples: int
     sampled: bool
+    order: str = "storage"  # "loader": the order a DataLoader yields, the order training sees
 
 
 def sample_arrays(source: Any, *, max_samples: int = DEFAULT_MAX_SAMPLES, seed: int = 0,
@@ -277,7 +280,8 @@ def _sample_torch_data(
         raise ValueError(f"{name}: {kind} samples differ in shape and cannot be checked as one array ({exc})") from None
     checked = x_all.shape[0]
     n_samples = total if total is not None else checked
-    return _Split(name, x_all, y_all, x_dtype or x_all.dtype.name, y_dtype, n_samples, checked < n_samples or stopped_early)
+    return _Split(name, x_all, y_all, x_dtype or x_all.dtype.name, y_dtype, n_samples, checked < n_samples or stopped_early,
+                  "loader" if kind == "DataLoader" else "storage")
 
 
 def _split_item(item: Any, name: str) -> tuple[Any, Any]:
@@ -324,6 +328,7 @@ class _SplitResult:
             n_samples=self.split.n_samples,
             sampled=self.split.sampled,
             checked_samples=self.split.x.shape[0],
+            order_source=self.split.order,
             input_shape=list(self.split.x.shape[1:]),
             input_dtype=self.split.x_dtype,
             **fields,

@@ -30,6 +30,7 @@ from nndx import vocab
 from nndx.report import LossCall
 
 MAX_SIGNATURES = 16
+MAX_SINGLE_VALUES = 16
 # rows whose sum is this close to 1 (in float32) are probabilities already
 ROWS_SUM_TOLERANCE = 1e-3
 
@@ -37,7 +38,8 @@ ROWS_SUM_TOLERANCE = 1e-3
 def call_evidence(output: torch.Tensor, target: torch.Tensor | None) -> dict[str, float | None]:
     """What one loss call shows, with one host synchronisation: the output's range, the
     largest |row sum - 1| over its class axis (dim 1; None without one), its share of
-    exact zeros, and the mean and std of floating-point targets."""
+    exact zeros, the mean and std of floating-point targets, and whether the targets all
+    hold one value (a batch of one class: data in label order)."""
     x = output.detach().float()
     lo, hi = torch.aminmax(x)
     values = {"output_min": lo, "output_max": hi, "output_zero_fraction": (x == 0).float().mean()}
@@ -46,6 +48,10 @@ def call_evidence(output: torch.Tensor, target: torch.Tensor | None) -> dict[str
     if target is not None and target.is_floating_point() and target.numel() > 1:
         t = target.detach().float()
         values["target_mean"], values["target_std"] = t.mean(), t.std()
+    if target is not None and target.numel() > 1 and not target.is_complex():
+        flat = target.detach().reshape(-1)
+        values["target_single"] = (flat == flat[0]).all().float()
+        values["target_first"] = flat[0].float()
     fetched = torch.stack([v.reshape(()).to(x.device) for v in values.values()]).tolist()
     return dict(zip(values, fetched))
 
@@ -96,6 +102,13 @@ class LossCallLog:
                 entry["output_rows_sum_to_one"] = looks and entry.get("output_rows_sum_to_one", True) is not False
             if "target_mean" in seen:
                 entry["target_mean"], entry["target_std"] = seen["target_mean"], seen["target_std"]
+            if "target_single" in seen:
+                entry["measured_batches"] = entry.get("measured_batches", 0) + 1
+                if seen["target_single"]:
+                    entry["single_target_batches"] = entry.get("single_target_batches", 0) + 1
+                    values = entry.setdefault("single_target_values", [])
+                    if seen["target_first"] not in values and len(values) < MAX_SINGLE_VALUES:
+                        values.append(seen["target_first"])
 
     def records(self) -> list[LossCall]:
         return [LossCall(**entry) for entry in self._entries.values()]

@@ -277,27 +277,44 @@ def labels_collapsed(report: DiagnosticReport) -> Hit | None:
 ORDERED_TARGETS = 0.9  # |rank correlation with position| above this: sorted (random order: ~1/sqrt(n))
 
 
+# random order gives a batch of one class with probability sum_c p_c^B; under this it is no accident
+ONE_CLASS_CHANCE = 0.05
+# a regression batch whose targets spread less than this share of the whole split's, or whose mean is
+# this many standard errors off the split's, is one slice of targets in order
+NARROW_BATCH = 0.25
+OFF_CENTRE = 8.0
+
+
 @rule(
     "NNDX508",
     C.UNSHUFFLED_DATA,
     "warning",
     "Training data ordered by label",
-    detects="A train split whose consecutive samples share a label far more often than random order "
-    "would give (label_runs_fraction over 0.95, or closing 80% of the gap from the random-order "
-    "value to 1); for regression, targets whose rank correlation with their position is over 0.9 "
-    "in size (sorted by target).",
+    detects="Batches that reached the loss (the probes' batch, the Monitor's recorded steps) mostly of one "
+    "class, where random order would rarely give that (one-class batches of two or more classes, or a "
+    "chance sum_c p_c^B under 5% from the class counts), or regression batches whose target std is under "
+    "a quarter of the split's or whose mean is over 8 standard errors off the split's. Without a batch "
+    "that tells, the data checks' order: consecutive samples sharing a label far more often than random "
+    "order would (label_runs_fraction over 0.95, or closing "
+    "80% of the gap from the random-order value to 1), or regression targets whose rank correlation with "
+    "their position is over 0.9 in size — a warning when a DataLoader yielded that order, info for "
+    "arrays or a Dataset (stored by class, as an ImageFolder is; a shuffling loader makes it harmless). "
+    "Batches that mix classes overrule a sorted storage order.",
     why="Batches of one class pull the model back and forth between classes: the loss zigzags and the "
     "final model favours the last classes seen.",
     fix="Shuffle the training data every epoch (DataLoader(..., shuffle=True)).",
 )
 def unshuffled(report: DiagnosticReport) -> Hit | None:
     train = report.data.train if report.data is not None else None
+    batches = _batch_order(report, train)
+    if batches is not None:
+        return batches or None
     if train is not None and train.target_order_correlation is not None:
         rho = train.target_order_correlation
         if abs(rho) <= ORDERED_TARGETS:
             return None
-        return Hit(symptom=f"train targets are sorted: rank correlation {rho:.2f} with their position",
-                   evidence={"target_order_correlation": rho}, score=1.0 + abs(rho))  # fmt: skip
+        return _stored_order(train, f"train targets are sorted: rank correlation {rho:.2f} with their position",
+                             {"target_order_correlation": rho}, 1.0 + abs(rho))  # fmt: skip
     if train is None or train.label_runs_fraction is None:
         return None
     counts = [c for c in train.class_counts.values() if c > 0]
@@ -308,11 +325,57 @@ def unshuffled(report: DiagnosticReport) -> Hit | None:
     runs = train.label_runs_fraction
     if runs <= max(threshold, 0.5):
         return None
-    return Hit(
-        symptom=f"{runs:.0%} of consecutive train samples share their label",
-        evidence={"label_runs_fraction": runs, "random_order_expectation": random_order},
-        score=1.0 + runs,
-    )
+    return _stored_order(train, f"{runs:.0%} of consecutive train samples share their label",
+                         {"label_runs_fraction": runs, "random_order_expectation": random_order}, 1.0 + runs)
+
+
+def _stored_order(train: SplitStats, symptom: str, evidence: dict, score: float) -> Hit:
+    if train.order_source != "storage":
+        return Hit(symptom=symptom, evidence={**evidence, "order_source": train.order_source}, score=score)
+    return Hit(symptom=symptom + " as stored (arrays or a Dataset); a loader that shuffles makes this harmless, "
+               "and no batch that reached the loss showed the order",
+               evidence={**evidence, "order_source": "storage"}, severity="info", score=score / 4)  # fmt: skip
+
+
+def _batch_order(report: DiagnosticReport, train: SplitStats | None) -> Hit | bool | None:
+    """What the batches that reached the loss say of the order: a Hit when they come in
+    label order, False when they mix (the order training sees is fine, whatever the
+    storage order), None when they do not tell. Each loss-call signature is judged on its
+    own: a validation pass through the same loss must not dilute the training batches."""
+    calls = [c for c in loss_calls(report) if c.measured_batches and c.target_shape]
+    counts = [c for c in train.class_counts.values() if c > 0] if train is not None else []
+    verdicts = [_call_order(c, counts, train) for c in calls]
+    hits = [v for v in verdicts if isinstance(v, Hit)]
+    if hits:
+        return max(hits, key=lambda h: h.score)
+    return False if verdicts and all(v is False for v in verdicts) else None
+
+
+def _call_order(call, counts: list[int], train: SplitStats | None) -> Hit | bool | None:
+    rows = math.prod(call.target_shape)
+    measured, single, values = call.measured_batches, call.single_target_batches, set(call.single_target_values)
+    chance = sum((c / sum(counts)) ** rows for c in counts) if len(counts) >= 2 else None
+    evidence = {"measured_batches": measured, "single_class_batches": single, "batch_rows": rows,
+                "one_class_chance": chance}  # fmt: skip
+    if single and 2 * single >= measured and (len(values) >= 2 or (chance is not None and chance < ONE_CLASS_CHANCE)):
+        return Hit(symptom=f"{single} of {measured} measured batches that reached the loss held one class"
+                   + (f" ({len(values)} different ones)" if len(values) >= 2 else ""),
+                   evidence=evidence, score=1.0 + single / measured)  # fmt: skip
+    if call.target_std is not None and call.target_mean is not None and rows >= 8 and train is not None \
+            and train.label_kind == "float_continuous" and train.target_std and train.target_mean is not None:
+        spread = call.target_std / train.target_std
+        # a batch drawn at random has its mean within a few standard errors of the split's
+        off_centre = abs(call.target_mean - train.target_mean) / (train.target_std / math.sqrt(rows))
+        if spread < NARROW_BATCH or off_centre > OFF_CENTRE:
+            return Hit(symptom=f"a batch's targets are one slice of the train split's: their std is {spread:.2g} "
+                       f"of the split's, their mean {off_centre:.1f} standard errors off its mean",
+                       evidence={**evidence, "batch_to_split_target_std": spread, "batch_mean_standard_errors": off_centre},
+                       score=1.5)  # fmt: skip
+        return False if spread > 2 * NARROW_BATCH and off_centre < OFF_CENTRE / 2 else None
+    classes = bool(counts) or (call.target_dtype or "").startswith(("int", "uint", "bool"))
+    if classes and (single == 0 or (chance is not None and single / measured <= 2 * chance)):
+        return False  # mixed batches, or as many one-class batches as chance gives
+    return None
 
 
 @rule(

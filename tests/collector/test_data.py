@@ -269,6 +269,9 @@ def test_dataloader_sees_the_loader_order(digits):
     assert torch.equal(torch.get_rng_state(), state)
     assert unshuffled.checked_samples == 500 and unshuffled.sampled
     assert unshuffled.label_runs_fraction > 0.95 and shuffled.label_runs_fraction < 0.3
+    assert unshuffled.order_source == "loader"  # the order training sees
+    assert check_data(dataset, max_samples=500, progress=False).train.order_source == "storage"
+    assert check_data(x_train, y_train).train.order_source == "storage"
     unbatched = check_data(DataLoader(dataset, batch_size=None), max_samples=50, progress=False).train
     assert unbatched.checked_samples == 50 and unbatched.input_shape == [61]
 

@@ -37,3 +37,20 @@ def test_a_correct_loss_of_the_users_own_is_silent():
     report = nndx.probe(model(), batch(), my_cross_entropy, probes=["nan_origin"], progress=False)
     assert [c.loss_type for c in report.loop.loss_calls] == ["my_cross_entropy", "CrossEntropyLoss"]
     assert nndx.diagnose(report).healthy
+
+
+def test_batches_of_one_class_are_counted_with_their_class():
+    from nndx.collector.loss_call import LossCallLog
+
+    log = LossCallLog()
+    out = torch.randn(16, 3)
+    log.add("CrossEntropyLoss", out, torch.full((16,), 2))  # a batch of class 2 only
+    log.add("CrossEntropyLoss", out, torch.full((16,), 0), measure=True)
+    log.add("CrossEntropyLoss", out, torch.arange(16) % 3, measure=True)  # mixed
+    log.add("CrossEntropyLoss", out, torch.full((16,), 1))  # not measured: counted only
+    (call,) = log.records()
+    assert (call.calls, call.measured_batches, call.single_target_batches) == (4, 3, 2)
+    assert sorted(call.single_target_values) == [0.0, 2.0]
+    one_row = LossCallLog()
+    one_row.add("CrossEntropyLoss", torch.randn(1, 3), torch.tensor([1]))  # one target: no evidence
+    assert one_row.records()[0].measured_batches == 0

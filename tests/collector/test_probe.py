@@ -573,3 +573,17 @@ def test_a_body_frozen_before_it_was_trained_is_named_from_the_probes_alone():
     assert report.loop.frozen_at_init == []
     assert "NNDX305" not in {f.rule_id for f in nndx.diagnose(report).findings if f.severity != "info"}
 
+
+def test_data_stored_by_class_is_no_alarm_when_the_batch_mixes_classes():
+    """probe(..., data=) with arrays stored class by class (an ImageFolder's order): the
+    batch the loader gave says whether training sees that order."""
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(300, 8, generator=g), torch.arange(300) // 100  # stored sorted: 100 of each class
+    mixed = torch.randperm(300, generator=g)[:32]
+
+    def unshuffled(batch) -> str | None:
+        report = nndx.probe(mlp(), batch, nn.CrossEntropyLoss(), probes=["overfit_one_batch"], data=(x, y), **FAST)
+        return next((f.severity for f in nndx.diagnose(report).findings if f.rule_id == "NNDX508"), None)
+
+    assert unshuffled((x[mixed], y[mixed])) is None
+    assert unshuffled((x[:32], y[:32])) == "warning"  # the first batch of an unshuffled loader: class 0 only

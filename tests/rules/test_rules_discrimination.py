@@ -7,7 +7,7 @@ import math
 from nndx.report import GradCheckParam, GradCheckResult, GradNormPoint, LRPoint
 from nndx.rules import diagnose
 
-from .reports import healthy_mlp, healthy_probes, healthy_reports, mlp_layers, mlp_model, with_loop
+from .reports import healthy_data, healthy_mlp, healthy_probes, healthy_reports, healthy_split, mlp_layers, mlp_model, with_loop
 
 BASE = healthy_mlp()
 
@@ -619,3 +619,47 @@ def test_large_updates_at_an_lr_the_range_test_trains_well_at_are_context():
     assert severity(0.85) == "info"
     assert severity(8.5) in ("warning", "error")
 
+
+def test_training_order_is_read_from_the_batches_not_from_how_the_data_is_stored():
+    """An ImageFolder is stored class by class and a shuffling DataLoader mixes it: the
+    arrays handed to the data check are sorted, the batches that reach the loss are not.
+    The batches decide; the stored order alone is context."""
+    from nndx.report import LossCall
+
+    stored_sorted = healthy_split(label_runs_fraction=0.99, order_source="storage")
+
+    def severity(split, *calls: LossCall) -> str | None:
+        report = with_loop(BASE, loss_calls=list(calls)).model_copy(update={"data": healthy_data(train=split)})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX508"), None)
+
+    def batches(measured: int, single: int, values: list[float], rows: int = 64) -> LossCall:
+        return LossCall(loss_type="CrossEntropyLoss", output_shape=[rows, 10], target_shape=[rows], target_dtype="int64",
+                        calls=100, measured_batches=measured, single_target_batches=single, single_target_values=values)
+
+    assert severity(stored_sorted, batches(10, 0, [])) is None  # the loader shuffles: mixed batches
+    assert severity(stored_sorted) == "info"  # no batch seen: nndx cannot tell
+    assert severity(stored_sorted.model_copy(update={"order_source": "loader"})) == "warning"
+    assert severity(healthy_split(), batches(10, 9, [0.0, 3.0, 7.0])) == "warning"  # sorted batches, storage mixed
+    assert severity(healthy_split(), batches(1, 1, [4.0])) == "warning"  # one batch of one class: 10 ** -63 by chance
+    # a validation pass through the same loss (shuffled, another batch size) does not dilute the training batches
+    assert severity(healthy_split(), batches(10, 8, [0.0, 3.0]), batches(30, 0, [], rows=400)) == "warning"
+    # 97% of one class: batches of 8 of that class alone are common by chance
+    skewed = healthy_split(class_counts={"0": 970, "1": 30}, label_runs_fraction=0.94)
+    assert severity(skewed, batches(10, 8, [0.0], rows=8)) is None
+
+
+def test_regression_batches_that_are_slices_of_sorted_targets_are_unshuffled():
+    from nndx.report import LossCall
+
+    split = healthy_split(label_kind="float_continuous", class_counts={}, label_runs_fraction=None, target_mean=0.0,
+                          target_std=1.0, target_order_correlation=0.01, order_source="storage")
+
+    def severity(mean: float, std: float) -> str | None:
+        call = LossCall(loss_type="MSELoss", output_shape=[64, 1], target_shape=[64, 1], target_dtype="float32",
+                        measured_batches=1, target_mean=mean, target_std=std)
+        report = with_loop(BASE, loss_calls=[call]).model_copy(update={"data": healthy_data(train=split, test=None)})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX508"), None)
+
+    assert severity(mean=-1.9, std=0.41) == "warning"  # the lowest 64 targets of a sorted split: off-centre
+    assert severity(mean=0.02, std=0.05) == "warning"  # a middle slice: narrow
+    assert severity(mean=0.1, std=0.97) is None  # a random batch
