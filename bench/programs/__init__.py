@@ -19,4 +19,5 @@ PROGRAMS = (
     "siamese_network",
     "super_resolution",
     "gcn",
+    "transfer_learning",
 )
