@@ -185,13 +185,35 @@ def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
     ]
 
 
+# a hidden representation of this few features (a narrow Linear, channels pooled into a head) classified
+# into more classes is a bottleneck; wider ones (a language model's d_model under its vocabulary) are not
+NARROW_FEATURES = 8
+
+
+def _hidden_inputs(report: DiagnosticReport) -> list[tuple[str, int]]:
+    """(layer, input features) of the Linear layers whose input is a hidden representation:
+    every Linear after the model's first parameterised layer (in forward order when it was
+    observed), read off its weight's shape [out, in]."""
+    model = report.model
+    if model is None:
+        return []
+    shapes = {}
+    for param in report.parameters:
+        if param.name.endswith("weight") and param.shape:
+            shapes.setdefault(param.name.rsplit(".", 1)[0], param.shape)
+    layers = [layer for layer in model.layers if layer.param_count]
+    return [(layer.name, shapes[layer.name][1]) for layer in layers[1:]
+            if layer.type in ("Linear", "LazyLinear") and len(shapes.get(layer.name, ())) == 2]  # fmt: skip
+
+
 @rule(
     "NNDX403",
     C.UNDERFITTING,
     "warning",
     "A hidden layer narrower than the task needs",
-    detects="A classifier with a hidden Linear layer whose output is narrower than the number of "
-    "classes (or a single unit), while the train loss kept over half its initial level or the model "
+    detects="A classifier with a hidden representation of at most 8 features and fewer than the classes "
+    "(or a single unit): a hidden Linear layer's output, or the input of a Linear after the first layer "
+    "(channels pooled into a head), while the train loss kept over half its initial level or the model "
     "could not overfit one batch; info when training still progresses.",
     why="A bottleneck that narrow caps what the layers after it can separate: the model underfits "
     "however long it trains.",
@@ -205,7 +227,8 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     if model is None or is_classification(report) is not True or not classes or len(model.layers) < 2:
         return None
     widths = _layer_widths(report)
-    narrow = [(name, width) for name, width in widths[:-1] if width < max(2, classes)]
+    hidden = widths[:-1] + _hidden_inputs(report)
+    narrow = [(name, width) for name, width in hidden if width < max(2, classes) and width <= NARROW_FEATURES]
     if not narrow:
         return None
     width = min(w for _, w in narrow)

@@ -663,3 +663,29 @@ def test_regression_batches_that_are_slices_of_sorted_targets_are_unshuffled():
     assert severity(mean=-1.9, std=0.41) == "warning"  # the lowest 64 targets of a sorted split: off-centre
     assert severity(mean=0.02, std=0.05) == "warning"  # a middle slice: narrow
     assert severity(mean=0.1, std=0.97) is None  # a random batch
+
+
+def test_a_few_channels_pooled_into_a_head_are_a_bottleneck_a_language_models_width_is_not():
+    """Channels averaged or max-pooled over space or time become that many features: 4
+    channels pooled into a 10-class head hold 4 numbers per sample. A language model's
+    24-wide representation under its 65-token vocabulary, and a 2-feature input (the data,
+    not a layer), are no bottleneck."""
+    from nndx.report import LayerInfo, ParameterStats
+
+    from .reports import flat, points
+
+    stalled = {"train": points(flat(5, level=2.3))}
+
+    def found(layers: list[tuple[str, str, list[int]]], classes: int) -> dict:
+        params = [ParameterStats(name=f"{name}.weight", shape=shape, weight_norm=1.0) for name, _, shape in layers]
+        model = mlp_model(layers=[LayerInfo(name=n, type=t, param_count=math.prod(s)) for n, t, s in layers])
+        return _found(BASE.model_copy(update={"num_classes": classes, "parameters": params, "model": model,
+                                              "loss_history": stalled}))  # fmt: skip
+
+    pooled = found([("stem", "Conv2d", [2, 1, 3, 3]), ("block", "Conv2d", [4, 2, 3, 3]), ("head", "Linear", [10, 4])], 10)
+    assert pooled["NNDX403"].severity == "warning" and pooled["NNDX403"].evidence["width"] == 4
+    assert "NNDX403" not in found([("stem", "Conv2d", [32, 1, 3, 3]), ("head", "Linear", [10, 32])], 10)
+    lm = [("tok", "Embedding", [65, 24]), ("fc", "Linear", [96, 24]), ("proj", "Linear", [24, 96]),
+          ("lm_head", "Linear", [65, 24])]  # fmt: skip
+    assert "NNDX403" not in found(lm, 65)
+    assert "NNDX403" not in found([("0", "Linear", [16, 2]), ("2", "Linear", [3, 16])], 3)  # xor's 2 input features
