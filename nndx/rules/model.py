@@ -227,16 +227,17 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     if model is None or is_classification(report) is not True or not classes or len(model.layers) < 2:
         return None
     widths = _layer_widths(report)
-    hidden = widths[:-1] + _hidden_inputs(report)
-    narrow = [(name, width) for name, width in hidden if width < max(2, classes) and width <= NARROW_FEATURES]
+    hidden = [(name, w, f"hidden layer {name} has {w} units") for name, w in widths[:-1]]
+    hidden += [(name, w, f"{name} is fed {w} features") for name, w in _hidden_inputs(report)]
+    narrow = [entry for entry in hidden if entry[1] < max(2, classes) and entry[1] <= NARROW_FEATURES]
     if not narrow:
         return None
-    width = min(w for _, w in narrow)
+    width = min(w for _, w, _ in narrow)
     curve = loss_curve(report)
     overfit = report.probes.overfit_one_batch if report.probes is not None else None
     stalled = (curve.n >= 10 and curve.end > 0.5 * curve.start) or (overfit is not None and overfit.status == "failed")
     return Hit(
-        symptom=f"hidden layer {narrow[0][0]} has {width} units for {classes} classes",
+        symptom=f"{narrow[0][2]} for {classes} classes",
         evidence={
             "layer": narrow[0][0],
             "width": width,
