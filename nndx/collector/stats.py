@@ -875,14 +875,15 @@ def frozen_at_init(model: nn.Module) -> tuple[list[str], int]:
                 variance = centred.square().mean()
                 kurtosis = centred.pow(4).mean() / variance.square().clamp_min(torch.finfo(values.dtype).tiny)
                 readings.append(torch.stack([values.abs().max(), values.square().mean().sqrt(), values.mean(),
-                                             kurtosis, values.max() - values.min()]).float().cpu())  # fmt: skip
+                                             kurtosis, values.max() - values.min()]).float())  # fmt: skip
             # a low-precision weight rounds a draw near the bound past it by up to its eps
             slack = 1 + 2 * torch.finfo(param.dtype).eps
             inits = [(kind, [v * slack for v in scale] if kind == "uniform" else scale) for kind, scale in inits]
             checks.append((f"{prefix}.{name}" if prefix else name, param.numel(), inits))
     if not checks:
         return [], 0
-    values = torch.stack(readings).tolist()  # one host transfer for every tensor
+    device = readings[0].device
+    values = torch.stack([r.to(device) for r in readings]).tolist()  # one host transfer for every tensor
     at_init = [name for (name, n, inits), reading in zip(checks, values)
                if any(_fits_init(kind, reading, n, scale) for kind, scale in inits)]  # fmt: skip
     return at_init, len(checks)
