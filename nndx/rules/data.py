@@ -291,8 +291,9 @@ OFF_CENTRE = 8.0
     "warning",
     "Training data ordered by label",
     detects="Batches that reached the loss (the probes' batch, the Monitor's recorded steps) mostly of one "
-    "class, where random order would rarely give that (one-class batches of two or more classes, or a "
-    "chance sum_c p_c^B under 5% from the class counts), or regression batches whose target std is under "
+    "class, over twice as often as random order gives (sum_c p_c^B from the class counts) and with two or "
+    "more classes among them or that chance under 5% (without class counts: batches of 8 or more, of two "
+    "or more classes), or regression batches whose target std is under "
     "a quarter of the split's or whose mean is over 8 standard errors off the split's. Without a batch "
     "that tells, the data checks' order: consecutive samples sharing a label far more often than random "
     "order would (label_runs_fraction over 0.95, or closing "
@@ -357,7 +358,12 @@ def _call_order(call, counts: list[int], train: SplitStats | None) -> Hit | bool
     chance = sum((c / sum(counts)) ** rows for c in counts) if len(counts) >= 2 else None
     evidence = {"measured_batches": measured, "single_class_batches": single, "batch_rows": rows,
                 "one_class_chance": chance}  # fmt: skip
-    if single and 2 * single >= measured and (len(values) >= 2 or (chance is not None and chance < ONE_CLASS_CHANCE)):
+    share = single / measured
+    # far more one-class batches than random order gives (without class counts: batches of
+    # at least 8 of two or more classes, where chance is small for any balance worth training)
+    beyond_chance = share > 2 * chance and (len(values) >= 2 or chance < ONE_CLASS_CHANCE) if chance is not None \
+        else rows >= 8 and len(values) >= 2
+    if single and share >= 0.5 and beyond_chance:
         return Hit(symptom=f"{single} of {measured} measured batches that reached the loss held one class"
                    + (f" ({len(values)} different ones)" if len(values) >= 2 else ""),
                    evidence=evidence, score=1.0 + single / measured)  # fmt: skip

@@ -646,6 +646,10 @@ def test_training_order_is_read_from_the_batches_not_from_how_the_data_is_stored
     # 97% of one class: batches of 8 of that class alone are common by chance
     skewed = healthy_split(class_counts={"0": 970, "1": 30}, label_runs_fraction=0.94)
     assert severity(skewed, batches(10, 8, [0.0], rows=8)) is None
+    # batches of two of a balanced binary task hold one class half the time, of either class
+    binary = healthy_split(class_counts={"0": 500, "1": 500}, label_runs_fraction=0.5)
+    assert severity(binary, batches(20, 11, [0.0, 1.0], rows=2)) is None
+    assert severity(binary, batches(20, 20, [0.0, 1.0], rows=16)) == "warning"
 
 
 def test_regression_batches_that_are_slices_of_sorted_targets_are_unshuffled():
