@@ -468,13 +468,15 @@ DENSE_TARGETS = 256
     "Tiny batches make the loss noisy",
     detects="A batch of at most 4 samples at the loss (the size most loss calls were made with, so that "
     "evaluation on large batches does not hide it) together with step-to-step loss swings over 20% "
-    "of the local loss level. Info in a preflight (no loss history): the probes' batch that small; "
+    "of the local loss level, or through BatchNorm whatever the swings (its batch statistics over a few "
+    "samples are noise). Info in a preflight (no loss history): the probes' batch that small; "
     f"info too when each step averages over {DENSE_TARGETS} targets or more (a few images in "
     "super-resolution or segmentation, a few long sequences): there the swings are the samples' "
     "differences, and a small batch is a common, deliberate choice.",
     why="Gradient noise grows as the batch shrinks; steps point in nearly random directions.",
     fix="Increase the batch size (or accumulate gradients over several micro-batches), and lower the LR "
-    "if the batch must stay small.",
+    "if the batch must stay small; with BatchNorm, use GroupNorm or LayerNorm for batches that small "
+    "(accumulation does not enlarge BatchNorm's batch).",
 )
 def batch_too_small(report: DiagnosticReport) -> Hit | None:
     # the training batch is the one most loss calls were made with: a few evaluation calls on
@@ -496,11 +498,16 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     if curve.n < 10:  # a preflight: the batch is all there is to see
         return Hit(severity="info", symptom=f"the probes were given a batch of {size}: if training uses batches "
                    "this small, each step follows mostly noise", evidence=evidence, score=1.0)  # fmt: skip
-    if curve.multiplicative_noise <= 0.2:
+    # BatchNorm in training normalises each batch by its own statistics: of a few samples they
+    # are noise, whatever the loss curve shows
+    batchnorm = bool(report.loop and report.loop.has_batchnorm) or bool(report.model and report.model.has_batchnorm)
+    if curve.multiplicative_noise <= 0.2 and not batchnorm:
         return None
     dense = targets >= DENSE_TARGETS
+    swings = f"step-to-step loss swings of {curve.multiplicative_noise:.0%}"
     return Hit(
-        symptom=f"batch size {size} with step-to-step loss swings of {curve.multiplicative_noise:.0%}"
+        symptom=f"batch size {size} " + (f"through BatchNorm, which normalises with {size} samples' statistics; "
+                                         if batchnorm else "with ") + swings
         + (f" ({targets} targets a step: the swings are mostly the samples' differences)" if dense else ""),
         evidence=evidence | {"relative_swing": curve.multiplicative_noise},
         severity="info" if dense else None,

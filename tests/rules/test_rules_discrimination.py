@@ -693,3 +693,22 @@ def test_a_few_channels_pooled_into_a_head_are_a_bottleneck_a_language_models_wi
           ("lm_head", "Linear", [65, 24])]  # fmt: skip
     assert "NNDX403" not in found(lm, 65)
     assert "NNDX403" not in found([("0", "Linear", [16, 2]), ("2", "Linear", [3, 16])], 3)  # xor's 2 input features
+
+
+def test_batches_of_two_through_batchnorm_are_too_small_even_when_the_loss_looks_calm():
+    """BatchNorm normalises each training batch by its own mean and variance: over 2 samples
+    they are noise, whether or not the loss swings. Without BatchNorm a calm loss at batch 2
+    is no evidence; a preflight only says what batch it was given."""
+    from nndx.report import LossCall
+
+    from .reports import noisy_decreasing, points
+
+    def severity(batchnorm: bool, history: bool = True) -> str | None:
+        call = LossCall(loss_type="CrossEntropyLoss", output_shape=[2, 10], target_shape=[2], target_dtype="int64", calls=80)
+        report = with_loop(BASE, loss_calls=[call], has_batchnorm=batchnorm).model_copy(
+            update={"loss_history": {"train": points(noisy_decreasing(4, noise=0.05))} if history else {}})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX311"), None)
+
+    assert severity(batchnorm=True) == "warning"
+    assert severity(batchnorm=False) is None
+    assert severity(batchnorm=True, history=False) == "info"
