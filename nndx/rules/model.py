@@ -166,17 +166,23 @@ def _logits_clipped(call: LossCall) -> str | None:
     return None
 
 
+def _weight_shapes(report: DiagnosticReport) -> dict[str, list[int]]:
+    """Each layer's weight shape, by layer name, in the order the parameters were recorded."""
+    shapes: dict[str, list[int]] = {}
+    for param in report.parameters:
+        if param.name.endswith("weight") and param.shape:
+            shapes.setdefault(param.name.rsplit(".", 1)[0], param.shape)
+    return shapes
+
+
 def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
     """(layer, output units) of the Linear layers in order: from the weight shapes
     ([out, in]) of the parameters, else from the recorded output shapes. A convolution's
     channels are no bottleneck (each is a whole feature map: 8 channels of 8x8 hold 512
     features), so conv kernels are left out."""
-    seen: dict[str, int] = {}
-    for param in report.parameters:
-        if param.name.endswith("weight") and len(param.shape) == 2:
-            seen.setdefault(param.name.rsplit(".", 1)[0], param.shape[0])
+    seen = [(layer, shape[0]) for layer, shape in _weight_shapes(report).items() if len(shape) == 2]
     if seen:
-        return list(seen.items())
+        return seen
     model = report.model
     return [
         (layer.name, layer.output_shape[1])
@@ -197,10 +203,7 @@ def _hidden_inputs(report: DiagnosticReport) -> list[tuple[str, int]]:
     model = report.model
     if model is None:
         return []
-    shapes = {}
-    for param in report.parameters:
-        if param.name.endswith("weight") and param.shape:
-            shapes.setdefault(param.name.rsplit(".", 1)[0], param.shape)
+    shapes = _weight_shapes(report)
     layers = [layer for layer in model.layers if layer.param_count]
     return [(layer.name, shapes[layer.name][1]) for layer in layers[1:]
             if layer.type in ("Linear", "LazyLinear") and len(shapes.get(layer.name, ())) == 2]  # fmt: skip
