@@ -91,6 +91,16 @@ class BasicBlock(nn.Module):
         return self.relu(out + identity)
 
 
+def torchvision_init(model: nn.Module) -> None:
+    """torchvision's ResNet init: He-normal (fan_out) convolutions, BatchNorm scale 1 and shift 0."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.constant_(m.weight, 1)
+            nn.init.constant_(m.bias, 0)
+
+
 class ResNet18(nn.Module):
     def __init__(self, widths: tuple[int, ...] = WIDTHS, in_channels: int = 3, num_classes: int = 1000) -> None:
         super().__init__()
@@ -106,12 +116,7 @@ class ResNet18(nn.Module):
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(widths[-1], num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.constant_(m.weight, 1)
-                nn.init.constant_(m.bias, 0)
+        torchvision_init(self)
 
 
 class SiameseNetwork(nn.Module):

@@ -19,6 +19,7 @@ deep-copied and loaded back at the end; batch size 64, 25 epochs; a small traini
 (the tutorial's CUB subset: ~30 images per class), a shuffled train loader and an
 unshuffled val loader; augmentation on train only, Normalize with the pretraining
 data's mean and std.
+``BasicBlock`` and the init are the siamese-network port's (the same torchvision code).
 Shrunk: ImageNet pretraining is replaced by 6 epochs of training the same network on
 scikit-learn's digits 0-4 (made at run time, cached per seed; nothing downloaded); the
 target task is digits 5-9 with 30 training images per class (the rest are the val
@@ -43,6 +44,7 @@ from torch import nn
 
 from bench.programs import data
 from bench.programs.harness import Measure, Nndx, Source, Variant
+from bench.programs.siamese_network import BasicBlock, torchvision_init
 from nndx.report import CauseCode as C
 
 NAME = "transfer_learning"
@@ -72,24 +74,6 @@ PER_CLASS = 30
 PRETRAIN_EPOCHS = 10
 
 
-class BasicBlock(nn.Module):
-    def __init__(self, inplanes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + identity)
-
-
 class ResNet(nn.Module):
     def __init__(self, num_classes: int) -> None:
         super().__init__()
@@ -99,12 +83,7 @@ class ResNet(nn.Module):
         self.layer2 = BasicBlock(16, 32, stride=2)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(32, num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.constant_(m.weight, 1)
-                nn.init.constant_(m.bias, 0)
+        torchvision_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.bn1(self.conv1(x)))
