@@ -560,6 +560,8 @@ class LossCall(Schema):
     )
     target_mean: Float | None = Field(None, description="mean of floating-point targets")
     target_std: Float | None = Field(None, description="standard deviation of floating-point targets")
+    target_min: Float | None = Field(None, description="smallest floating-point target seen")
+    target_max: Float | None = Field(None, description="largest floating-point target seen")
     calls: Count = 1
     measured_batches: Count = Field(0, description="calls whose targets (2 or more values) were measured")
     single_target_batches: Count = Field(

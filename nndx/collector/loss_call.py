@@ -21,12 +21,15 @@ one host synchronisation.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from nndx import vocab
+from nndx.collector.stats import Pending
 from nndx.report import LossCall
 
 MAX_SIGNATURES = 16
@@ -38,8 +41,14 @@ ROWS_SUM_TOLERANCE = 1e-3
 def call_evidence(output: torch.Tensor, target: torch.Tensor | None) -> dict[str, float | None]:
     """What one loss call shows, with one host synchronisation: the output's range, the
     largest |row sum - 1| over its class axis (dim 1; None without one), its share of
-    exact zeros, the mean and std of floating-point targets, and whether the targets all
+    exact zeros, the mean, std and range of floating-point targets, and whether the targets all
     hold one value (a batch of one class: data in label order)."""
+    return pending_evidence(output, target).resolve()
+
+
+def pending_evidence(output: torch.Tensor, target: torch.Tensor | None) -> Pending[dict[str, float]]:
+    """:func:`call_evidence` with the values not fetched yet (the Monitor fetches them
+    with the recorded step's others)."""
     x = output.detach().float()
     lo, hi = torch.aminmax(x)
     values = {"output_min": lo, "output_max": hi, "output_zero_fraction": (x == 0).float().mean()}
@@ -48,12 +57,14 @@ def call_evidence(output: torch.Tensor, target: torch.Tensor | None) -> dict[str
     if target is not None and target.is_floating_point() and target.numel() > 1:
         t = target.detach().float()
         values["target_mean"], values["target_std"] = t.mean(), t.std()
+        values["target_min"], values["target_max"] = torch.aminmax(t)
     if target is not None and target.numel() > 1 and not target.is_complex():
         flat = target.detach().reshape(-1)
         values["target_single"] = (flat == flat[0]).all().float()
         values["target_first"] = flat[0].float()
-    fetched = torch.stack([v.reshape(()).to(x.device) for v in values.values()]).tolist()
-    return dict(zip(values, fetched))
+    names = list(values)
+    stacked = torch.stack([v.reshape(()).to(x.device, torch.float64) for v in values.values()])
+    return Pending(stacked, lambda fetched: dict(zip(names, fetched)))
 
 
 def _dtype(t: torch.Tensor | None) -> str | None:
@@ -67,9 +78,11 @@ class LossCallLog:
         self.max_signatures = max_signatures
         self._entries: dict[tuple, dict[str, Any]] = {}
 
-    def add(self, loss_type: str, output: Any, target: Any, measure: bool = False) -> None:
+    def add(self, loss_type: str, output: Any, target: Any, measure: bool = False,
+            defer: Callable[[Pending, Callable[[Any], None]], None] | None = None) -> None:
         """Count a call of ``loss_type`` on ``output`` and ``target`` (anything that is not
-        a tensor output is not evidence of its kind, and is left out)."""
+        a tensor output is not evidence of its kind, and is left out). ``defer``: hand the
+        evidence's values to this instead of fetching them now (the Monitor's Deferred)."""
         if not isinstance(output, torch.Tensor):
             return
         target_t = target if isinstance(target, torch.Tensor) else None
@@ -92,23 +105,33 @@ class LossCallLog:
                 "calls": 1,
             }
         if output.is_floating_point() and output.numel() > 0:
-            seen = call_evidence(output, target_t)
-            lo, hi = seen["output_min"], seen["output_max"]
-            entry["output_min"] = lo if entry.get("output_min") is None else min(entry["output_min"], lo)
-            entry["output_max"] = hi if entry.get("output_max") is None else max(entry["output_max"], hi)
-            entry["output_zero_fraction"] = min(max(seen["output_zero_fraction"], 0.0), 1.0)
-            if "rows_off_one" in seen:
-                looks = lo >= 0.0 and hi <= 1.0 and seen["rows_off_one"] < ROWS_SUM_TOLERANCE
-                entry["output_rows_sum_to_one"] = looks and entry.get("output_rows_sum_to_one", True) is not False
-            if "target_mean" in seen:
-                entry["target_mean"], entry["target_std"] = seen["target_mean"], seen["target_std"]
-            if "target_single" in seen:
-                entry["measured_batches"] = entry.get("measured_batches", 0) + 1
-                if seen["target_single"]:
-                    entry["single_target_batches"] = entry.get("single_target_batches", 0) + 1
-                    values = entry.setdefault("single_target_values", [])
-                    if seen["target_first"] not in values and len(values) < MAX_SINGLE_VALUES:
-                        values.append(seen["target_first"])
+            pending = pending_evidence(output, target_t)
+            if defer is None:
+                self._merge(entry, pending.resolve())
+            else:
+                defer(pending, lambda seen: self._merge(entry, seen))
+
+    @staticmethod
+    def _merge(entry: dict[str, Any], seen: dict[str, float]) -> None:
+        """Fold one call's evidence into its signature's entry."""
+        lo, hi = seen["output_min"], seen["output_max"]
+        entry["output_min"] = lo if entry.get("output_min") is None else min(entry["output_min"], lo)
+        entry["output_max"] = hi if entry.get("output_max") is None else max(entry["output_max"], hi)
+        entry["output_zero_fraction"] = min(max(seen["output_zero_fraction"], 0.0), 1.0)
+        if "rows_off_one" in seen:
+            looks = lo >= 0.0 and hi <= 1.0 and seen["rows_off_one"] < ROWS_SUM_TOLERANCE
+            entry["output_rows_sum_to_one"] = looks and entry.get("output_rows_sum_to_one", True) is not False
+        if "target_mean" in seen:
+            entry["target_mean"], entry["target_std"] = seen["target_mean"], seen["target_std"]
+            entry["target_min"] = min(entry.get("target_min", math.inf), seen["target_min"])
+            entry["target_max"] = max(entry.get("target_max", -math.inf), seen["target_max"])
+        if "target_single" in seen:
+            entry["measured_batches"] = entry.get("measured_batches", 0) + 1
+            if seen["target_single"]:
+                entry["single_target_batches"] = entry.get("single_target_batches", 0) + 1
+                values = entry.setdefault("single_target_values", [])
+                if seen["target_first"] not in values and len(values) < MAX_SINGLE_VALUES:
+                    values.append(seen["target_first"])
 
     def records(self) -> list[LossCall]:
         return [LossCall(**entry) for entry in self._entries.values()]

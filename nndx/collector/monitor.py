@@ -142,10 +142,10 @@ class Monitor:
         _check_options(every, loss_fn, checksum_every)
         self.watched = Watched.of(model, optimizer)
         self.model, self.optimizer, self.every = model, optimizer, every
-        self._deferred = Deferred()
-        self.ctx = StepContext(self.watched, self._deferred)
         self.errors = ErrorGuard(MAX_ERRORS)
         self._guard, self.record_error = self.errors.guard, self.errors.record
+        self._deferred = Deferred(on_error=self.record_error)
+        self.ctx = StepContext(self.watched, self._deferred)
         self.losses = LossHistory(history_size)
         self.layers = LayerStatistics(self.watched, max_elements, layer_history_size, self._guard)
         self.parameters = ParameterUpdates(self.watched, max_elements, layer_history_size)
@@ -259,11 +259,12 @@ class Monitor:
         ctx = self.ctx
         self._dispatch("on_step_end")
         step, recorded = ctx.step, ctx.recording
+        if recorded:  # the one host synchronisation of a recorded step, for everything deferred since the last
+            self._deferred.flush()
         ctx.step, ctx.optimizer, ctx.backward_since_step, ctx.recording = step + 1, None, False, False
         if ctx.step % self.every == 0:
             ctx.recording = True
             self._dispatch("on_record_start")
-            self._deferred.flush()
         for observer in self.observers if notify else ():  # unguarded: raising is how an observer stops training
             if hasattr(observer, "on_step"):
                 observer.on_step(self, step, recorded)

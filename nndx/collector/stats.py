@@ -49,13 +49,29 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 import torch
 from torch import nn
 
 from nndx import vocab
 from nndx.report import ActivationStats, GradientStats, LayerInfo, LayerStats, ModelSummary, ParameterStats
+
+T = TypeVar("T")
+
+
+class Pending(Generic[T]):
+    """Statistics computed on the device whose values are not fetched yet.
+    ``resolve()`` fetches them now (one host synchronisation); the Monitor instead hands
+    ``values`` to its :class:`~nndx.collector.watch.base.Deferred`, which fetches every
+    pending value of a recorded step together: on a GPU each fetch stalls the stream."""
+
+    def __init__(self, values: torch.Tensor, build: Callable[[list[float]], T]) -> None:
+        self.values, self.build = values, build  # values: 1-D float64
+
+    def resolve(self) -> T:
+        return self.build(self.values.tolist())
+
 
 # torch classes of the kinds in nndx.vocab (the names there are the ones reports carry)
 ACTIVATION_TYPES: tuple[type[nn.Module], ...] = tuple(
@@ -535,31 +551,41 @@ class LayerRecorder:
     def finish_step_records(self) -> list[LayerRecord]:
         """:meth:`finish_step` as :class:`LayerRecord` s, without building the report
         models (the Monitor keeps these: a fifth of the models' memory)."""
+        return self.finish_step_pending().resolve()
+
+    def finish_step_pending(self) -> Pending[list[LayerRecord]]:
+        """:meth:`finish_step_records` with the values not fetched yet: the Monitor
+        fetches them with the step's other values, one synchronisation in all."""
         self._recording = False
         self._reduce()
         # buffers of shapes this step did not have (variable batch or sequence lengths) go
         self._slots = {group: slots for group, slots in self._slots.items() if slots.touched}
         if self.workspace_bytes > PENDING_BYTES:
             self._slots.clear()
-        flat = torch.cat([rows.reshape(-1).to(self._rows[0][0].device, torch.float64) for rows, _ in self._rows]).tolist() if self._rows else []
+        rows = self._rows[:]
+        values = torch.cat([r.reshape(-1).to(rows[0][0].device, torch.float64) for r, _ in rows]) if rows else torch.empty(0, dtype=torch.float64)
         starts = [0]
-        for rows, _ in self._rows:
-            starts.append(starts[-1] + rows.numel())
-
-        def fields(kind: str, name: str) -> ActivationRecord | GradientRecord | None:
-            where = self._where.get((kind, name))
-            if where is None:
-                return None
-            group, row, n, extra = where
-            columns = self._rows[group][1]
-            start = starts[group] + row * len(columns)
-            fetched = dict(zip(columns, flat[start:start + len(columns)]))
-            return (activation_fields if kind == "act" else gradient_fields)(fetched, n, extra)
-
-        records = [LayerRecord(name, self._types[name], self._step, fields("act", name), fields("grad", name)) for name in self._order]
+        for r, _ in rows:
+            starts.append(starts[-1] + r.numel())
+        columns = [c for _, c in rows]
+        where, step = dict(self._where), self._step
+        layers = [(name, self._types[name]) for name in self._order]
         self._rows.clear()
         self._where.clear()
-        return records
+
+        def build(flat: list[float]) -> list[LayerRecord]:
+            def fields(kind: str, name: str) -> ActivationRecord | GradientRecord | None:
+                at = where.get((kind, name))
+                if at is None:
+                    return None
+                group, row, n, extra = at
+                start = starts[group] + row * len(columns[group])
+                fetched = dict(zip(columns[group], flat[start:start + len(columns[group])]))
+                return (activation_fields if kind == "act" else gradient_fields)(fetched, n, extra)
+
+            return [LayerRecord(name, kind, step, fields("act", name), fields("grad", name)) for name, kind in layers]
+
+        return Pending(values, build)
 
     def _keep(self, kind: str, name: str, sample: torch.Tensor, group: tuple, n: int, extra: int) -> None:
         """Copy ``sample`` into its group's buffer for the next reduction (a module
@@ -703,7 +729,7 @@ def parameter_stats(
     ``grad_norms``: per-parameter gradient norms already computed for this step (the
     Monitor has them from the end of backward), to save a pass over the gradients."""
     named = list(model.named_parameters())
-    return [r.model() for r in parameter_records(named, before, step, max_elements, grad_norms)]
+    return [r.model() for r in parameter_records(named, before, step, max_elements, grad_norms).resolve()]
 
 
 def parameter_records(
@@ -712,12 +738,12 @@ def parameter_records(
     step: int | None = None,
     max_elements: int | None = None,
     grad_norms: dict[str, torch.Tensor] | None = None,
-) -> list[ParameterRecord]:
+) -> Pending[list[ParameterRecord]]:
     """:func:`parameter_stats` over the given named parameters, as records. Each kind of
     norm is one foreach call over all parameters, not an op per parameter;
     :func:`reference_update_ratio` is the ratio, plainly."""
     if not named:
-        return []
+        return Pending(torch.empty(0, dtype=torch.float64), lambda _: [])
     device = named[0][1].device
     weights = [p.detach() for _, p in named]
     # every norm goes into one list, stacked and fetched once; which entries a parameter
@@ -752,20 +778,25 @@ def parameter_records(
             for j, (i, update) in enumerate(zip(compared, updates)):
                 ratio_at[i] = (len(all_norms) + j, scale_at.get(j, i))
             all_norms += [*updates, *sample_norms]
-        values = torch.stack([v.to(device, torch.float64) for v in all_norms]).tolist()
-    records = []
-    for i, (n, p) in enumerate(named):
-        ratio = ratio_at.get(i)
-        records.append(ParameterRecord(
-            n,
-            tuple(p.shape),
-            step,
-            p.requires_grad,
-            values[i],
-            values[grad_at[i]] if i in grad_at else None,
-            None if ratio is None else values[ratio[0]] / max(values[ratio[1]], 1e-12),
-        ))
-    return records
+        values = torch.stack([v.to(device, torch.float64) for v in all_norms])
+    shapes = [(n, tuple(p.shape), p.requires_grad) for n, p in named]
+
+    def build(values: list[float]) -> list[ParameterRecord]:
+        records = []
+        for i, (n, shape, requires_grad) in enumerate(shapes):
+            ratio = ratio_at.get(i)
+            records.append(ParameterRecord(
+                n,
+                shape,
+                step,
+                requires_grad,
+                values[i],
+                values[grad_at[i]] if i in grad_at else None,
+                None if ratio is None else values[ratio[0]] / max(values[ratio[1]], 1e-12),
+            ))
+        return records
+
+    return Pending(values, build)
 
 
 def summarize_model(model: nn.Module, forward_order: list[str] | None = None) -> ModelSummary:

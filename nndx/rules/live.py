@@ -64,7 +64,9 @@ class WindowedSource(Protocol):
 
 class LiveAlerts:
     """A Monitor observer: every ``alert_every`` completed steps (0: never), evaluate the
-    live rules and report each new finding once (see the module docstring)."""
+    live rules and report each new finding once (see the module docstring). A check
+    waits for the Monitor's next recorded step, whose values are fetched from the device
+    anyway, unless ``alert_every`` is shorter than the Monitor's ``every``."""
 
     def __init__(
         self,
@@ -81,10 +83,14 @@ class LiveAlerts:
         self.rules: list[Rule] = [REGISTRY[rule_id] for rule_id in rule_ids if rule_id in REGISTRY]
         self.findings: dict[str, Finding] = {}  # rule id -> its first finding
         self._live: list[LiveFinding] = []
+        self._due = 0  # completed steps before the next check (0: alert_every)
 
     def on_step(self, monitor: WindowedSource, step: int, recorded: bool) -> None:
-        if not self.alert_every or (step + 1) % self.alert_every:
+        if not self.alert_every or step + 1 < (self._due or self.alert_every):
             return
+        if not recorded and self.alert_every >= getattr(monitor, "every", 1):
+            return  # wait for the next recorded step: its values are fetched anyway (one sync, not two)
+        self._due = step + 1 + self.alert_every
         stopping = []
         for finding in self.check(monitor, step):
             logger.log(_LOG_LEVEL[finding.severity], "nndx: %s %s at step %d: %s (%s)",

@@ -10,6 +10,8 @@ from torch import nn
 
 import nndx
 from nndx.collector.watch import History as _History
+from nndx.collector import stats as stats_module
+from nndx.collector.watch import base as base_module
 from nndx.collector.watch import layers as layers_module
 from nndx.integrations.monitor import Monitor, TrainingFailure, watch
 from nndx.report import CauseCode, DiagnosticReport, Finding
@@ -160,6 +162,32 @@ def test_a_failing_hook_is_recorded_and_training_goes_on(monkeypatch):
     assert report.loop.steps == STEPS  # the loop ran to the end
     assert report.errors and report.errors[0].source == "monitor.step_pre"
     assert "snapshot exploded" in report.errors[0].message
+
+
+@pytest.mark.parametrize("every", [1, 5])
+def test_values_are_fetched_from_the_device_once_per_recorded_step(monkeypatch, every):
+    """On a GPU every fetch stalls the stream: the layer statistics, the parameter norms,
+    the losses, gradient norms and LRs of a recorded step (and of the unrecorded steps
+    before it) come back in one fetch, live alerts and the wrapped loss included.
+    bench/gpu.py counts the synchronisations themselves on a GPU."""
+    fetches, resolved = [], []
+    real_fetch, real_resolve = base_module.fetch, stats_module.Pending.resolve
+    monkeypatch.setattr(base_module, "fetch", lambda tensors: fetches.append(mon.ctx.step) or real_fetch(tensors))
+    monkeypatch.setattr(stats_module.Pending, "resolve", lambda self: resolved.append(1) or real_resolve(self))
+    model, opt, mon = monitored(every=every, alert_every=5, loss_fn=nn.CrossEntropyLoss())
+    x, y = batch()
+    for _ in range(20):
+        opt.zero_grad()
+        loss = mon.loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        mon.log(loss)
+    assert fetches == list(range(0, 20, every)) and resolved == []
+    report = mon.report()
+    mon.close()
+    assert len({layer.step for layer in report.layers}) == 20 // every  # every recorded step arrived
+    assert len(report.loss_history["train"]) == 20  # the last loss, logged after the last step, too
+    assert mon.findings == []
 
 
 # ---------------------------------------------------------------- counting: steps, backward, zero_grad

@@ -53,7 +53,7 @@ def test_missing_zero_grad_fires_once_with_its_step(caplog):
     codes = [f.code.value for f in mon.findings]
     assert codes.count("MISSING_ZERO_GRAD") == 1  # reported once, not at every evaluation
     finding = next(f for f in mon.findings if f.code.value == "MISSING_ZERO_GRAD")
-    assert finding.step == 4  # the first evaluation (after 5 steps) already sees it
+    assert finding.step == 5  # the first evaluation (the first recorded step after 5 steps) already sees it
     assert seen == mon.findings
     live = mon.report().loop.live_findings
     assert [(f.rule_id, f.step) for f in live] == [(f.rule_id, f.step) for f in mon.findings]

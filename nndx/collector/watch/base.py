@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nndx.collector.stats import Pending
 from nndx.report import ErrorRecord
 
 logger = logging.getLogger("nndx")
@@ -85,11 +86,12 @@ class StepContext:
     ``optimizer``: the optimizer whose ``step()`` is running (None between steps and in
     loops without an optimizer). ``grad_norms``: each parameter's gradient norm at the end
     of the last backward pass, on recorded steps (one pass, shared by the watchers), and
-    ``total_grad_norm`` their global norm. ``defer``: queue a record holding 0-d tensors; their values are fetched together,
-    with one host synchronisation per recorded step."""
+    ``total_grad_norm`` their global norm. ``defer``: queue a record holding 0-d tensors,
+    or pending statistics; their values are fetched together, with one host
+    synchronisation per recorded step."""
 
     watched: Watched
-    defer: Callable[[History, tuple], None]
+    defer: Deferred
     step: int = 0
     recording: bool = True
     backward_step: int = 0
@@ -220,38 +222,58 @@ def nonfinite(values: Any) -> bool:
 
 
 def fetch(tensors: list[torch.Tensor]) -> list[float]:
-    """Values of many 0-d tensors with one host synchronisation (on a GPU every
-    ``.item()`` stalls the stream)."""
+    """Values of many 0-d and 1-d tensors, flattened in order, with one host
+    synchronisation (on a GPU every ``.item()`` stalls the stream)."""
     if not tensors:
         return []
     device = tensors[0].device
     dtype = torch.float32 if device.type == "mps" else torch.float64
-    return torch.stack([t.detach().reshape(()).to(device=device, dtype=dtype) for t in tensors]).tolist()
+    return torch.cat([t.detach().reshape(-1).to(device=device, dtype=dtype) for t in tensors]).tolist()
 
 
 class Deferred:
-    """Records waiting for their tensors' values: :meth:`flush` fetches them all with
-    one synchronisation and appends each, resolved, to its history."""
+    """Values waiting to be fetched: records of 0-d tensors (appended, resolved, to
+    their history) and :class:`~nndx.collector.stats.Pending` statistics (handed, resolved,
+    to a callback). :meth:`flush` fetches them all with one synchronisation; the Monitor
+    flushes once per recorded step."""
 
     FLUSH_AT = 1024  # pending records fetched at the latest after this many
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self._pending: list[tuple[History, tuple]] = []
+        self._statistics: list[tuple[Pending, Callable[[Any], None]]] = []
+        self.on_error = on_error  # (source, exception); None: raise
 
     def __call__(self, history: History, record: tuple) -> None:
         self._pending.append((history, record))
         if len(self._pending) >= self.FLUSH_AT:
             self.flush()
 
+    def statistics(self, pending: Pending, on_ready: Callable[[Any], None]) -> None:
+        """Call ``on_ready`` with ``pending`` resolved, at the next flush."""
+        self._statistics.append((pending, on_ready))
+
     def flush(self) -> None:
-        if not self._pending:
+        if not (self._pending or self._statistics):
             return
         pending, self._pending = self._pending, []
-        values = iter(fetch([v for _, record in pending for v in record if isinstance(v, torch.Tensor)]))
+        statistics, self._statistics = self._statistics, []
+        scalars = [v for _, record in pending for v in record if isinstance(v, torch.Tensor)]
+        sizes = [s.values.numel() for s, _ in statistics]
+        flat = fetch([*scalars, *(s.values for s, _ in statistics)])
+        values = iter(flat[:len(scalars)])
         for history, record in pending:
             resolved = record._make(next(values) if isinstance(v, torch.Tensor) else v for v in record)
             history.append(resolved, pinned=nonfinite(resolved))
-
+        start = len(scalars)
+        for (s, on_ready), size in zip(statistics, sizes):
+            try:
+                on_ready(s.build(flat[start:start + size]))
+            except Exception as exc:  # one watcher's records failing must not lose the others'
+                if self.on_error is None:
+                    raise
+                self.on_error("flush", exc)
+            start += size
 
 
 class ErrorGuard:

@@ -46,7 +46,9 @@ class LayerStatistics(Watcher):
     def on_step_end(self, ctx: StepContext) -> None:
         if not self.recorder.recording:
             return
-        records = self.recorder.finish_step_records()
+        ctx.defer.statistics(self.recorder.finish_step_pending(), self._append)
+
+    def _append(self, records: list[LayerRecord]) -> None:
         if records:
             self.history.append(tuple(records), pinned=any(r.nonfinite for r in records))
             if self.forward_order is None:
@@ -87,6 +89,7 @@ class ParameterUpdates(Watcher):
         self.history = History(capacity)
         self._snapshot: dict | None = None
         self._spent: dict | None = None  # memory for the next snapshot
+        self.listeners: list[Callable[[list[ParameterRecord]], None]] = []  # told each recorded step's records
 
     def on_backward_end(self, ctx: StepContext) -> None:
         if ctx.recording and self.watched.manual:  # updated by hand: the next thing we hear is after the update
@@ -101,11 +104,16 @@ class ParameterUpdates(Watcher):
         if not ctx.recording or self._snapshot is None:
             return
         named = list(self.watched.root.named_parameters())
-        records = parameter_records(named, self._snapshot, ctx.step, self.max_elements, ctx.grad_norms)
+        pending = parameter_records(named, self._snapshot, ctx.step, self.max_elements, ctx.grad_norms)
         self._spent = self._snapshot if _nbytes(self._snapshot) <= PENDING_BYTES else None
         self._snapshot = None
+        ctx.defer.statistics(pending, self._append)
+
+    def _append(self, records: list[ParameterRecord]) -> None:
         if records:
             self.history.append(tuple(records), pinned=any(r.nonfinite for r in records))
+            for listener in self.listeners:
+                listener(records)
 
     def latest(self) -> list[ParameterRecord]:
         steps = self.history.values(newest=1)

@@ -28,7 +28,8 @@ class LossCalls(Watcher):
         """``loss_fn`` with each call recorded first; ``guard(source, fn)`` turns an
         exception of the recording into a report error."""
         loss_type = loss_name(loss_fn)
-        observe = guard("loss_fn", lambda output, target: self.log.add(loss_type, output, target, measure=ctx.recording))
+        observe = guard("loss_fn", lambda output, target: self.log.add(loss_type, output, target, measure=ctx.recording,
+                                                                      defer=ctx.defer.statistics))
 
         @functools.wraps(loss_fn)
         def wrapped(*args: Any, **kwargs: Any) -> torch.Tensor:

@@ -113,35 +113,34 @@ class EffectiveLearningRate(Watcher):
     """In a loop without an optimizer the LR is a number in the user's code: measure the
     step instead, ‖Δw‖ / ‖gradient‖ (the median over weight matrices) on recorded steps.
     That is plain SGD's LR exactly and a constant multiple of it under momentum, so a
-    schedule that collapses the LR shows in its shape. Reads the records of
-    :class:`~nndx.collector.watch.layers.ParameterUpdates`: run it after that watcher."""
+    schedule that collapses the LR shows in its shape. Listens to the records of
+    :class:`~nndx.collector.watch.layers.ParameterUpdates`."""
 
     name = "effective_lr"
 
     def __init__(self, parameters: Any, capacity: int) -> None:
-        self.parameters = parameters
+        parameters.listeners.append(self._on_records)
         self.history = History(capacity)
-        self._grad_norms: dict[str, Any] = {}
+        self._grad_norms: tuple[int, dict[str, Any]] = (-1, {})
 
     def on_backward_end(self, ctx: StepContext) -> None:
         # kept from backward: a loop that resets .grad to None before its next forward (where
         # the update is detected) leaves no gradient to measure at the step's end
-        self._grad_norms = dict(ctx.grad_norms or {}) if ctx.recording else {}
+        self._grad_norms = (ctx.step, dict(ctx.grad_norms or {}) if ctx.recording else {})
 
-    def on_step_end(self, ctx: StepContext) -> None:
-        records = self.parameters.latest() if ctx.recording else []
-        if not records or records[0].step != ctx.step:
-            return
+    def _on_records(self, records: list) -> None:
+        """A recorded step's parameter records, once fetched."""
+        step, grad_norms = self._grad_norms
         sizes = []
         for r in records:
-            grad = r.grad_norm if r.grad_norm is not None else self._grad_norms.get(r.name)
+            grad = r.grad_norm if r.grad_norm is not None else grad_norms.get(r.name) if step == r.step else None
             grad = None if grad is None else float(grad)
             if len(r.shape) >= 2 and r.update_ratio is not None and grad:
                 size = r.update_ratio * r.weight_norm / grad
                 if math.isfinite(size):
                     sizes.append(size)
         if sizes:
-            self.history.append(LRRecord(ctx.step, (statistics.median(sizes),)))
+            self.history.append(LRRecord(records[0].step, (statistics.median(sizes),)))
 
     def report(self, window: int | None) -> dict[str, Any]:
         return {"loop": {"effective_lr_history": self.history.models(_lr_point, newest=window)}}
