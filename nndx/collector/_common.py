@@ -60,11 +60,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss_again: Callable[[], to
     """``optimizer.step()`` on a probe's copy; an optimizer whose step needs a closure
     (L-BFGS re-evaluates the loss several times per step) gets one that recomputes the
     loss and its gradients with ``loss_again``."""
-    try:
-        closure_parameter = inspect.signature(optimizer.step).parameters.get("closure")
-    except (TypeError, ValueError):  # a builtin or odd wrapper: take the plain step
-        closure_parameter = None
-    if closure_parameter is None or closure_parameter.default is not inspect.Parameter.empty:
+    if not _needs_closure(optimizer):
         optimizer.step()
         return
 
@@ -75,6 +71,39 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss_again: Callable[[], to
         return loss
 
     optimizer.step(closure)
+
+
+def loss_scaler(device: torch.device, precision: Any = None) -> torch.amp.GradScaler | None:
+    """A GradScaler when a probe's forwards run under float16 autocast (``nndx.probe(...,
+    amp=torch.float16)``, or ``precision`` from :func:`train_in_float32`); else None.
+    float16 gradients under ~6e-8 are zero, so a probe that trained without loss scaling
+    would stall where the user's scaled training does not, and blame the model."""
+    setting = _FORWARD_AUTOCAST.get()
+    half = (setting is not None and setting[1] == torch.float16) or (
+        isinstance(precision, torch.autocast) and precision.fast_dtype == torch.float16)
+    return torch.amp.GradScaler(device.type) if half else None
+
+
+def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, loss_again: Callable[[], torch.Tensor],
+                      scaler: torch.amp.GradScaler | None = None) -> None:
+    """One training step of a probe's copy: backward, then :func:`optimizer_step`, with
+    the loss scaled as ``torch.amp.GradScaler`` does when ``scaler`` is given (not for an
+    optimizer that needs a closure: the scaler cannot step those)."""
+    if scaler is None or _needs_closure(optimizer):
+        loss.backward()
+        optimizer_step(optimizer, loss_again)
+        return
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    try:
+        closure_parameter = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):  # a builtin or odd wrapper: take the plain step
+        return False
+    return closure_parameter is not None and closure_parameter.default is inspect.Parameter.empty
 
 
 def loader_generators(source: Any) -> list[Any]:

@@ -57,7 +57,8 @@ from nndx.collector._common import (
     first_output,
     forward,
     loss_name,
-    optimizer_step,
+    backward_and_step,
+    loss_scaler,
     preserved_rng,
     split_batch,
 )
@@ -227,6 +228,7 @@ def _run(setup: Setup, steps: int, seed: int, deadline: float) -> list[float]:
             output = forward(setup.model, setup.inputs)
         return compute_loss(setup.loss_fn, output, setup.targets)
 
+    scaler = loss_scaler(next(setup.model.parameters(), torch.empty(0)).device)
     with preserved_rng():
         torch.manual_seed(seed)
         for step in range(steps + 1):
@@ -237,8 +239,7 @@ def _run(setup: Setup, steps: int, seed: int, deadline: float) -> list[float]:
             losses.append(float(loss.detach()))
             if not math.isfinite(losses[-1]) or step == steps:
                 break
-            loss.backward()
-            optimizer_step(setup.optimizer, setup_loss)
+            backward_and_step(loss, setup.optimizer, setup_loss, scaler)
     return losses
 
 

@@ -132,3 +132,15 @@ def test_sequence_outputs_get_a_token_accuracy_through_the_users_loss():
     idx = torch.randint(0, 5, (4, 6), generator=g)
     result = overfit_one_batch(TinyLM(), (idx, (idx + 1) % 5), lm_loss, steps=300)
     assert result.final_accuracy == 1.0 and result.status == "passed"
+
+
+def test_an_lr_that_overshoots_is_retried_ten_times_smaller_and_a_real_bug_still_fails():
+    """Adam at the probe's 1e-2 threw a healthy BatchNorm CNN from a loss of 2.4 to 30 in
+    one step, and it ended at 0.64 of its start (bench/gpu.py's CNN): failed for the
+    probe's LR, not the model's. Here lr=1 does that to a small MLP; the retry at lr/10
+    fits it. Dead units fail at both."""
+    healthy = overfit_one_batch(mlp(), batch(), nn.CrossEntropyLoss(), lr=1.0)
+    assert healthy.status == "passed" and healthy.lr == pytest.approx(0.1), healthy.message
+    assert "jumped from" in healthy.message
+    broken = overfit_one_batch(dead_relu_mlp(), batch(), nn.CrossEntropyLoss(), lr=1.0)
+    assert broken.status == "failed", broken.message

@@ -365,6 +365,19 @@ def test_amp_autocast_runs_every_probe():
         nndx.probe(mlp(), batch(), nn.CrossEntropyLoss(), amp=torch.int8)
 
 
+def test_float16_autocast_trains_the_probes_copy_with_loss_scaling():
+    """float16 gradients under ~6e-8 are zero: unscaled, a small loss's gradients vanish
+    and overfit-one-batch fails on a healthy model (WRONG_LOSS on a GPU's healthy
+    GradScaler run, bench/gpu.py). Scaled as torch.amp.GradScaler does, it fits."""
+    x, y = batch()
+
+    def small_loss(output, target):
+        return 1e-6 * nn.functional.cross_entropy(output, target)
+
+    report = nndx.probe(mlp(), (x, y), small_loss, amp=torch.float16, probes=["overfit_one_batch"], progress=False)
+    assert report.probes.overfit_one_batch.status == "passed", report.probes.overfit_one_batch.message
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_device_moves_the_copy_and_the_batch():
     model = mlp()

@@ -47,7 +47,8 @@ from nndx.collector._common import (
     copy_with_optimizer,
     forward,
     loss_name,
-    optimizer_step,
+    backward_and_step,
+    loss_scaler,
     preserved_rng,
     split_batch,
     train_in_float32,
@@ -91,6 +92,7 @@ def lr_range_test(
     with preserved_rng():
         model_copy, opt, note = copy_with_optimizer(model, optimizer, lambda p: torch.optim.Adam(p, lr=start_lr))
         precision = train_in_float32(model_copy, opt)
+        scaler = loss_scaler(next(model_copy.parameters(), torch.empty(0)).device, precision)
         for i in range(steps):
             lr = start_lr * (end_lr / start_lr) ** (i / (steps - 1))
             for group in opt.param_groups:
@@ -110,8 +112,7 @@ def lr_range_test(
             if not math.isfinite(smoothed[-1]) or smoothed[-1] > diverge_factor * min(smoothed):
                 diverged_at = lr
                 break
-            loss.backward()
-            optimizer_step(opt, batch_loss)
+            backward_and_step(loss, opt, batch_loss, scaler)
     return analyse(lrs, losses, smoothed, diverged_at, note=f"swept with {note}", loss=loss_name(loss_fn),
                    optimizer=optimizer_family(opt))  # fmt: skip
 

@@ -56,6 +56,8 @@ from nndx.collector._common import (
     map_tensors,
     preserved_rng,
     split_batch,
+    backward_and_step,
+    loss_scaler,
     train_in_float32,
     working_copy,
 )
@@ -73,63 +75,85 @@ def overfit_one_batch(
     lr: float = 1e-2,
     target_ratio: float = 0.01,
 ) -> OverfitResult:
-    """Train a copy on ``batch`` for up to ``steps`` Adam steps; stop early on success."""
+    """Train a copy on ``batch`` for up to ``steps`` Adam steps; stop early on success.
+    When the loss jumps above its start in the first steps and the copy fails, a second
+    copy trains at ``lr / 10``: Adam at 1e-2 overshoots some healthy networks (a CNN with
+    BatchNorm went from 2.4 to 30 in one step and ended at 0.64 of its start), and the
+    question is whether the model can fit, not whether it can at 1e-2."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     inputs, targets = split_batch(batch)
     task = infer_task(loss_fn, targets)
-    # a loss of the user's own: accuracy is read off what it hands to torch's loss
-    own_loss = loss_fn is not None and vocab.loss_kind(loss_name(loss_fn)) is None
-    losses: list[float] = []
-    final_accuracy: float | None = None
-    floor: float | None = None
-    passed = False
     with preserved_rng():
-        model_copy = working_copy(model)
-        params = [p for p in model_copy.parameters() if p.requires_grad]
-        if not params:
+        first = _train(model, inputs, targets, loss_fn, task, steps, lr, target_ratio)
+        if first is None:
             return OverfitResult(status="failed", task=task, lr=lr,
                                  message="the model has no trainable parameters")  # fmt: skip
-        precision = train_in_float32(model_copy)
-        optimizer = torch.optim.Adam(params, lr=lr)
-        with NoDropout():
-            for step in range(steps + 1):  # measure after each of the ``steps`` updates
-                optimizer.zero_grad(set_to_none=True)
-                inner = InnerLossCalls()
-                with precision:
-                    output = forward(model_copy, inputs)
-                    with inner if own_loss else contextlib.nullcontext():
-                        loss = compute_loss(loss_fn, output, targets)
-                losses.append(float(loss.detach()))
-                if step == 0:
-                    floor = loss_floor(loss_fn, output, targets, losses[0])
-                if task == "classification":
-                    final_accuracy = (accuracy(loss_fn, output, targets) if inner.last is None
-                                      else accuracy(None, inner.last[1], inner.last[2], loss_type=inner.last[0]))  # fmt: skip
-                if not math.isfinite(losses[-1]):
-                    break
-                if _fits(losses, floor or 0.0, final_accuracy, target_ratio):
-                    passed = True
-                    break
-                if step < steps:
-                    loss.backward()
-                    optimizer.step()
+        losses, passed, floor, final_accuracy = first
+        note = ""
+        if not passed and all(map(math.isfinite, losses)) and max(losses[1:OVERSHOOT_STEPS + 1], default=0.0) > OVERSHOOT * losses[0]:
+            note = f" at lr {lr / 10:g} (at {lr:g} the loss jumped from {losses[0]:.4g} to {max(losses[1:OVERSHOOT_STEPS + 1]):.4g})"
+            lr = lr / 10
+            losses, passed, floor, final_accuracy = _train(model, inputs, targets, loss_fn, task, steps, lr, target_ratio)
     initial, final = losses[0], losses[-1]
     above = "" if not floor else f" above its floor {floor:.4g}"
     if passed:
-        status, message = "passed", f"fitted one batch in {len(losses) - 1} steps"
+        status, message = "passed", f"fitted one batch in {len(losses) - 1} steps{note}"
     elif not math.isfinite(final):
-        status, message = "failed", f"loss became non-finite ({final}) at step {len(losses) - 1}"
+        status, message = "failed", f"loss became non-finite ({final}) at step {len(losses) - 1}{note}"
     elif initial < 0:
         status, message = "skipped", "initial loss is negative: a relative criterion is undefined"
     else:
         status = "failed"
         share = (final - (floor or 0.0)) / (initial - (floor or 0.0))
-        message = (f"loss{above} fell only to {share:.3g} of where it started in {steps} steps "
+        message = (f"loss{above} fell only to {share:.3g} of where it started in {steps} steps{note} "
                    f"(target {target_ratio:g}); the model, loss or backward does not fit one batch")  # fmt: skip
     return OverfitResult(status=status, message=message, task=task, steps=len(losses) - 1, lr=lr,
                          initial_loss=initial, final_loss=final, loss_floor=floor, final_accuracy=final_accuracy,
                          losses=losses)  # fmt: skip
+
+
+# a loss above OVERSHOOT times its start within the first OVERSHOOT_STEPS steps: the LR overshot
+OVERSHOOT, OVERSHOOT_STEPS = 1.5, 10
+
+
+def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: str | None, steps: int, lr: float,
+           target_ratio: float) -> tuple[list[float], bool, float | None, float | None] | None:
+    """One copy trained on the batch: (losses, passed, floor, batch accuracy); None when
+    it has no trainable parameters."""
+    # a loss of the user's own: accuracy is read off what it hands to torch's loss
+    own_loss = loss_fn is not None and vocab.loss_kind(loss_name(loss_fn)) is None
+    losses: list[float] = []
+    final_accuracy: float | None = None
+    floor: float | None = None
+    model_copy = working_copy(model)
+    params = [p for p in model_copy.parameters() if p.requires_grad]
+    if not params:
+        return None
+    precision = train_in_float32(model_copy)
+    optimizer = torch.optim.Adam(params, lr=lr)
+    scaler = loss_scaler(params[0].device, precision)
+    with NoDropout():
+        for step in range(steps + 1):  # measure after each of the ``steps`` updates
+            optimizer.zero_grad(set_to_none=True)
+            inner = InnerLossCalls()
+            with precision:
+                output = forward(model_copy, inputs)
+                with inner if own_loss else contextlib.nullcontext():
+                    loss = compute_loss(loss_fn, output, targets)
+            losses.append(float(loss.detach()))
+            if step == 0:
+                floor = loss_floor(loss_fn, output, targets, losses[0])
+            if task == "classification":
+                final_accuracy = (accuracy(loss_fn, output, targets) if inner.last is None
+                                  else accuracy(None, inner.last[1], inner.last[2], loss_type=inner.last[0]))  # fmt: skip
+            if not math.isfinite(losses[-1]):
+                break
+            if _fits(losses, floor or 0.0, final_accuracy, target_ratio):
+                return losses, True, floor, final_accuracy
+            if step < steps:
+                backward_and_step(loss, optimizer, lambda: loss, scaler)
+    return losses, False, floor, final_accuracy
 
 
 def _fits(losses: list[float], floor: float, batch_accuracy: float | None, target_ratio: float) -> bool:
