@@ -562,12 +562,13 @@ def _is_int(dtype: str | None) -> bool:
     "error",
     "Labels of the wrong dtype or encoding for the loss",
     detects="Float class-index targets (one value per sample) to CrossEntropyLoss/NLLLoss, integer targets "
-    "to BCE losses, or classification labels stored as integral floats (0.0, 1.0, 2.0) for a "
-    "CrossEntropy model (warning).",
+    "to BCE losses, BCE targets outside [0, 1] (labels encoded as -1/+1, as an SVM or tanh output wants), "
+    "or classification labels stored as integral floats (0.0, 1.0, 2.0) for a CrossEntropy model (warning).",
     why="CrossEntropyLoss reads float targets as class probabilities and integer ones as indices; "
-    "passing the wrong kind either errors or silently computes a different loss.",
-    fix="Class indices: y.long() of shape [N]; BCE targets: y.float() of the output's shape; soft labels: "
-    "float of shape [N, C].",
+    "passing the wrong kind either errors or silently computes a different loss. BCE's targets are "
+    "probabilities: with a target of -1 its loss has no minimum, and the logits grow without bound.",
+    fix="Class indices: y.long() of shape [N]; BCE targets: y.float() of the output's shape, in [0, 1] "
+    "(from -1/+1 labels: (y + 1) / 2); soft labels: float of shape [N, C].",
 )
 def label_dtype(report: DiagnosticReport) -> Hit | None:
     for call in loss_calls(report):
@@ -578,6 +579,9 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
             reason = f"float targets {call.target_dtype} of shape {call.target_shape} to {call.loss_type}"
         elif call.loss_type in ("BCELoss", "BCEWithLogitsLoss") and _is_int(call.target_dtype):
             reason = f"integer targets {call.target_dtype} to {call.loss_type}"
+        elif (call.loss_type in ("BCELoss", "BCEWithLogitsLoss") and call.target_min is not None
+              and call.target_max is not None and (call.target_min < 0.0 or call.target_max > 1.0)):
+            reason = f"targets from {call.target_min:.4g} to {call.target_max:.4g} to {call.loss_type}, which reads them as probabilities in [0, 1]"
         else:
             continue
         return Hit(
@@ -777,9 +781,13 @@ def graph_retained(report: DiagnosticReport) -> Hit | None:
     detects="At least 10 backward passes in a loop the Monitor watched and no optimizer.step() call (in a "
     "loop without an optimizer: no parameter update detected after any of them).",
     why="The gradients are computed and thrown away: optimizer.step() is missing (or never reached), so "
-    "the model stays at its initialisation however long it trains.",
+    "the model stays at its initialisation however long it trains. Under a torch.amp.GradScaler, "
+    "scaler.step(optimizer) also skips the step whenever a gradient is inf or NaN: gradients that are never "
+    "reset (no zero_grad) overflow once and stay inf, and every later step is skipped.",
     fix="Call optimizer.step() after loss.backward() in every iteration (and after any gradient clipping); "
-    "in a hand-written update, change the parameters in place under torch.no_grad().",
+    "in a hand-written update, change the parameters in place under torch.no_grad(). With a GradScaler, "
+    "call optimizer.zero_grad() every iteration and check scaler.get_scale(): a scale that keeps falling "
+    "means non-finite gradients.",
 )
 def no_optimizer_step(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)

@@ -248,6 +248,26 @@ def test_gradients_reset_by_hand_count_as_resets(reset):
     assert loop.zero_grad_calls == STEPS - 1
 
 
+def test_gradients_changed_in_place_are_no_reset_when_the_step_is_skipped():
+    """A GradScaler's unscale_ (or clipping) changes the gradients in place; when the
+    scaler then skips optimizer.step() (inf gradients), that is no gradient reset."""
+    model, opt, mon = monitored()
+    x, y = batch()
+    with mon:
+        for _ in range(10):
+            nn.functional.cross_entropy(model(x), y).backward()
+            for p in model.parameters():
+                p.grad.mul_(0.5)  # unscale_, then the skipped step
+    assert mon.report().loop.zero_grad_calls == 0
+    model, opt, mon = monitored()
+    with mon:
+        for _ in range(10):
+            nn.functional.cross_entropy(model(x), y).backward()
+            for p in model.parameters():
+                p.grad.zero_()
+    assert mon.report().loop.zero_grad_calls == 9
+
+
 def test_optimizer_and_model_zero_grad_in_one_step_count_once():
     model, opt, mon = monitored()
     x, y = batch()

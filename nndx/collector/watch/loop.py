@@ -74,23 +74,24 @@ class LoopCounts(Watcher):
             self._reset_since_backward = True
 
     def on_step_end(self, ctx: StepContext) -> None:
-        if self.watched.manual and not self._reset_since_backward and self._reset_by_hand(zeroed=True):
+        if self.watched.manual and not self._reset_since_backward and self._reset_by_hand():
             # without an optimizer the step ends at the next forward, after a reset by hand
             # (p.grad = None, p.grad.zero_() as in the PyTorch tutorial) if there was one;
             # gradients clipped in place also changed version, but are not all zero
             self.on_zero_grad(ctx)
         self._remember_reference()
 
-    def _reset_by_hand(self, zeroed: bool = False) -> bool:
-        """The reference gradient was replaced, deleted or changed in place since the
-        last backward (with ``zeroed``: changed in place to all zeros)."""
+    def _reset_by_hand(self) -> bool:
+        """The reference gradient was replaced, deleted or changed in place to all zeros
+        since the last backward. Changed in place to anything else is no reset: clipping
+        and a GradScaler's ``unscale_`` do that, and a step the scaler skips (non-finite
+        gradients) is followed by no ``optimizer.step()`` that would say so."""
         if self._reference_grad is None or self._reference is None:
             return False
         grad = self._reference.grad
         if grad is None or id(grad) != self._reference_grad[0]:
             return True
-        changed = grad._version != self._reference_grad[1]
-        return changed and (not zeroed or not bool(grad.detach().any()))
+        return grad._version != self._reference_grad[1] and not bool(grad.detach().any())
 
     def _remember_reference(self) -> None:
         # (identity, version) of one parameter's gradient: if it changes before the next
