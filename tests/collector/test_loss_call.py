@@ -54,3 +54,22 @@ def test_batches_of_one_class_are_counted_with_their_class():
     one_row = LossCallLog()
     one_row.add("CrossEntropyLoss", torch.randn(1, 3), torch.tensor([1]))  # one target: no evidence
     assert one_row.records()[0].measured_batches == 0
+
+
+def test_bce_on_minus_one_plus_one_labels_is_named_as_the_labels_encoding():
+    """-1/+1 labels into BCEWithLogitsLoss: the loss has no minimum and falls below 0. The
+    root is the encoding (LABEL_DTYPE), seen in the targets' range at the loss; 0/1 labels
+    of the same data are healthy."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 10)
+    y = (x[:, 0] + 0.3 * x[:, 1] > 0).float()[:, None]
+    found = {}
+    for name, target in (("plus_minus", 2 * y - 1), ("zero_one", y)):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1))
+        report = nndx.probe(net, (x[:64], target[:64]), nn.BCEWithLogitsLoss(), progress=False)
+        call = report.loop.loss_calls[0]
+        assert (call.target_min, call.target_max) == ((-1.0, 1.0) if name == "plus_minus" else (0.0, 1.0))
+        found[name] = [f for f in nndx.diagnose(report).findings if f.severity != "info"]
+    assert found["plus_minus"][0].code.value == "LABEL_DTYPE"
+    assert found["zero_one"] == []

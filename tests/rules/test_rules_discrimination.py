@@ -271,6 +271,21 @@ def test_squashed_logits_are_seen_from_their_values_whatever_produced_them():
     assert "NNDX314" in _found(with_loop(sigmoid, loss_calls=[small]))
 
 
+def test_bce_targets_outside_zero_one_are_a_label_encoding_bug_and_soft_labels_are_not():
+    from nndx.report import LossCall
+
+    def found(low, high):
+        call = LossCall(loss_type="BCEWithLogitsLoss", output_shape=[64, 1], target_shape=[64, 1], target_dtype="float32",
+                        output_min=-3.0, output_max=4.0, target_mean=(low + high) / 2, target_std=0.5,
+                        target_min=low, target_max=high)  # fmt: skip
+        return _found(with_loop(BASE, loss_calls=[call]))
+
+    assert found(-1.0, 1.0)["NNDX313"].code.value == "LABEL_DTYPE"  # -1/+1 labels
+    assert "NNDX313" in found(0.0, 2.0)
+    assert "NNDX313" not in found(0.0, 1.0)  # hard labels
+    assert "NNDX313" not in found(0.05, 0.95)  # label smoothing
+
+
 def test_large_regression_targets_are_seen_at_the_loss_without_data_checks():
     from nndx.report import LossCall
 
