@@ -57,9 +57,11 @@ def data(n: int = 2048, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 # --------------------------------------------------------------------------- 1. syncs
 
 
-def count_syncs(every: int, alerts: bool, wrapped_loss: bool, steps: int = 60) -> tuple[float, float, int, str]:
+def count_syncs(every: int | None, alerts: bool = False, wrapped_loss: bool = False,
+                steps: int = 60) -> tuple[float, float, int, str]:
     """(mean syncs per recorded step, mean syncs per other step, syncs in close + report,
-    where the Monitor's syncs were called from), over steps 1.. (step 0 warms up)."""
+    where the syncs were called from), over steps 1.. (step 0 warms up). ``every=None``:
+    the bare loop, no Monitor (all its steps count as recorded)."""
     torch.manual_seed(0)
     model = cnn().to(DEVICE)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -68,7 +70,8 @@ def count_syncs(every: int, alerts: bool, wrapped_loss: bool, steps: int = 60) -
     loss_fn = nn.CrossEntropyLoss()
     per_step: list[int] = []
     torch.set_warn_always(True)
-    mon = Monitor(model, optimizer, every=every, alert_every=None if alerts else 0, loss_fn=loss_fn if wrapped_loss else None)
+    mon = None if every is None else Monitor(model, optimizer, every=every, alert_every=None if alerts else 0,
+                                             loss_fn=loss_fn if wrapped_loss else None)  # fmt: skip
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -80,46 +83,26 @@ def count_syncs(every: int, alerts: bool, wrapped_loss: bool, steps: int = 60) -
                 loss = (mon.loss_fn if wrapped_loss else loss_fn)(model(xb), yb)
                 loss.backward()
                 optimizer.step()
-                mon.log(loss)
+                if mon is not None:
+                    mon.log(loss)
                 per_step.append(sum(_is_sync(w) for w in caught[before:]))
             before = len(caught)
-            mon.close()
-            mon.report()
+            if mon is not None:
+                mon.close()
+                mon.report()
             at_end = sum(_is_sync(w) for w in caught[before:])
         finally:
             torch.cuda.set_sync_debug_mode("default")
     sites = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught if _is_sync(w))
     # the Monitor's step k is the loop's k-th optimizer step; recorded: k % every == 0
-    recorded = [n for k, n in enumerate(per_step) if k and k % every == 0]
-    other = [n for k, n in enumerate(per_step) if k and k % every]
+    recorded = [n for k, n in enumerate(per_step) if k and k % (every or 1) == 0]
+    other = [n for k, n in enumerate(per_step) if k and k % (every or 1)]
     mean = lambda v: sum(v) / len(v) if v else float("nan")  # noqa: E731
     return mean(recorded), mean(other), at_end, ", ".join(f"{site} ×{n}" for site, n in sites.most_common(4))
 
 
 def _is_sync(w: warnings.WarningMessage) -> bool:
     return "synchroniz" in str(w.message)
-
-
-def bare_syncs(steps: int = 20) -> float:
-    torch.manual_seed(0)
-    model = cnn().to(DEVICE)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = data(64)
-    x, y = x.to(DEVICE), y.to(DEVICE)
-    counts = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(steps):
-                before = len(caught)
-                optimizer.zero_grad()
-                nn.functional.cross_entropy(model(x), y).backward()
-                optimizer.step()
-                counts.append(sum("synchroniz" in str(w.message) for w in caught[before:]))
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum(counts[1:]) / len(counts[1:])
 
 
 # --------------------------------------------------------------------------- 2. AMP
@@ -203,12 +186,12 @@ def main() -> None:
     print("Host synchronisations per training step (CNN with BatchNorm, batch 64, Adam, 60 steps):\n")
     print("| loop | recorded step | other step | at close + report | called from |")
     print("|---|---|---|---|---|")
-    print(f"| bare (no Monitor) | {bare_syncs():.2f} | - | - | - |")
     configs: list[tuple[str, Callable[[], tuple[float, float, int, str]]]] = [
-        ("Monitor every=1, no alerts", lambda: count_syncs(1, False, False)),
-        ("Monitor every=10, no alerts", lambda: count_syncs(10, False, False)),
-        ("Monitor every=10 + live alerts", lambda: count_syncs(10, True, False)),
-        ("Monitor every=10 + alerts + wrapped loss", lambda: count_syncs(10, True, True)),
+        ("bare (no Monitor)", lambda: count_syncs(None)),
+        ("Monitor every=1, no alerts", lambda: count_syncs(1)),
+        ("Monitor every=10, no alerts", lambda: count_syncs(10)),
+        ("Monitor every=10 + live alerts", lambda: count_syncs(10, alerts=True)),
+        ("Monitor every=10 + alerts + wrapped loss", lambda: count_syncs(10, alerts=True, wrapped_loss=True)),
     ]
     for label, measure in configs:
         recorded, other, at_end, sites = measure()
