@@ -562,16 +562,14 @@ class LayerRecorder:
         self._slots = {group: slots for group, slots in self._slots.items() if slots.touched}
         if self.workspace_bytes > PENDING_BYTES:
             self._slots.clear()
-        rows = self._rows[:]
+        rows, self._rows = self._rows, []
+        where, self._where = self._where, {}
         values = torch.cat([r.reshape(-1).to(rows[0][0].device, torch.float64) for r, _ in rows]) if rows else torch.empty(0, dtype=torch.float64)
         starts = [0]
         for r, _ in rows:
             starts.append(starts[-1] + r.numel())
         columns = [c for _, c in rows]
-        where, step = dict(self._where), self._step
-        layers = [(name, self._types[name]) for name in self._order]
-        self._rows.clear()
-        self._where.clear()
+        step, layers = self._step, [(name, self._types[name]) for name in self._order]
 
         def build(flat: list[float]) -> list[LayerRecord]:
             def fields(kind: str, name: str) -> ActivationRecord | GradientRecord | None:

@@ -90,9 +90,9 @@ def overfit_one_batch(
             return OverfitResult(status="failed", task=task, lr=lr,
                                  message="the model has no trainable parameters")  # fmt: skip
         losses, passed, floor, final_accuracy = first
-        note = ""
-        if not passed and all(map(math.isfinite, losses)) and max(losses[1:OVERSHOOT_STEPS + 1], default=0.0) > OVERSHOOT * losses[0]:
-            note = f" at lr {lr / 10:g} (at {lr:g} the loss jumped from {losses[0]:.4g} to {max(losses[1:OVERSHOOT_STEPS + 1]):.4g})"
+        note, peak = "", max(losses[1:OVERSHOOT_STEPS + 1], default=0.0)
+        if not passed and all(map(math.isfinite, losses)) and peak > OVERSHOOT * losses[0]:
+            note = f" at lr {lr / 10:g} (at {lr:g} the loss jumped from {losses[0]:.4g} to {peak:.4g})"
             lr = lr / 10
             losses, passed, floor, final_accuracy = _train(model, inputs, targets, loss_fn, task, steps, lr, target_ratio)
     initial, final = losses[0], losses[-1]
