@@ -147,7 +147,7 @@ def probe(
     setup = _Setup.make(model, batch, loss_fn, optimizer or stand_in, device, amp, initial_state)
     report.run.notes = setup.notes + ([note] if note else [])
 
-    guard.attempt("model", lambda: _describe_model(report, model, optimizer))
+    guard.attempt("model", lambda: _describe_model(report, model, optimizer, watched))
     guard.attempt("describe", lambda: _describe_run(report, setup), warn=True, reraise=UsageError)
     trained_steps = watched.loop.steps if watched is not None and watched.loop is not None else 0
     for spec in steps:
@@ -392,10 +392,13 @@ def _measured_sgd(model: nn.Module, watched: DiagnosticReport | None) -> tuple[t
     return torch.optim.SGD(params, lr=lr), note
 
 
-def _describe_model(report: DiagnosticReport, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-    """Static facts: model summary and optimizer coverage."""
+def _describe_model(report: DiagnosticReport, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    watched: DiagnosticReport | None = None) -> None:
+    """Static facts: model summary and optimizer coverage. Frozen weights at their init
+    are read here only when the Monitor's report (``watched``, merged later, its reading
+    kept) has none."""
     report.model = summarize_model(model)
-    at_init, checked = frozen_at_init(model)
+    at_init, checked = frozen_at_init(model) if watched is None or watched.loop is None else ([], 0)
     loop = LoopStats(
         trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
         frozen_params=[n for n, p in model.named_parameters() if not p.requires_grad],

@@ -13,6 +13,7 @@ from nndx.collector.watch import History as _History
 from nndx.collector import stats as stats_module
 from nndx.collector.watch import base as base_module
 from nndx.collector.watch import layers as layers_module
+from nndx.collector.watch import loop as loop_module
 from nndx.integrations.monitor import Monitor, TrainingFailure, watch
 from nndx.report import CauseCode, DiagnosticReport, Finding
 
@@ -188,6 +189,20 @@ def test_values_are_fetched_from_the_device_once_per_recorded_step(monkeypatch, 
     assert len({layer.step for layer in report.layers}) == 20 // every  # every recorded step arrived
     assert len(report.loss_history["train"]) == 20  # the last loss, logged after the last step, too
     assert mon.findings == []
+
+
+def test_frozen_weights_are_read_for_the_full_report_not_for_each_live_check(monkeypatch):
+    """frozen_at_init is a pass over every frozen weight (a whole backbone) and a fetch;
+    no live rule reads it, so the live checks' windowed reports skip it."""
+    calls = []
+    real = loop_module.frozen_at_init
+    monkeypatch.setattr(loop_module, "frozen_at_init", lambda model: calls.append(1) or real(model))
+    model = make_model()
+    model[0].requires_grad_(False)
+    model, opt, mon = monitored(model, every=1, alert_every=5)
+    train(model, opt, mon, steps=20)  # 4 live checks, then the full report
+    assert len(calls) == 1
+    assert mon.report().loop.frozen_checked == 1 and len(calls) == 2
 
 
 # ---------------------------------------------------------------- counting: steps, backward, zero_grad
