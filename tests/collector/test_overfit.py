@@ -144,3 +144,11 @@ def test_an_lr_that_overshoots_is_retried_ten_times_smaller_and_a_real_bug_still
     assert "jumped from" in healthy.message
     broken = overfit_one_batch(dead_relu_mlp(), batch(), nn.CrossEntropyLoss(), lr=1.0)
     assert broken.status == "failed", broken.message
+    # a loss with its sign flipped falls below 0 without bound: no jump above a negative start
+    # is an overshoot, and the run at the given LR is kept as the evidence (NNDX111 reads it)
+    def flipped(output, target):
+        return -nn.functional.cross_entropy(output, target)
+
+    unbounded = overfit_one_batch(mlp(), batch(), flipped)
+    assert unbounded.lr == pytest.approx(1e-2) and "jumped" not in unbounded.message
+    assert unbounded.losses[-1] < 100 * unbounded.losses[0] < 0

@@ -91,7 +91,8 @@ def overfit_one_batch(
                                  message="the model has no trainable parameters")  # fmt: skip
         losses, passed, floor, final_accuracy = first
         note, peak = "", max(losses[1:OVERSHOOT_STEPS + 1], default=0.0)
-        if not passed and all(map(math.isfinite, losses)) and peak > OVERSHOOT * losses[0]:
+        # a jump needs a positive start: a loss that falls below 0 without bound (a sign error) is evidence as it is
+        if not passed and all(map(math.isfinite, losses)) and losses[0] > 0 and peak > OVERSHOOT * losses[0]:
             note = f" at lr {lr / 10:g} (at {lr:g} the loss jumped from {losses[0]:.4g} to {peak:.4g})"
             lr = lr / 10
             losses, passed, floor, final_accuracy = _train(model, inputs, targets, loss_fn, task, steps, lr, target_ratio)
