@@ -209,6 +209,29 @@ def _hidden_inputs(report: DiagnosticReport) -> list[tuple[str, int]]:
             if layer.type in ("Linear", "LazyLinear") and len(shapes.get(layer.name, ())) == 2]  # fmt: skip
 
 
+# a hidden layer of this few units (or channels) through a non-linearity holds a 2-d picture of its
+# input whatever the task; a linear 2-d code (an autoencoder's latent for plotting) is left alone
+TINY_WIDTH = 2
+
+
+def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
+    """(layer, width, activation) for each weighted hidden layer of at most TINY_WIDTH outputs
+    whose output an observed forward fed to an activation."""
+    model = report.model
+    if model is None or not model.forward_observed:
+        return []
+    shapes = _weight_shapes(report)
+    weighted = [layer.name for layer in model.layers if len(shapes.get(layer.name, ())) >= 2]
+    found = []
+    for layer in model.layers:
+        source = layer.input_from
+        if vocab.activation_kind(layer.type) is None or source not in shapes or source in weighted[-1:]:
+            continue
+        if len(shapes[source]) >= 2 and shapes[source][0] <= TINY_WIDTH:
+            found.append((source, shapes[source][0], layer.type))
+    return found
+
+
 @rule(
     "NNDX403",
     C.UNDERFITTING,
@@ -216,8 +239,10 @@ def _hidden_inputs(report: DiagnosticReport) -> list[tuple[str, int]]:
     "A hidden layer narrower than the task needs",
     detects="A classifier with a hidden representation of at most 8 features and fewer than the classes "
     "(or a single unit): a hidden Linear layer's output, or the input of a Linear after the first layer "
-    "(channels pooled into a head), while the train loss kept over half its initial level or the model "
-    "could not overfit one batch; info when training still progresses.",
+    "(channels pooled into a head). In any model, a hidden Linear or convolution of at most 2 units or "
+    "channels whose output an observed forward puts through an activation. Warning while the train loss "
+    "kept over half its initial level or the model could not overfit one batch; info when training still "
+    "progresses.",
     why="A bottleneck that narrow caps what the layers after it can separate: the model underfits "
     "however long it trains.",
     fix="Widen the narrow layer (at least as many units as classes, usually far more).",
@@ -227,12 +252,15 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     # the task and class count as any path gives them (the data checks, the loss calls),
     # not only as a caller declared them
     classes = num_classes(report)
-    if model is None or is_classification(report) is not True or not classes or len(model.layers) < 2:
+    if model is None or len(model.layers) < 2:
         return None
-    widths = _layer_widths(report)
-    hidden = [(name, w, f"hidden layer {name} has {w} units") for name, w in widths[:-1]]
-    hidden += [(name, w, f"{name} is fed {w} features") for name, w in _hidden_inputs(report)]
-    narrow = [entry for entry in hidden if entry[1] < max(2, classes) and entry[1] <= NARROW_FEATURES]
+    narrow = []
+    if is_classification(report) is True and classes:
+        widths = _layer_widths(report)
+        hidden = [(name, w, f"hidden layer {name} has {w} units") for name, w in widths[:-1]]
+        hidden += [(name, w, f"{name} is fed {w} features") for name, w in _hidden_inputs(report)]
+        narrow = [entry for entry in hidden if entry[1] < max(2, classes) and entry[1] <= NARROW_FEATURES]
+    narrow += [(name, w, f"{name} puts {w} units through {act}") for name, w, act in _tiny_non_linear(report)]
     if not narrow:
         return None
     width = min(w for _, w, _ in narrow)
@@ -240,7 +268,7 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     overfit = report.probes.overfit_one_batch if report.probes is not None else None
     stalled = (curve.n >= 10 and curve.end > 0.5 * curve.start) or (overfit is not None and overfit.status == "failed")
     return Hit(
-        symptom=f"{narrow[0][2]} for {classes} classes",
+        symptom=narrow[0][2] + (f" for {classes} classes" if classes else ""),
         evidence={
             "layer": narrow[0][0],
             "width": width,

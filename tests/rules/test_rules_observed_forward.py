@@ -97,3 +97,43 @@ def test_squashed_logits_are_blamed_on_an_activation_only_when_one_ran(sigmoid):
     assert 0 < call.output_min and call.output_max < 1
     fired = [f.rule_id for f in nndx.diagnose(report).findings]
     assert ("NNDX402" in fired) == sigmoid
+
+
+class Bottleneck(nn.Module):
+    """A regression MLP 8 -> width -> 16 -> 1; the bottleneck's output goes through a ReLU
+    (module or function), or stays linear (a 2-d code, as an autoencoder's plotted latent)."""
+
+    def __init__(self, width: int, after: str) -> None:
+        super().__init__()
+        self.narrow, self.wide, self.out = nn.Linear(8, width), nn.Linear(width, 16), nn.Linear(16, 1)
+        self.act, self.after = nn.ReLU(), after
+
+    def forward(self, x):
+        h = self.narrow(x)
+        if self.after == "module":
+            h = self.act(h)
+        elif self.after == "functional":
+            h = F.relu(h)
+        return self.out(F.relu(self.wide(h)))
+
+
+def narrow_findings(model):
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    batch = (x, x.sin().sum(1, keepdim=True) * 3 + x[:, :1] * x[:, 1:2])
+    report = nndx.probe(model, batch, nn.MSELoss(), progress=False)
+    assert report.model.forward_observed
+    return [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX403"]
+
+
+@pytest.mark.parametrize("after", ["functional", "module"])
+def test_a_two_unit_layer_through_an_activation_is_a_bottleneck_in_any_task(after):
+    """Not only a classifier's: a regression net is as capped by it, and F.relu feeds it as
+    nn.ReLU does (the observed forward carries the data flow through functional calls)."""
+    (finding,) = narrow_findings(Bottleneck(2, after))
+    assert finding.evidence["layer"] == "narrow" and finding.evidence["width"] == 2
+
+
+def test_a_linear_two_d_code_and_a_wide_layer_are_no_bottleneck():
+    assert not narrow_findings(Bottleneck(2, "nothing"))
+    assert not narrow_findings(Bottleneck(16, "functional"))

@@ -226,6 +226,8 @@ class ForwardObserver(TorchFunctionMode):
             self._counts[key] += 1
             self.calls.append(call)
             self.timeline.append(call.name)
+            self.input_from.setdefault(call.name, self._maker(first) if first is not None else None)
+            self._made(out, call.name)
             tensor = first_output(out)
             if tensor is not None:
                 self._remember(tensor, kind.name)
@@ -350,7 +352,7 @@ def _layers_as_run(layers: list[LayerInfo], seen: ForwardObserver) -> list[Layer
         if name in by_name:
             ordered.append(by_name.pop(name).model_copy(update={"input_from": seen.input_from.get(name)}))
         elif name in kinds:
-            ordered.append(LayerInfo(name=name, type=kinds[name]))
+            ordered.append(LayerInfo(name=name, type=kinds[name], input_from=seen.input_from.get(name)))
     return ordered + list(by_name.values())
 
 
