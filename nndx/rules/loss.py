@@ -272,8 +272,10 @@ def _lr_decays(report: DiagnosticReport) -> bool:
     "info",
     "Loss decreased, then plateaued at a constant learning rate",
     detects="A train loss that fell by over 30% in its first half and, over its second half, moved less "
-    "than 2% of its initial level or a twentieth of the first half's drop, while the learning rate "
-    "never decayed.",
+    "than 2% of its initial level or a twentieth of the first half's drop, or (at the noise floor) fell "
+    "by less than its step-to-step minibatch noise while that noise exceeds the loss level, with a "
+    "learning rate that never decayed. A loss under 5% of its start that is quieter than its own level "
+    "has converged and is left alone.",
     why="A plateau at a constant LR often means the step is too large to settle into the minimum; "
     "a decay usually buys another drop. A noisy task also plateaus legitimately, so this is context, "
     "not an alarm.",
@@ -287,9 +289,15 @@ def plateau(report: DiagnosticReport) -> Hit | None:
         return None
     first_half = curve.values[: curve.n // 2]
     first_half_progress = (curve.start - median(first_half[-window(len(first_half)) :])) / curve.scale
-    if first_half_progress < 0.3 or abs(curve.second_half_progress()) >= max(0.02, 0.05 * first_half_progress):
+    second_half_progress = curve.second_half_progress()
+    flat = abs(second_half_progress) < max(0.02, 0.05 * first_half_progress)
+    # at a constant LR, SGD settles into a noise ball whose size grows with the LR: there the
+    # minibatch loss swings by more than its own level, and the second half's whole drop is
+    # smaller than one step's swing
+    at_noise_floor = second_half_progress * curve.scale < curve.noise and curve.noise >= curve.end
+    if first_half_progress < 0.3 or not (flat or at_noise_floor):
         return None
-    if curve.end < 0.05 * curve.start:  # converged, nothing left to gain
+    if curve.end < 0.05 * curve.start and curve.noise < curve.end:  # converged, nothing left to gain
         return None
     return Hit(
         symptom="train loss plateaued after decreasing",
@@ -297,7 +305,8 @@ def plateau(report: DiagnosticReport) -> Hit | None:
             "loss_start": curve.start,
             "loss_end": curve.end,
             "first_half_progress": first_half_progress,
-            "second_half_progress": curve.second_half_progress(),
+            "second_half_progress": second_half_progress,
+            "step_noise": curve.noise,
         },
         score=first_half_progress,
     )

@@ -4,6 +4,7 @@ must not fire on noisy healthy curves, and "not decreasing" must be scale-aware.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -84,6 +85,21 @@ def test_plateau_after_decrease_is_info_only():
     report = DiagnosticReport(loss_history={"train": points(values)})
     plateau = [f for f in diagnose(report).findings if f.rule_id == "NNDX105"]
     assert plateau and plateau[0].severity == "info"
+
+
+def test_a_constant_lr_noise_floor_is_a_plateau_a_quiet_converged_loss_is_not():
+    """Small-batch SGD at a constant LR: the loss falls to 5% of its start and slides on, but
+    each step's minibatch loss swings by more than its own level, a noise ball that a decay
+    would shrink. The same curve with quiet steps has converged."""
+
+    def run(noise: float) -> set[str]:
+        rng = random.Random(1)
+        level = [0.03 + 0.03 * (1 - i / 300) + 1.3 * math.exp(-12 * i / 300) for i in range(300)]
+        values = [v * math.exp(rng.gauss(0, noise)) for v in level]  # minibatch noise, multiplicative
+        return {f.rule_id for f in diagnose(DiagnosticReport(loss_history={"train": points(values)})).findings}
+
+    assert "NNDX105" in run(noise=1.0)
+    assert "NNDX105" not in run(noise=0.2)
 
 
 def test_noisy_task_plateau_is_not_an_alarm():
