@@ -106,7 +106,10 @@ def test_small_healthy_splits_are_never_called_misaligned(digits):
         bx, by = make_blobs(n_samples=200, centers=2, cluster_std=2.0, random_state=seed + 1)
         verdicts.append(label_alignment(bx, by, steps=STEPS).status)
     assert "failed" not in verdicts and "passed" in verdicts, verdicts
-    few = label_alignment(x[:100], y[:100], steps=STEPS)
+    # every sample is held out once: 100 aligned samples are enough to tell
+    assert label_alignment(x[:100], y[:100], steps=STEPS).status == "passed"
+    rare = np.flatnonzero(y[:200] != 9).tolist() + np.flatnonzero(y[:200] == 9)[:2].tolist()
+    few = label_alignment(x[rare], y[rare], steps=STEPS)
     assert few.status == "skipped" and "too few samples" in few.message
 
 
@@ -118,3 +121,17 @@ def test_a_clustered_task_is_not_judged_by_the_initialisations_luck():
     y = np.repeat([0, 1], 300)
     assert label_alignment(x, y, steps=STEPS).status == "passed"
     assert label_alignment(x, rng.permutation(y), steps=STEPS).status in ("failed", "skipped")
+
+
+@pytest.mark.slow
+def test_two_classes_shuffled_separately_are_judged_on_every_sample():
+    """Two classes have little entropy, so the gain aligned labels would give is small and a
+    held-out quarter cannot bound it: the probe holds out every sample once before it says
+    it cannot tell."""
+    from sklearn.datasets import make_classification
+
+    x, y = make_classification(n_samples=768, n_features=20, n_informative=5, class_sep=0.8, random_state=0)
+    verdicts = [label_alignment(x, np.random.default_rng(seed).permutation(y), steps=STEPS, seed=seed).status
+                for seed in range(3)]  # fmt: skip
+    assert verdicts.count("failed") >= 2 and "passed" not in verdicts, verdicts
+    assert label_alignment(x, y, steps=STEPS).status == "passed"

@@ -15,8 +15,9 @@ What random labels cannot do is *generalise*.
 
 How: a small MLP (one hidden ReLU layer, full-batch Adam) is trained on the real labels
 and, from the same initialisation and with the same budget, on a few random
-permutations of them; all are scored on a held-out split with the real labels. The
-test is paired, sample by sample: the held-out cross-entropy of the true label under
+permutations of them; all are scored with the real labels on samples they did not see,
+in folds: the first quarter held out, and when that cannot tell, every sample held out once
+(a single held-out quarter leaves two classes' small gain hidden in its noise). The test is paired, sample by sample: the held-out cross-entropy of the true label under
 the permuted-label models minus under the real-label model (each at its best
 checkpoint), with the probabilities mixed half and half with the training prior (a model
 that memorised labels is confidently wrong on a few held-out samples, whose huge losses
@@ -31,8 +32,8 @@ indistinguishable from misaligned ones; the message says "probably".
 - ``failed`` (LABELS_MISALIGNED): they do not, and the held-out samples are enough to
   have seen a gain of ``MIN_EFFECT`` of the prior's entropy (the one-sided 95% bound of
   the gain stays under it);
-- ``skipped``: too few held-out samples (fewer than ``MIN_HOLDOUT``, or a class with
-  fewer than ``MIN_PER_CLASS``), or inconclusive — a weak signal on small data is not
+- ``skipped``: too few samples (a class with fewer than ``MIN_PER_CLASS``; for real-valued
+  targets, fewer than ``MIN_HOLDOUT`` held out), or inconclusive — a weak signal on small data is not
   evidence of misaligned labels.
 
 ``real_accuracy`` and ``permuted_accuracy`` are the held-out *balanced* accuracies (the
@@ -100,29 +101,42 @@ def label_alignment(
         return LabelAlignmentResult(status="skipped", message=data, steps=0)
     features, targets, num_classes, note = data
     rng = np.random.default_rng(seed + 1)
-    n_holdout = int(round(features.shape[0] * holdout_fraction))
-    train_x, test_x = features[n_holdout:], features[:n_holdout]
-    train_y, test_y = targets[n_holdout:], targets[:n_holdout]
-    train_x, test_x = standardise(train_x, test_x)
-    held_out_counts = np.bincount(test_y, minlength=num_classes)
-    if n_holdout < MIN_HOLDOUT or held_out_counts.min() < MIN_PER_CLASS:
+    counts = np.bincount(targets, minlength=num_classes)
+    if counts.min() < MIN_PER_CLASS:
         return LabelAlignmentResult(status="skipped", steps=0, message=(
-            f"too few samples to judge: {n_holdout} held out, the rarest class {int(held_out_counts.min())} times "
-            f"(need {MIN_HOLDOUT} and {MIN_PER_CLASS} per class){note}"))  # fmt: skip
+            f"too few samples to judge: the rarest class {int(counts.min())} times (need {MIN_PER_CLASS}){note}"))
 
-    # the null: the same model from the same initialisation, on labels that belong to nothing
-    labels = [train_y] + [train_y[rng.permutation(train_y.shape[0])] for _ in range(PERMUTATIONS)]
-    with one_thread():
-        (real, real_loss), *permuted = _score(train_x, labels, test_x, test_y, num_classes, steps, seed, hidden, lr)
-    gains = np.mean([loss for _, loss in permuted], axis=0) - real_loss  # per held-out sample, in nats
-    prior = np.bincount(train_y, minlength=num_classes) / train_y.size
+    # every sample is held out once (cross-fitting): the paired test gets all of them, not a
+    # quarter, which two classes (whose entropy, and so the gain to detect, is small) need
+    folds = []
+    for held in np.array_split(np.arange(features.shape[0]), max(2, round(1 / holdout_fraction))):
+        train = np.setdiff1d(np.arange(features.shape[0]), held)
+        train_x, test_x = standardise(features[train], features[held])
+        train_y = targets[train]
+        # the null: the same model from the same initialisation, on labels that belong to nothing
+        labels = [train_y] + [train_y[rng.permutation(train_y.shape[0])] for _ in range(PERMUTATIONS)]
+        folds.append((train_x, labels, test_x, targets[held]))
+    prior = counts / counts.sum()
     effect = MIN_EFFECT * float(-(prior[prior > 0] * np.log(prior[prior > 0])).sum())
-    null = float(np.mean([accuracy for accuracy, _ in permuted]))
     chance = 1.0 / num_classes
-    facts = (f"held-out balanced accuracy with the real labels {real:.3f}, with permuted labels {null:.3f} "
-             f"(chance {chance:.3f}); the real labels lower the held-out cross-entropy by")  # fmt: skip
-    status, message = _verdict(gains, effect, facts, "nats", "labels", f"{train_x.shape[0]} train / {n_holdout} "
-                               f"held-out samples{note}")  # fmt: skip
+    scores: list[list[tuple[float, np.ndarray]]] = []
+    # the first fold alone mostly settles it (many classes, a clear signal); the others only
+    # when it cannot tell, which keeps the usual cost at one fold's
+    for group in (folds[:1], folds[1:]):
+        with one_thread():
+            scores += _score(group, num_classes, steps, seed, hidden, lr)
+        real_loss = np.concatenate([fold[0][1] for fold in scores])
+        null_loss = np.concatenate([np.mean([loss for _, loss in fold[1:]], axis=0) for fold in scores])
+        gains = null_loss - real_loss  # per sample, in nats
+        weights = [len(fold[3]) for fold in folds[: len(scores)]]
+        real = float(np.average([fold[0][0] for fold in scores], weights=weights))
+        null = float(np.average([np.mean([accuracy for accuracy, _ in fold[1:]]) for fold in scores], weights=weights))
+        facts = (f"held-out balanced accuracy with the real labels {real:.3f}, with permuted labels {null:.3f} "
+                 f"(chance {chance:.3f}); the real labels lower the held-out cross-entropy by")  # fmt: skip
+        status, message = _verdict(gains, effect, facts, "nats", "labels", f"{gains.size} held-out samples in "
+                                   f"{len(scores)} of {len(folds)} folds{note}")  # fmt: skip
+        if status != "skipped":
+            break
     return LabelAlignmentResult(
         status=status,
         message=message,
@@ -188,30 +202,35 @@ def _verdict(gains: np.ndarray, effect: float, facts: str, unit: str, what: str,
     return "skipped", f"{facts}: inconclusive, the held-out samples cannot tell a weak signal from none"
 
 
-def _score(train_x: np.ndarray, labels: list[np.ndarray], test_x: np.ndarray, test_y: np.ndarray, num_classes: int,
-           steps: int, seed: int, hidden: int, lr: float) -> list[tuple[float, np.ndarray]]:  # fmt: skip
-    """Per set of train labels: (best held-out balanced accuracy, the held-out cross-entropy
-    per sample at the checkpoint where its mean was lowest). One model per set, all from
-    the same initialisation, scored at a few checkpoints alike for every model: a small
-    MLP overfits weak but real signal long before the budget ends."""
-    test_inputs, test_targets = torch.as_tensor(test_x, dtype=torch.float32), torch.as_tensor(test_y)
-    prior = torch.as_tensor(np.bincount(labels[0], minlength=num_classes) / labels[0].size)
-    scores: list[list[tuple[float, np.ndarray]]] = [[] for _ in labels]
+def _score(folds: list[tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]], num_classes: int, steps: int,
+           seed: int, hidden: int, lr: float) -> list[list[tuple[float, np.ndarray]]]:  # fmt: skip
+    """Per fold (train inputs, sets of train labels, held-out inputs, held-out labels), per
+    set of labels: (best held-out balanced accuracy, the held-out cross-entropy per sample
+    at the checkpoint where its mean was lowest). One model per set, all from the same
+    initialisation, all trained at once, scored at a few checkpoints alike for every model:
+    a small MLP overfits weak but real signal long before the budget ends."""
+    models = [(k, train_x, y, test_x, test_y) for k, (train_x, sets, test_x, test_y) in enumerate(folds) for y in sets]
+    tests = [torch.as_tensor(test_x, dtype=torch.float32) for _, _, _, test_x, _ in models]
+    priors = [torch.as_tensor(np.bincount(folds[k][1][0], minlength=num_classes) / folds[k][1][0].size)
+              for k, *_ in models]  # fmt: skip
+    scores: list[list[tuple[float, np.ndarray]]] = [[] for _ in models]
 
     def at_checkpoint(predict: Any, _step: int) -> None:
-        for kept, logits in zip(scores, predict(test_inputs)):
+        for kept, logits, prior, (_, _, _, _, test_y) in zip(scores, predict(tests), priors, models):
             # half the model's probabilities, half the training prior: a model that memorised
             # labels is confidently wrong on most held-out samples, and without the prior those
             # few samples' huge losses are the noise that hides a real signal
             probabilities = 0.5 * torch.softmax(logits.double(), dim=1) + 0.5 * prior
-            losses = -torch.log(probabilities.gather(1, test_targets[:, None])[:, 0]).numpy()
+            losses = -torch.log(probabilities.gather(1, torch.as_tensor(test_y)[:, None])[:, 0]).numpy()
             kept.append((_balanced_accuracy(test_y, logits.argmax(dim=1).numpy(), num_classes), losses))
 
     checkpoints = {max(1, steps // 8), max(1, steps // 4), max(1, steps // 2), steps}
-    train_mlps([train_x] * len(labels), labels, num_classes, seeds=[seed] * len(labels), steps=steps, hidden=hidden,
-               lr=lr, checkpoints=checkpoints, at_checkpoint=at_checkpoint)  # fmt: skip
-    return [(max(a for a, _ in kept), min((losses for _, losses in kept), key=lambda losses: losses.mean()))
+    train_mlps([m[1] for m in models], [m[2] for m in models], num_classes, seeds=[seed] * len(models), steps=steps,
+               hidden=hidden, lr=lr, checkpoints=checkpoints, at_checkpoint=at_checkpoint)  # fmt: skip
+    best = [(max(a for a, _ in kept), min((losses for _, losses in kept), key=lambda losses: losses.mean()))
             for kept in scores]  # fmt: skip
+    per_set = len(folds[0][1])
+    return [best[k * per_set:(k + 1) * per_set] for k in range(len(folds))]
 
 
 def _balanced_accuracy(truth: np.ndarray, predicted: np.ndarray, num_classes: int) -> float:
