@@ -20,4 +20,6 @@ PROGRAMS = (
     "super_resolution",
     "gcn",
     "transfer_learning",
+    "language_translation",
+    "deep_residual_network",
 )
