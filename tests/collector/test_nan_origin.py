@@ -115,6 +115,36 @@ def test_a_mask_of_minus_inf_that_reaches_neither_loss_nor_gradient_passes():
     assert [f for f in nndx.diagnose(report).findings if f.severity != "info"] == []
 
 
+class CausalEncoder(nn.Module):
+    """Takes the float causal mask as an input, as nn.Transformer's users pass it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+        self.encoder, self.out = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False), nn.Linear(8, 3)
+
+    def forward(self, x, mask):
+        return self.out(self.encoder(x, mask=mask).mean(1))
+
+
+def test_a_float_causal_mask_passed_as_input_is_no_nan_in_the_data():
+    """nn.Transformer.generate_square_subsequent_mask is -inf above the diagonal: an input
+    that is non-finite by design. The same -inf as data (reaching the loss) still counts."""
+    x, y = batch()
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
+    result = nan_origin(CausalEncoder(), ((x.view(4, 4, 8).repeat(4, 1, 1), mask), y), nn.CrossEntropyLoss())
+    assert result.status == "passed" and result.input_nonfinite_count == 0, result.message
+    assert "additive mask" in result.message
+    report = DiagnosticReport(probes=Probes(nan_origin=result))
+    assert [f for f in nndx.diagnose(report).findings if f.severity != "info"] == []
+
+    data = x.clone()
+    data[0, 0] = float("-inf")
+    leaked = nan_origin(mlp(), (data, y), nn.CrossEntropyLoss())
+    assert leaked.status == "failed" and leaked.input_nonfinite_count == 1
+
+
 def test_minus_inf_that_reaches_the_loss_is_still_named():
     class Unmasked(MaskedAttention):
         def forward(self, x):

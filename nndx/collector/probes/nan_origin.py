@@ -22,7 +22,9 @@ Non-finite inputs are counted first: NaN already in the data is a different caus
 A non-finite value that reaches neither the loss nor any gradient is a mask, not a bug:
 attention fills the scores it hides with ``-inf`` (``masked_fill(mask, float("-inf"))``)
 and the softmax turns them into exact zeros. The probe then passes and its message names
-where the masked values were made.
+where the masked values were made. The same holds for ``-inf`` passed in as an input (the
+float causal mask of ``nn.Transformer.generate_square_subsequent_mask``): it is not
+counted as non-finite data unless the loss or a gradient is non-finite.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from nndx.collector._common import (
     nonfinite_count,
     preserved_rng,
     split_batch,
+    stored_values,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -86,12 +89,18 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
         finally:
             for h in handles:
                 h.remove()
+    bwd = backward_hit[0] if backward_hit else (None, None)
+    mask_note = ""
+    if input_bad and input_bad == _minus_inf_count(inputs) and loss_finite and bwd[0] is None:
+        # nn.Transformer.generate_square_subsequent_mask: -inf where attention is hidden, passed
+        # in as an input and added to the scores; the softmax turns it into exact zeros
+        mask_note = f"; {input_bad} -inf input values reach neither the loss nor a gradient (an additive mask)"
+        input_bad = 0
     fwd = seen.first_nonfinite or (None, None, None)
     if fwd[0] is None and in_loss.op is not None and not input_bad and not target_bad:
         # every module's output finite, the loss's own code made it: exp without the max
         # subtracted, log of a 0, a division by 0 written in a loss function
         fwd = ("loss", loss_name(loss_fn), in_loss.op)
-    bwd = backward_hit[0] if backward_hit else (None, None)
     masked = ""
     if fwd[0] is not None and loss_finite and bwd[0] is None and not input_bad and not target_bad:
         masked = (f"; non-finite values made in {fwd[0]} ({fwd[1]})" + (f" by {fwd[2]}()" if fwd[2] else "")
@@ -114,9 +123,9 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
     if bwd[0] is not None:
         problems.append(f"first non-finite gradient in backward: output of {bwd[0]} ({bwd[1]})")
     if problems:
-        message = "; ".join(problems)
-    elif masked:
-        message = "the loss and every gradient are finite" + masked
+        message = "; ".join(problems) + mask_note
+    elif masked or mask_note:
+        message = "the loss and every gradient are finite" + masked + mask_note
     else:
         message = "every output, the loss and every gradient are finite"
     return NanOriginResult(
@@ -127,6 +136,18 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
         forward_module=fwd[0], forward_module_type=fwd[1], forward_op=fwd[2],
         backward_module=bwd[0], backward_module_type=bwd[1],
     )  # fmt: skip
+
+
+def _minus_inf_count(inputs: Any) -> int:
+    """-inf elements of the floating input tensors that hold no other non-finite value."""
+    count = 0
+    for t in iter_tensors(inputs):
+        if t.is_floating_point():
+            values = stored_values(t)
+            minus_inf = int((values == float("-inf")).sum())
+            if minus_inf == int((~torch.isfinite(values)).sum()):
+                count += minus_inf
+    return count
 
 
 class FirstNonfiniteOp(TorchFunctionMode):
