@@ -791,3 +791,28 @@ def test_sparse_graph_inputs_are_measured_not_errors():
     assert report.probes.grad_check.status != "error"
     norms = report.loop.input_norm_history
     assert norms and all(math.isfinite(p.value) and p.value > 0 for p in norms)
+
+
+@pytest.mark.parametrize("zero_grad", [True, False])
+def test_gradients_never_reset_under_a_grad_scaler_that_skips_every_step(zero_grad):
+    """Once the summed gradients overflow, a GradScaler skips every optimizer.step() and the
+    Monitor sees backward passes with hardly a step: that is still zero_grad missing (here the
+    first scaled backward overflows, as a large loss under float16 does). With zero_grad the
+    scaler lowers its scale, steps resume, and nothing fires."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    x, y = data()
+    with Monitor(model, opt) as mon:
+        for _ in range(40):
+            if zero_grad:
+                opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            mon.log(loss)
+    report = mon.report()
+    assert (report.loop.steps < 3) == (not zero_grad)
+    assert bool(fired(report, "NNDX301")) == (not zero_grad)
