@@ -274,8 +274,8 @@ def _lr_decays(report: DiagnosticReport) -> bool:
     detects="A train loss that fell by over 30% in its first half and, over its second half, moved less "
     "than 2% of its initial level or a twentieth of the first half's drop, or (at the noise floor) fell "
     "by less than its step-to-step minibatch noise while that noise exceeds the loss level, with a "
-    "learning rate that never decayed. A loss under 5% of its start that is quieter than its own level "
-    "has converged and is left alone.",
+    "learning rate that never decayed. A loss under 1% of its start, or under 5% and quieter than its own "
+    "level, has converged and is left alone.",
     why="A plateau at a constant LR often means the step is too large to settle into the minimum; "
     "a decay usually buys another drop. A noisy task also plateaus legitimately, so this is context, "
     "not an alarm.",
@@ -297,7 +297,8 @@ def plateau(report: DiagnosticReport) -> Hit | None:
     at_noise_floor = second_half_progress * curve.scale < curve.noise and curve.noise >= curve.end
     if first_half_progress < 0.3 or not (flat or at_noise_floor):
         return None
-    if curve.end < 0.05 * curve.start and curve.noise < curve.end:  # converged, nothing left to gain
+    # converged, nothing left to gain: under 1% of the start, or under 5% with steps quieter than the level
+    if curve.end < 0.01 * curve.start or (curve.end < 0.05 * curve.start and curve.noise < curve.end):
         return None
     return Hit(
         symptom="train loss plateaued after decreasing",

@@ -92,14 +92,15 @@ def test_a_constant_lr_noise_floor_is_a_plateau_a_quiet_converged_loss_is_not():
     each step's minibatch loss swings by more than its own level, a noise ball that a decay
     would shrink. The same curve with quiet steps has converged."""
 
-    def run(noise: float) -> set[str]:
+    def run(noise: float, floor: float = 0.03) -> set[str]:
         rng = random.Random(1)
-        level = [0.03 + 0.03 * (1 - i / 300) + 1.3 * math.exp(-12 * i / 300) for i in range(300)]
+        level = [floor * (2 - i / 300) + 1.3 * math.exp(-12 * i / 300) for i in range(300)]
         values = [v * math.exp(rng.gauss(0, noise)) for v in level]  # minibatch noise, multiplicative
         return {f.rule_id for f in diagnose(DiagnosticReport(loss_history={"train": points(values)})).findings}
 
     assert "NNDX105" in run(noise=1.0)
     assert "NNDX105" not in run(noise=0.2)
+    assert "NNDX105" not in run(noise=1.0, floor=1e-5)  # fitted: under 1% of the start, noisy or not
 
 
 def test_noisy_task_plateau_is_not_an_alarm():
