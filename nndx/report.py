@@ -382,6 +382,10 @@ class CausalityResult(ProbeResult):
     max_change: Float | None = Field(None, description="largest change of an output at a position <= cut")
     tolerance: Float | None = None
     future_visible: bool | None = Field(None, description="outputs depend on later tokens")
+    padding_id: int | None = Field(
+        None, description="the id that ends the target sequences in runs of varying length (padding), if any")
+    scored_padding_fraction: Fraction | None = Field(
+        None, description="share of the scored positions that are padding after each run's first token")
 
     def summary(self, num: NumberFormat = str) -> str:
         return (f"targets = input at the same position {num(self.copy_fraction)}, = next input "

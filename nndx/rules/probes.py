@@ -573,3 +573,37 @@ def lm_sees_future(report: DiagnosticReport) -> Hit | None:
         },
         score=4.0,
     )
+
+
+
+# padding after each run's first token, as a share of the scored positions: above this the padding
+# is a large part of what the model is trained and scored on
+SCORED_PADDING = 0.1
+
+
+@rule(
+    "NNDX616",
+    C.WRONG_LOSS,
+    "warning",
+    "The loss scores padding positions",
+    detects="The causality probe, on a sequence model whose loss targets are the next tokens: the targets end "
+    "in runs of one id (padding to the longest sequence: runs of 2 or more, of varying length, in at least a "
+    "quarter of the sequences) and the loss scores them — at least 10% of the scored positions are padding "
+    "after each run's first token (that one may be a real end-of-sequence token).",
+    why="Without ignore_index (or a mask) the model is trained to predict padding after padding, which is "
+    "trivial: the loss and accuracy it reports are inflated by easy positions, and the real tokens get a "
+    "smaller share of the gradient. Nothing crashes and the loss looks better than it is.",
+    fix="CrossEntropyLoss(ignore_index=pad_id) (or set the padded targets to -100), or multiply the per-token "
+    "loss by the padding mask and divide by the number of real tokens.",
+)
+def padding_scored(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "causality")
+    if result is None or result.scored_padding_fraction is None or result.scored_padding_fraction < SCORED_PADDING:
+        return None
+    return Hit(
+        symptom=f"{result.scored_padding_fraction:.0%} of the positions the loss scores are padding (id "
+        f"{result.padding_id}) after the end of their sequence",
+        evidence={"padding_id": result.padding_id, "scored_padding_fraction": result.scored_padding_fraction,
+                  "scored_positions": result.scored_positions},  # fmt: skip
+        score=1.0 + result.scored_padding_fraction,
+    )

@@ -198,6 +198,41 @@ def test_ignored_positions_do_not_count():
     assert result.status == "passed" and result.scored_positions == (BLOCK - 4) * len(x)
 
 
+def padded_batch(pad: int = 0):
+    """Sequences of varying length (5 to 12 tokens) padded to the longest with ``pad``, as a
+    collate function pads a batch of sentences: inputs and next-token targets."""
+    windows = text()
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(5, BLOCK + 2, (len(windows),), generator=g)
+    windows = torch.where(torch.arange(BLOCK + 1)[None, :] < lengths[:, None], windows, torch.full_like(windows, pad))
+    return windows[:, :-1], windows[:, 1:]
+
+
+@pytest.mark.parametrize("ignored", [False, True])
+def test_padding_the_loss_scores_is_named(ignored):
+    """Padded targets without ignore_index: the model is trained to predict padding. With
+    ignore_index=pad the loss ignores them, and unpadded text or a single end token at the end
+    of every sequence is no padding either."""
+    x, y = padded_batch()
+
+    def loss(out, target):
+        return F.cross_entropy(out.reshape(-1, VOCAB), target.reshape(-1), ignore_index=0 if ignored else -100)
+
+    result = causality(TinyGPT(), (x, y), loss)
+    assert result.status == "passed"
+    if ignored:
+        assert result.scored_padding_fraction is None
+    else:
+        assert result.padding_id == 0 and result.scored_padding_fraction > 0.1
+    report = nndx.DiagnosticReport(probes=nndx.report.Probes(causality=result))
+    assert any(f.rule_id == "NNDX616" for f in nndx.diagnose(report).findings) == (not ignored)
+    assert causality(TinyGPT(), lm_batch(), flat_cross_entropy).scored_padding_fraction is None
+    x, y = lm_batch()
+    y = y.clone()
+    y[:, -1] = 0  # one end-of-sequence token each: no run
+    assert causality(TinyGPT(), (x, y), flat_cross_entropy).scored_padding_fraction is None
+
+
 def test_user_model_and_rng_untouched():
     model = TinyGPT(dropout=0.2)
     before = snapshot(model)

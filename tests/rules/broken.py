@@ -314,6 +314,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX611": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", batch_axis=0, samples=32, changed_samples=31, max_change=0.4, tolerance=1e-5)),
     "NNDX613": lambda: probe(causality=CausalityResult(status="failed", time_axis=1, samples=8, positions=32, scored_positions=256, copy_fraction=1.0, next_fraction=0.04, unshifted=True)),
     "NNDX614": lambda: probe(causality=CausalityResult(status="failed", time_axis=1, samples=8, positions=32, scored_positions=256, copy_fraction=0.04, next_fraction=1.0, unshifted=False, cut=15, changed_positions=16, max_change=0.3, tolerance=2e-5, future_visible=True)),
+    "NNDX616": lambda: probe(causality=CausalityResult(status="passed", time_axis=1, samples=8, positions=32, scored_positions=256, copy_fraction=0.04, next_fraction=1.0, unshifted=False, cut=15, changed_positions=0, max_change=0.0, tolerance=2e-5, future_visible=False, padding_id=0, scored_padding_fraction=0.3)),
     "NNDX612": lambda: probe(label_noise=LabelNoiseResult(status="failed", noise_fraction=0.41, noise_lower_bound=0.36, disagreement_fraction=0.46, confident_samples=449, samples=1797)),
     "NNDX701": lambda: error("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"),
     "NNDX702": lambda: error("one of the variables needed for gradient computation has been modified by an inplace operation: [torch.FloatTensor [3]]"),

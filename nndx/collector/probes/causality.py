@@ -72,6 +72,8 @@ NEXT_TOKEN_SHARE = 0.9
 COPY_SHARE = 0.9
 COPY_MARGIN = 0.5
 SEED = 0
+# padding ends at least this share of the target sequences (padded to the longest one)
+PADDED_ROWS = 0.25
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -103,6 +105,8 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
                   "positions": int(tokens.shape[time_axis]) if time_axis is not None else 0,
                   "time_axis": time_axis, "scored_positions": n_scored, "copy_fraction": copy,
                   "next_fraction": next_share}  # fmt: skip
+        if time_axis is not None:
+            common.update(_scored_padding(aimed, time_axis))
         unshifted = copy >= COPY_SHARE and copy - next_share >= COPY_MARGIN
         if unshifted:
             return CausalityResult(status="failed", unshifted=True, **common, message=(
@@ -221,6 +225,31 @@ def _time_axis(aimed: torch.Tensor, tokens: torch.Tensor) -> tuple[int | None, f
         return None, 0.0
     best = max(shares, key=lambda a: shares[a])
     return (best if shares[best] >= NEXT_TOKEN_SHARE else None), shares[best]
+
+
+def _scored_padding(aimed: torch.Tensor, time_axis: int) -> dict[str, object]:
+    """Padding among the targets, and how much of it the loss scores. Padding is read off
+    the targets where the loss scores them (``aimed``): an id that ends at least
+    ``PADDED_ROWS`` of the sequences in runs of 2 or more, of more than one length (padding
+    to the longest sequence; an end-of-sequence token is one, not a run). The first token of
+    each run may be a real end of sequence (GPT-2 pads with its end token), so only the
+    rest counts."""
+    rows = aimed if time_axis == 1 else aimed.T
+    last = rows[:, -1]
+    ids, counts = torch.unique(last[last >= 0], return_counts=True)
+    if ids.numel() == 0:
+        return {}
+    pad = ids[counts.argmax()]
+    # run length at the end of each row: positions from the last one that is not the pad id
+    is_pad = rows == pad
+    not_pad = (~is_pad).float() * torch.arange(1, rows.shape[1] + 1, device=rows.device)
+    run = rows.shape[1] - not_pad.amax(dim=1).long()
+    padded = run >= 2
+    if float(padded.float().mean()) < PADDED_ROWS or torch.unique(run).numel() < 2:
+        return {}
+    after_first = torch.arange(rows.shape[1], device=rows.device)[None, :] > (rows.shape[1] - run)[:, None]
+    scored_padding = int((after_first & is_pad).sum())
+    return {"padding_id": int(pad), "scored_padding_fraction": scored_padding / max(1, int((rows >= 0).sum()))}
 
 
 def _changed_future(tokens: torch.Tensor, time_axis: int) -> tuple[torch.Tensor, int] | None:
