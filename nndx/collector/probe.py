@@ -30,7 +30,10 @@ whether the model *can* learn, which a trained model cannot answer (it "fits one
 in 0 steps"). They run from the initial state when one is known —
 ``initial_state=`` a ``state_dict`` saved before training, or the Monitor's snapshot
 (``monitor.initial_state()``) — and say ``skipped`` when the Monitor saw training steps
-and no initial state is known. The other probes measure the model as it is.
+and no initial state is known. The other probes measure the model as it is — unless its
+weights are already NaN/Inf: a diverged model cannot say where its first NaN came from,
+so the probes that need finite weights run from the initial state too, or say
+``skipped`` without one.
 
 Per-probe options go in a keyword argument named after the probe, as a dict of the
 probe function's keyword arguments (see ``nndx.collector.probes``, one module per
@@ -40,6 +43,7 @@ probe); an unknown one is a TypeError before anything runs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import statistics
@@ -215,6 +219,9 @@ class _Setup:
             if initial_opt is not None:
                 initial_opt.state.clear()  # the optimizer's state at the start: none
             notes.append("the trainability probes (overfit, LR range, gradient check) ran from the initial state")
+            if any(not bool(torch.isfinite(p.detach()).all()) for p in current.parameters()):
+                notes.append("the weights are non-finite now: the NaN origin, eval-mode, sample-independence and "
+                             "causality probes ran from the initial state too")  # fmt: skip
         if not model.training:
             notes.append("the model was in eval mode: the trainability probes trained it in train mode, as a training "
                          "loop does")  # fmt: skip
@@ -231,9 +238,16 @@ class _Setup:
         return cls(current, opt, initial, initial_opt, (inputs, targets), loss_fn, autocast, notes)
 
     def state_for(self, spec: ProbeSpec) -> tuple[nn.Module, torch.optim.Optimizer | None]:
-        if spec.trains and self.initial is not None:
+        """The trainability probes' state is the initial one when known; so is every probe's
+        that a diverged model cannot answer (where a NaN came from, eval-mode consistency),
+        when the weights are already non-finite."""
+        if self.initial is not None and (spec.trains or (spec.needs_finite_parameters and self.diverged)):
             return self.initial, self.initial_optimizer
         return self.model, self.optimizer
+
+    @functools.cached_property
+    def diverged(self) -> bool:
+        return any(not bool(torch.isfinite(p.detach()).all()) for p in self.model.parameters())
 
     def amp(self) -> contextlib.AbstractContextManager:
         return forwards_under_autocast(self.autocast)

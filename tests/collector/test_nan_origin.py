@@ -172,3 +172,35 @@ def test_a_nan_made_by_the_loss_functions_own_code_is_named(op, code):
     assert (result.forward_module, result.forward_op) == ("loss", op) and not result.loss_finite
     report = DiagnosticReport(probes=Probes(nan_origin=result))
     assert nndx.diagnose(report).top().code.value == code
+
+
+def test_a_diverged_model_is_traced_from_its_initial_state():
+    """After training, the weights are NaN and every forward is NaN from the first layer on:
+    that says nothing about where the first NaN came from. With the Monitor's snapshot the
+    probe traces it from the initial state (here the loss's own log of a 0); without one it
+    says skipped, and why."""
+    from nndx.integrations.monitor import Monitor
+
+    def bce_by_hand(logits, y):  # log(sigmoid) without a clamp: log(0) once a logit is large
+        p = torch.sigmoid(logits[:, 0])
+        return -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
+
+    model = mlp(out=1)
+    with torch.no_grad():
+        model[-1].weight.mul_(1000.0)
+    x, y = batch(classes=2)
+    y = y.float()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        for _ in range(5):
+            opt.zero_grad()
+            loss = bce_by_hand(model(x), y)
+            loss.backward()
+            opt.step()
+            mon.log(loss)
+    assert not all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    traced = nndx.probe(model, (x, y), bce_by_hand, probes=["nan_origin"], monitor=mon, progress=False)
+    result = traced.probes.nan_origin
+    assert (result.forward_module, result.forward_op) == ("loss", "log"), result.message
+    blind = nndx.probe(model, (x, y), bce_by_hand, probes=["nan_origin"], progress=False).probes.nan_origin
+    assert blind.status == "skipped" and "non-finite" in blind.message

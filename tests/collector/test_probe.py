@@ -227,11 +227,11 @@ def test_probes_skip_a_model_whose_weights_are_already_nonfinite():
         model[2].weight[0, 0] = float("nan")
     batch = (torch.randn(16, 4), torch.randint(0, 2, (16,)))
     report = nndx.probe(model, batch, nn.CrossEntropyLoss())
-    for name in ("eval_mode", "grad_check", "overfit_one_batch", "lr_range"):
+    # where a NaN came from cannot be read off weights that are NaN already: skipped, naming them
+    for name in ("eval_mode", "grad_check", "overfit_one_batch", "lr_range", "nan_origin"):
         result = getattr(report.probes, name)
         assert result.status == "skipped", name
         assert "2.weight" in result.message
-    assert report.probes.nan_origin.forward_module == "2"  # still names where the NaN appears
     assert report.layers  # the hook statistics still describe the diverged model
 
 

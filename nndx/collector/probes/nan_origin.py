@@ -164,4 +164,5 @@ class FirstNonfiniteOp(TorchFunctionMode):
         return out
 
 
-SPEC = ProbeSpec(name="nan_origin", title=NanOriginResult.title, function=nan_origin, result=NanOriginResult, order=20)
+SPEC = ProbeSpec(name="nan_origin", title=NanOriginResult.title, function=nan_origin, result=NanOriginResult, order=20,
+                 needs_finite_parameters=True)  # fmt: skip
