@@ -622,8 +622,8 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
     "error",
     "Softmax/sigmoid applied before a loss that applies its own",
     detects="CrossEntropyLoss given outputs whose rows already sum to one, BCEWithLogitsLoss given "
-    "outputs all inside [0, 1] (from a model ending in Sigmoid, or 16 or more of them when no observed forward "
-    "shows the output coming from no activation), or a model whose "
+    "outputs all inside [0, 1] (from a model ending in Sigmoid, or 16 or more of them when no forward was "
+    "observed to show what made them), or a model whose "
     "last activation is Softmax trained with CrossEntropyLoss.",
     why="CrossEntropyLoss applies log_softmax itself; a second softmax squashes the logits into [0, 1], "
     "so gradients shrink and the loss stalls far above its minimum.",
@@ -646,13 +646,16 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
                 score=3.0,
             )
         # logits of a batch of 16+ all inside [0, 1]: a sigmoid, even a functional one — unless
-        # the observed forward (functional ops included) shows the output came from no activation:
-        # then they are small logits of a model that has not learned much yet
-        observed_plain = report.model is not None and report.model.forward_observed and output_activation is None
-        many = (math.prod(call.output_shape) >= 16 if call.output_shape else False) and not observed_plain
+        # the observed forward (functional ops included) shows what made the output: no activation
+        # (small logits of a model that has not learned much yet) or one not bounded to [0, 1]
+        # (a ReLU on the logits: WRONG_OUTPUT_ACTIVATION's, not a second sigmoid)
+        kind = vocab.activation_kind(output_activation)
+        squashed = kind is not None and kind.bounds == (0.0, 1.0)
+        observed = report.model is not None and report.model.forward_observed
+        many = (math.prod(call.output_shape) >= 16 if call.output_shape else False) and not observed
         if (
             call.loss_type == "BCEWithLogitsLoss"
-            and (output_activation == "Sigmoid" or many)
+            and (squashed or many)
             and call.output_min is not None
             and call.output_max is not None
             and call.output_min >= 0.0

@@ -269,6 +269,9 @@ def test_squashed_logits_are_seen_from_their_values_whatever_produced_them():
     assert "NNDX314" not in _found(with_loop(observed, loss_calls=[small]))
     sigmoid = observed.model_copy(update={"model": observed.model.model_copy(update={"output_activation": "Sigmoid"})})
     assert "NNDX314" in _found(with_loop(sigmoid, loss_calls=[small]))
+    # a ReLU on the logits keeps them in [0, 1] at first too: the wrong output activation, not a second sigmoid
+    relu_out = observed.model_copy(update={"model": observed.model.model_copy(update={"output_activation": "ReLU"})})
+    assert "NNDX314" not in _found(with_loop(relu_out, loss_calls=[small]))
 
 
 def test_bce_targets_outside_zero_one_are_a_label_encoding_bug_and_soft_labels_are_not():
