@@ -466,10 +466,11 @@ def _accuracies(report: DiagnosticReport, split: str) -> list[float]:
     "at the end of training, over at least 5 recorded points — with train accuracy at chance too, "
     "or rising well above it (memorisation).",
     why="A model that never beats chance on held-out data learned nothing that transfers: labels that "
-    "do not belong to their inputs, or a model that does not learn at all.",
+    "do not belong to their inputs, a model that does not learn at all, or one that memorised a training "
+    "set too small to generalise from (then the overfitting seen directly ranks first).",
     fix="Check that inputs and labels are shuffled together and indexed the same way; run the "
-    "label-alignment probe; check that gradients reach the weights.",
-    explained_by=NO_LEARNING_CAUSES + (C.UNDERFITTING,),
+    "label-alignment probe; check that gradients reach the weights and that the training set is not tiny.",
+    explained_by=NO_LEARNING_CAUSES + (C.UNDERFITTING, C.OVERFITTING),
     symptom=True,
 )
 def val_at_chance(report: DiagnosticReport) -> Hit | None:

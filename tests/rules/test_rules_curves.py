@@ -142,3 +142,22 @@ def test_early_blow_up_then_collapse_is_divergence():
     values = [1.35, 350.0, 6900.0, 2.4] + flat(6, n=56, level=1.85, noise=0.1)
     found = {f.rule_id for f in diagnose(DiagnosticReport(loss_history={"train": points(values)})).findings}
     assert {"NNDX104", "NNDX103"} <= found
+
+
+def test_validation_at_chance_beside_memorisation_ranks_overfitting_until_a_probe_says_misaligned():
+    """Train accuracy rising, validation at chance and its loss climbing: a tiny training set
+    memorised looks the same as labels that belong to nothing. The overfitting is seen
+    directly and ranks first; once the label-alignment probe fails, misaligned labels are the
+    root and explain both."""
+    from nndx.report import LabelAlignmentResult, Probes
+
+    from .broken import val_chance
+
+    report = val_chance()
+    found = diagnose(report).findings
+    assert [f.rule_id for f in found][:2] == ["NNDX107", "NNDX109"]
+    assert all(f.explained_by is None for f in found[:2])
+    failed = LabelAlignmentResult(status="failed", message="no better than permuted labels", real_accuracy=0.1,
+                                  permuted_accuracy=0.1, chance_accuracy=0.1, steps=200)  # fmt: skip
+    probed = diagnose(report.model_copy(update={"probes": Probes(label_alignment=failed)})).findings
+    assert probed[0].rule_id == "NNDX610" and {"NNDX107", "NNDX109"} <= set(probed[0].explains)
