@@ -52,12 +52,12 @@ from nndx import vocab
 from nndx.collector._common import (
     Batch,
     LossFn,
+    backward_and_step,
     compute_loss,
     copy_with_optimizer,
     first_output,
     forward,
     loss_name,
-    backward_and_step,
     loss_scaler,
     preserved_rng,
     split_batch,

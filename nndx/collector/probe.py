@@ -43,7 +43,6 @@ probe); an unknown one is a TypeError before anything runs.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import statistics
@@ -194,6 +193,7 @@ class _Setup:
     loss_fn: LossFn
     autocast: tuple[str, torch.dtype] | None
     notes: list[str] = field(default_factory=list)
+    diverged: bool = False  # the current weights hold a NaN/Inf
 
     @classmethod
     def make(cls, model: nn.Module, batch: Batch, loss_fn: LossFn, optimizer: torch.optim.Optimizer | None,
@@ -210,6 +210,7 @@ class _Setup:
         inputs, targets = _split(batch, loss_fn)
         current, opt = copy_pair(model, optimizer, device)
         initial = initial_opt = None
+        diverged = bool(_nonfinite_parameters(current))
         if initial_state is not None:
             initial, initial_opt = copy_pair(model, optimizer, device)
             try:
@@ -219,7 +220,7 @@ class _Setup:
             if initial_opt is not None:
                 initial_opt.state.clear()  # the optimizer's state at the start: none
             notes.append("the trainability probes (overfit, LR range, gradient check) ran from the initial state")
-            if any(not bool(torch.isfinite(p.detach()).all()) for p in current.parameters()):
+            if diverged:
                 notes.append("the weights are non-finite now: the NaN origin, eval-mode, sample-independence and "
                              "causality probes ran from the initial state too")  # fmt: skip
         if not model.training:
@@ -235,7 +236,7 @@ class _Setup:
                 raise UsageError(f"amp must be torch.bfloat16 or torch.float16 (or 'bf16'/'fp16'), got {amp!r}")
             autocast = ((target_device or torch.device("cpu")).type, dtype)
             notes.append(f"forwards under torch.autocast({autocast[0]!r}, {str(dtype).removeprefix('torch.')})")
-        return cls(current, opt, initial, initial_opt, (inputs, targets), loss_fn, autocast, notes)
+        return cls(current, opt, initial, initial_opt, (inputs, targets), loss_fn, autocast, notes, diverged)
 
     def state_for(self, spec: ProbeSpec) -> tuple[nn.Module, torch.optim.Optimizer | None]:
         """The trainability probes' state is the initial one when known; so is every probe's
@@ -244,10 +245,6 @@ class _Setup:
         if self.initial is not None and (spec.trains or (spec.needs_finite_parameters and self.diverged)):
             return self.initial, self.initial_optimizer
         return self.model, self.optimizer
-
-    @functools.cached_property
-    def diverged(self) -> bool:
-        return any(not bool(torch.isfinite(p.detach()).all()) for p in self.model.parameters())
 
     def amp(self) -> contextlib.AbstractContextManager:
         return forwards_under_autocast(self.autocast)
@@ -313,12 +310,17 @@ def _why_not(spec: ProbeSpec, setup: _Setup, have_data: bool, trained_steps: int
                 f"model the {spec.title} measures the training already done (overfitting 'in 0 steps'); "
                 "probe before training, or pass initial_state= a state_dict saved before training")  # fmt: skip
     model, _ = setup.state_for(spec)
-    nonfinite = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+    nonfinite = _nonfinite_parameters(model)
     if nonfinite and spec.needs_finite_parameters:
         return (f"{len(nonfinite)} parameter tensor(s) are already non-finite (first: {nonfinite[0]}); "
                 "a diverged model says nothing about why it diverged: probe before training "
                 "or from the last finite checkpoint")  # fmt: skip
     return None
+
+
+def _nonfinite_parameters(model: nn.Module) -> list[str]:
+    """Names of the parameter tensors that hold a NaN/Inf."""
+    return [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
 
 
 class _Guard:

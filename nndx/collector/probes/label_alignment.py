@@ -16,8 +16,9 @@ What random labels cannot do is *generalise*.
 How: a small MLP (one hidden ReLU layer, full-batch Adam) is trained on the real labels
 and, from the same initialisation and with the same budget, on a few random
 permutations of them; all are scored with the real labels on samples they did not see,
-in folds: the first quarter held out, and when that cannot tell, every sample held out once
-(a single held-out quarter leaves two classes' small gain hidden in its noise). The test is paired, sample by sample: the held-out cross-entropy of the true label under
+in folds: the first quarter held out, and when that cannot tell, every sample held out
+once (a single held-out quarter leaves two classes' small gain hidden in its noise). The
+test is paired, sample by sample: the held-out cross-entropy of the true label under
 the permuted-label models minus under the real-label model (each at its best
 checkpoint), with the probabilities mixed half and half with the training prior (a model
 that memorised labels is confidently wrong on a few held-out samples, whose huge losses
@@ -106,8 +107,8 @@ def label_alignment(
         return LabelAlignmentResult(status="skipped", steps=0, message=(
             f"too few samples to judge: the rarest class {int(counts.min())} times (need {MIN_PER_CLASS}){note}"))
 
-    # every sample is held out once (cross-fitting): the paired test gets all of them, not a
-    # quarter, which two classes (whose entropy, and so the gain to detect, is small) need
+    # folds that hold out every sample once (cross-fitting), for when the first alone cannot
+    # tell: two classes' entropy, and so the gain to detect, is small
     folds = []
     for held in np.array_split(np.arange(features.shape[0]), max(2, round(1 / holdout_fraction))):
         train = np.setdiff1d(np.arange(features.shape[0]), held)

@@ -43,11 +43,11 @@ from nndx import vocab
 from nndx.collector._common import (
     Batch,
     LossFn,
+    backward_and_step,
     compute_loss,
     copy_with_optimizer,
     forward,
     loss_name,
-    backward_and_step,
     loss_scaler,
     preserved_rng,
     split_batch,
