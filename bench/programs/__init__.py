@@ -22,4 +22,6 @@ PROGRAMS = (
     "transfer_learning",
     "language_translation",
     "deep_residual_network",
+    "char_rnn_classification",
+    "transformer_tutorial",
 )
