@@ -135,3 +135,39 @@ def test_two_classes_shuffled_separately_are_judged_on_every_sample():
                 for seed in range(3)]  # fmt: skip
     assert verdicts.count("failed") >= 2 and "passed" not in verdicts, verdicts
     assert label_alignment(x, y, steps=STEPS).status == "passed"
+
+
+def _markov_windows(rng: np.random.Generator, sequences: int = 200, length: int = 16, vocab: int = 10):
+    """Windows of a peaked first-order Markov chain over ``vocab`` ids and their next ids."""
+    transitions = rng.dirichlet(np.full(vocab, 0.2), size=vocab)
+    stream = [0]
+    for _ in range(sequences * length + length):
+        stream.append(int(rng.choice(vocab, p=transitions[stream[-1]])))
+    stream = np.array(stream)
+    starts = rng.integers(0, len(stream) - length - 1, sequences)
+    windows = starts[:, None] + np.arange(length)
+    return stream[windows], stream[windows + 1]
+
+
+def test_token_sequences_are_judged_position_by_position():
+    """Token ids with one target per position (a language model, a tagger) are read row by
+    position, held out by whole sequences: next tokens pass, next tokens that belong to
+    other sequences fail, ignore_index positions are left out."""
+    rng = np.random.default_rng(0)
+    x, y = _markov_windows(rng)
+    aligned = label_alignment(torch.from_numpy(x), torch.from_numpy(y), steps=STEPS)
+    assert aligned.status == "passed" and "sequences" in aligned.message, aligned.message
+    shuffled = label_alignment(x, y[rng.permutation(len(y))], steps=STEPS)
+    assert shuffled.status == "failed", shuffled.message
+    tags = np.where(rng.random(x.shape) < 0.1, rng.integers(0, 3, x.shape), x % 3)  # a tag per token, 10% noise
+    tags[:, :4] = -100  # a prompt the loss ignores
+    assert label_alignment(x, tags, steps=STEPS).status == "passed"
+    assert label_alignment(x, tags[rng.permutation(len(tags))], steps=STEPS).status == "failed"
+
+
+def test_integer_ids_with_one_label_per_row_are_not_judged():
+    # a bag or a row of ids says nothing reliable about an order-dependent label: skipped
+    rng = np.random.default_rng(0)
+    x, _ = _markov_windows(rng)
+    result = label_alignment(x, rng.integers(0, 2, len(x)), steps=STEPS)
+    assert result.status == "skipped" and "integer inputs" in result.message

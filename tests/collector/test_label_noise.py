@@ -103,3 +103,10 @@ def test_token_id_inputs_are_not_judged_by_a_model_that_reads_magnitudes():
     assert result.status == "skipped" and "ids" in result.message
     pixels = label_noise(load_digits().images.astype(np.uint8), load_digits().target, steps=20)
     assert pixels.status != "skipped"  # uint8 pixels are magnitudes
+
+
+def test_token_sequences_are_skipped():
+    # next-token targets are uncertain by nature: their disagreement is not label noise
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 10, (200, 16))
+    assert label_noise(x, np.roll(x, -1, axis=1)).status == "skipped"

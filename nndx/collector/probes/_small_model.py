@@ -30,12 +30,17 @@ MAX_FLOAT_CLASSES = 100
 
 
 class ClassData(NamedTuple):
-    """Features (rows, float64) and class indices 0..C-1 of a classification split."""
+    """Features (rows, float64) and class indices 0..C-1 of a classification split.
+
+    ``groups``: for rows cut from sequences (:func:`token_data`), the sequence each row
+    came from, rows of a sequence adjacent; held-out rows must be whole sequences, and a
+    sequence, not a position, is one independent sample. None: every row is a sample."""
 
     features: np.ndarray
     targets: np.ndarray
     num_classes: int
     note: str  # rows left out, in words ("" when none)
+    groups: np.ndarray | None = None
 
 
 def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int,
@@ -97,6 +102,63 @@ def _usable_rows(xa: np.ndarray, labels: np.ndarray, labelled: np.ndarray, *, mi
         return f"only {features.shape[0]} usable samples; need {min_samples}{note}"
     order = np.random.default_rng(seed).permutation(features.shape[0])[:max_samples]
     return features[order], labels[order], note
+
+
+# Token ids are identities, never magnitudes: the most frequent ids each get a one-hot
+# column (and a target class); rarer ids share one "other".
+TOKEN_IDS = 64
+MIN_SEQUENCES = 8
+
+
+def token_data(x: Any, y: Any, *, min_samples: int, max_samples: int, min_per_class: int,
+               seed: int) -> ClassData | str:  # fmt: skip
+    """Per-position class targets of integer token sequences (a language model's next
+    tokens, a tagger's tags: ``y`` of ``x``'s shape [N, T]) as :class:`ClassData` with
+    one row per scored position, or why they cannot be read so.
+
+    A row's features: the one-hot ids of the token at its position and of the one before
+    it, and its sequence's bag of ids (what a position-aligned target can depend on without
+    a model of the whole sequence: the next character depends on the last ones; a
+    translation's word on the source's words). Negative targets (``ignore_index``) are left
+    out. Whole sequences are taken in a seeded random order, at most ``max_samples`` rows."""
+    xa, _ = _as_array(x, "inputs")
+    ya, _ = _as_array(y, "labels")
+    if xa.ndim != 2 or xa.shape != ya.shape or xa.dtype.kind != "i" or ya.dtype.kind not in "iu":
+        return "not token sequences with one integer target per position"
+    order = np.random.default_rng(seed).permutation(xa.shape[0])[: max(1, max_samples // max(1, xa.shape[1]))]
+    xs, ys = xa[order].astype(np.int64), ya[order].astype(np.int64)
+    if xs.shape[0] < MIN_SEQUENCES:
+        return f"only {xs.shape[0]} sequences; need {MIN_SEQUENCES}"
+    ids, width = _frequent_ids(xs, TOKEN_IDS)
+    # code width + 1: no token before the first
+    previous = np.concatenate([np.full((ids.shape[0], 1), width + 1), ids[:, :-1]], axis=1)
+    current = np.eye(width + 1)[ids]
+    bag = current.mean(axis=1, keepdims=True).repeat(ids.shape[1], axis=1)
+    features = np.concatenate([current, np.eye(width + 2)[previous], bag], axis=2)
+    groups = np.repeat(np.arange(ids.shape[0]), ids.shape[1])
+    features, targets = features.reshape(-1, features.shape[2]), ys.reshape(-1)
+    scored = targets >= 0
+    classes, count = _frequent_ids(targets[scored], TOKEN_IDS)
+    rare = np.bincount(classes, minlength=count + 1) < min_per_class
+    keep = np.flatnonzero(scored)[~rare[classes]]  # a class too rare to score stays out, "other" included
+    left_out = int(scored.sum()) - keep.size
+    note = f" (one row per position of {ids.shape[0]} sequences" + (
+        f"; {left_out} positions with a rare target left out)" if left_out else ")")
+    if keep.size < min_samples:
+        return f"only {keep.size} scored positions with a common target; need {min_samples}"
+    _, targets = np.unique(classes[~rare[classes]], return_inverse=True)
+    if targets.max() < 1:
+        return "one target id at every scored position"
+    return ClassData(features[keep], targets, int(targets.max()) + 1, note, groups[keep])
+
+
+def _frequent_ids(ids: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+    """``ids`` recoded: the ``k`` most frequent values 0..k-1 (in value order), every other
+    value k; and how many codes there are besides that "other" (at most k)."""
+    values, counts = np.unique(ids, return_counts=True)
+    top = np.sort(values[np.argsort(-counts, kind="stable")[:k]])
+    at = np.searchsorted(top, ids).clip(0, top.size - 1)
+    return np.where(top[at] == ids, at, top.size), top.size
 
 
 REGRESSION = "regression targets"

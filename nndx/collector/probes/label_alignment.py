@@ -58,7 +58,7 @@ import torch
 
 from nndx.collector.probes import ProbeSpec
 from nndx.collector.probes._small_model import (
-    ClassData, RegressionData, class_data, one_thread, standardise, train_mlps,
+    ClassData, RegressionData, class_data, one_thread, standardise, token_data, train_mlps,
 )
 from nndx.report import LabelAlignmentResult
 
@@ -96,11 +96,17 @@ def label_alignment(
             f"max_samples >= {MIN_SAMPLES}"
         )
     data = class_data(x, y, min_samples=MIN_SAMPLES, max_samples=max_samples, seed=seed)
+    if isinstance(data, str):  # token ids with a target per position are read position by position
+        tokens = token_data(x, y, min_samples=MIN_SAMPLES, max_samples=max_samples, min_per_class=MIN_PER_CLASS,
+                            seed=seed)  # fmt: skip
+        data = tokens if isinstance(tokens, ClassData) else data
     if isinstance(data, RegressionData):
         return _regression(data, steps=steps, seed=seed, hidden=hidden, lr=lr, holdout_fraction=holdout_fraction)
     if not isinstance(data, ClassData):
         return LabelAlignmentResult(status="skipped", message=data, steps=0)
-    features, targets, num_classes, note = data
+    features, targets, num_classes, note, groups = data
+    # a sample is a row, or a whole sequence for rows cut from sequences
+    groups = np.arange(targets.size) if groups is None else groups
     rng = np.random.default_rng(seed + 1)
     counts = np.bincount(targets, minlength=num_classes)
     if counts.min() < MIN_PER_CLASS:
@@ -110,13 +116,14 @@ def label_alignment(
     # folds that hold out every sample once (cross-fitting), for when the first alone cannot
     # tell: two classes' entropy, and so the gain to detect, is small
     folds = []
-    for held in np.array_split(np.arange(features.shape[0]), max(2, round(1 / holdout_fraction))):
+    for held_groups in np.array_split(np.unique(groups), max(2, round(1 / holdout_fraction))):
+        held = np.flatnonzero(np.isin(groups, held_groups))
         train = np.setdiff1d(np.arange(features.shape[0]), held)
         train_x, test_x = standardise(features[train], features[held])
         train_y = targets[train]
         # the null: the same model from the same initialisation, on labels that belong to nothing
         labels = [train_y] + [train_y[rng.permutation(train_y.shape[0])] for _ in range(PERMUTATIONS)]
-        folds.append((train_x, labels, test_x, targets[held]))
+        folds.append((train_x, labels, test_x, targets[held], groups[held]))
     prior = counts / counts.sum()
     effect = MIN_EFFECT * float(-(prior[prior > 0] * np.log(prior[prior > 0])).sum())
     chance = 1.0 / num_classes
@@ -125,10 +132,12 @@ def label_alignment(
     # when it cannot tell, which keeps the usual cost at one fold's
     for group in (folds[:1], folds[1:]):
         with one_thread():
-            scores += _score(group, num_classes, steps, seed, hidden, lr)
+            scores += _score([fold[:4] for fold in group], num_classes, steps, seed, hidden, lr)
         real_loss = np.concatenate([fold[0][1] for fold in scores])
         null_loss = np.concatenate([np.mean([loss for _, loss in fold[1:]], axis=0) for fold in scores])
-        gains = null_loss - real_loss  # per sample, in nats
+        # per sample, in nats: a sequence's positions are one sample, their mean its gain
+        _, sample = np.unique(np.concatenate([fold[4] for fold in folds[: len(scores)]]), return_inverse=True)
+        gains = np.bincount(sample, weights=null_loss - real_loss) / np.bincount(sample)
         weights = [len(fold[3]) for fold in folds[: len(scores)]]
         real = float(np.average([fold[0][0] for fold in scores], weights=weights))
         null = float(np.average([np.mean([accuracy for accuracy, _ in fold[1:]]) for fold in scores], weights=weights))

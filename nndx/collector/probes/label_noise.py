@@ -69,7 +69,7 @@ def label_noise(
     if not isinstance(data, ClassData):
         reason = data if isinstance(data, str) else "regression targets: label noise needs class labels"
         return LabelNoiseResult(status="skipped", message=reason)
-    features, targets, num_classes, note = data
+    features, targets, num_classes, note, _ = data
     probabilities = _out_of_sample(features, targets, num_classes, steps, seed, hidden, lr)
     predicted, confidence = probabilities.argmax(axis=1), probabilities.max(axis=1)
     disagree = predicted != targets
