@@ -124,3 +124,39 @@ def test_every_dtype_is_measured(dtype):
 
 def probe_only(model, **kw):
     return nndx.probe(model, batch(), nn.CrossEntropyLoss(), **kw)
+
+
+class TimeMajorEncoder(nn.Module):
+    """(time, batch) token ids and a (time, time) causal mask, as PyTorch's transformer
+    tutorial calls its model; BatchNorm over the features (batch statistics in train mode)."""
+
+    def __init__(self, vocab=11, width=8):
+        super().__init__()
+        self.embed, self.norm = nn.Embedding(vocab, width), nn.BatchNorm1d(width)
+        self.layer = nn.TransformerEncoderLayer(width, 2, 16, dropout=0.0)
+        self.out = nn.Linear(width, vocab)
+
+    def forward(self, tokens, mask=None):
+        h = self.embed(tokens)
+        h = self.norm(h.flatten(0, 1)).view_as(h)
+        return self.out(self.layer(h, src_mask=mask))
+
+
+def test_a_time_major_batch_is_halved_along_its_samples_and_never_along_time():
+    torch.manual_seed(0)
+    time, samples = 12, 6
+    tokens = torch.randint(0, 11, (time, samples))
+    mask = nn.Transformer.generate_square_subsequent_mask(time)
+    model = TimeMajorEncoder()
+    # flattened next-token targets line up with no axis: no half-batch check, and no error
+    # from a mask halved as if it were the batch
+    flat = eval_mode_consistency(model.eval(), ((tokens, mask), torch.randint(0, 11, (time * samples,))))
+    assert flat.status == "passed" and flat.batch_dependence_diff is None, flat.message
+    # one target per sample: the samples are axis 1, and batch statistics in train mode show there
+    labels = torch.randint(0, 11, (samples,))
+    per_sample = eval_mode_consistency(model.train(), (tokens, labels))
+    assert per_sample.status == "failed" and per_sample.batch_dependence_diff > per_sample.tolerance
+    evaluated = eval_mode_consistency(model.eval(), (tokens, labels))
+    assert evaluated.status == "passed" and evaluated.batch_dependence_diff <= evaluated.tolerance
+    # a mask shared by the batch cannot be halved with it: no half-batch check
+    assert eval_mode_consistency(model.train(), ((tokens, mask), labels)).batch_dependence_diff is None

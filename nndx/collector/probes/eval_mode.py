@@ -61,7 +61,7 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
     """Compare forwards of the batch's inputs (and of its first half) in the current mode,
     and in eval mode."""
-    inputs, _ = split_batch(batch)
+    inputs, targets = split_batch(batch)
     training = model.training
     dropout, batchnorm = has_dropout(model), has_batchnorm(model)
     with preserved_rng(), torch.no_grad():
@@ -73,10 +73,12 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
             first = _outputs(model_copy, inputs, SEEDS[0])
             diff = _max_abs_diff(first, _outputs(model_copy, inputs, SEEDS[1])) or 0.0
             active = _dropout_active(seen)
-            half = _first_half(inputs)
+            axis = _sample_axis(inputs, targets)
+            half = _first_half(inputs, axis) if axis is not None else None
             batch_diff = None
             if half is not None:
-                batch_diff = _max_abs_diff(_first_rows(first, _batch_size(half)), _outputs(model_copy, half, SEEDS[0]))
+                batch_diff = _max_abs_diff(_first_rows(first, axis, _size(inputs, axis)),
+                                           _outputs(model_copy, half, SEEDS[0]))  # fmt: skip
             model_copy.eval()
             seen.dropout_calls.clear()
             evaluated = _outputs(model_copy, inputs, SEEDS[0])
@@ -126,23 +128,47 @@ def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float | None:
     return max(diffs, default=0.0)
 
 
-def _batch_size(inputs: object) -> int | None:
+def _sample_axis(inputs: object, targets: object) -> int | None:
+    """The inputs' axis that holds the samples: 0 when the targets say so (or there are
+    none, an autoencoder's batch); the one axis of the targets' length when the batch is
+    time-major ((time, batch, features) with a target per sample); None when the targets
+    cannot line up with any (flattened per-position targets), so that a time axis is never
+    halved as if it were the batch (a causal mask (T, T) halved with it breaks the model,
+    and attention over a halved sequence is no batch statistic)."""
     first = next(iter_tensors(inputs), None)
-    return int(first.shape[0]) if first is not None and first.dim() > 0 else None
-
-
-def _first_half(inputs: object) -> object | None:
-    """The first half of the batch along dim 0 (None when the batch has < 4 samples)."""
-    size = _batch_size(inputs)
-    if size is None or size < 4:
+    target = next(iter_tensors(targets), None) if targets is not None else None
+    if first is None or first.dim() == 0:
         return None
-    if any(t.dim() == 0 or t.shape[0] != size or t.layout != torch.strided for t in iter_tensors(inputs)):
-        return None  # a sparse input (a graph's adjacency) has no rows to halve
-    return map_tensors(inputs, lambda t: t[: size // 2])
+    if target is None or target.dim() == 0 or target.shape[0] == first.shape[0]:
+        return 0
+    axes = [a for a in range(first.dim()) if first.shape[a] == target.shape[0]]
+    return axes[0] if len(axes) == 1 else None
 
 
-def _first_rows(outputs: list[torch.Tensor], rows: int | None) -> list[torch.Tensor]:
-    return [t[:rows] if t.dim() > 0 else t for t in outputs]
+def _size(inputs: object, axis: int) -> int:
+    return int(next(iter_tensors(inputs)).shape[axis])
+
+
+def _first_half(inputs: object, axis: int) -> object | None:
+    """The first half of the batch along ``axis``; None when the batch has < 4 samples or
+    an input is not batched along it (a mask shared by the batch, a graph's edges): what
+    halving those would do to the model is not the batch statistics' doing."""
+    size = _size(inputs, axis)
+    if size < 4 or any(t.dim() <= axis or t.shape[axis] != size or t.layout != torch.strided
+                       for t in iter_tensors(inputs)):  # fmt: skip
+        return None
+    return map_tensors(inputs, lambda t: t.narrow(axis, 0, size // 2))
+
+
+def _first_rows(outputs: list[torch.Tensor], axis: int, size: int) -> list[torch.Tensor]:
+    """The half batch's part of each output: along the inputs' sample axis when the output
+    has the batch there, else along its first axis if that has it; else the whole output
+    (which then cannot line up with the half batch's)."""
+    return [t.narrow(a, 0, size // 2) if (a := _axis_of(t, axis, size)) is not None else t for t in outputs]
+
+
+def _axis_of(t: torch.Tensor, axis: int, size: int) -> int | None:
+    return next((a for a in (axis, 0) if t.dim() > a and t.shape[a] == size), None)
 
 
 SPEC = ProbeSpec(name="eval_mode", title=EvalModeResult.title, function=eval_mode_consistency,
