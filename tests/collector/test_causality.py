@@ -167,6 +167,20 @@ def test_time_major_batch_is_read_along_time():
     assert codes(LSTMLM(bidirectional=True, time_major=True), lm_batch(time_major=True))[:1] == ["DATA_LEAKAGE"]
 
 
+def test_flattened_targets_are_read_in_the_layout_of_their_tokens():
+    """PyTorch's language-model examples pass targets.reshape(-1) with a time-major batch."""
+    x, y = lm_batch(time_major=True)
+    result = causality(LSTMLM(time_major=True), (x, y.reshape(-1)), flat_cross_entropy)
+    assert result.status == "passed" and result.time_axis == 0 and result.next_fraction == 1.0
+    leak = causality(LSTMLM(bidirectional=True, time_major=True), (x, y.reshape(-1)), flat_cross_entropy)
+    assert leak.status == "failed" and leak.future_visible
+    unshifted = causality(LSTMLM(time_major=True), (x, x.reshape(-1)), flat_cross_entropy)
+    assert unshifted.status == "failed" and unshifted.unshifted
+    # a classifier's one label per sequence is no flattened sequence of targets
+    assert causality(SequenceClassifier(), (x.t(), torch.zeros(len(x.t()), dtype=torch.long)),
+                     F.cross_entropy).status == "skipped"  # fmt: skip
+
+
 def test_dropout_does_not_look_like_a_leak():
     model = TinyGPT(dropout=0.3).train()
     result = causality(model, lm_batch(), flat_cross_entropy)

@@ -30,7 +30,9 @@ Which axis is time: the one along which targets are the next inputs; a time-majo
 tokens themselves (a tagger's per-token labels, a masked language model), the objective
 is not next-token prediction, a bidirectional model is legitimate, and the probe says
 ``skipped``; so it does for targets of another shape than the inputs (a classifier over a
-whole sequence).
+whole sequence). Targets flattened to one axis (``targets.reshape(-1)`` against
+``output.view(-1, V)``, as PyTorch's language-model examples write it) are read in the
+layout of the token tensor they flatten.
 
 Causality: the tokens after position ``cut`` are replaced by other ids of the batch and
 both batches run on the eval-mode copy under one seed; the outputs at positions
@@ -143,24 +145,33 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
 
 
 def _token_inputs(inputs: object, targets: object) -> torch.Tensor | str:
-    """The integer token tensor of the inputs with the targets' 2-D shape, or why none."""
+    """The integer token tensor of the inputs with the targets' 2-D shape (or as many
+    entries as flattened targets), or why none."""
     target = next(iter_tensors(targets), None) if targets is not None else None
     if target is None:
         return "no targets: nothing says what each position must predict"
-    if target.dim() != 2 or target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+    if target.dim() not in (1, 2) or target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         return (f"targets of shape {list(target.shape)} and dtype {target.dtype}: the probe needs integer tokens "
                 "per position (batch, time) of a next-token model")  # fmt: skip
-    candidates = [t for t in iter_tensors(inputs) if t.shape == target.shape and not t.is_floating_point()
+    # flattened targets (targets.reshape(-1), as PyTorch's language-model examples pass them)
+    # go with the 2-D token tensor they flatten
+    fits = (lambda t: t.dim() == 2 and t.numel() == target.numel()) if target.dim() == 1 else (
+        lambda t: t.shape == target.shape)
+    candidates = [t for t in iter_tensors(inputs) if fits(t) and not t.is_floating_point()
                   and not t.is_complex() and t.dtype != torch.bool and t is not target]  # fmt: skip
     if len(candidates) > 1:
         # a model that computes its own loss is handed the targets too (model(idx, targets)):
         # they are not what it reads to predict
         candidates = [t for t in candidates if not torch.equal(t, target)] or candidates
+    if not candidates and target.dim() == 1:
+        return (f"targets of shape {list(target.shape)}, and no integer input with as many entries: one target per "
+                "sample (a classifier over whole sequences), not one per position of the tokens")  # fmt: skip
     if not candidates:
         return (f"no integer input tensor of the targets' shape {list(target.shape)}: not a model fed the tokens "
                 "it predicts")  # fmt: skip
-    if min(target.shape) < 1 or max(target.shape) < MIN_POSITIONS:
-        return f"inputs of shape {list(target.shape)}: need {MIN_POSITIONS} positions"
+    shape = candidates[0].shape
+    if min(shape) < 1 or max(shape) < MIN_POSITIONS:
+        return f"inputs of shape {list(shape)}: need {MIN_POSITIONS} positions"
     # the token ids, not an attention mask of the same shape
     return max(candidates, key=lambda t: torch.unique(t).numel())
 
