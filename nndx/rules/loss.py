@@ -215,7 +215,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "least twice in its second half (for a loss that starts under half an uninformed prediction's, "
     "both also above that prediction's loss), or whose step-to-step swings "
     "exceed 25% of the initial loss while it makes under 50% progress (info when those swings are all "
-    "there is and the loss still made 20% progress, or started under half an uninformed prediction's loss).",
+    "there is and the loss still made 20% progress, or started under half an uninformed prediction's loss; info "
+    "too when the loss ends under half its start without a jump to 10x: spikes around so low a level are single "
+    "hard samples of a small batch).",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -241,10 +243,16 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     # minibatch noise on a task that starts near its floor: context, not an alarm
     # or on a loss that starts where the model already fits (a pretrained backbone): the
     # swings of minibatches are large next to so small a level
-    noisy_but_learning = spikes < 2 and not blow_ups and (curve.progress >= 0.2 or starts_fitted(report))
+    # or on a loss that ends under half its start: spikes over twice the start around so low a
+    # level are single hard samples of a small batch (one sample per step: a misclassified
+    # one's loss is several times the mean), not a loss that climbs
+    noisy_but_learning = not blow_ups and (curve.progress >= 0.5 or spikes < 2 and (
+        curve.progress >= 0.2 or starts_fitted(report)))
     return Hit(
         severity="info" if noisy_but_learning else None,
-        symptom="train loss is diverging" if spikes >= 2 or blow_ups else "train loss is oscillating",
+        symptom="train loss is diverging" if (spikes >= 2 and not noisy_but_learning) or blow_ups
+        else f"train loss spikes over twice its start {spikes} times while its level fell" if spikes >= 2
+        else "train loss is oscillating",
         evidence={
             "loss_initial": curve.initial,
             "loss_start": curve.start,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from nndx.report import CauseCode, DiagnosticReport
@@ -56,6 +57,21 @@ def test_swings_on_a_loss_that_starts_near_its_floor_and_still_falls_are_context
     stuck = [2.3 * (1 + (0.4 if i % 2 else -0.4)) for i in range(60)]  # as noisy, and no progress
     assert {f.rule_id: f.severity for f in diagnose(DiagnosticReport(loss_history={"train": points(stuck)})).findings}.get(
         "NNDX104") == "warning"
+
+
+def test_single_sample_spikes_around_a_falling_level_are_context_a_climb_is_an_alarm():
+    """One sample per step (the char-RNN tutorial): a misclassified sample's loss is several
+    times the mean, so spikes over twice the start come with a level that fell by 80%."""
+    rng = np.random.default_rng(0)
+    level = np.linspace(1.8, 0.35, 400)
+    per_sample = level * rng.exponential(1.0, 400)  # heavy-tailed losses of single samples
+    assert sum(v > 3.6 for v in per_sample[200:]) >= 2  # the spikes are there
+    severities = {f.rule_id: f.severity for f in diagnose(DiagnosticReport(loss_history={"train": points(
+        list(per_sample))})).findings}  # fmt: skip
+    assert severities.get("NNDX104") in (None, "info"), severities
+    climbing = list(np.concatenate([level[:200], np.linspace(0.4, 4.0, 200)]) * rng.uniform(0.9, 1.1, 400))
+    found = {f.rule_id: f for f in diagnose(DiagnosticReport(loss_history={"train": points(climbing)})).findings}
+    assert found["NNDX104"].severity == "warning" and "diverging" in found["NNDX104"].symptom
 
 
 def test_infinite_at_step_0_points_to_a_log_of_zero():
