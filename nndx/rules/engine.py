@@ -190,6 +190,22 @@ def _from_intervention(finding: Finding) -> bool:
     return finding.rule_id.startswith("NNDX8")
 
 
+# bugs of the user's loop that nndx's remedy loop (a copy from the initial state: zero_grad,
+# backward and step on the probe's batch, nothing else) does not have: where one is seen, a
+# remedy that helped there shows what helps a correct loop, not the user's
+LOOP_ONLY = frozenset(c.value for c in (
+    CauseCode.MISSING_ZERO_GRAD, CauseCode.GRAD_ACCUM_SCALING, CauseCode.OPTIMIZER_NOT_CONNECTED,
+    CauseCode.GRAPH_RETAINED, CauseCode.LR_SCHEDULE_MISUSE,
+))  # fmt: skip
+
+
+def _loop_bug(findings: list[Finding]) -> Finding | None:
+    """The first alarm, seen directly (no symptom rule), of a bug that only the user's loop has."""
+    return next((f for f in findings if f.code.value in LOOP_ONLY and not _from_intervention(f)
+                 and SEVERITY_ORDER[f.severity] >= SEVERITY_ORDER["warning"]
+                 and not (f.rule_id in REGISTRY and REGISTRY[f.rule_id].symptom)), None)  # fmt: skip
+
+
 def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     """Weigh the findings by what applying their remedies showed (``report.interventions``).
 
@@ -199,7 +215,9 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     own Adam because no optimizer was known (context judged so stays info); one whose
     remedy did not help
     keeps at most a warning and half its score. NNDX8xx findings (a confirmed remedy)
-    are kept only for causes no other rule named."""
+    are kept only for causes no other rule named. Where a bug only the user's loop has is
+    seen (``LOOP_ONLY``: nndx's remedy loop zeroes gradients, steps its optimizer, neither
+    accumulates nor schedules), a confirmation is a lead: at most a warning."""
     results = report.interventions.results if report.interventions is not None else []
     if lr_varies(report):
         # LR remedies were tried at the LR of one moment of a schedule: no verdict on the LR
@@ -216,17 +234,29 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
             outcome[result.cause] = result
     if not outcome:
         return [f for f in findings if not _from_intervention(f)]
+    loop_bug = _loop_bug(findings)
+    elsewhere = (f"; tried in nndx's loop, which lacks the {loop_bug.code.value} ({loop_bug.rule_id}) seen in yours"
+                 if loop_bug else "")  # fmt: skip
     out = []
     for f in findings:
         result = outcome.get(f.code.value)
         if _from_intervention(f):
             if f.code.value not in named:
-                out.append(f)
+                demoted = loop_bug is not None and f.severity == "error"
+                out.append(f.model_copy(update={"severity": "warning", "symptom": f.symptom + elsewhere})
+                           if demoted else f)  # fmt: skip
             continue
         if result is None:
             out.append(f)
             continue
         evidence = dict(f.evidence) | {"intervention": f"{result.remedy}: {result.status.replace('_', ' ')}"}
+        if result.status == "confirmed" and loop_bug is not None:
+            # what helps nndx's correct loop is a lead for the user's broken one, not proof
+            severity = "info" if f.severity == "info" else "warning"
+            update = {"confirmation": "confirmed", "severity": severity, "score": _round(f.score + 1.0),
+                      "evidence": evidence | {"intervention": evidence["intervention"] + elsewhere}}  # fmt: skip
+            out.append(f.model_copy(update=update))
+            continue
         if result.status == "confirmed" and f.severity == "info":
             # the rule judged the run healthy (the loss fell) or the harm unlikely: a remedy
             # that helps a probe from the initial state makes it worth a look, not an alarm —

@@ -326,3 +326,24 @@ def test_a_faster_lr_is_no_verdict_when_clipping_shrinks_every_step():
     diagnosis = diagnose(clipped)
     assert diagnosis.top().code.value == "GRAD_CLIP_TOO_SMALL"
     assert all(f.confirmation is None and f.rule_id != "NNDX802" for f in diagnosis.findings)
+
+
+def test_a_remedy_confirmed_in_nndxs_loop_does_not_outrank_a_bug_only_the_users_loop_has():
+    """zero_grad never called: the loss climbs. nndx's remedy loop zeroes gradients, so a
+    10x LR helping there says what helps a correct loop: a lead (warning) under the loop bug,
+    whether a rule named LR_TOO_LOW or only the intervention did."""
+    from nndx.report import InterventionResult, Interventions
+
+    from .reports import flat, healthy_mlp, points, with_loop
+
+    lr_up = InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 10", status="confirmed",
+                               steps=100, baseline_initial_loss=2.3, baseline_final_loss=2.2,
+                               remedied_initial_loss=2.3, remedied_final_loss=0.4)  # fmt: skip
+    for curve in (flat(3, level=2.3), [2.3 * 1.05**i for i in range(60)]):  # stuck, then climbing
+        stuck = healthy_mlp().model_copy(update={"interventions": Interventions(results=[lr_up]),
+                                                 "loss_history": {"train": points(curve)}})  # fmt: skip
+        assert diagnose(stuck).top().code.value == "LR_TOO_LOW"  # a correct loop: the remedy is proof
+        findings = diagnose(with_loop(stuck, steps=60, backward_calls=60, zero_grad_calls=0)).findings
+        assert findings[0].code.value == "MISSING_ZERO_GRAD"
+        lr = next(f for f in findings if f.code.value == "LR_TOO_LOW")
+        assert lr.severity == "warning" and "nndx's loop" in (lr.symptom + str(lr.evidence))
