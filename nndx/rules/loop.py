@@ -379,7 +379,9 @@ def _unscaled_clip_ratios(ratios: list[float]) -> list[float] | None:
     "before is under 0.1 and at least 80% of the steps are clipped. The Monitor reports the norm at "
     "backward with a GradScaler's loss scale divided out; in a report that still carries the scale "
     "(GradScaler.unscale_ divides the gradients by an exact power of two before clipping) it is "
-    "recognised from the steps where only it changed the norm, and taken out.",
+    "recognised from the steps where only it changed the norm, and taken out. Info when the first fifth of "
+    "the steps (at least 5) were clipped by a median ratio of 0.1 or more and the norm then grew tenfold, or "
+    "when the train loss blew up past 10x its first value: a divergence cuts through any clip.",
     why="Clipping is a guard against rare spikes; a threshold below the typical gradient norm turns "
     "every step into a tiny one, like a far too low learning rate.",
     fix="Set max_norm near a high percentile of healthy-step gradient norms (nndx.fix.suggest_clip_norm).",
@@ -401,14 +403,25 @@ def grad_clip_too_small(report: DiagnosticReport) -> Hit | None:
     share = sum(1 for r in ratios if r < 0.999) / len(ratios)
     if median(ratios) >= 0.1 or share < 0.8:
         return None
+    # a clip the first steps hardly needed, cutting hard only once the norm grew tenfold, is
+    # what a divergence (an LR far too high) does to any clip: context, not the cause
+    first = max(5, len(clipped) // 5)
+    early, late = median(ratios[:first]), median([p.before_clip for p in clipped[-first:]])
+    grew = early >= 0.1 and late > 10 * median([p.before_clip for p in clipped[:first]])
+    curve = loss_curve(report)
+    blew_up = curve.n >= 5 and curve.initial > 0 and max(curve.values) > 10 * curve.initial
     return Hit(
-        symptom=f"clipping scales gradients by a median {median(ratios):.3g}",
+        symptom=f"clipping scales gradients by a median {median(ratios):.3g}"
+        + (f", only since the gradient norm grew to {late:.3g} (the first steps: by {early:.3g})" if grew
+           else ", while the loss blew up past 10x its first value" if blew_up else ""),
         evidence={
             "median_clip_ratio": median(ratios),
             "clipped_share": share,
             "median_norm_before": median([p.before_clip for p in clipped]),
             "median_norm_after": median([p.after_clip for p in clipped]),
+            "early_clip_ratio": early,
         },
+        severity="info" if grew or blew_up else None,
         score=1.0 + min(3.0, -math.log10(max(median(ratios), 1e-12))),
     )
 

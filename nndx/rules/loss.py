@@ -163,7 +163,7 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     "rule does not depend on the loss's scale. Info when the loss starts under half the loss of a prediction that "
     "ignores the inputs (ln C, or the targets' variance for MSE) and has not risen from its first value or still "
     "ends under that half: the model already fits, as a pretrained one does. A loss that ends above twice its "
-    "start climbed: that is NNDX104's divergence, not this.",
+    "start (or 10x its very first value) climbed: that is NNDX104's divergence, not this.",
     why="A loss that does not move means no useful update reaches the weights: the LR is far too "
     "low (or too high and bouncing), units are dead, the optimizer is not connected, or the data "
     "and labels do not match.",
@@ -177,7 +177,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     curve = loss_curve(report)
     if curve.n < 10 or len(curve.values) < len(points):  # NaN curves have their own rules
         return None
-    if curve.start > 0 and curve.end > 2 * curve.start:
+    if curve.start > 0 and (curve.end > 2 * curve.start or curve.end > 10 * curve.initial > 0):
         return None  # a loss that climbed is diverging (NNDX104), not short of a larger step
     # ended clearly above its very first value (after a blow-up, say) counts as not decreasing
     from_initial = (curve.initial - curve.end) / max(abs(curve.initial), 1e-12)

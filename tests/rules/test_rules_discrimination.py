@@ -51,6 +51,20 @@ def test_occasional_clipping_is_fine_constant_tiny_clipping_is_not():
     assert "NNDX308" in _found(tight)
 
 
+def test_a_clip_cutting_through_a_divergence_is_context():
+    """An LR far too high: the norm grows a hundredfold and any clip cuts it. The same clip
+    cutting from the first step on a loss that does not blow up is the cause."""
+    from .reports import points
+
+    tight = [GradNormPoint(step=i, before_clip=2.0, after_clip=0.05) for i in range(40)]
+    assert _found(with_loop(BASE, grad_norm_history=tight))["NNDX308"].severity == "warning"
+    growing = [GradNormPoint(step=i, before_clip=0.4 * 1.2**i, after_clip=min(0.5, 0.4 * 1.2**i)) for i in range(40)]
+    assert _found(with_loop(BASE, grad_norm_history=growing))["NNDX308"].severity == "info"
+    blown = with_loop(BASE, grad_norm_history=tight).model_copy(update={"loss_history": {"train": points(
+        [2.3] + [700.0 - i for i in range(39)])}})  # fmt: skip
+    assert _found(blown)["NNDX308"].severity == "info"
+
+
 def test_grad_check_on_a_nan_model_is_no_evidence_of_a_broken_backward():
     nan_check = GradCheckResult(status="failed", max_relative_error=math.inf, parameters=[GradCheckParam(name="0.weight", relative_error=math.nan, status="bug")])
     assert "NNDX604" not in _found(BASE.model_copy(update={"probes": healthy_probes(grad_check=nan_check)}))
