@@ -24,4 +24,6 @@ PROGRAMS = (
     "deep_residual_network",
     "char_rnn_classification",
     "transformer_tutorial",
+    "mlp_gan",
+    "glue_no_trainer",
 )
