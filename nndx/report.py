@@ -95,6 +95,10 @@ class ModelSummary(Schema):
     forward_observed: bool = Field(
         False, description="layers are in the order a forward ran them, functional activations included, "
         "with input_from set; otherwise in registration order")
+    moved_axes: list[str] = Field(
+        default_factory=list, description="views/reshapes in the model's own code that put an input axis's "
+        "length where that axis cannot come from (elements interleaved), e.g. 'attn.forward: view [32, 16, 96] "
+        "-> [32, 4, 16, 24]'; at most 8")
 
 
 # --------------------------------------------------------------------------- loss history

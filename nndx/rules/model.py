@@ -280,3 +280,29 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
         severity="warning" if stalled else "info",
         score=2.0 if stalled else 0.5,
     )
+
+
+@rule(
+    "NNDX404",
+    C.WRONG_RESHAPE,
+    "warning",
+    "A view or reshape interleaves two axes",
+    detects="An observed forward (the probes' own) ran a view/reshape in the model's own code whose output "
+    "has an axis that is neither a piece of one input axis nor whole input axes merged, but straddles the "
+    "boundary between two, with the length of an input axis: x.view(T, B, F) for x.transpose(0, 1), "
+    "x.view(B, nh, T, hs) to split attention heads. torch's own modules are not read.",
+    why="view and reshape only regroup memory in order: asking for the sizes of a permuted tensor gives the "
+    "right shape with the elements interleaved across the two axes (time steps mixed with samples, or with "
+    "channels). Nothing errors; the model learns from scrambled inputs, or mixes positions in attention.",
+    fix="Reorder axes with permute/transpose (then .contiguous() if a view follows): "
+    "x.view(B, T, nh, hs).transpose(1, 2) for attention heads, x.transpose(0, 1) for time-major input.",
+)
+def moved_axes(report: DiagnosticReport) -> Hit | None:
+    moved = report.model.moved_axes if report.model is not None else []
+    if not moved:
+        return None
+    return Hit(
+        symptom=f"{moved[0]} interleaves two axes" + (f" (and {len(moved) - 1} more)" if len(moved) > 1 else ""),
+        evidence={"reshapes": "; ".join(moved)},
+        score=2.5,
+    )

@@ -137,3 +137,67 @@ def test_a_two_unit_layer_through_an_activation_is_a_bottleneck_in_any_task(afte
 def test_a_linear_two_d_code_and_a_wide_layer_are_no_bottleneck():
     assert not narrow_findings(Bottleneck(2, "nothing"))
     assert not narrow_findings(Bottleneck(16, "functional"))
+
+
+class Heads(nn.Module):
+    """Self-attention over (batch, time, width) that splits heads by view, as nanoGPT does,
+    or (the bug) by a view to the permuted sizes."""
+
+    def __init__(self, split: str) -> None:
+        super().__init__()
+        self.embed, self.qkv, self.out = nn.Embedding(11, 24), nn.Linear(24, 72), nn.Linear(24, 11)
+        self.split = split
+
+    def forward(self, idx):
+        B, T = idx.shape
+        q, k, v = self.qkv(self.embed(idx)).split(24, dim=2)
+        if self.split == "view_to_permuted_sizes":
+            q, k, v = (t.reshape(B, 4, T, 6) for t in (q, k, v))
+        else:
+            q, k, v = (t.view(B, T, 4, 6).transpose(1, 2) for t in (q, k, v))
+        y = (q @ k.transpose(-2, -1) / 6**0.5).softmax(-1) @ v
+        y = y.reshape(B, T, 24) if self.split == "view_to_permuted_sizes" else y.transpose(1, 2).reshape(B, T, 24)
+        return self.out(y)
+
+
+class TimeMajorLSTM(nn.Module):
+    def __init__(self, transpose: bool) -> None:
+        super().__init__()
+        self.lstm, self.head, self.transpose = nn.LSTM(4, 16), nn.Linear(16, 3), transpose
+
+    def forward(self, x):  # x: (batch, time, features); the LSTM wants time first
+        B, T, F_ = x.shape
+        x = x.transpose(0, 1) if self.transpose else x.view(T, B, F_)
+        return self.head(self.lstm(x)[0][-1])
+
+
+@pytest.mark.parametrize("case", ["heads", "time_major"])
+def test_a_view_to_permuted_sizes_is_named_a_permute_is_not(case):
+    torch.manual_seed(0)
+    if case == "heads":
+        batch = (torch.randint(0, 11, (8, 16)), torch.randint(0, 11, (8, 16)))
+        loss = lambda out, y: F.cross_entropy(out.reshape(-1, 11), y.reshape(-1))  # noqa: E731
+        right, wrong = Heads("permute"), Heads("view_to_permuted_sizes")
+    else:
+        batch = (torch.randn(32, 12, 4), torch.randint(0, 3, (32,)))
+        loss, right, wrong = F.cross_entropy, TimeMajorLSTM(True), TimeMajorLSTM(False)
+
+    def found(model):
+        report = nndx.probe(model, batch, loss, probes=[])
+        return {f.rule_id: f for f in nndx.diagnose(report).findings}, report.model.moved_axes
+
+    findings, moved = found(wrong)
+    assert findings["NNDX404"].code.value == "WRONG_RESHAPE" and moved, moved
+    findings, moved = found(right)
+    assert "NNDX404" not in findings and moved == []
+
+
+def test_splits_and_merges_of_axes_are_not_interleaving():
+    from nndx.collector.probes._observe import moved_axis
+
+    interleaving = [([32, 16, 96], [32, 4, 16, 24]), ([32, 12, 4], [12, 32, 4]), ([8, 3, 16, 16], [8, 16, 16, 3])]
+    regrouping = [([32, 16, 96], [32, 16, 4, 24]), ([32, 16, 96], [512, 96]), ([16, 256], [16, 16, 16]),
+                  ([32, 16, 96], [32, 192, 8]), ([64, 1, 28, 28], [64, 28, 28]), ([160, 50], [16, 10, 50]),
+                  ([8, 784], [8, 1, 28, 28]), ([32, 16, 96], [32, 1536]), ([16, 16, 8], [16, 16, 8])]  # fmt: skip
+    assert all(moved_axis(before, after) for before, after in interleaving)
+    assert not any(moved_axis(before, after) for before, after in regrouping)

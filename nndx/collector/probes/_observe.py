@@ -123,6 +123,8 @@ class ForwardObserver(TorchFunctionMode):
         self._input_from: dict[int, str | None] = {}  # id(module) -> maker of its latest input
         self.input_from: dict[str, str | None] = {}  # layer name -> maker of its first input
         self._stats: list[tuple[Call, ActivationStats, list[torch.Tensor]]] = []
+        # views/reshapes in the model's own code that move an axis (see moved_axis), in words
+        self.moved_axes: list[str] = []
         self._busy = False  # inside the observer's own hooks: their torch calls are not the model's
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._names = {id(m): n for n, m in model.named_modules()}
@@ -218,6 +220,12 @@ class ForwardObserver(TorchFunctionMode):
         module_name, module = self._stack[-1]
         if _is_torch_module(module):
             return  # the module's own code: its hooks report it
+        out_tensor = first_output(out)
+        if op in ("view", "reshape") and first is not None and out_tensor is not None:
+            before, after = list(first.shape), list(out_tensor.shape)
+            where = f"{module_name}.forward" if module_name else "forward"
+            if moved_axis(before, after) and len(self.moved_axes) < 8:
+                self.moved_axes.append(f"{where}: {op} {before} -> {after}")
         kind = vocab.activation_kind(op)
         if kind is not None:
             key = (module_name, op)
@@ -326,6 +334,26 @@ class ForwardObserver(TorchFunctionMode):
         return order
 
 
+def moved_axis(before: list[int], after: list[int]) -> bool:
+    """Whether a view/reshape from shape ``before`` to ``after`` puts an input axis's
+    length where that axis cannot come from: an output axis that is neither a piece of one
+    input axis nor whole input axes merged, but straddles a boundary between two, and whose
+    length is the length of an input axis. That is what ``x.view(T, B, F)`` for
+    ``x.transpose(0, 1)``, or ``x.view(B, nh, T, hs)`` for ``x.view(B, T, nh, hs).transpose(1, 2)``,
+    does: the sizes asked for are right, the elements are interleaved."""
+    if math.prod(before) != math.prod(after) or len(before) < 2 or 0 in before:
+        return False
+    edges = {math.prod(before[:i]) for i in range(len(before) + 1)}  # input axes' boundaries, in
+    spans = [(math.prod(before[:i]), math.prod(before[: i + 1])) for i in range(len(before))]  # element strides
+    for j, size in enumerate(after):
+        lo, hi = math.prod(after[:j]), math.prod(after[: j + 1])
+        if size < 2 or (lo in edges and hi in edges) or any(a <= lo and hi <= b for a, b in spans):
+            continue  # whole axes merged, or a piece of one
+        if size in before:
+            return True
+    return False
+
+
 def observed_summary(summary: ModelSummary, seen: ForwardObserver, output: Any) -> ModelSummary:
     """``summary`` (from the modules) with the activations that actually ran, in order,
     functional ones included, and the output activation from what made the output (a
@@ -338,6 +366,8 @@ def observed_summary(summary: ModelSummary, seen: ForwardObserver, output: Any) 
     known, kind = seen.output_activation(output)
     if known:
         update["output_activation"] = kind
+    if seen.moved_axes:
+        update["moved_axes"] = list(seen.moved_axes)
     return summary.model_copy(update=update)
 
 
@@ -409,4 +439,4 @@ def _pool_indices(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     return result[1] if isinstance(result, tuple) else None
 
 
-__all__ = ["Call", "ForwardObserver", "observed_summary"]
+__all__ = ["Call", "ForwardObserver", "moved_axis", "observed_summary"]
