@@ -113,8 +113,10 @@ def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
     C.GRAD_ACCUM_SCALING,
     "info",
     "Gradient accumulation: check that each micro-batch loss is divided by k",
-    detects="k > 1 backward passes per optimizer step with one zero_grad per step (deliberate "
-    "accumulation); backward passes a closure runs inside optimizer.step() (L-BFGS) count as one. Info on its own; warning when the run also shows overshooting updates (NaN after "
+    detects="k > 1 backward passes per optimizer step and per zero_grad, with about one zero_grad per step "
+    "(deliberate accumulation); backward passes a closure runs inside optimizer.step() (L-BFGS) count as one, "
+    "and backward passes each preceded by a reset (a GAN's generator loss reaching the discriminator) "
+    "accumulate nothing. Info on its own; warning when the run also shows overshooting updates (NaN after "
     "finite steps, a loss above twice its start, median update/weight ratio over 0.1 beside a loss that did "
     "not learn), which is what "
     "an undivided accumulated loss — a k-times larger step — produces. Adam, RMSprop and the other "
@@ -133,7 +135,11 @@ def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
     # several times per step, Lightning once): they count as the step's one backward
     outside = loop.backward_calls - loop.backward_calls_in_step
     backward_per_step = outside / loop.steps + min(1.0, loop.backward_calls_in_step / loop.steps)
-    if backward_per_step < 1.5 or loop.zero_grad_calls < 0.8 * loop.steps:
+    # gradients reset before each backward accumulate nothing, however many backward passes a
+    # step sees: a GAN's generator loss reaches the discriminator's weights too, whose reset
+    # comes before its own backward
+    backward_per_reset = (outside + min(loop.steps, loop.backward_calls_in_step)) / loop.zero_grad_calls
+    if backward_per_step < 1.5 or backward_per_reset < 1.5 or loop.zero_grad_calls < 0.8 * loop.steps:
         return None
     if loop.optimizers == [] and any(not math.isfinite(p.value) for p in train_curve(report)):
         # no optimizer: steps are updates seen in the parameters, and weights gone NaN no

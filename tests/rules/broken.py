@@ -240,6 +240,12 @@ def narrow_model() -> DiagnosticReport:
     return update(model=mlp_model(layers=layers), parameters=[], **train(flat(4, level=1.9)))
 
 
+def interleaved_axes() -> DiagnosticReport:
+    """Attention heads split with a view to the permuted sizes, as the probe's forward saw."""
+    return update(model=mlp_model().model_copy(update={"moved_axes": [
+        "attn.forward: reshape [32, 16, 96] -> [32, 4, 16, 24]"]}))  # fmt: skip
+
+
 def graph_growing() -> DiagnosticReport:
     """A hidden state carried without .detach(): each recorded step's graph reaches back."""
     history = [GraphPoint(step=s, nodes=8 + 6 * s, earlier_nodes=6 * s) for s in range(0, 50, 5)]
@@ -291,6 +297,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX401": missing_activation,
     "NNDX402": lambda: calls(loss_call(output_shape=[32, 1], target_shape=[32])),
     "NNDX403": narrow_model,
+    "NNDX404": interleaved_axes,
     "NNDX501": lambda: update(data=healthy_data(train=healthy_split(input_nan_count=12))),
     "NNDX502": lambda: update(data=healthy_data(train_test_overlap=60, train_test_overlap_fraction=0.2)),
     "NNDX503": lambda: update(data=healthy_data(train=healthy_split(duplicate_count=500, duplicate_fraction=0.33))),

@@ -24,6 +24,13 @@ def test_missing_zero_grad_vs_deliberate_accumulation():
     assert "NNDX301" not in _found(with_loop(BASE, steps=50, backward_calls=200, zero_grad_calls=50))
 
 
+def test_backward_passes_each_after_a_reset_are_no_accumulation():
+    """A GAN's discriminator: its gradients are reset before its own backward and again
+    before the generator's loss reaches it: two backward passes per step, none summed."""
+    assert "NNDX302" in _found(with_loop(BASE, steps=50, backward_calls=200, zero_grad_calls=50))
+    assert "NNDX302" not in _found(with_loop(BASE, steps=50, backward_calls=100, zero_grad_calls=100))
+
+
 def test_frozen_backbone_is_info_but_all_frozen_is_an_error():
     backbone = _found(healthy_reports()["frozen_backbone"])["NNDX305"]
     assert backbone.severity == "info"
@@ -446,7 +453,7 @@ def test_a_manual_loop_whose_weights_went_nan_is_not_accumulating():
     from .reports import points
 
     diverged = points([1.4, 1.6, 3.0, 40.0] + [math.nan] * 20)
-    manual = with_loop(accum_unscaled(), optimizers=[], steps=6, backward_calls=120, zero_grad_calls=119)
+    manual = with_loop(accum_unscaled(), optimizers=[], steps=6, backward_calls=120, zero_grad_calls=6)
     assert "NNDX302" not in {f.rule_id for f in diagnose(manual.model_copy(update={"loss_history": {"train": diverged}})).findings}
     assert "NNDX302" in {f.rule_id for f in diagnose(manual).findings}  # finite loss: still accumulation
 
