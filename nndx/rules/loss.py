@@ -474,8 +474,8 @@ def _accuracies(report: DiagnosticReport, split: str) -> list[float]:
     "warning",
     "Validation accuracy stays at chance",
     detects="A validation accuracy within 0.05 (absolute) plus a quarter of the chance level of 1/C "
-    "at the end of training, over at least 5 recorded points — with train accuracy at chance too, "
-    "or rising well above it (memorisation).",
+    "at the end of training, over at least 5 recorded points, or at every one of 3 or 4 (an evaluation per "
+    "epoch) — with train accuracy at chance too, or rising well above it (memorisation).",
     why="A model that never beats chance on held-out data learned nothing that transfers: labels that "
     "do not belong to their inputs, a model that does not learn at all, or one that memorised a training "
     "set too small to generalise from (then the overfitting seen directly ranks first).",
@@ -487,12 +487,13 @@ def _accuracies(report: DiagnosticReport, split: str) -> list[float]:
 def val_at_chance(report: DiagnosticReport) -> Hit | None:
     classes = num_classes(report)
     val = _accuracies(report, "val")
-    if classes is None or classes < 2 or len(val) < 5:
+    if classes is None or classes < 2 or len(val) < 3:
         return None
     chance = 1.0 / classes
     tolerance = 0.05 + 0.25 * chance
     val_end = median(val[-window(len(val)) :])
-    if abs(val_end - chance) > tolerance:
+    # an evaluation per epoch over a few epochs (a fine-tuning script's three): every one at chance
+    if abs(val_end - chance) > tolerance or (len(val) < 5 and max(abs(v - chance) for v in val) > tolerance):
         return None
     train = _accuracies(report, "train")
     train_end = median(train[-window(len(train)) :]) if len(train) >= 3 else None

@@ -165,9 +165,14 @@ def test_token_sequences_are_judged_position_by_position():
     assert label_alignment(x, tags[rng.permutation(len(tags))], steps=STEPS).status == "failed"
 
 
-def test_integer_ids_with_one_label_per_row_are_not_judged():
-    # a bag or a row of ids says nothing reliable about an order-dependent label: skipped
+def test_token_sequences_with_one_class_each_are_judged_by_their_ids():
+    """A text classifier fed token ids (a Hugging Face batch's input_ids): one row per
+    sequence, read as a bag of ids: labels shuffled apart fail."""
     rng = np.random.default_rng(0)
-    x, _ = _markov_windows(rng)
-    result = label_alignment(x, rng.integers(0, 2, len(x)), steps=STEPS)
-    assert result.status == "skipped" and "integer inputs" in result.message
+    x = rng.integers(8, 60, (600, 20))
+    y = rng.integers(0, 4, 600)
+    x[np.arange(600), rng.integers(0, 20, 600)] = y + 1  # a topic word
+    x[:, -5:] = 0  # padding
+    aligned = label_alignment(torch.from_numpy(x), torch.from_numpy(y), steps=STEPS)
+    assert aligned.status == "passed" and "one row per sequence" in aligned.message, aligned.message
+    assert label_alignment(x, rng.permutation(y), steps=STEPS).status == "failed"

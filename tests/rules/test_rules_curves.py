@@ -178,3 +178,20 @@ def test_validation_at_chance_beside_memorisation_ranks_overfitting_until_a_prob
                                   permuted_accuracy=0.1, chance_accuracy=0.1, steps=200)  # fmt: skip
     probed = diagnose(report.model_copy(update={"probes": Probes(label_alignment=failed)})).findings
     assert probed[0].rule_id == "NNDX610" and {"NNDX107", "NNDX109"} <= set(probed[0].explains)
+
+
+def test_three_evaluations_all_at_chance_are_enough_one_that_learned_is_not():
+    """A fine-tuning script evaluates once per epoch, three epochs: every point at chance
+    is the symptom; a first epoch at chance and two that learned are not."""
+    from .reports import points
+
+    train = points([0.69 + 0.002 * ((-1) ** i) for i in range(60)], [0.5] * 60)
+
+    def found(val_accuracy):
+        val = points([0.69] * len(val_accuracy), val_accuracy, every=20)
+        return {f.rule_id for f in diagnose(DiagnosticReport(num_classes=2, loss_history={
+            "train": train, "val": val})).findings}  # fmt: skip
+
+    assert "NNDX109" in found([0.49, 0.54, 0.52])
+    assert "NNDX109" not in found([0.52, 0.81, 0.93])
+    assert "NNDX109" not in found([0.5, 0.51])  # two points: too few to say

@@ -112,29 +112,49 @@ MIN_SEQUENCES = 8
 
 def token_data(x: Any, y: Any, *, min_samples: int, max_samples: int, min_per_class: int,
                seed: int) -> ClassData | str:  # fmt: skip
-    """Per-position class targets of integer token sequences (a language model's next
-    tokens, a tagger's tags: ``y`` of ``x``'s shape [N, T]) as :class:`ClassData` with
-    one row per scored position, or why they cannot be read so.
+    """Integer token sequences ``x`` [N, T] and their class targets as :class:`ClassData`,
+    or why they cannot be read so. Token ids are identities: the most frequent ids each
+    get a one-hot column, rarer ids share one.
 
-    A row's features: the one-hot ids of the token at its position and of the one before
-    it, and its sequence's bag of ids (what a position-aligned target can depend on without
-    a model of the whole sequence: the next character depends on the last ones; a
-    translation's word on the source's words). Negative targets (``ignore_index``) are left
-    out. Whole sequences are taken in a seeded random order, at most ``max_samples`` rows."""
+    - One target per position (a language model's next tokens, a tagger's tags: ``y`` of
+      ``x``'s shape): one row per scored position, its features the ids of the token there
+      and of the one before it and its sequence's bag of ids (what a position-aligned target
+      can depend on without a model of the whole sequence: the next character on the last
+      ones, a translation's word on the source's words); ``groups`` are the sequences.
+      Negative targets (``ignore_index``) are left out.
+    - One class per sequence (a text classifier): one row per sequence, its features its
+      bag of ids (richer features, adjacent pairs or positions, made the small model's
+      held-out losses too noisy to bound a weak signal).
+
+    Whole sequences are taken in a seeded random order, at most ``max_samples`` rows."""
     xa, _ = _as_array(x, "inputs")
     ya, _ = _as_array(y, "labels")
-    if xa.ndim != 2 or xa.shape != ya.shape or xa.dtype.kind != "i" or ya.dtype.kind not in "iu":
-        return "not token sequences with one integer target per position"
-    order = np.random.default_rng(seed).permutation(xa.shape[0])[: max(1, max_samples // max(1, xa.shape[1]))]
-    xs, ys = xa[order].astype(np.int64), ya[order].astype(np.int64)
-    if xs.shape[0] < MIN_SEQUENCES:
-        return f"only {xs.shape[0]} sequences; need {MIN_SEQUENCES}"
-    ids, width = _frequent_ids(xs, TOKEN_IDS)
+    if xa.ndim != 2 or xa.dtype.kind != "i":
+        return "not integer token sequences"
+    per_position = xa.shape == ya.shape and ya.dtype.kind in "iu"
+    rows = max_samples // xa.shape[1] if per_position and xa.shape[1] else max_samples
+    order = np.random.default_rng(seed).permutation(xa.shape[0])[: max(1, rows)]
+    ids, width = _frequent_ids(xa[order].astype(np.int64), TOKEN_IDS)
+    if ids.shape[0] < MIN_SEQUENCES:
+        return f"only {ids.shape[0]} sequences; need {MIN_SEQUENCES}"
+    current = np.eye(width + 1)[ids]
+    bag = current.mean(axis=1)
+    if not per_position:
+        classes, reason = _class_labels(ya[order])
+        if classes is None:
+            return reason
+        labelled = classes >= 0  # a non-finite label is left out
+        features, classes = bag[labelled], classes[labelled]
+        if features.shape[0] < min_samples:
+            return f"only {features.shape[0]} sequences; need {min_samples}"
+        _, targets = np.unique(classes, return_inverse=True)
+        if targets.max() < 1:
+            return "only one class in the labels"
+        return ClassData(features, targets, int(targets.max()) + 1, f" (one row per sequence, {ids.shape[0]} in all)")
+    ys = ya[order].astype(np.int64)
     # code width + 1: no token before the first
     previous = np.concatenate([np.full((ids.shape[0], 1), width + 1), ids[:, :-1]], axis=1)
-    current = np.eye(width + 1)[ids]
-    bag = current.mean(axis=1, keepdims=True).repeat(ids.shape[1], axis=1)
-    features = np.concatenate([current, np.eye(width + 2)[previous], bag], axis=2)
+    features = np.concatenate([current, np.eye(width + 2)[previous], bag[:, None].repeat(ids.shape[1], axis=1)], axis=2)
     groups = np.repeat(np.arange(ids.shape[0]), ids.shape[1])
     features, targets = features.reshape(-1, features.shape[2]), ys.reshape(-1)
     scored = targets >= 0

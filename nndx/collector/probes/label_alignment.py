@@ -96,7 +96,7 @@ def label_alignment(
             f"max_samples >= {MIN_SAMPLES}"
         )
     data = class_data(x, y, min_samples=MIN_SAMPLES, max_samples=max_samples, seed=seed)
-    if isinstance(data, str):  # token ids with a target per position are read position by position
+    if isinstance(data, str):  # token ids: by position, or by sequence (see token_data)
         tokens = token_data(x, y, min_samples=MIN_SAMPLES, max_samples=max_samples, min_per_class=MIN_PER_CLASS,
                             seed=seed)  # fmt: skip
         data = tokens if isinstance(tokens, ClassData) else data
