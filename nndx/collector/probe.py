@@ -147,7 +147,7 @@ def probe(
             ok, snapshot = guard.attempt("monitor", lambda: _monitor_snapshot(monitor))
             initial_state = snapshot if ok else None
     stand_in, note = (None, None) if optimizer is not None else _measured_sgd(model, watched)
-    setup = _Setup.make(model, batch, loss_fn, optimizer or stand_in, device, amp, initial_state)
+    setup = _Setup.make(model, batch, loss_fn, optimizer or stand_in, device, amp, initial_state, _peak_lrs(watched))
     report.run.notes = setup.notes + ([note] if note else [])
 
     guard.attempt("model", lambda: _describe_model(report, model, optimizer, watched))
@@ -198,7 +198,7 @@ class _Setup:
     @classmethod
     def make(cls, model: nn.Module, batch: Batch, loss_fn: LossFn, optimizer: torch.optim.Optimizer | None,
              device: torch.device | str | None, amp: torch.dtype | str | None,
-             initial_state: Mapping[str, Any] | None) -> _Setup:  # fmt: skip
+             initial_state: Mapping[str, Any] | None, peak_lrs: list[float] | None = None) -> _Setup:  # fmt: skip
         if not isinstance(model, nn.Module):
             raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if loss_fn is not None and not callable(loss_fn):
@@ -220,6 +220,13 @@ class _Setup:
             if initial_opt is not None:
                 initial_opt.state.clear()  # the optimizer's state at the start: none
             notes.append("the trainability probes (overfit, LR range, gradient check) ran from the initial state")
+            groups = initial_opt.param_groups if initial_opt is not None else []
+            if peak_lrs and len(peak_lrs) == len(groups) and any(lr > g["lr"] for lr, g in zip(peak_lrs, groups)):
+                # a schedule that decayed to ~0 would leave the probes nothing to train with
+                for lr, group in zip(peak_lrs, groups):
+                    group["lr"] = max(group["lr"], lr)
+                notes.append("they trained at the peak learning rate the Monitor saw, not the one the schedule "
+                             "ended at")  # fmt: skip
             if diverged:
                 notes.append("the weights are non-finite now: the NaN origin, eval-mode, sample-independence and "
                              "causality probes ran from the initial state too")  # fmt: skip
@@ -293,6 +300,15 @@ def _split(batch: Batch, loss_fn: LossFn) -> tuple[Any, Any]:
     if loss_fn is None and isinstance(batch, Mapping) and isinstance(inputs, Mapping) and targets is not None:
         inputs = dict(batch)
     return inputs, targets
+
+
+def _peak_lrs(watched: DiagnosticReport | None) -> list[float] | None:
+    """Each param group's highest learning rate in the Monitor's history (every group of
+    every optimizer, in order), or None when none was recorded."""
+    history = watched.loop.lr_history if watched is not None and watched.loop is not None else []
+    if not history or len({len(p.lrs) for p in history}) != 1:
+        return None
+    return [max(values) for values in zip(*(p.lrs for p in history))]
 
 
 def _monitor_snapshot(monitor: Any) -> Mapping[str, Any] | None:

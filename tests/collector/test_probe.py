@@ -458,6 +458,29 @@ def test_trainability_probes_run_from_the_initial_state():
     assert without.probes.overfit_one_batch.initial_loss < 0.05
 
 
+def test_after_a_schedule_that_decayed_to_zero_the_initial_state_trains_at_the_peak_lr():
+    """A linear schedule to 0 (transformers' get_scheduler default): the optimizer's LR at
+    the end is 0, and probes from the initial state would train nothing (an intervention's
+    twin 'did not learn', every remedy without a verdict)."""
+    model = mlp()
+    x, y = batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / 40))
+    mon = nndx.Monitor(model, optimizer, every=5)
+    for _ in range(40):
+        optimizer.zero_grad()
+        mon.log(nn.functional.cross_entropy(model(x), y).backward() or 0.0)
+        optimizer.step()
+        schedule.step()
+    mon.close()
+    assert optimizer.param_groups[0]["lr"] == 0.0
+    report = run(model, optimizer, monitor=mon, probes=["interventions"])
+    assert any("peak learning rate" in note for note in report.run.notes), report.run.notes
+    tried = report.interventions
+    assert tried.baseline_final_loss < 0.9 * tried.baseline_initial_loss  # the twin trained at lr 0.5
+    assert optimizer.param_groups[0]["lr"] == 0.0  # the user's optimizer untouched
+
+
 # --------------------------------------------------------------------------- one observation path per fact
 
 
