@@ -597,6 +597,9 @@ class LoopStats(Schema):
     params_not_in_optimizer: list[str] = Field(default_factory=list)
     optimizer_params_not_in_model: Count = 0
     params_grad_none: list[str] = Field(default_factory=list, description="trainable, but .grad stayed None")
+    logged_loss_reaches_params: bool | None = Field(
+        None, description="whether the first logged losses with an autograd graph (up to 3) reach any watched "
+        "trainable parameter; None when none was logged as a tensor with a graph")
     frozen_params: list[str] = Field(default_factory=list, description="requires_grad=False")
     frozen_at_init: list[str] | None = Field(
         None, description="frozen weights whose values still fit a standard initialisation (PyTorch's default, "

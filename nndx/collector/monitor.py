@@ -153,8 +153,9 @@ class Monitor:
         self.facts = RunFacts(self.watched, name, project, lambda: self.layers.forward_order)
         self.initial = InitialState(self.watched, initial_state, initial_state_max_bytes)
         self.grad_norm = GradientNorm(self.watched, history_size)
+        self.loop = LoopCounts(self.watched)
         self.watchers: list[Watcher] = [
-            self.facts, LoopCounts(self.watched), self.losses, LearningRate(self.watched, history_size),
+            self.facts, self.loop, self.losses, LearningRate(self.watched, history_size),
             self.grad_norm,  # before ParameterUpdates: it shares ctx.grad_norms
             InputNorms(history_size), self.layers, self.parameters, self.loss_calls, GraphSize(layer_history_size),
             self.initial, UnchangedParameters(self.watched),
@@ -275,6 +276,7 @@ class Monitor:
         """Record a loss (tensor or number) and optional accuracy for ``split``; a
         tensor's value is fetched later, with the step's others (no synchronisation now)."""
         record = self.losses.log(self.ctx, loss, split, accuracy, step)
+        self.loop.check_logged_loss(loss)
         for observer in self.observers:
             if hasattr(observer, "on_log"):  # a live chart needs the value now: one host sync
                 acc = None if record.accuracy is None else float(record.accuracy)

@@ -195,7 +195,10 @@ def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Trainable parameters receive no gradient",
     detects="Trainable parameters whose .grad stayed None after backward; error when they are at least "
-    "half of the trainable parameter tensors (or the share is unknown and none has a gradient).",
+    "half of the trainable parameter tensors (or the share is unknown and none has a gradient). Also an error "
+    "when the first losses logged to the Monitor as tensors reach none of its model's trainable parameters "
+    "(another loss's backward may still give them gradients: a GAN's generator stepped on a loss of "
+    "detached fakes).",
     why="The loss does not depend on them: a .detach(), a torch.no_grad() block, .item()/.numpy() in the "
     "forward, or a branch the forward never uses cuts them out of the graph.",
     fix="Remove the detach/no_grad/.item() between these parameters and the loss; delete unused modules "
@@ -203,6 +206,11 @@ def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
 )
 def detached_graph(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
+    if loop is not None and loop.logged_loss_reaches_params is False and loop.steps > 0:
+        return Hit(symptom="the loss logged for this model does not depend on any of its trainable parameters: the "
+                   "steps follow a loss that never reaches them (computed from detached outputs, e.g. a "
+                   "generator's loss on fake.detach())", evidence={"steps": loop.steps}, severity="error",
+                   score=3.0)  # fmt: skip
     if loop is None or not loop.params_grad_none or loop.backward_calls == 0:
         return None
     share = _share(loop.params_grad_none, report)
@@ -855,8 +863,8 @@ def no_optimizer_step(report: DiagnosticReport) -> Hit | None:
 )
 def params_never_changed(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    if loop is None or not loop.params_never_changed or loop.steps < 5:
-        return None
+    if loop is None or not loop.params_never_changed or loop.steps < 5 or loop.logged_loss_reaches_params is False:
+        return None  # (a logged loss that reaches none of them: NNDX304 names the cut)
     named_elsewhere = {*loop.params_not_in_optimizer, *loop.params_grad_none, *loop.frozen_params}
     names = [n for n in loop.params_never_changed if n not in named_elsewhere]
     trainable = {p.name for p in report.parameters if p.requires_grad} | set(names)

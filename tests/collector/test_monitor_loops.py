@@ -341,6 +341,55 @@ def test_two_monitors_on_a_gan_do_not_fight():
     assert mon_g.report().errors == mon_d.report().errors == []
 
 
+@pytest.mark.parametrize("fakes_detached_in", ["d_step", "g_step"])
+def test_a_generator_stepped_on_detached_fakes_is_a_cut_graph(fakes_detached_in):
+    """The discriminator's loss on undetached fakes gives the generator gradients, which
+    its reset clears; a generator loss computed from detached fakes reaches only the
+    discriminator. The generator's logged loss says so."""
+    G, D, opt_g, opt_d = gan()
+    bce = nn.BCEWithLogitsLoss()
+    g = torch.Generator().manual_seed(1)
+    with Monitor(G, opt_g, every=2) as mon_g, Monitor(D, opt_d, every=2) as mon_d:
+        for _ in range(8):
+            real, fake = torch.randn(16, 8, generator=g) + 1.0, G(torch.randn(16, 4, generator=g))
+            opt_d.zero_grad(), opt_g.zero_grad()
+            seen_by_d = fake.detach() if fakes_detached_in == "d_step" else fake
+            loss_d = bce(D(real), torch.ones(16, 1)) + bce(D(seen_by_d), torch.zeros(16, 1))
+            loss_d.backward()
+            opt_d.step()
+            mon_d.log(loss_d)
+            opt_d.zero_grad(), opt_g.zero_grad()
+            loss_g = bce(D(fake.detach() if fakes_detached_in == "g_step" else fake), torch.ones(16, 1))
+            loss_g.backward()
+            opt_g.step()
+            mon_g.log(loss_g)
+    generator, discriminator = mon_g.report(), mon_d.report()
+    assert discriminator.loop.logged_loss_reaches_params is True and not fired(discriminator, "NNDX304")
+    if fakes_detached_in == "d_step":  # the usual GAN loop
+        assert generator.loop.logged_loss_reaches_params is True and not fired(generator, "NNDX304")
+    else:
+        assert generator.loop.logged_loss_reaches_params is False
+        (finding,) = fired(generator, "NNDX304")
+        assert finding.severity == "error" and not fired(generator, "NNDX322")  # named once, as the cut it is
+
+
+def test_a_loss_logged_after_backward_is_read_and_a_number_is_not():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        optimizer_loop(mon, model, opt)  # logs the loss tensor after its backward
+    assert mon.report().loop.logged_loss_reaches_params is True
+    x, y = data()
+    with Monitor(model, opt) as mon:
+        for _ in range(5):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            mon.log(loss.item())
+    assert mon.report().loop.logged_loss_reaches_params is None
+
+
 def test_model_names_must_be_usable():
     with pytest.raises(TypeError, match="names"):
         Monitor({"a.b": mlp()})

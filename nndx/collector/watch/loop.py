@@ -28,6 +28,27 @@ from nndx.collector.stats import frozen_at_init, has_batchnorm, has_dropout
 from nndx.collector.watch.base import StepContext, Watched, Watcher
 
 
+LOSS_CHECKS = 3
+WALK_LIMIT = 10_000  # autograd nodes; a longer walk says nothing (counted as reaching)
+
+
+def _reaches(root: Any, params: set[int]) -> bool:
+    """Whether the autograd graph from ``root`` reaches one of ``params`` (by id)."""
+    seen: set[Any] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        if len(seen) >= WALK_LIMIT:
+            return True
+        seen.add(node)
+        if id(getattr(node, "variable", None)) in params:
+            return True
+        stack.extend(child for child, _ in node.next_functions)
+    return False
+
+
 class LoopCounts(Watcher):
     """Counters of the loop's events and the parameter coverage facts."""
 
@@ -46,6 +67,8 @@ class LoopCounts(Watcher):
         self._has_dropout = any(has_dropout(m) for m in watched.models.values())
         self._has_batchnorm = any(has_batchnorm(m) for m in watched.models.values())
         self._mode_matters = {id(m): has_dropout(m) or has_batchnorm(m) for m in watched.models.values()}
+        self.logged_losses_checked = 0  # the first logged losses with a graph: do they reach the parameters?
+        self.logged_losses_reaching = 0
         self._reference: torch.Tensor | None = None  # one parameter whose .grad tells a reset by hand
         self._reference_grad: tuple[int, int] | None = None
 
@@ -81,6 +104,16 @@ class LoopCounts(Watcher):
             self.on_zero_grad(ctx)
         self._remember_reference()
 
+    def check_logged_loss(self, loss: Any) -> None:
+        """Whether one of the first ``LOSS_CHECKS`` logged losses with a graph reaches a
+        watched trainable parameter: a generator's loss computed from ``fake.detach()``
+        reaches only the discriminator, whose backward gave the generator its gradients."""
+        if self.logged_losses_checked >= LOSS_CHECKS or not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+            return
+        self.logged_losses_checked += 1
+        params = {id(p) for _, p in self.watched.params if p.requires_grad}
+        self.logged_losses_reaching += _reaches(loss.grad_fn, params)
+
     def _reset_by_hand(self) -> bool:
         """The reference gradient was replaced, deleted or changed in place to all zeros
         since the last backward. Changed in place to anything else is no reset: clipping
@@ -113,6 +146,9 @@ class LoopCounts(Watcher):
             "trainable_param_count": sum(p.numel() for _, p in trainable),
             "params_grad_none": (
                 [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
+            ),
+            "logged_loss_reaches_params": (
+                self.logged_losses_reaching > 0 if self.logged_losses_checked else None
             ),
             "frozen_params": [n for n, p in named if not p.requires_grad],
             "frozen_at_init": at_init if checked else None,
