@@ -600,6 +600,9 @@ class LoopStats(Schema):
     logged_loss_reaches_params: bool | None = Field(
         None, description="whether the first logged losses with an autograd graph (up to 3) reach any watched "
         "trainable parameter; None when none was logged as a tensor with a graph")
+    logged_loss_through_other_models: bool | None = Field(
+        None, description="whether those losses also run through trainable parameters the Monitor does not watch "
+        "(a GAN's generator loss through the discriminator): an adversarial loss need not fall")
     frozen_params: list[str] = Field(default_factory=list, description="requires_grad=False")
     frozen_at_init: list[str] | None = Field(
         None, description="frozen weights whose values still fit a standard initialisation (PyTorch's default, "

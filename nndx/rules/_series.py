@@ -181,6 +181,13 @@ def starts_fitted(report: DiagnosticReport) -> bool:
     return curve.n >= 2 and uninformed is not None and 0 <= curve.start < FITTED_SHARE * uninformed
 
 
+def adversarial(report: DiagnosticReport) -> bool:
+    """Whether the logged loss runs through another trained network's parameters (a GAN's
+    generator loss through the discriminator): such a loss rises as its opponent improves,
+    so its trend says nothing about the LR."""
+    return report.loop is not None and report.loop.logged_loss_through_other_models is True
+
+
 def stays_fitted(report: DiagnosticReport) -> bool:
     """Whether the train loss starts and ends under FITTED_SHARE of an uninformed prediction's
     loss: whatever the updates did, they did not undo the fit (a head trained on a frozen

@@ -14,8 +14,8 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    Curve, finite, loss_calls, loss_curve, num_classes, starts_fitted, stays_fitted, train_curve, uninformed_loss,
-    window,
+    Curve, adversarial, finite, loss_calls, loss_curve, num_classes, starts_fitted, stays_fitted, train_curve,
+    uninformed_loss, window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -163,7 +163,8 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     "rule does not depend on the loss's scale. Info when the loss starts under half the loss of a prediction that "
     "ignores the inputs (ln C, or the targets' variance for MSE) and has not risen from its first value or still "
     "ends under that half: the model already fits, as a pretrained one does. A loss that ends above twice its "
-    "start (or 10x its very first value) climbed: that is NNDX104's divergence, not this.",
+    "start (or 10x its very first value) climbed: that is NNDX104's divergence, not this. Info for a logged loss "
+    "that runs through another trained network (a GAN's generator loss: it need not fall).",
     why="A loss that does not move means no useful update reaches the weights: the LR is far too "
     "low (or too high and bouncing), units are dead, the optimizer is not connected, or the data "
     "and labels do not match.",
@@ -193,7 +194,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     # under half an uninformed prediction's loss is still a model that fits
     fitted = starts_fitted(report) and (from_initial >= -0.1 or stays_fitted(report))
     return Hit(
-        severity="info" if fitted else None,
+        severity="info" if fitted or adversarial(report) else None,
         symptom=("train loss did not change at all" if frozen else "train loss is not decreasing")
         + (" from a level the model already fits to (under half an uninformed prediction's loss)" if fitted else ""),
         evidence={
@@ -220,7 +221,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "exceed 25% of the initial loss while it makes under 50% progress (info when those swings are all "
     "there is and the loss still made 20% progress, or started under half an uninformed prediction's loss; info "
     "too when the loss ends under half its start without a jump to 10x: spikes around so low a level are single "
-    "hard samples of a small batch).",
+    "hard samples of a small batch; and without a jump to 10x for a logged loss that runs through another trained "
+    "network, as a GAN's generator loss does).",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -249,11 +251,13 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     # or on a loss that ends under half its start: spikes over twice the start around so low a
     # level are single hard samples of a small batch (one sample per step: a misclassified
     # one's loss is several times the mean), not a loss that climbs
-    noisy_but_learning = not blow_ups and (curve.progress >= 0.5 or spikes < 2 and (
+    noisy_but_learning = not blow_ups and (adversarial(report) or curve.progress >= 0.5 or spikes < 2 and (
         curve.progress >= 0.2 or starts_fitted(report)))
     return Hit(
         severity="info" if noisy_but_learning else None,
         symptom="train loss is diverging" if (spikes >= 2 and not noisy_but_learning) or blow_ups
+        else f"train loss rises over twice its start {spikes} times; it runs through another trained network "
+        "(an adversarial loss rises as its opponent improves)" if adversarial(report)
         else f"train loss spikes over twice its start {spikes} times while its level fell" if spikes >= 2
         else "train loss is oscillating",
         evidence={

@@ -365,6 +365,9 @@ def test_a_generator_stepped_on_detached_fakes_is_a_cut_graph(fakes_detached_in)
             mon_g.log(loss_g)
     generator, discriminator = mon_g.report(), mon_d.report()
     assert discriminator.loop.logged_loss_reaches_params is True and not fired(discriminator, "NNDX304")
+    # each loss runs through the other network's weights, or (detached fakes) does not
+    assert discriminator.loop.logged_loss_through_other_models is (fakes_detached_in == "g_step")
+    assert generator.loop.logged_loss_through_other_models is True
     if fakes_detached_in == "d_step":  # the usual GAN loop
         assert generator.loop.logged_loss_reaches_params is True and not fired(generator, "NNDX304")
     else:

@@ -195,3 +195,21 @@ def test_three_evaluations_all_at_chance_are_enough_one_that_learned_is_not():
     assert "NNDX109" in found([0.49, 0.54, 0.52])
     assert "NNDX109" not in found([0.52, 0.81, 0.93])
     assert "NNDX109" not in found([0.5, 0.51])  # two points: too few to say
+
+
+def test_a_generator_loss_that_rises_as_its_discriminator_improves_is_context():
+    """A GAN's generator loss runs through the discriminator and rises as it improves; the
+    same curve on a loss of the model alone is divergence."""
+    from nndx.report import LoopStats
+
+    from .reports import points
+
+    rising = points([0.66 + 2.4 * (1 - math.exp(-i / 60)) + 0.1 * ((-1) ** i) for i in range(300)])
+
+    def nndx104(**loop):
+        report = DiagnosticReport(loss_history={"train": rising}, loop=LoopStats(steps=300, **loop))
+        return next(f for f in diagnose(report).findings if f.rule_id == "NNDX104")
+
+    assert nndx104().severity == "warning"
+    generator = nndx104(logged_loss_reaches_params=True, logged_loss_through_other_models=True)
+    assert generator.severity == "info" and "another trained network" in generator.symptom

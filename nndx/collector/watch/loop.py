@@ -32,21 +32,27 @@ LOSS_CHECKS = 3
 WALK_LIMIT = 10_000  # autograd nodes; a longer walk says nothing (counted as reaching)
 
 
-def _reaches(root: Any, params: set[int]) -> bool:
-    """Whether the autograd graph from ``root`` reaches one of ``params`` (by id)."""
+def _reaches(root: Any, params: set[int]) -> tuple[bool, bool]:
+    """Whether the autograd graph from ``root`` reaches one of ``params`` (by id), and
+    whether it reaches a trainable parameter of another network (a GAN's generator loss
+    runs through the discriminator). A walk cut short says (True, False)."""
     seen: set[Any] = set()
     stack = [root]
+    own = other = False
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         if len(seen) >= WALK_LIMIT:
-            return True
+            return True, other
         seen.add(node)
-        if id(getattr(node, "variable", None)) in params:
-            return True
+        variable = getattr(node, "variable", None)
+        if id(variable) in params:
+            own = True
+        elif isinstance(variable, nn.Parameter):
+            other = True
         stack.extend(child for child, _ in node.next_functions)
-    return False
+    return own, other
 
 
 class LoopCounts(Watcher):
@@ -69,6 +75,7 @@ class LoopCounts(Watcher):
         self._mode_matters = {id(m): has_dropout(m) or has_batchnorm(m) for m in watched.models.values()}
         self.logged_losses_checked = 0  # the first logged losses with a graph: do they reach the parameters?
         self.logged_losses_reaching = 0
+        self.logged_losses_through_others = 0  # through another network's trainable parameters too
         self._reference: torch.Tensor | None = None  # one parameter whose .grad tells a reset by hand
         self._reference_grad: tuple[int, int] | None = None
 
@@ -111,8 +118,9 @@ class LoopCounts(Watcher):
         if self.logged_losses_checked >= LOSS_CHECKS or not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
             return
         self.logged_losses_checked += 1
-        params = {id(p) for _, p in self.watched.params if p.requires_grad}
-        self.logged_losses_reaching += _reaches(loss.grad_fn, params)
+        own, other = _reaches(loss.grad_fn, {id(p) for _, p in self.watched.params if p.requires_grad})
+        self.logged_losses_reaching += own
+        self.logged_losses_through_others += other
 
     def _reset_by_hand(self) -> bool:
         """The reference gradient was replaced, deleted or changed in place to all zeros
@@ -149,6 +157,9 @@ class LoopCounts(Watcher):
             ),
             "logged_loss_reaches_params": (
                 self.logged_losses_reaching > 0 if self.logged_losses_checked else None
+            ),
+            "logged_loss_through_other_models": (
+                self.logged_losses_through_others > 0 if self.logged_losses_checked else None
             ),
             "frozen_params": [n for n, p in named if not p.requires_grad],
             "frozen_at_init": at_init if checked else None,
