@@ -15,7 +15,7 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
     Curve, adversarial, finite, loss_calls, loss_curve, num_classes, starts_fitted, stays_fitted, train_curve,
-    uninformed_loss, window,
+    uninformed_loss, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -164,7 +164,8 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     "ignores the inputs (ln C, or the targets' variance for MSE) and has not risen from its first value or still "
     "ends under that half: the model already fits, as a pretrained one does. A loss that ends above twice its "
     "start (or 10x its very first value) climbed: that is NNDX104's divergence, not this. Info for a logged loss "
-    "that runs through another trained network (a GAN's generator loss: it need not fall).",
+    "that runs through another trained network (a GAN's generator loss: it need not fall). At an LR within 3x of "
+    "the range the LR range test trains well in, the finding says so and ranks after other symptoms.",
     why="A loss that does not move means no useful update reaches the weights: the LR is far too "
     "low (or too high and bouncing), units are dead, the optimizer is not connected, or the data "
     "and labels do not match.",
@@ -190,13 +191,21 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
         if median(accuracies[-w:]) - median(accuracies[:w]) > 0.05:
             return None
     frozen = curve.noise == 0.0 and curve.start == curve.end
+    # the LR range test trains well within 3x of the LR used: the LR is not what stopped it,
+    # so the symptom stays and its LR_TOO_LOW guess ranks after other symptoms' guesses
+    sweep = report.probes.lr_range if report.probes is not None else None
+    lr = used_lr(report)
+    lr_fine = (lr is not None and sweep is not None and sweep.status == "passed" and sweep.interval_low_lr is not None
+               and sweep.interval_high_lr is not None and sweep.interval_low_lr / 3 <= lr <= 3 * sweep.interval_high_lr)
     # a fitted start's first value can be a batch it memorised: rising from there while staying
     # under half an uninformed prediction's loss is still a model that fits
     fitted = starts_fitted(report) and (from_initial >= -0.1 or stays_fitted(report))
     return Hit(
         severity="info" if fitted or adversarial(report) else None,
         symptom=("train loss did not change at all" if frozen else "train loss is not decreasing")
-        + (" from a level the model already fits to (under half an uninformed prediction's loss)" if fitted else ""),
+        + (" from a level the model already fits to (under half an uninformed prediction's loss)" if fitted else "")
+        + (f" at lr {lr:.3g}, within 3x of the range the LR range test trains well in: not the LR" if lr_fine
+           else ""),
         evidence={
             "loss_initial": curve.initial,
             "loss_start": curve.start,
@@ -205,7 +214,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
             "relative_noise": curve.relative_noise,
             "points": curve.n,
         },
-        score=1.0 + (1.0 if frozen else 0.0) + min(3.0, max(0.0, -min(curve.progress, from_initial))),
+        score=0.5 if lr_fine
+        else 1.0 + (1.0 if frozen else 0.0) + min(3.0, max(0.0, -min(curve.progress, from_initial))),
         next_probe="lr_range and overfit_one_batch",
     )
 

@@ -213,3 +213,25 @@ def test_a_generator_loss_that_rises_as_its_discriminator_improves_is_context():
     assert nndx104().severity == "warning"
     generator = nndx104(logged_loss_reaches_params=True, logged_loss_through_other_models=True)
     assert generator.severity == "info" and "another trained network" in generator.symptom
+
+
+def test_a_loss_that_does_not_fall_at_an_lr_the_range_test_trains_well_at_is_not_blamed_on_the_lr():
+    """Labels shuffled apart from their sentences: the loss stays at ln 2 and validation at
+    chance. At an LR the range test trains well at, "LR too low" is the weaker guess; far
+    below that range it is the stronger."""
+    from nndx.report import LoopStats, LRPoint, LRRangeResult, Probes
+
+    from .reports import points
+
+    sweep = LRRangeResult(status="passed", interval_low_lr=2e-3, interval_high_lr=7e-3, suggested_lr=4e-3)
+    train = points([0.693 + 0.002 * ((-1) ** i) for i in range(60)], [0.5] * 60)
+    val = points([0.693] * 3, [0.49, 0.54, 0.52], every=20)
+
+    def first(lr):
+        report = DiagnosticReport(num_classes=2, loss_history={"train": train, "val": val},
+                                  loop=LoopStats(steps=60, lr_history=[LRPoint(step=0, lrs=[lr])]),
+                                  probes=Probes(lr_range=sweep))  # fmt: skip
+        return [f.rule_id for f in diagnose(report).findings if f.rule_id in ("NNDX103", "NNDX109")]
+
+    assert first(1e-3) == ["NNDX109", "NNDX103"]
+    assert first(1e-7) == ["NNDX103", "NNDX109"]
