@@ -220,12 +220,8 @@ class ForwardObserver(TorchFunctionMode):
         module_name, module = self._stack[-1]
         if _is_torch_module(module):
             return  # the module's own code: its hooks report it
-        out_tensor = first_output(out)
-        if op in ("view", "reshape") and first is not None and out_tensor is not None:
-            before, after = list(first.shape), list(out_tensor.shape)
-            where = f"{module_name}.forward" if module_name else "forward"
-            if moved_axis(before, after) and len(self.moved_axes) < 8:
-                self.moved_axes.append(f"{where}: {op} {before} -> {after}")
+        if op in ("view", "reshape") and first is not None and len(self.moved_axes) < 8:
+            self._moved_axis(op, module_name, first, first_output(out))
         kind = vocab.activation_kind(op)
         if kind is not None:
             key = (module_name, op)
@@ -243,6 +239,12 @@ class ForwardObserver(TorchFunctionMode):
                     self._measure(call, tensor)
         if self.watch_nonfinite and self.first_nonfinite is None and has_nonfinite(out) and not has_nonfinite(args):
             self.first_nonfinite = (module_name or type(module).__name__, type(module).__name__, op)
+
+    def _moved_axis(self, op: str, module_name: str, first: torch.Tensor, out: torch.Tensor | None) -> None:
+        before, after = list(first.shape), list(out.shape) if out is not None else []
+        if out is not None and moved_axis(before, after):
+            where = f"{module_name}.forward" if module_name else "forward"
+            self.moved_axes.append(f"{where}: {op} {before} -> {after}")
 
     def _remember(self, t: torch.Tensor, kind: str | None) -> None:
         self._made_by[id(t)] = (weakref.ref(t), kind)

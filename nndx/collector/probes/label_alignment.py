@@ -115,7 +115,7 @@ def label_alignment(
 
     # folds that hold out every sample once (cross-fitting), for when the first alone cannot
     # tell: two classes' entropy, and so the gain to detect, is small
-    folds = []
+    folds, held_out = [], []  # held_out: each fold's held-out samples (rows' groups)
     for held_groups in np.array_split(np.unique(groups), max(2, round(1 / holdout_fraction))):
         held = np.flatnonzero(np.isin(groups, held_groups))
         train = np.setdiff1d(np.arange(features.shape[0]), held)
@@ -123,7 +123,8 @@ def label_alignment(
         train_y = targets[train]
         # the null: the same model from the same initialisation, on labels that belong to nothing
         labels = [train_y] + [train_y[rng.permutation(train_y.shape[0])] for _ in range(PERMUTATIONS)]
-        folds.append((train_x, labels, test_x, targets[held], groups[held]))
+        folds.append((train_x, labels, test_x, targets[held]))
+        held_out.append(groups[held])
     prior = counts / counts.sum()
     effect = MIN_EFFECT * float(-(prior[prior > 0] * np.log(prior[prior > 0])).sum())
     chance = 1.0 / num_classes
@@ -132,11 +133,11 @@ def label_alignment(
     # when it cannot tell, which keeps the usual cost at one fold's
     for group in (folds[:1], folds[1:]):
         with one_thread():
-            scores += _score([fold[:4] for fold in group], num_classes, steps, seed, hidden, lr)
+            scores += _score(group, num_classes, steps, seed, hidden, lr)
         real_loss = np.concatenate([fold[0][1] for fold in scores])
         null_loss = np.concatenate([np.mean([loss for _, loss in fold[1:]], axis=0) for fold in scores])
         # per sample, in nats: a sequence's positions are one sample, their mean its gain
-        _, sample = np.unique(np.concatenate([fold[4] for fold in folds[: len(scores)]]), return_inverse=True)
+        _, sample = np.unique(np.concatenate(held_out[: len(scores)]), return_inverse=True)
         gains = np.bincount(sample, weights=null_loss - real_loss) / np.bincount(sample)
         weights = [len(fold[3]) for fold in folds[: len(scores)]]
         real = float(np.average([fold[0][0] for fold in scores], weights=weights))

@@ -35,7 +35,7 @@ WALK_LIMIT = 10_000  # autograd nodes; a longer walk says nothing (counted as re
 def _reaches(root: Any, params: set[int]) -> tuple[bool, bool]:
     """Whether the autograd graph from ``root`` reaches one of ``params`` (by id), and
     whether it reaches a trainable parameter of another network (a GAN's generator loss
-    runs through the discriminator). A walk cut short says (True, False)."""
+    runs through the discriminator). A walk cut short counts as reaching ``params``."""
     seen: set[Any] = set()
     stack = [root]
     own = other = False
