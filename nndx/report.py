@@ -610,6 +610,10 @@ class LoopStats(Schema):
         "could be checked")
     frozen_checked: Count = Field(0, description="frozen weight tensors the initialisation check could read")
     no_grad_forwards_in_train_mode: Count = 0
+    backward_after_eval_forward: Count = Field(
+        0, description="backward passes whose last forward of the model ran in eval mode, in a model with dropout "
+        "or batch-norm: training after model.eval() without model.train() back")
+    first_eval_backward_step: Count | None = Field(None, description="the step of the first such backward pass")
     has_dropout: bool = False
     has_batchnorm: bool = False
     lr_history: list[LRPoint] = Field(default_factory=list)

@@ -70,6 +70,7 @@ class Spec:
     optimizer_step: bool = True
     stale_optimizer: bool = False  # the optimizer holds a model that was re-created afterwards
     eval_mode: bool = True  # validation under model.eval()
+    train_after_eval: bool = True  # model.train() back after validation (False: once, before the loop)
     amp: bool = False  # bf16 autocast + GradScaler with unscale_ before clipping
     running_loss_tensor: bool = False  # total_loss += loss (the tensor, not loss.item())
     carry_state: str | None = None  # recurrent state carried across batches: "detach" or "retain"

@@ -357,7 +357,8 @@ def evaluate(b: Built, loss_fn: Callable, mon: Any = None) -> tuple[float | None
                 mon.log(user_loss, split="val", accuracy=quality)
             return reference(b.family, out, b.data.y_val_true)
     finally:
-        model.train()
+        if b.spec.train_after_eval:
+            model.train()
 
 
 def graph_size(loss: torch.Tensor) -> int:
@@ -405,7 +406,8 @@ def torch_loop(b: Built, loss_fn: Callable, mon: Any = None, measure_start: bool
     scaler = torch.amp.GradScaler("cpu") if spec.amp else None
     k, state, update, running = spec.accumulate, None, 0, 0.0
     for step, xb, yb in batches(b):
-        model.train()
+        if step == 0 or spec.train_after_eval:
+            model.train()
         if spec.zero_grad and step % k == 0:
             optimizer.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.amp):
@@ -464,7 +466,8 @@ def manual_loop(b: Built, loss_fn: Callable, mon: Any = None, measure_start: boo
     k, state, update, running = spec.accumulate, None, 0, 0.0
     clip = spec.clip if spec.clip is not None else b.family.manual_clip
     for step, xb, yb in batches(b):
-        model.train()
+        if step == 0 or spec.train_after_eval:
+            model.train()
         if spec.zero_grad and step % k == 0:
             for p in params:
                 p.grad = None

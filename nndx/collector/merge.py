@@ -60,6 +60,7 @@ def merge_ranks(reports: Sequence[DiagnosticReport]) -> DiagnosticReport:
         loop.frozen_params = _union(l.frozen_params for l in loops)
         loop.limitations = _union(l.limitations for l in loops)
         loop.no_grad_forwards_in_train_mode = max(l.no_grad_forwards_in_train_mode for l in loops)
+        loop.backward_after_eval_forward = max(l.backward_after_eval_forward for l in loops)
         loop.optimizer_params_not_in_model = max(l.optimizer_params_not_in_model for l in loops)
         loop.input_norm_history = _min_by_step([l.input_norm_history for l in loops])
     merged.loss_history = _mean_losses([r.loss_history for r in reports])

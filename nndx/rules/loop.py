@@ -311,6 +311,56 @@ def eval_mode_forgotten(report: DiagnosticReport) -> Hit | None:
 
 
 @rule(
+    "NNDX323",
+    C.EVAL_MODE_FORGOTTEN,
+    "warning",
+    "Training ran in eval mode (model.train() not called back)",
+    detects="Backward passes whose forward ran with model.training False, in a model with dropout or batch-norm: "
+    "at least 3, and a fifth of all backward passes. The usual origin is model.train() called once before the "
+    "epoch loop and model.eval() inside it for validation, so every epoch after the first validation trains "
+    "in eval mode.",
+    why="In eval mode dropout drops nothing and batch-norm normalises with its running statistics, which eval "
+    "mode also stops updating: the network trains as a different one, without regularisation and with "
+    "normalisation frozen at whatever the statistics were.",
+    fix="Call model.train() at the start of every training epoch (or right after each validation). If eval mode "
+    "during training is deliberate (frozen batch-norm statistics when fine-tuning), set it on the norm layers "
+    "only, so the rest trains in train mode.",
+)
+def train_mode_forgotten(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or not (loop.has_dropout or loop.has_batchnorm):
+        return None
+    count, total = loop.backward_after_eval_forward, max(1, loop.backward_calls)
+    if count < 3 or count < 0.2 * total:
+        return None
+    switch = loop.first_eval_backward_step
+    # the loss finite and settled in train mode, then non-finite or three times its level within
+    # a few steps of the switch: the switch, not the LR, set it off (batch-norm on statistics frozen
+    # at their early values leaves activations unnormalised)
+    before = [p.value for p in train_curve(report) if switch is not None and p.step < switch]
+    after = [p.value for p in train_curve(report) if switch is not None and switch <= p.step < switch + 10]
+    diverged = (len(before) >= 3 and all(math.isfinite(v) for v in before)
+                and any(not math.isfinite(v) or v > 3 * median(before) for v in after))  # fmt: skip
+    return Hit(
+        symptom=f"{count} of {loop.backward_calls} backward passes followed a forward in eval mode"
+        + (f", from step {switch}" if switch is not None else "")
+        + (", and the loss diverged within 10 steps of it" if diverged else ""),
+        evidence={
+            "backward_after_eval_forward": count,
+            "backward_calls": loop.backward_calls,
+            "first_eval_backward_step": switch,
+            "diverged_after_switch": diverged,
+            "has_dropout": loop.has_dropout,
+            "has_batchnorm": loop.has_batchnorm,
+        },
+        severity="error" if diverged else None,
+        # a divergence that starts at the switch is this rule's evidence, stronger than any update ratio it causes
+        score=(10.0 if diverged else 0.0) + 1.0 + count / total,
+        step=switch,
+    )
+
+
+@rule(
     "NNDX307",
     C.LR_SCHEDULE_MISUSE,
     "warning",

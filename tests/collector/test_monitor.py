@@ -390,6 +390,44 @@ def test_evaluation_in_eval_mode_or_without_dropout_is_not_counted():
     assert loop.no_grad_forwards_in_train_mode == 0 and not loop.has_dropout
 
 
+def test_training_after_eval_without_train_is_counted_from_its_first_step():
+    model, opt, mon = monitored(make_model(dropout=True))
+    train(model, opt, mon, steps=3)
+    model.eval()  # validation, and model.train() never called back
+    evaluate(model, mon, torch.no_grad)
+    train(model, opt, mon, steps=4)
+    loop = mon.report().loop
+    mon.close()
+    assert loop.backward_after_eval_forward == 4 and loop.backward_calls == 7
+    assert loop.first_eval_backward_step == 3
+
+
+def test_training_in_train_mode_is_not_counted_whatever_runs_in_eval_mode():
+    # validation in eval mode without no_grad, then model.train() back: the backward passes follow
+    # train-mode forwards; a frozen batch-norm inside a training model; a model whose mode changes nothing
+    model, opt, mon = monitored(make_model(dropout=True))
+    for _ in range(3):
+        train(model, opt, mon, steps=2)
+        model.eval()
+        model(batch()[0])
+        model.train()
+    assert mon.report().loop.backward_after_eval_forward == 0
+    mon.close()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    model[1].eval()
+    model, opt, mon = monitored(model)
+    train(model, opt, mon, steps=3)
+    assert mon.report().loop.backward_after_eval_forward == 0
+    mon.close()
+    model, opt, mon = monitored(make_model(dropout=False))
+    model.eval()
+    train(model, opt, mon, steps=3)
+    loop = mon.report().loop
+    mon.close()
+    assert loop.backward_after_eval_forward == 0 and loop.backward_calls == 3
+
+
 # ---------------------------------------------------------------- LR, clipping, inputs
 
 

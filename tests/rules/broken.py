@@ -195,6 +195,10 @@ def eval_in_train_mode() -> DiagnosticReport:
     return with_loop(BASE, has_dropout=True, no_grad_forwards_in_train_mode=20)
 
 
+def trained_in_eval_mode() -> DiagnosticReport:
+    return with_loop(BASE, has_batchnorm=True, backward_after_eval_forward=75, first_eval_backward_step=25)
+
+
 def per_batch_step_lr() -> DiagnosticReport:
     return with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[0.1 * 0.1 ** (i // 10)]) for i in range(100)])
 
@@ -290,6 +294,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX309": zero_batches,
     "NNDX310": desync,
     "NNDX311": tiny_batch,
+    "NNDX323": trained_in_eval_mode,
     "NNDX312": lambda: calls(loss_call(loss_type="MSELoss", output_shape=[32, 1], target_shape=[32], target_dtype="torch.float32")).model_copy(update={"task": "regression"}),
     "NNDX313": lambda: calls(loss_call(target_dtype="torch.float32")),
     "NNDX314": lambda: calls(loss_call(output_min=0.0, output_max=0.9, output_rows_sum_to_one=True)),

@@ -751,3 +751,23 @@ def test_batches_of_two_through_batchnorm_are_too_small_even_when_the_loss_looks
     assert severity(batchnorm=True) == "warning"
     assert severity(batchnorm=False) is None
     assert severity(batchnorm=True, history=False) == "info"
+
+
+def test_training_in_eval_mode_vs_eval_mode_that_changes_nothing():
+    """NNDX323 reads backward passes after eval-mode forwards: a model whose mode matters,
+    most of training; not a few stray ones, nor a model without dropout or batch-norm."""
+    from nndx.report import LossPoint
+
+    broken = with_loop(BASE, has_batchnorm=True, backward_after_eval_forward=75, first_eval_backward_step=25)
+    assert _found(broken)["NNDX323"].severity == "warning"
+    assert "NNDX323" not in _found(with_loop(BASE, backward_after_eval_forward=75, first_eval_backward_step=25))
+    assert "NNDX323" not in _found(with_loop(BASE, has_batchnorm=True, backward_after_eval_forward=2))
+    assert "NNDX323" not in _found(with_loop(BASE, has_batchnorm=True, backward_after_eval_forward=10,
+                                             backward_calls=100))  # fmt: skip
+    # the loss settled in train mode, then NaN two steps after the switch: the switch set it off
+    values = [2.3 - 0.05 * i for i in range(25)] + [2.0, 50.0] + [math.nan] * 73
+    diverged = broken.model_copy(update={"loss_history": {"train": [LossPoint(step=i, value=v)
+                                                                    for i, v in enumerate(values)]}})  # fmt: skip
+    top = diagnose(diverged).findings[0]
+    assert (top.rule_id, top.severity) == ("NNDX323", "error")
+    assert top.evidence["diverged_after_switch"] is True

@@ -15,6 +15,10 @@ Counting conventions (what the rules read):
 - ``no_grad_forwards_in_train_mode`` counts forwards run with grad disabled
   (``torch.no_grad`` / ``inference_mode``) while ``model.training`` is True, only for
   models with dropout or batch-norm (where train mode changes the output).
+- ``backward_after_eval_forward`` counts the mirror image: backward passes whose last
+  forward of the model ran in eval mode (``model.eval()`` for validation, and no
+  ``model.train()`` back), in those same models; ``first_eval_backward_step`` is the
+  step of the first.
 """
 
 from __future__ import annotations
@@ -67,6 +71,9 @@ class LoopCounts(Watcher):
         self.zero_grad_calls = 0
         self.forward_calls = 0
         self.no_grad_forwards_in_train_mode = 0
+        self.backward_after_eval_forward = 0
+        self.first_eval_backward_step: int | None = None
+        self._last_forward_in_eval = False
         self._reset_since_backward = False
         self._never_grad = dict(watched.params)
         # per model: does train mode change its output (dropout, batch-norm)?
@@ -83,6 +90,8 @@ class LoopCounts(Watcher):
         self.forward_calls += 1
         if not torch.is_grad_enabled() and module.training and self._mode_matters.get(id(module), False):
             self.no_grad_forwards_in_train_mode += 1
+        if torch.is_grad_enabled():
+            self._last_forward_in_eval = not module.training and self._mode_matters.get(id(module), False)
 
     def on_backward_start(self, ctx: StepContext) -> None:
         if not self._reset_since_backward and self._reset_by_hand():
@@ -91,6 +100,10 @@ class LoopCounts(Watcher):
     def on_backward_end(self, ctx: StepContext) -> None:
         self.backward_calls += 1
         self.backward_calls_in_step += ctx.optimizer is not None
+        if self._last_forward_in_eval:
+            self.backward_after_eval_forward += 1
+            if self.first_eval_backward_step is None:
+                self.first_eval_backward_step = ctx.step
         self._reset_since_backward = False
         if self._never_grad:
             for name in [n for n, p in self._never_grad.items() if p.grad is not None]:
@@ -151,6 +164,8 @@ class LoopCounts(Watcher):
             "zero_grad_calls": self.zero_grad_calls,
             "forward_calls": self.forward_calls,
             "no_grad_forwards_in_train_mode": self.no_grad_forwards_in_train_mode,
+            "backward_after_eval_forward": self.backward_after_eval_forward,
+            "first_eval_backward_step": self.first_eval_backward_step,
             "trainable_param_count": sum(p.numel() for _, p in trainable),
             "params_grad_none": (
                 [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
