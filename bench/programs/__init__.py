@@ -26,4 +26,6 @@ PROGRAMS = (
     "transformer_tutorial",
     "mlp_gan",
     "glue_no_trainer",
+    "text_classification",
+    "lstm_tagger",
 )
