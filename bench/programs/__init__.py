@@ -28,4 +28,6 @@ PROGRAMS = (
     "glue_no_trainer",
     "text_classification",
     "lstm_tagger",
+    "seq2seq_translation",
+    "dqn",
 )
