@@ -563,6 +563,9 @@ class LossCall(Schema):
     output_min: Float | None = None
     output_max: Float | None = None
     output_rows_sum_to_one: bool | None = Field(None, description="outputs look like probabilities already")
+    output_log_rows_off_zero: Float | None = Field(
+        None, description="largest |logsumexp| over the class axis (dim 1) of a row: 0 for log-probabilities over "
+        "the classes, far from 0 for log_softmax over another axis")
     output_zero_fraction: Fraction | None = Field(
         None, description="share of output elements exactly 0 (a ReLU on the logits clips about half of them)"
     )

@@ -129,10 +129,10 @@ def _numpy_state() -> Any:
 def working_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` the probe may train and mutate freely."""
     try:
-        model_copy = copy.deepcopy(model)
+        model_copy = model_deepcopy(model, model)
     except Exception as exc:  # a model holding an open file, a lock, a generator...
         raise TypeError(f"cannot deep-copy the model to probe it safely ({type(exc).__name__}: {exc})") from exc
-    return detach_watchers(model_copy)
+    return reset_state_each_forward(detach_watchers(model_copy))
 
 
 def _defined_in(fn: object) -> str:
@@ -203,12 +203,65 @@ def optimizer_coverage(model: nn.Module, optimizer: torch.optim.Optimizer) -> tu
     return missing, foreign
 
 
+_MODULE_DICTS = frozenset({"_parameters", "_buffers", "_modules"})
+
+
+def _state_attributes(model: nn.Module) -> Iterator[tuple[nn.Module, str, Any]]:
+    """(module, name, value) of each tensor a module keeps as a plain attribute, neither
+    parameter nor buffer (or in a tuple/list there): a recurrent state carried on ``self``
+    from one forward to the next, as the PyTorch LSTM tagger tutorial's ``self.hidden``."""
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if name not in _MODULE_DICTS and isinstance(value, (torch.Tensor, tuple, list)) and any(
+                    True for _ in iter_tensors(value)):  # fmt: skip
+                yield module, name, value
+
+
+def model_deepcopy(obj: Any, model: nn.Module, memo: dict[int, Any] | None = None) -> Any:
+    """``copy.deepcopy(obj)`` (the model, or a tuple holding it), where each tensor the
+    model keeps as a plain attribute with an autograd graph behind it is copied detached:
+    such a tensor has no deepcopy (only graph leaves do), and a copy that trained through
+    the user's last graph would be no copy. Raises what ``deepcopy`` raises."""
+    memo = {} if memo is None else memo
+    for _, _, value in _state_attributes(model):
+        for tensor in iter_tensors(value):
+            if tensor.grad_fn is not None:
+                memo[id(tensor)] = tensor.detach().clone()
+    return copy.deepcopy(obj, memo)
+
+
+class _StateReset:
+    """A forward pre-hook that puts the state a model keeps on ``self`` back to its value
+    when the copy was made, before every forward of the copy. A probe calls the model many
+    times (300 overfit steps, a gradient check comparing forwards); the user's loop resets
+    such state where nndx cannot see (``model.hidden = model.init_hidden()`` before each
+    sentence). Carried over, it would tie every probe forward to the last one's graph
+    ("backward through the graph a second time") and change the function a gradient check
+    differentiates."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.kept = list(_state_attributes(model))
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        for owner, name, value in self.kept:
+            if vars(owner).get(name) is not value:
+                vars(owner)[name] = value
+
+
+def reset_state_each_forward(model_copy: nn.Module) -> nn.Module:
+    """Install :class:`_StateReset` on a probe's copy that keeps state on ``self``."""
+    reset = _StateReset(model_copy)
+    if reset.kept:
+        model_copy.register_forward_pre_hook(reset)
+    return model_copy
+
+
 def copy_together(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Deep copies of a model and its optimizer through one memo, so the copy's optimizer
     steps the copy's parameters. An optimizer pickles only its defaults, state and groups:
     what it keeps beside them (L-BFGS's ``_params``) is copied through the same memo."""
     memo: dict[int, Any] = {}
-    model_copy, optimizer_copy = copy.deepcopy((model, optimizer), memo)
+    model_copy, optimizer_copy = model_deepcopy((model, optimizer), model, memo)
     for key, value in vars(optimizer).items():
         if key not in vars(optimizer_copy):
             setattr(optimizer_copy, key, copy.deepcopy(value, memo))
@@ -233,7 +286,7 @@ def copy_with_optimizer(
         if not missing:
             try:
                 model_copy, optimizer_copy = copy_together(model, optimizer)
-                detach_watchers(model_copy)
+                reset_state_each_forward(detach_watchers(model_copy))
                 detach_watchers(optimizer_copy)
                 return model_copy, optimizer_copy, f"a copy of the user's {type(optimizer).__name__}"
             except Exception:  # noqa: BLE001 - fall through to a fresh optimizer
@@ -265,10 +318,10 @@ def copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None,
             model_copy, optimizer_copy = copy_together(model, optimizer)
             detach_watchers(optimizer_copy)
         else:
-            model_copy, optimizer_copy = copy.deepcopy(model), None
+            model_copy, optimizer_copy = model_deepcopy(model, model), None
     except Exception as exc:  # a model holding an open file, a lock, a generator...
         raise UsageError(f"cannot deep-copy the model to probe it safely ({type(exc).__name__}: {exc})") from exc
-    detach_watchers(model_copy)
+    reset_state_each_forward(detach_watchers(model_copy))
     if device is not None:
         model_copy.to(device)  # parameters keep their identity: the optimizer copy still holds them
         if optimizer_copy is not None:

@@ -38,7 +38,6 @@ runs are nndx's own doing (a loss it swapped in) and are not recorded as evidenc
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 import warnings
@@ -61,6 +60,7 @@ from nndx.collector._common import (
     loss_scaler,
     preserved_rng,
     split_batch,
+    working_copy,
 )
 from nndx.collector import remedies
 from nndx.collector.remedies import NotApplicable, Setup
@@ -192,7 +192,7 @@ def _candidates(model: nn.Module, inputs: Any, loss_fn: LossFn,
     """(cause, remedy in words, remedy) for each remedy that may apply, most specific first."""
     found: list[tuple[str, str, Callable[[Setup], Setup]]] = []
     with preserved_rng():
-        output_activation = remedies.output_activation(copy.deepcopy(model).eval(), inputs)
+        output_activation = remedies.output_activation(working_copy(model).eval(), inputs)
     if output_activation is not None:
         index, activation = output_activation
         cause = remedies.output_activation_cause(activation, loss_name(loss_fn))
@@ -252,7 +252,7 @@ def _chance_loss(model: nn.Module, inputs: Any, loss_fn: LossFn) -> float | None
     if kind.binary:
         return math.log(2)
     with preserved_rng(), torch.no_grad():
-        output = first_output(forward(copy.deepcopy(model), inputs))
+        output = first_output(forward(working_copy(model), inputs))
     if output is None or output.dim() < 2 or output.shape[1] < 2:
         return None
     return math.log(output.shape[1])

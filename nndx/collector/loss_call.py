@@ -54,6 +54,8 @@ def pending_evidence(output: torch.Tensor, target: torch.Tensor | None) -> Pendi
     values = {"output_min": lo, "output_max": hi, "output_zero_fraction": (x == 0).float().mean()}
     if x.dim() >= 2 and x.shape[1] > 1:
         values["rows_off_one"] = (x.sum(dim=1) - 1.0).abs().max()
+        # log-probabilities over the classes (dim 1) have a logsumexp of 0 there
+        values["log_rows_off_zero"] = x.logsumexp(dim=1).abs().max()
     if target is not None and target.is_floating_point() and target.numel() > 1:
         t = target.detach().float()
         values["target_mean"], values["target_std"] = t.mean(), t.std()
@@ -121,6 +123,9 @@ class LossCallLog:
         if "rows_off_one" in seen:
             looks = lo >= 0.0 and hi <= 1.0 and seen["rows_off_one"] < ROWS_SUM_TOLERANCE
             entry["output_rows_sum_to_one"] = looks and entry.get("output_rows_sum_to_one", True) is not False
+        if "log_rows_off_zero" in seen:
+            off = seen["log_rows_off_zero"]
+            entry["output_log_rows_off_zero"] = max(off, entry.get("output_log_rows_off_zero") or 0.0)
         if "target_mean" in seen:
             entry["target_mean"], entry["target_std"] = seen["target_mean"], seen["target_std"]
             entry["target_min"] = min(entry.get("target_min", math.inf), seen["target_min"])

@@ -449,6 +449,9 @@ def _unscaled_clip_ratios(ratios: list[float]) -> list[float] | None:
     why="Clipping is a guard against rare spikes; a threshold below the typical gradient norm turns "
     "every step into a tiny one, like a far too low learning rate.",
     fix="Set max_norm near a high percentile of healthy-step gradient norms (nndx.fix.suggest_clip_norm).",
+    # batches of one class pull every weight the same way: gradients far larger than the mixed
+    # batches' a clip was set for
+    explained_by=(C.UNSHUFFLED_DATA,),
 )
 def grad_clip_too_small(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
@@ -746,6 +749,41 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
                     "output_max": call.output_max,
                     "model_output_activation": output_activation,
                 },
+                score=3.0,
+            )
+    return None
+
+
+LOG_ROWS_TOLERANCE = 0.1  # |log of the probability mass| of a row: 10% off one is no rounding
+
+
+@rule(
+    "NNDX324",
+    C.WRONG_OUTPUT_ACTIVATION,
+    "error",
+    "Log-probabilities not normalised over the classes",
+    detects="NLLLoss given outputs that look like log-probabilities (none above 0) whose rows do not: their "
+    f"logsumexp over the class axis (dim 1) is more than {LOG_ROWS_TOLERANCE} away from 0 in some row.",
+    why="NLLLoss reads dim 1 as the classes. log_softmax over another axis (dim=0: the batch, or the time axis "
+    "of a sequence model's (time, classes) output) makes each column, not each row, a distribution: the loss "
+    "still falls, but a sample's classes no longer compete, and its predictions are tied to the other samples "
+    "or time steps in the batch.",
+    fix="Apply log_softmax over the class axis (dim=1, or dim=-1 for (batch, classes) outputs), or use "
+    "CrossEntropyLoss on the raw logits.",
+)
+def log_probabilities_off_class_axis(report: DiagnosticReport) -> Hit | None:
+    for call in loss_calls(report):
+        kind = vocab.loss_kind(call.loss_type)
+        off = call.output_log_rows_off_zero
+        if (kind is None or kind.expects != "log_probabilities" or not kind.class_axis or off is None
+                or not math.isfinite(off) or call.output_max is None or call.output_max > 1e-3):  # fmt: skip
+            continue
+        if off > LOG_ROWS_TOLERANCE:
+            return Hit(
+                symptom=f"{call.loss_type} on log-probabilities whose rows' probabilities sum up to a factor "
+                f"{math.exp(off):.3g} away from 1: normalised over another axis",
+                evidence={"loss_type": call.loss_type, "output_shape": [str(d) for d in call.output_shape],
+                          "log_rows_off_zero": off, "output_max": call.output_max},  # fmt: skip
                 score=3.0,
             )
     return None

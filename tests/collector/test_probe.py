@@ -500,6 +500,8 @@ class Head(nn.Module):
             return torch.sigmoid(logits)
         if self.end == "log_softmax":
             return torch.log_softmax(logits, dim=1)
+        if self.end == "log_softmax_dim0":  # over the batch: each column a distribution
+            return torch.log_softmax(logits, dim=0)
         return logits
 
 
@@ -507,6 +509,7 @@ LOSS_FIT = [  # (case, model end, loss, targets, the cause nndx must name from t
     ("softmax before CrossEntropyLoss", "softmax", nn.CrossEntropyLoss(), "classes", "DOUBLE_SOFTMAX"),
     ("sigmoid before BCEWithLogitsLoss", "sigmoid", nn.BCEWithLogitsLoss(), "multi_hot", "DOUBLE_SOFTMAX"),
     ("NLLLoss on probabilities", "softmax", nn.NLLLoss(), "classes", "WRONG_LOSS"),
+    ("log_softmax over the batch into NLLLoss", "log_softmax_dim0", nn.NLLLoss(), "classes", "WRONG_OUTPUT_ACTIVATION"),
     ("MSE output [N,1] vs target [N]", None, nn.MSELoss(), "values", "SHAPE_BROADCAST"),
 ]
 HEALTHY_LOSS_FIT = [
@@ -623,3 +626,57 @@ def test_data_stored_by_class_is_no_alarm_when_the_batch_mixes_classes():
 
     assert unshuffled((x[mixed], y[mixed])) is None
     assert unshuffled((x[:32], y[:32])) == "warning"  # the first batch of an unshuffled loader: class 0 only
+
+
+class Tagger(nn.Module):
+    """The PyTorch LSTM tagger tutorial's shape: one sentence (T,) per step, the recurrent
+    state kept on ``self.hidden`` (with the last forward's graph) and reset by the loop."""
+
+    def __init__(self, log_dim: int = 1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding, self.lstm, self.out = nn.Embedding(20, 8), nn.LSTM(8, 16), nn.Linear(16, 5)
+        self.log_dim = log_dim
+        self.hidden = self.init_hidden()
+
+    def init_hidden(self):
+        return torch.zeros(1, 1, 16), torch.zeros(1, 1, 16)
+
+    def forward(self, sentence):
+        out, self.hidden = self.lstm(self.embedding(sentence).view(len(sentence), 1, -1), self.hidden)
+        return torch.log_softmax(self.out(out.view(len(sentence), -1)), dim=self.log_dim)
+
+
+def _trained_tagger(log_dim: int = 1, steps: int = 20):
+    model = Tagger(log_dim)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 20, (7,), generator=g), torch.randint(0, 5, (7,), generator=g)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
+    with nndx.Monitor(model, optimizer) as mon:
+        for _ in range(steps):
+            model.zero_grad()
+            model.hidden = model.init_hidden()
+            loss = nn.functional.nll_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            mon.log(loss)
+    return model, optimizer, mon, (x, y)
+
+
+def test_a_model_keeping_its_state_with_a_graph_on_self_is_probed_and_left_as_it_was():
+    model, optimizer, mon, batch_ = _trained_tagger()
+    hidden, weights = model.hidden, {k: v.clone() for k, v in model.state_dict().items()}
+    assert hidden[0].grad_fn is not None  # a plain deepcopy refuses this tensor
+    report = nndx.probe(model, batch_, nn.NLLLoss(), optimizer=optimizer, monitor=mon, progress=False)
+    assert model.hidden is hidden and all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert report.errors == []
+    # the probes ran: 300 overfit steps through a state reset before each forward, as the loop resets it
+    assert report.probes.overfit_one_batch.status == "passed"
+    assert report.probes.sample_independence.status == "skipped"  # one sentence: time, not samples
+    assert nndx.diagnose(report).healthy
+
+
+def test_a_tagger_normalising_over_time_is_named_from_its_loss_call():
+    model, optimizer, mon, batch_ = _trained_tagger(log_dim=0, steps=150)
+    report = nndx.probe(model, batch_, nn.NLLLoss(), optimizer=optimizer, monitor=mon, progress=False)
+    assert nndx.diagnose(report).top().code.value == "WRONG_OUTPUT_ACTIVATION"

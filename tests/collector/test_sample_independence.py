@@ -62,6 +62,10 @@ def test_ambiguous_batch_axis_is_skipped_not_guessed():
     result = sample_independence(lm, (tokens, tokens))  # per-position targets: time or batch?
     assert result.status == "skipped" and "per position" in result.message
     assert sample_independence(mlp(), (torch.randn(8, 8), torch.randint(0, 3, (8,)))).status == "skipped"  # 2 axes of 8
+    # one unbatched sentence of token ids with a tag each: positions, not samples
+    tagger = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 5))
+    result = sample_independence(tagger, (torch.randint(0, 50, (9,)), torch.randint(0, 5, (9,))))
+    assert result.status == "skipped" and "unbatched" in result.message
 
 
 def test_model_state_untouched():

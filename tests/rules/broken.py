@@ -295,6 +295,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX310": desync,
     "NNDX311": tiny_batch,
     "NNDX323": trained_in_eval_mode,
+    "NNDX324": lambda: calls(loss_call(loss_type="NLLLoss", output_min=-9.0, output_max=-0.01, output_log_rows_off_zero=1.2)),
     "NNDX312": lambda: calls(loss_call(loss_type="MSELoss", output_shape=[32, 1], target_shape=[32], target_dtype="torch.float32")).model_copy(update={"task": "regression"}),
     "NNDX313": lambda: calls(loss_call(target_dtype="torch.float32")),
     "NNDX314": lambda: calls(loss_call(output_min=0.0, output_max=0.9, output_rows_sum_to_one=True)),

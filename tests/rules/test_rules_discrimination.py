@@ -771,3 +771,16 @@ def test_training_in_eval_mode_vs_eval_mode_that_changes_nothing():
     top = diagnose(diverged).findings[0]
     assert (top.rule_id, top.severity) == ("NNDX323", "error")
     assert top.evidence["diverged_after_switch"] is True
+
+
+def test_a_clip_cutting_one_class_batches_is_folded_under_the_unshuffled_data():
+    """Batches of one class pull every weight one way: their gradients outgrow the clip a
+    mixed batch was given (the PyTorch text-classification tutorial's 0.1 at lr 5)."""
+    from .broken import BROKEN
+
+    clipped = _found(BROKEN["NNDX308"]())["NNDX308"]
+    assert clipped.explained_by is None
+    unshuffled = BROKEN["NNDX308"]().model_copy(update={"data": healthy_data(train=healthy_split(label_runs_fraction=0.99))})
+    found = _found(unshuffled)
+    assert found["NNDX308"].explained_by == "NNDX508"
+    assert diagnose(unshuffled).top().rule_id == "NNDX508"

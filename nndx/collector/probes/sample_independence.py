@@ -19,7 +19,8 @@ Which axis holds the samples: the inputs' axis whose length is the number of tar
 (one target per sample: class indices, regression values, one-hot rows). A time-major
 batch ``(time, batch, features)`` with targets ``(batch,)`` is read right. When that is
 ambiguous — targets per position (a language model's ``(batch, time)`` labels look the
-same as time-major ones), no targets, or two axes of that length — the probe says
+same as time-major ones; a 1-D run of token ids with a target each is one unbatched
+sentence as much as a batch of tokens), no targets, or two axes of that length — the probe says
 ``skipped``: a recurrent model over time is as causal along time as a bug is along the
 batch, so guessing would raise false alarms.
 """
@@ -97,6 +98,9 @@ def _batch_axis(inputs: object, targets: object) -> tuple[int | None, str]:
     if target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()]):
         return None, (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
                       "the batch axis cannot be told from a time axis")  # fmt: skip
+    if first.dim() == 1 and not first.is_floating_point() and tuple(target.shape) == tuple(first.shape):
+        return None, (f"token ids {list(first.shape)} with a target each: one unbatched sequence (an LSTM tagger "
+                      "fed a sentence at a time) cannot be told from a batch of single tokens")  # fmt: skip
     samples = int(target.shape[0])
     axes = [a for a in range(first.dim()) if first.shape[a] == samples]
     if len(axes) != 1:
