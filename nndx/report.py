@@ -637,6 +637,12 @@ class LoopStats(Schema):
         "parameters by hand (steps are then the updates detected from parameter changes, and the learning rate "
         "is unknown: lr_history stays empty); None when no Monitor watched the loop"
     )
+    optimizer_steps: list[Count] = Field(
+        default_factory=list, description="steps of each optimizer in ``optimizers``, in that order")
+    optimizer_steps_without_reset: list[Count] = Field(
+        default_factory=list, description="of each optimizer's steps after its first, those whose gradients were "
+        "not reset since its previous step (by zero_grad or by hand): a loop that resets one optimizer and "
+        "forgets another")
     input_dtype: str | None = Field(
         None, description="dtype of the model's first tensor input; an integer dtype means token ids, which get "
         "no input norm"

@@ -56,6 +56,8 @@ def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
     "error",
     "Gradients accumulate across optimizer steps (zero_grad missing)",
     detects="At least 3 optimizer steps with zero_grad never called (or called once, before the loop); "
+    "or, in a loop with several optimizers, one of them stepped 3 times or more with its gradients reset "
+    "before at most one of its steps (the others' reset: zero_grad counts over all of them look healthy); "
     "or at least 10 backward passes, fewer than 3 steps and zero_grad called at most once (a GradScaler "
     "skipping every step on gradients that overflowed and were never reset); "
     "warning when zero_grad runs but only every k-th step while each step has one backward. Deliberate "
@@ -67,7 +69,12 @@ def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
 )
 def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    if loop is None or loop.backward_calls < loop.steps:
+    if loop is None:
+        return None
+    forgotten = _optimizer_never_reset(loop)
+    if forgotten is not None:
+        return forgotten
+    if loop.backward_calls < loop.steps:
         return None
     # a GradScaler skips optimizer.step() while a gradient is inf: gradients never reset overflow
     # once and stay inf, so such a loop shows almost no steps, only backward passes
@@ -106,6 +113,25 @@ def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
         severity="warning",
         score=1.0 + min(2.0, steps_per_zero / 10),
     )
+
+
+def _optimizer_never_reset(loop: LoopStats) -> Hit | None:
+    """One of several optimizers whose gradients were never (or once) reset between its
+    steps, while another's were: an encoder-decoder loop that zeroes the encoder's
+    optimizer and forgets the decoder's looks healthy in the counts over all of them."""
+    steps, unreset = loop.optimizer_steps, loop.optimizer_steps_without_reset
+    if len(loop.optimizers or []) < 2 or len(steps) != len(loop.optimizers) or len(unreset) != len(steps):
+        return None
+    for i, (name, n, without) in enumerate(zip(loop.optimizers or [], steps, unreset)):
+        if n >= 3 and without >= n - 2:
+            return Hit(
+                symptom=f"optimizer {i} ({name}) stepped {n} times, its gradients reset before {n - 1 - without} "
+                f"of those steps (the other optimizers' were reset)",
+                evidence={"optimizer": f"{i} ({name})", "optimizer_steps": n, "steps_without_reset": without,
+                          "zero_grad_calls": loop.zero_grad_calls, "backward_calls": loop.backward_calls},  # fmt: skip
+                score=3.0,
+            )
+    return None
 
 
 @rule(

@@ -322,7 +322,8 @@ def test_one_monitor_over_a_gan(d_every):
         assert len(moved) == 1  # each step's update ratios are those of the network it stepped
     assert all(len(p.lrs) == 2 for p in loop.lr_history)
     assert loop.params_never_changed == []
-    for rule_id in ("NNDX320", "NNDX321", "NNDX322", "NNDX303", "NNDX304"):
+    assert loop.optimizer_steps == [iterations, d_steps] and loop.optimizer_steps_without_reset == [0, 0]
+    for rule_id in ("NNDX320", "NNDX321", "NNDX322", "NNDX303", "NNDX304", "NNDX301"):
         assert not fired(report, rule_id), rule_id
 
 
@@ -868,3 +869,38 @@ def test_gradients_never_reset_under_a_grad_scaler_that_skips_every_step(zero_gr
     report = mon.report()
     assert (report.loop.steps < 3) == (not zero_grad)
     assert bool(fired(report, "NNDX301")) == (not zero_grad)
+
+
+@pytest.mark.parametrize("reset", ["both", "encoder_only", "model", "by_hand", "set_to_zero"])
+def test_an_optimizer_whose_gradients_are_never_reset_is_named_among_several(reset):
+    """An encoder-decoder loop with an optimizer each (the PyTorch seq2seq tutorial):
+    forgetting decoder_optimizer.zero_grad() leaves the counts over both looking healthy."""
+    torch.manual_seed(0)
+    encoder, decoder = nn.Linear(8, 16), nn.Linear(16, 3)
+    model = nn.Sequential(encoder, nn.ReLU(), decoder)
+    enc_opt, dec_opt = torch.optim.Adam(encoder.parameters(), 1e-3), torch.optim.Adam(decoder.parameters(), 1e-3)
+    x, y = data()
+    with Monitor(model, [enc_opt, dec_opt]) as mon:
+        for _ in range(STEPS):
+            if reset == "model":
+                model.zero_grad()
+            elif reset == "by_hand":
+                for p in model.parameters():
+                    p.grad = None
+            else:
+                enc_opt.zero_grad(set_to_none=reset != "set_to_zero")
+                if reset != "encoder_only":
+                    dec_opt.zero_grad(set_to_none=reset != "set_to_zero")
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            enc_opt.step()
+            dec_opt.step()
+            mon.log(loss)
+    report = mon.report()
+    assert report.loop.optimizer_steps == [STEPS, STEPS]
+    hits = fired(report, "NNDX301")
+    if reset == "encoder_only":
+        assert report.loop.optimizer_steps_without_reset == [0, STEPS - 1]
+        assert hits and hits[0].severity == "error" and "optimizer 1" in hits[0].symptom
+    else:
+        assert report.loop.optimizer_steps_without_reset == [0, 0] and not hits

@@ -784,3 +784,14 @@ def test_a_clip_cutting_one_class_batches_is_folded_under_the_unshuffled_data():
     found = _found(unshuffled)
     assert found["NNDX308"].explained_by == "NNDX508"
     assert diagnose(unshuffled).top().rule_id == "NNDX508"
+
+
+def test_one_optimizer_never_reset_among_several_vs_each_reset():
+    two = dict(optimizers=["Adam", "Adam"], optimizer_steps=[30, 30])
+    forgot = _found(with_loop(BASE, **two, optimizer_steps_without_reset=[0, 29]))
+    assert forgot["NNDX301"].severity == "error" and forgot["NNDX301"].evidence["optimizer"] == "1 (Adam)"
+    assert "NNDX301" not in _found(with_loop(BASE, **two, optimizer_steps_without_reset=[0, 0]))
+    assert "NNDX301" not in _found(with_loop(BASE, **two, optimizer_steps_without_reset=[0, 3]))  # a few skipped resets
+    # one optimizer: its counts are the loop's, read by the rule's other branches
+    assert "NNDX301" not in _found(with_loop(BASE, optimizers=["SGD"], optimizer_steps=[30],
+                                             optimizer_steps_without_reset=[29]))  # fmt: skip

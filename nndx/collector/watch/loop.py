@@ -59,6 +59,37 @@ def _reaches(root: Any, params: set[int]) -> tuple[bool, bool]:
     return own, other
 
 
+class _GradReset:
+    """Whether one parameter's gradient was reset since it was last remembered: replaced,
+    deleted, or changed in place to all zeros (``optimizer.zero_grad()`` with either
+    ``set_to_none``, ``model.zero_grad()``, ``p.grad = None``, ``p.grad.zero_()``). Changed
+    in place to anything else is no reset: backward accumulating, clipping and a
+    GradScaler's ``unscale_`` do that (and a step the scaler skips on non-finite gradients
+    is followed by no ``optimizer.step()`` that would say so). One parameter stands for its
+    group: a reset touches all of an optimizer's gradients or none."""
+
+    def __init__(self) -> None:
+        self.param: torch.Tensor | None = None
+        self._seen: tuple[int, int] | None = None
+
+    def follow(self, params: Any) -> None:
+        """Follow the first of ``params`` that has a gradient (after a backward pass)."""
+        self.param = next((p for p in params if p.grad is not None), None)
+        self.remember()
+
+    def remember(self) -> None:
+        grad = self.param.grad if self.param is not None else None
+        self._seen = None if grad is None else (id(grad), grad._version)
+
+    def happened(self) -> bool:
+        if self._seen is None or self.param is None:
+            return False
+        grad = self.param.grad
+        if grad is None or id(grad) != self._seen[0]:
+            return True
+        return grad._version != self._seen[1] and not bool(grad.detach().any())
+
+
 class LoopCounts(Watcher):
     """Counters of the loop's events and the parameter coverage facts."""
 
@@ -83,8 +114,13 @@ class LoopCounts(Watcher):
         self.logged_losses_checked = 0  # the first logged losses with a graph: do they reach the parameters?
         self.logged_losses_reaching = 0
         self.logged_losses_through_others = 0  # through another network's trainable parameters too
-        self._reference: torch.Tensor | None = None  # one parameter whose .grad tells a reset by hand
-        self._reference_grad: tuple[int, int] | None = None
+        self._reference = _GradReset()  # one parameter whose .grad tells a reset by hand
+        # per optimizer: a loop with several (encoder and decoder, a GAN's two) may reset one
+        # optimizer's gradients and forget the other's, which the counts above cannot tell
+        self._resets = {id(o): _GradReset() for o in watched.optimizers}
+        self._reset_before_step = {id(o): False for o in watched.optimizers}
+        self.optimizer_steps = {id(o): 0 for o in watched.optimizers}
+        self.steps_without_reset = {id(o): 0 for o in watched.optimizers}
 
     def on_forward(self, ctx: StepContext, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.forward_calls += 1
@@ -94,8 +130,10 @@ class LoopCounts(Watcher):
             self._last_forward_in_eval = not module.training and self._mode_matters.get(id(module), False)
 
     def on_backward_start(self, ctx: StepContext) -> None:
-        if not self._reset_since_backward and self._reset_by_hand():
+        if not self._reset_since_backward and self._reference.happened():
             self.zero_grad_calls += 1
+        for key, reset in self._resets.items():
+            self._reset_before_step[key] = self._reset_before_step[key] or reset.happened()
 
     def on_backward_end(self, ctx: StepContext) -> None:
         self.backward_calls += 1
@@ -108,21 +146,31 @@ class LoopCounts(Watcher):
         if self._never_grad:
             for name in [n for n, p in self._never_grad.items() if p.grad is not None]:
                 del self._never_grad[name]
-        self._reference = next((p for _, p in self.watched.params if p.grad is not None), None)
-        self._remember_reference()
+        self._reference.follow(p for _, p in self.watched.params)
+        for optimizer in self.watched.optimizers:
+            self._resets[id(optimizer)].follow(p for g in optimizer.param_groups for p in g["params"])
 
     def on_zero_grad(self, ctx: StepContext) -> None:
         if not self._reset_since_backward:
             self.zero_grad_calls += 1
             self._reset_since_backward = True
 
+    def on_step_begin(self, ctx: StepContext) -> None:
+        key = id(ctx.optimizer)
+        if key in self.optimizer_steps:
+            self.steps_without_reset[key] += self.optimizer_steps[key] > 0 and not self._reset_before_step[key]
+            self.optimizer_steps[key] += 1
+            self._reset_before_step[key] = False
+
     def on_step_end(self, ctx: StepContext) -> None:
-        if self.watched.manual and not self._reset_since_backward and self._reset_by_hand():
+        if self.watched.manual and not self._reset_since_backward and self._reference.happened():
             # without an optimizer the step ends at the next forward, after a reset by hand
             # (p.grad = None, p.grad.zero_() as in the PyTorch tutorial) if there was one;
             # gradients clipped in place also changed version, but are not all zero
             self.on_zero_grad(ctx)
-        self._remember_reference()
+        self._reference.remember()
+        for reset in self._resets.values():
+            reset.remember()
 
     def check_logged_loss(self, loss: Any) -> None:
         """Whether one of the first ``LOSS_CHECKS`` logged losses with a graph reaches a
@@ -134,24 +182,6 @@ class LoopCounts(Watcher):
         own, other = _reaches(loss.grad_fn, {id(p) for _, p in self.watched.params if p.requires_grad})
         self.logged_losses_reaching += own
         self.logged_losses_through_others += other
-
-    def _reset_by_hand(self) -> bool:
-        """The reference gradient was replaced, deleted or changed in place to all zeros
-        since the last backward. Changed in place to anything else is no reset: clipping
-        and a GradScaler's ``unscale_`` do that, and a step the scaler skips (non-finite
-        gradients) is followed by no ``optimizer.step()`` that would say so."""
-        if self._reference_grad is None or self._reference is None:
-            return False
-        grad = self._reference.grad
-        if grad is None or id(grad) != self._reference_grad[0]:
-            return True
-        return grad._version != self._reference_grad[1] and not bool(grad.detach().any())
-
-    def _remember_reference(self) -> None:
-        # (identity, version) of one parameter's gradient: if it changes before the next
-        # backward without a zero_grad call, the user reset the gradients by hand
-        grad = self._reference.grad if self._reference is not None else None
-        self._reference_grad = None if grad is None else (id(grad), grad._version)
 
     def report(self, window: int | None) -> dict[str, Any]:
         named = list(self.watched.root.named_parameters())
@@ -182,6 +212,8 @@ class LoopCounts(Watcher):
             "has_dropout": self._has_dropout,
             "has_batchnorm": self._has_batchnorm,
             "optimizers": [type(o).__name__ for o in self.watched.optimizers],
+            "optimizer_steps": [self.optimizer_steps[id(o)] for o in self.watched.optimizers],
+            "optimizer_steps_without_reset": [self.steps_without_reset[id(o)] for o in self.watched.optimizers],
         }
         if not self.watched.manual:  # without an optimizer there is nothing to be connected to
             in_optimizer = {id(p) for o in self.watched.optimizers for g in o.param_groups for p in g["params"]}
