@@ -30,4 +30,6 @@ PROGRAMS = (
     "lstm_tagger",
     "seq2seq_translation",
     "dqn",
+    "nn_tutorial",
+    "spatial_transformer",
 )
