@@ -33,10 +33,14 @@ MAX_INIT_GAIN = vocab.MAX_INIT_GAIN
 
 def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
     """Layers with most units dead at the last recorded step; ``from_start`` selects those
-    already dead at the first recorded step (or with only one step recorded)."""
+    already dead at the first recorded step, or with no record of the start in a model
+    that never trained (a preflight). Found dead in a trained model with no record of its
+    start (a functional ReLU only the probes see, after training): when they died is not
+    known, so they count as died during training, which more causes explain."""
     steps = layer_steps(report)
     if not steps:
         return []
+    trained = report.loop is not None and report.loop.steps > 0
     first = {s.name: s for s in steps[0]}
     hits = []
     for layer in steps[-1]:
@@ -45,13 +49,15 @@ def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
             continue
         start = first.get(layer.name)
         start_dead = start.activation.dead_unit_fraction if start is not None and start.activation else None
-        dead_at_start = len(steps) == 1 or start_dead is None or start_dead >= DEAD_THRESHOLD
+        unknown = len(steps) == 1 or start_dead is None
+        dead_at_start = not trained if unknown else start_dead >= DEAD_THRESHOLD
         if dead_at_start != from_start:
             continue
         hits.append(
             Hit(
                 symptom=f"{act.dead_unit_fraction:.0%} of the units of {layer.name} are dead"
-                + ("" if from_start else f" (from {start_dead:.0%} at step {start.step})"),
+                + ("" if from_start else " after training (no record of its start)" if unknown
+                   else f" (from {start_dead:.0%} at step {start.step})"),
                 evidence={
                     "layer": layer.name,
                     "layer_type": layer.type,
@@ -76,7 +82,8 @@ def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
     "warning",
     "Dead units from the start: outputs zero for every sample",
     detects="A ReLU-family layer where at least half of the units (features or channels) output exactly "
-    "zero for every sample of the batch at the last recorded step and already at the first; error from "
+    "zero for every sample of the batch at the last recorded step and already at the first (or in a "
+    "preflight, before any training step); error from "
     "90%. "
     "Uses dead_unit_fraction, never zero_fraction: about half of a healthy ReLU layer's outputs are "
     "zero. Info when the train loss fell by over 30% and stayed finite.",
@@ -97,13 +104,14 @@ def dead_units(report: DiagnosticReport) -> list[Hit]:
     "warning",
     "Units died during training",
     detects="A ReLU-family layer with at least half of its units dead at the last recorded step that was "
-    "mostly alive at the first; error from 90%; info when the train loss fell by over 30% and stayed "
+    "mostly alive at the first, or found dead in a trained model with no record of its start (then any "
+    "cause of dead units explains it); error from 90%; info when the train loss fell by over 30% and stayed "
     "finite (units silent on one batch of a network that learns are sparse, not dead).",
     why="Units die when an update pushes their pre-activation negative for every input — typically a "
     "step far too large (high LR, accumulated gradients); once dead they never recover.",
     fix="Lower the learning rate (and fix what makes updates too large), use LeakyReLU/GELU; "
     "nndx.fix.resurrect_dead_units re-initialises dead units.",
-    explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.UNNORMALIZED_INPUTS),
+    explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.UNNORMALIZED_INPUTS, C.BAD_INIT),
 )
 def units_died(report: DiagnosticReport) -> list[Hit]:
     return _dead_layers(report, from_start=False)

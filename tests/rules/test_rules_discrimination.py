@@ -795,3 +795,21 @@ def test_one_optimizer_never_reset_among_several_vs_each_reset():
     # one optimizer: its counts are the loop's, read by the rule's other branches
     assert "NNDX301" not in _found(with_loop(BASE, optimizers=["SGD"], optimizer_steps=[30],
                                              optimizer_steps_without_reset=[29]))  # fmt: skip
+
+
+def test_units_found_dead_after_training_with_no_record_of_the_start_died_during_it():
+    """One recorded step of layer statistics (the probes' own, of a functional ReLU): at
+    the start of a preflight it is the start; after training nobody knows when the units
+    died, so the causes of units dying in training (an LR far too high) explain them."""
+    from .reports import flat, points
+
+    dead_once = {"layers": mlp_layers(steps=(0,), dead=0.95), "loss_history": {"train": points(flat(0))}}
+    preflight = with_loop(BASE.model_copy(update=dead_once), steps=0)
+    assert "NNDX201" in _found(preflight) and "NNDX208" not in _found(preflight)
+    trained = with_loop(BASE.model_copy(update=dead_once), steps=100)
+    found = _found(trained)
+    assert "NNDX201" not in found and "no record of its start" in found["NNDX208"].symptom
+    from nndx.rules.engine import can_explain
+
+    # and so an update ratio far too high (NNDX205, LR_TOO_HIGH) folds them, as it folds units that died
+    assert can_explain("NNDX205", "NNDX208") and not can_explain("NNDX205", "NNDX201")
