@@ -32,4 +32,6 @@ PROGRAMS = (
     "dqn",
     "nn_tutorial",
     "spatial_transformer",
+    "llm_from_scratch_gpt",
+    "forward_forward",
 )
