@@ -188,6 +188,19 @@ def detach_watchers(obj: nn.Module | torch.optim.Optimizer) -> nn.Module | torch
     return obj
 
 
+def set_mode(model: nn.Module, training: bool) -> nn.Module:
+    """``model.train(training)``; for a model whose class gives ``train`` another meaning
+    (the forward-forward example's ``Layer.train(x_pos, x_neg)`` runs its training), the
+    flag set on every module instead, so a probe's mode switch never calls user code
+    that expects other arguments."""
+    try:
+        model.train(training)
+    except TypeError:
+        for module in model.modules():
+            module.training = training
+    return model
+
+
 def trainable_names(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 

@@ -59,6 +59,7 @@ from nndx.collector._common import (
     loss_name,
     loss_scaler,
     preserved_rng,
+    set_mode,
     split_batch,
     working_copy,
 )
@@ -192,7 +193,7 @@ def _candidates(model: nn.Module, inputs: Any, loss_fn: LossFn,
     """(cause, remedy in words, remedy) for each remedy that may apply, most specific first."""
     found: list[tuple[str, str, Callable[[Setup], Setup]]] = []
     with preserved_rng():
-        output_activation = remedies.output_activation(working_copy(model).eval(), inputs)
+        output_activation = remedies.output_activation(set_mode(working_copy(model), False), inputs)
     if output_activation is not None:
         index, activation = output_activation
         cause = remedies.output_activation_cause(activation, loss_name(loss_fn))

@@ -72,6 +72,7 @@ from nndx.collector._common import (
     optimizer_coverage,
     prediction,
     preserved_rng,
+    set_mode,
     split_batch,
     working_copy,
 )
@@ -270,7 +271,7 @@ def _train_mode(model: nn.Module, trains: bool) -> Iterator[None]:
     about the user's training. Every module's own mode is put back afterwards."""
     modes = [(m, m.training) for m in model.modules()]
     if trains and not model.training:
-        model.train()
+        set_mode(model, True)
     try:
         yield
     finally:

@@ -23,7 +23,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from nndx import vocab
-from nndx.collector._common import LossFn, first_output, forward, loss_name, preserved_rng
+from nndx.collector._common import LossFn, first_output, forward, loss_name, preserved_rng, set_mode
 from nndx.collector.stats import CONV_TYPES, unit_dim
 
 
@@ -230,14 +230,14 @@ def dead_relu_units(model: nn.Module, inputs: Any) -> list[tuple[str, str | None
                 handles.append(module.register_forward_hook(record_output))
             elif isinstance(module, (nn.ReLU, nn.ReLU6)):
                 handles.append(module.register_forward_hook(check_relu))
-        model.eval()
+        set_mode(model, False)
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             forward(model, inputs)
     finally:
         for handle in handles:
             handle.remove()
         for module, flag in training.items():
-            module.train(flag)
+            module.training = flag
     return traced
 
 

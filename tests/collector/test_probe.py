@@ -680,3 +680,28 @@ def test_a_tagger_normalising_over_time_is_named_from_its_loss_call():
     model, optimizer, mon, batch_ = _trained_tagger(log_dim=0, steps=150)
     report = nndx.probe(model, batch_, nn.NLLLoss(), optimizer=optimizer, monitor=mon, progress=False)
     assert nndx.diagnose(report).top().code.value == "WRONG_OUTPUT_ACTIVATION"
+
+
+class OwnTrain(nn.Sequential):
+    """A layer whose class gives ``train`` its own meaning, as the forward-forward example's
+    ``Layer.train(x_pos, x_neg)`` does: a probe's mode switch must not call it."""
+
+    def train(self, x_pos, x_neg):  # noqa: D102 - the user's method, not nn.Module's
+        raise AssertionError("the user's training method ran")
+
+
+def test_a_model_whose_train_method_means_something_else_is_still_probed():
+    torch.manual_seed(0)
+    model = OwnTrain(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    plain = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    plain.load_state_dict(model.state_dict())
+    report = nndx.probe(model, batch(), nn.CrossEntropyLoss(), progress=False)
+    assert report.errors == [], [e.message for e in report.errors]
+    assert model.training  # as it was
+    # every probe ran and read the model as it reads the same network without the override
+    expected = nndx.probe(plain, batch(), nn.CrossEntropyLoss(), progress=False)
+    for name in ("eval_mode", "sample_independence", "overfit_one_batch", "causality", "interventions"):
+        ours, theirs = getattr(report.probes, name, None), getattr(expected.probes, name, None)
+        assert (ours is None) == (theirs is None), name
+        if ours is not None and hasattr(ours, "status"):
+            assert ours.status == theirs.status, name

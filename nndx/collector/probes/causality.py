@@ -60,6 +60,7 @@ from nndx.collector._common import (
     preserved_rng,
     roundoff_tolerance,
     split_batch,
+    set_mode,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -90,7 +91,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     # what depends on which token does not depend on the dtype, and float32 resolves it: a
     # half-precision model (or autocast) is compared on a float32 copy
     with preserved_rng(), forwards_under_autocast(None):
-        model_copy = working_copy(model).eval()
+        model_copy = set_mode(working_copy(model), False)
         if any(p.dtype in LOW_PRECISION for p in model_copy.parameters()):
             model_copy.float()
             inputs = map_tensors(inputs, lambda t: t.float() if t.dtype in LOW_PRECISION else t)

@@ -47,6 +47,7 @@ from nndx.collector._common import (
     preserved_rng,
     roundoff_tolerance,
     split_batch,
+    set_mode,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -79,7 +80,7 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
             if half is not None:
                 batch_diff = _max_abs_diff(_first_rows(first, axis, _size(inputs, axis)),
                                            _outputs(model_copy, half, SEEDS[0]))  # fmt: skip
-            model_copy.eval()
+            set_mode(model_copy, False)
             seen.dropout_calls.clear()
             evaluated = _outputs(model_copy, inputs, SEEDS[0])
             eval_diff = _max_abs_diff(evaluated, _outputs(model_copy, inputs, SEEDS[1])) or 0.0

@@ -39,6 +39,7 @@ from nndx.collector._common import (
     preserved_rng,
     roundoff_tolerance,
     split_batch,
+    set_mode,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -63,7 +64,7 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
                                         message="every sample of the batch is the same: nothing to change")  # fmt: skip
     changed_inputs = map_tensors(inputs, lambda t: _replace_first(t, axis, samples, donor))
     with preserved_rng(), torch.no_grad():
-        model_copy = working_copy(model).eval()
+        model_copy = set_mode(working_copy(model), False)
         with ForwardObserver(model_copy) as seen:
             before = _prediction(model_copy, inputs)
             after = _prediction(model_copy, changed_inputs)
