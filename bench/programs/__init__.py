@@ -34,4 +34,6 @@ PROGRAMS = (
     "spatial_transformer",
     "llm_from_scratch_gpt",
     "forward_forward",
+    "quickstart",
+    "cifar10_tutorial",
 )
