@@ -4,11 +4,12 @@ update/weight ratios."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from statistics import median
 
 from nndx import vocab
 from nndx.report import CauseCode as C
-from nndx.report import DiagnosticReport
+from nndx.report import DiagnosticReport, LayerStats
 from nndx.rules._series import (
     finite,
     latest_layers,
@@ -31,45 +32,68 @@ RELU_TYPES = {"ReLU", "ReLU6", "Hardtanh", "Threshold"}
 MAX_INIT_GAIN = vocab.MAX_INIT_GAIN
 
 
-def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
-    """Layers with most units dead at the last recorded step; ``from_start`` selects those
-    already dead at the first recorded step, or with no record of the start in a model
-    that never trained (a preflight). Found dead in a trained model with no record of its
-    start (a functional ReLU only the probes see, after training): when they died is not
-    known, so they count as died during training, which more causes explain."""
+def _gone_layers(report: DiagnosticReport, from_start: bool, share: Callable[[LayerStats], float | None],
+                 threshold: float) -> list[tuple[LayerStats, float, float | None, int | None]]:  # fmt: skip
+    """(layer, share now, share at the first recorded step, that step; None when the start is
+    unknown) for the layers
+    whose ``share`` (of dead units, of saturated outputs) reaches ``threshold`` at the last
+    recorded step; ``from_start`` selects those already there at the first recorded step,
+    or with no record of the start in a model that never trained (a preflight). Found so
+    in a trained model with no record of its start (a functional activation only the
+    probes see, after training): when it began is not known, so it counts as during
+    training, which more causes explain."""
     steps = layer_steps(report)
     if not steps:
         return []
     trained = report.loop is not None and report.loop.steps > 0
     first = {s.name: s for s in steps[0]}
-    hits = []
+    found = []
     for layer in steps[-1]:
-        act = layer.activation
-        if layer.type not in RELU_TYPES or act is None or act.unit_count < 2 or act.dead_unit_fraction < DEAD_THRESHOLD:
+        now = share(layer)
+        if now is None or now < threshold:
             continue
         start = first.get(layer.name)
-        start_dead = start.activation.dead_unit_fraction if start is not None and start.activation else None
-        unknown = len(steps) == 1 or start_dead is None
-        dead_at_start = not trained if unknown else start_dead >= DEAD_THRESHOLD
-        if dead_at_start != from_start:
-            continue
+        at_start = share(start) if start is not None else None
+        unknown = len(steps) == 1 or at_start is None
+        began_at_start = not trained if unknown else at_start >= threshold
+        if began_at_start == from_start:
+            found.append((layer, now, at_start, None if unknown else start.step))
+    return found
+
+
+def _since(at_start: float | None, start_step: int | None, from_start: bool) -> str:
+    if from_start:
+        return ""
+    return " after training (no record of its start)" if start_step is None else f" (from {at_start:.0%} at step {start_step})"
+
+
+def _dead_share(layer: LayerStats) -> float | None:
+    act = layer.activation
+    if layer.type not in RELU_TYPES or act is None or act.unit_count < 2:
+        return None
+    return act.dead_unit_fraction
+
+
+def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
+    """Layers with most units dead at the last recorded step (see _gone_layers)."""
+    hits = []
+    for layer, dead, start_dead, start_step in _gone_layers(report, from_start, _dead_share, DEAD_THRESHOLD):
+        act = layer.activation
         hits.append(
             Hit(
-                symptom=f"{act.dead_unit_fraction:.0%} of the units of {layer.name} are dead"
-                + ("" if from_start else " after training (no record of its start)" if unknown
-                   else f" (from {start_dead:.0%} at step {start.step})"),
+                symptom=f"{dead:.0%} of the units of {layer.name} are dead" + _since(start_dead, start_step, from_start),
                 evidence={
                     "layer": layer.name,
                     "layer_type": layer.type,
-                    "dead_unit_fraction": act.dead_unit_fraction,
+                    "dead_unit_fraction": dead,
                     "dead_unit_fraction_at_start": start_dead,
                     "unit_count": act.unit_count,
                     "zero_fraction": act.zero_fraction,
                 },
                 # dead units the loss does not miss are context: sparse units of a trained
                 # network can be silent on every sample of one small batch
-                severity="info" if _loss_healthy(report) else "error" if act.dead_unit_fraction >= 0.9 else "warning",
-                score=act.dead_unit_fraction,
+                severity="info" if _loss_healthy(report) else "error" if dead >= 0.9 else "warning",
+                score=dead,
                 step=layer.step,
             )
         )
@@ -117,32 +141,54 @@ def units_died(report: DiagnosticReport) -> list[Hit]:
     return _dead_layers(report, from_start=False)
 
 
+def _saturated_share(layer: LayerStats) -> float | None:
+    return layer.activation.saturated_fraction if layer.activation is not None else None
+
+
+def _saturated_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
+    return [
+        Hit(
+            symptom=f"{now:.0%} of the outputs of {layer.name} are saturated" + _since(start, start_step, from_start),
+            evidence={"layer": layer.name, "layer_type": layer.type, "saturated_fraction": now,
+                      "saturated_fraction_at_start": start},  # fmt: skip
+            score=now,
+            step=layer.step,
+        )
+        for layer, now, start, start_step in _gone_layers(report, from_start, _saturated_share, SATURATED_THRESHOLD)
+    ]
+
+
 @rule(
     "NNDX202",
     C.SATURATED_ACTIVATIONS,
     "warning",
     "Saturated sigmoid/tanh activations",
     detects="A sigmoid/tanh layer with at least half of its outputs within 1e-3 of a bound at the last "
-    "recorded step.",
+    "recorded step and already at the first (or in a preflight, before any training step).",
     why="At the bounds the derivative of sigmoid/tanh is ~0, so almost no gradient passes through.",
     fix="Normalise the inputs, use a smaller init scale (Xavier), add normalisation layers, or use ReLU.",
     explained_by=(C.UNNORMALIZED_INPUTS, C.BAD_INIT),
 )
 def saturated(report: DiagnosticReport) -> list[Hit]:
-    hits = []
-    for layer in latest_layers(report):
-        act = layer.activation
-        if act is None or act.saturated_fraction is None or act.saturated_fraction < SATURATED_THRESHOLD:
-            continue
-        hits.append(
-            Hit(
-                symptom=f"{act.saturated_fraction:.0%} of the outputs of {layer.name} are saturated",
-                evidence={"layer": layer.name, "layer_type": layer.type, "saturated_fraction": act.saturated_fraction},
-                score=act.saturated_fraction,
-                step=layer.step,
-            )
-        )
-    return hits
+    return _saturated_layers(report, from_start=True)
+
+
+@rule(
+    "NNDX209",
+    C.SATURATED_ACTIVATIONS,
+    "warning",
+    "Sigmoid/tanh activations saturated during training",
+    detects="A sigmoid/tanh layer with at least half of its outputs within 1e-3 of a bound at the last "
+    "recorded step that was mostly unsaturated at the first, or found saturated in a trained model with no "
+    "record of its start (then any cause of saturation explains it).",
+    why="Pre-activations grew until the units pinned at their bounds, where almost no gradient passes: "
+    "updates far too large (a high LR, gradients summed over steps) push them there.",
+    fix="Find what makes the updates large (the LR, a missing zero_grad, unscaled accumulation); then "
+    "normalisation layers or a smaller init scale.",
+    explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.UNNORMALIZED_INPUTS, C.BAD_INIT),
+)
+def saturated_in_training(report: DiagnosticReport) -> list[Hit]:
+    return _saturated_layers(report, from_start=False)
 
 
 def _gradient_layers(report: DiagnosticReport) -> list:

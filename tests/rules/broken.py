@@ -101,6 +101,16 @@ def saturated_layers() -> DiagnosticReport:
     return update(layers=layers)
 
 
+def saturated_in_training() -> DiagnosticReport:
+    """Tanh units unsaturated at the first recorded step, pinned at their bounds at the last."""
+    first = min(l.step for l in BASE.layers)
+    layers = [l.model_copy(update={"type": "Tanh", "activation": act(mean=0.0, std=0.99 if l.step != first else 0.5,
+                                                                      zero=0.0, dead=0.0,
+                                                                      sat=0.8 if l.step != first else 0.01)})
+              if l.type == "ReLU" else l for l in BASE.layers]  # fmt: skip
+    return update(layers=layers)
+
+
 def nan_after() -> DiagnosticReport:
     values = noisy_decreasing(0, n=60)[:30] + [v * 3 for v in noisy_decreasing(1, n=60)[:10]] + [math.nan] * 20
     return update(**train(values))
@@ -283,6 +293,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX206": tiny_updates,
     "NNDX207": bad_init,
     "NNDX208": units_died,
+    "NNDX209": saturated_in_training,
     "NNDX301": no_zero_grad,
     "NNDX302": accum_unscaled,
     "NNDX303": not_in_optimizer,

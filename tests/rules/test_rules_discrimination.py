@@ -813,3 +813,14 @@ def test_units_found_dead_after_training_with_no_record_of_the_start_died_during
 
     # and so an update ratio far too high (NNDX205, LR_TOO_HIGH) folds them, as it folds units that died
     assert can_explain("NNDX205", "NNDX208") and not can_explain("NNDX205", "NNDX201")
+
+
+def test_saturation_from_the_start_vs_during_training():
+    """Saturated from the first recorded step: the init or the inputs (NNDX202); saturated
+    later: updates pushed the units there, which a missing zero_grad explains (NNDX209)."""
+    from .broken import BROKEN
+
+    start, later = _found(BROKEN["NNDX202"]()), _found(BROKEN["NNDX209"]())
+    assert "NNDX202" in start and "NNDX209" not in start
+    assert "NNDX209" in later and "NNDX202" not in later and "from 1%" in later["NNDX209"].symptom
+    assert _found(with_loop(BROKEN["NNDX209"](), zero_grad_calls=0))["NNDX209"].explained_by == "NNDX301"
