@@ -20,7 +20,12 @@ no remedy is tried (the bug, if any, lives in the user's loop or data, which the
 probes and the Monitor see). The learning-rate remedies come last and are skipped once
 a structural remedy (the output activation, the loss, dead units, the data's scale) is
 confirmed: a tiny gradient through a sigmoid on the logits is also "fixed" by a 10x
-learning rate, which is compensation, not a second cause.
+learning rate, which is compensation, not a second cause. And when only a large LR factor
+made the setup learn (x100 or x1000, the smaller one did not), the structural remedies
+that showed nothing are tried again at that smaller factor: at a learning rate too slow
+for even a correct model to move in ``steps`` steps, no remedy that leaves the step size
+alone can show itself, and the one that makes the setup learn at the smaller factor is
+the cause (the larger LR is then ``skipped``: it compensated).
 
 The remedies and their causes: the learning rate ÷10, ÷100, ÷1000 (LR_TOO_HIGH) and
 ×10, ×100, ×1000 (LR_TOO_LOW), tried only when the baseline's loss ends above 90% of its
@@ -185,7 +190,66 @@ def interventions(
             baseline_progress=None if baseline is None else 1 - base_ratio,
             remedied_progress=None if ratio is None else 1 - ratio,
             seconds=_clock() - t0))  # fmt: skip
+    if baseline is not None:
+        _retry_structural_at_a_faster_lr(results, {c: a for c, _, a in reversed(_candidates(model, inputs, loss_fn, None))},
+                              fresh, chance, steps, seed, deadline)  # fmt: skip
     return done()
+
+
+def _retry_structural_at_a_faster_lr(results: list[InterventionResult], remedy_of: dict[str, Callable[[Setup], Setup]],
+                          fresh: Callable[[], Setup], chance: float | None, steps: int, seed: int,
+                          deadline: float) -> None:  # fmt: skip
+    """At the learning rate the setup runs at, a remedy that does not change the step size
+    may show nothing in ``steps`` steps (plain SGD at 1e-3 barely moves a correct model
+    either), while a 1000x LR makes even a softmax-before-cross-entropy model learn. When
+    an LR factor confirmed after a smaller one did not, the structural remedies that were
+    not confirmed are tried again at that smaller factor, where the setup as given still
+    does not learn: one that makes it learn there is confirmed, and the larger LR only
+    compensated for it (its result becomes ``skipped``)."""
+    low = next((r for r in results if r.cause == "LR_TOO_LOW" and r.status == "confirmed"), None)
+    factor = next((f for f in LR_FACTORS if low is not None and low.remedy == f"the learning rate multiplied by {f:g}"),
+                  None)  # fmt: skip
+    if factor is None or factor == LR_FACTORS[0]:
+        return
+    smaller = LR_FACTORS[LR_FACTORS.index(factor) - 1]
+    retry = [r for r in results if r.cause not in LR_CAUSES and r.status in ("not_confirmed", "inconclusive")
+             and r.cause in remedy_of]  # fmt: skip
+    if not retry:
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            slow = _ratio(_run(remedies.scale_lr(fresh(), smaller), steps, seed, deadline), chance)
+            if slow is None or slow <= STUCK_RATIO:
+                return  # the smaller factor learns after all: nothing to compare against
+            for result in retry:
+                try:
+                    ratio = _ratio(_run(remedies.scale_lr(remedy_of[result.cause](fresh()), smaller), steps, seed,
+                                        deadline), chance)  # fmt: skip
+                except NotApplicable:
+                    continue
+                except _OutOfTime:
+                    return
+                except Exception:  # noqa: BLE001 - a remedy that crashes is no evidence either way
+                    continue
+                if ratio is None or ratio > CONFIRM_RATIO or ratio > slow - CONFIRM_GAIN:
+                    continue
+                index = results.index(result)
+                results[index] = result.model_copy(update={
+                    "status": "confirmed",
+                    "remedy": f"{result.remedy}, with the learning rate multiplied by {smaller:g}",
+                    "message": f"at the learning rate multiplied by {smaller:g} the setup as given still did not learn "
+                               f"({1 - slow:.0%} of its way down in {steps} steps); with the remedy it learned "
+                               f"({1 - ratio:.0%}): a remedy that leaves the step size alone could show nothing at the "
+                               "setup's own learning rate",
+                    "baseline_progress": 1 - slow, "remedied_progress": 1 - ratio})  # fmt: skip
+                results[results.index(low)] = low.model_copy(update={
+                    "status": "skipped",
+                    "message": f"{result.remedy} made it learn at a {smaller:g}x learning rate, where the setup as "
+                               f"given did not: the {factor:g}x learning rate compensated for that bug"})  # fmt: skip
+                return
+    except _OutOfTime:
+        return
 
 
 def _candidates(model: nn.Module, inputs: Any, loss_fn: LossFn,

@@ -181,6 +181,28 @@ def test_a_learning_rate_is_not_blamed_for_working_around_a_structural_bug():
     assert statuses.get("LR_TOO_LOW") in (None, "skipped") and statuses.get("LR_TOO_HIGH") in (None, "skipped")
 
 
+def test_at_a_learning_rate_too_slow_to_show_anything_a_structural_remedy_is_tried_where_the_setup_moves():
+    """Plain SGD at 1e-3 barely moves a correct model in 100 steps, so removing a softmax
+    before cross-entropy shows nothing there, and a 1000x LR "fixes" it. Tried at the
+    largest factor where the setup as given still does not learn, removing the softmax
+    makes it learn: that is the cause, the LR only compensated (the PyTorch quickstart
+    with an nn.Softmax appended)."""
+    x, y = _data()
+    model = _mlp(0, nn.Softmax(dim=1))
+    result = interventions(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=1e-3))
+    statuses = _statuses(result)
+    assert statuses.get("DOUBLE_SOFTMAX") == "confirmed", result
+    assert statuses.get("LR_TOO_LOW") == "skipped", result
+    softmax = next(r for r in result.results if r.cause == "DOUBLE_SOFTMAX")
+    assert "learning rate multiplied by" in softmax.remedy and softmax.remedied_progress > softmax.baseline_progress
+    # the same slow LR on logits: the LR is all there is, and nothing structural is confirmed
+    plain = _mlp(0)
+    result = interventions(plain, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(plain.parameters(), lr=1e-4))
+    statuses = _statuses(result)
+    assert statuses.get("LR_TOO_LOW") == "confirmed", result
+    assert [c for c, s in statuses.items() if s == "confirmed"] == ["LR_TOO_LOW"]
+
+
 # --------------------------------------------------------------------------- through nndx.probe
 
 
