@@ -580,6 +580,7 @@ def ddp_desync(report: DiagnosticReport) -> Hit | None:
 # a step whose loss averages over this many targets (a few images of pixels, a few long
 # sequences of tokens) is no tiny batch, whatever its sample count
 DENSE_TARGETS = 256
+CONVERGED_PROGRESS = 0.9  # a loss that fell by this share of its start fit its data
 
 
 @rule(
@@ -593,7 +594,8 @@ DENSE_TARGETS = 256
     "samples are noise). Info in a preflight (no loss history): the probes' batch that small; "
     f"info too when each step averages over {DENSE_TARGETS} targets or more (a few images in "
     "super-resolution or segmentation, a few long sequences): there the swings are the samples' "
-    "differences, and a small batch is a common, deliberate choice.",
+    "differences, and a small batch is a common, deliberate choice; and when the loss fell by "
+    f"{CONVERGED_PROGRESS:.0%} of its start or more: the run fit its data at that batch size.",
     why="Gradient noise grows as the batch shrinks; steps point in nearly random directions.",
     fix="Increase the batch size (or accumulate gradients over several micro-batches), and lower the LR "
     "if the batch must stay small; with BatchNorm, use GroupNorm or LayerNorm for batches that small "
@@ -625,14 +627,19 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     if curve.multiplicative_noise <= 0.2 and not batchnorm:
         return None
     dense = targets >= DENSE_TARGETS
+    # a loss that fell to a tenth of its start or below fit its data at that batch size: swings
+    # relative to so low a level are a few samples' differences (the PyTorch CIFAR-10 tutorial
+    # trains at batch 4 to 2% of its start loss)
+    fitted = curve.progress >= CONVERGED_PROGRESS
     swings = f"step-to-step loss swings of {curve.multiplicative_noise:.0%}"
     return Hit(
         symptom=f"batch size {size} " + (f"through BatchNorm, which normalises with {size} samples' statistics; "
                                          if batchnorm else "with ") + swings
-        + (f" ({targets} targets a step: the swings are mostly the samples' differences)" if dense else ""),
-        evidence=evidence | {"relative_swing": curve.multiplicative_noise},
-        severity="info" if dense else None,
-        score=(1.0 + curve.multiplicative_noise) / (2 if dense else 1),
+        + (f" ({targets} targets a step: the swings are mostly the samples' differences)" if dense else "")
+        + (f"; the loss still fell to {1 - curve.progress:.0%} of its start" if fitted and not dense else ""),
+        evidence=evidence | {"relative_swing": curve.multiplicative_noise, "relative_progress": curve.progress},
+        severity="info" if dense or fitted else None,
+        score=(1.0 + curve.multiplicative_noise) / (2 if dense or fitted else 1),
     )
 
 

@@ -824,3 +824,19 @@ def test_saturation_from_the_start_vs_during_training():
     assert "NNDX202" in start and "NNDX209" not in start
     assert "NNDX209" in later and "NNDX202" not in later and "from 1%" in later["NNDX209"].symptom
     assert _found(with_loop(BROKEN["NNDX209"](), zero_grad_calls=0))["NNDX209"].explained_by == "NNDX301"
+
+
+def test_a_tiny_batch_whose_loss_fit_its_data_is_context():
+    """The PyTorch CIFAR-10 tutorial trains at batch 4: its loss falls from 2.30 to 0.04 and
+    swings by 300% of so low a level from one 4-image batch to the next. That run fit its
+    data; the same swings on a loss that fell by only half warn."""
+    from .broken import tiny_batch
+    from .reports import points
+
+    def severity(end: float) -> str | None:
+        values = [max(end, 2.3 * math.exp(-i / 12)) * (1 + (0.9 if i % 2 else -0.6)) for i in range(120)]
+        report = tiny_batch().model_copy(update={"loss_history": {"train": points(values)}})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX311"), None)
+
+    assert severity(0.04) == "info"
+    assert severity(1.1) == "warning"
