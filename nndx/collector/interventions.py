@@ -21,8 +21,10 @@ probes and the Monitor see). The learning-rate remedies come last and are skippe
 a structural remedy (the output activation, the loss, dead units, the data's scale) is
 confirmed: a tiny gradient through a sigmoid on the logits is also "fixed" by a 10x
 learning rate, which is compensation, not a second cause. And when only a large LR factor
-made the setup learn (x100 or x1000, the smaller one did not), the structural remedies
-that showed nothing are tried again at that smaller factor: at a learning rate too slow
+made the setup learn (x100 or x1000, the smaller one did not), the remedies between the
+output and the loss that showed nothing are tried again at that smaller factor (a softmax
+before cross-entropy shrinks every gradient, which a larger LR makes up for; re-initialised
+units would speed up any setup at a faster LR, so they are not): at a learning rate too slow
 for even a correct model to move in ``steps`` steps, no remedy that leaves the step size
 alone can show itself, and the one that makes the setup learn at the smaller factor is
 the cause (the larger LR is then ``skipped``: it compensated).
@@ -79,6 +81,10 @@ CONFIRM_GAIN = 0.2  # ...and that share at least this much below the baseline's
 NO_GAIN = 0.02  # a remedy whose share is not this much below the baseline's changed nothing
 LR_FACTORS = (10.0, 100.0, 1000.0)  # an LR remedy tries these in turn and keeps the first that works
 LR_CAUSES = ("LR_TOO_HIGH", "LR_TOO_LOW")  # tried last, and only when no structural remedy was confirmed
+# bugs between the output and the loss, which shrink every gradient by a factor a larger LR makes up
+# for: at an LR too slow to show anything, only their remedies are tried again at a faster one (fresh
+# units or a new init would speed up any setup there, a body cut off from the gradient included)
+OUTPUT_CAUSES = ("DOUBLE_SOFTMAX", "WRONG_OUTPUT_ACTIVATION", "WRONG_LOSS")
 DEFAULT_BUDGET_SECONDS = 30.0
 _clock = time.perf_counter  # one clock for the budget (a test may replace it with a deterministic one)
 
@@ -202,8 +208,8 @@ def _retry_structural_at_a_faster_lr(results: list[InterventionResult], remedy_o
     """At the learning rate the setup runs at, a remedy that does not change the step size
     may show nothing in ``steps`` steps (plain SGD at 1e-3 barely moves a correct model
     either), while a 1000x LR makes even a softmax-before-cross-entropy model learn. When
-    an LR factor confirmed after a smaller one did not, the structural remedies that were
-    not confirmed are tried again at that smaller factor, where the setup as given still
+    an LR factor confirmed after a smaller one did not, the remedies between the output and
+    the loss (``OUTPUT_CAUSES``) that were not confirmed are tried again at that smaller factor, where the setup as given still
     does not learn: one that makes it learn there is confirmed, and the larger LR only
     compensated for it (its result becomes ``skipped``)."""
     low = next((r for r in results if r.cause == "LR_TOO_LOW" and r.status == "confirmed"), None)
@@ -212,7 +218,7 @@ def _retry_structural_at_a_faster_lr(results: list[InterventionResult], remedy_o
     if factor is None or factor == LR_FACTORS[0]:
         return
     smaller = LR_FACTORS[LR_FACTORS.index(factor) - 1]
-    retry = [r for r in results if r.cause not in LR_CAUSES and r.status in ("not_confirmed", "inconclusive")
+    retry = [r for r in results if r.cause in OUTPUT_CAUSES and r.status in ("not_confirmed", "inconclusive")
              and r.cause in remedy_of]  # fmt: skip
     if not retry:
         return
