@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, NanOriginResult
-from nndx.rules._series import finite, frozen_untrained, loss_is_moving, used_lr
+from nndx.rules._series import finite, frozen_untrained, loss_calls, loss_is_moving, loss_learned, used_lr
 from nndx.rules.loss import NO_LEARNING_CAUSES
 from nndx.rules.engine import Hit, rule
 
@@ -20,6 +21,10 @@ BARELY_LEARNS = 0.5
 # a head on a frozen trained body fits a batch only as far as the body's features allow: a fall of a
 # tenth shows that the head and the loss work together
 HEAD_FALLS = 0.9
+# a loss nndx cannot name (no torch loss inside it: forward-forward's goodness loss) has no floor
+# nndx knows, so "1% of its start" assumes a floor of 0 it cannot check: when the run's own loss
+# learned, a fall to this share in the probe shows that the model and the loss work together
+UNNAMED_FALLS = 0.75
 
 
 def _probe(report: DiagnosticReport, name: str):
@@ -36,7 +41,8 @@ def _probe(report: DiagnosticReport, name: str):
     "100%). A warning when the loss above its floor fell by less than half; info when it fell further "
     "but not to 1% — a term the floor cannot see (a KL penalty, targets that identical inputs "
     "contradict) stops healthy models there too; info as well when it fell by a tenth and most parameters "
-    "are frozen trained weights (a head on a pretrained body).",
+    "are frozen trained weights (a head on a pretrained body), or by a quarter on a loss nndx cannot name "
+    "(no floor it knows) while the run's own loss learned.",
     why="Any working model/loss pair memorises one batch. Failing means a bug between the output and "
     "the loss (wrong loss, double softmax, mismatched shapes or label dtype) or in the model (dead "
     "units, detached or frozen layers, a broken backward) — not the learning rate of your own loop.",
@@ -57,10 +63,14 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
         ratio = (result.final_loss - floor) / (result.initial_loss - floor)
     nearly = ratio is not None and ratio <= BARELY_LEARNS
     head_only = _head_on_trained_body(report) and ratio is not None and ratio <= HEAD_FALLS
+    unnamed = (ratio is not None and ratio <= UNNAMED_FALLS and _loss_unnamed(report) and loss_learned(report)
+               and not nearly)  # fmt: skip
     return Hit(
         symptom=f"overfit_one_batch failed after {result.steps} steps"
         + (f" (the loss above its floor fell to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
-        + (": most parameters are frozen trained weights, and a head alone need not memorise a batch" if head_only else ""),
+        + (": most parameters are frozen trained weights, and a head alone need not memorise a batch" if head_only else "")
+        + (f" (the loss fell to {ratio:.2g} of its start, not to 0.01): a loss nndx cannot name has no floor it "
+           "knows, and the run's own loss learned" if unnamed and not head_only else ""),
         evidence={
             "steps": result.steps,
             "lr": result.lr,
@@ -70,10 +80,17 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
             "final_to_initial": ratio,
             "final_accuracy": result.final_accuracy,
         },
-        severity="info" if nearly or head_only else None,
+        severity="info" if nearly or head_only or unnamed else None,
         score=2.0,
         next_probe="grad_check and hooks (gradient flow per layer)",
     )
+
+
+def _loss_unnamed(report: DiagnosticReport) -> bool:
+    """Loss calls were seen, and none of them is a loss nndx knows (not even one called inside
+    a function of the user's own)."""
+    calls = loss_calls(report)
+    return bool(calls) and all(vocab.loss_kind(c.loss_type) is None for c in calls)
 
 
 def _head_on_trained_body(report: DiagnosticReport) -> bool:

@@ -840,3 +840,28 @@ def test_a_tiny_batch_whose_loss_fit_its_data_is_context():
 
     assert severity(0.04) == "info"
     assert severity(1.1) == "warning"
+
+
+def test_a_failed_overfit_on_a_loss_nndx_cannot_name_is_context_when_the_run_learned():
+    """pytorch/examples' forward-forward trains each layer on a goodness loss of its own
+    (softplus of goodness minus a threshold, no torch loss inside): its floor is unknown, so
+    a fall to half its start in the probe is no evidence against the loss when the run's own
+    loss learned. A named loss, a run that did not learn, or a probe loss that barely moved
+    still warn."""
+    from nndx.report import LossCall, OverfitResult
+
+    from .reports import flat, healthy_probes, points
+
+    def severity(loss_type: str, final: float, learned: bool) -> str | None:
+        probes = healthy_probes(overfit_one_batch=OverfitResult(status="failed", steps=300, initial_loss=1.12,
+                                                                final_loss=final))  # fmt: skip
+        call = LossCall(loss_type=loss_type, output_shape=[64, 1], target_shape=[64], calls=300)
+        report = with_loop(BASE, loss_calls=[call]).model_copy(update={"probes": probes})
+        if not learned:
+            report = report.model_copy(update={"loss_history": {"train": points(flat(0, level=1.1))}})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX601"), None)
+
+    assert severity("goodness_loss", 0.585, learned=True) == "info"
+    assert severity("MSELoss", 0.585, learned=True) == "warning"
+    assert severity("goodness_loss", 0.585, learned=False) == "warning"
+    assert severity("goodness_loss", 1.0, learned=True) == "warning"
