@@ -203,7 +203,7 @@ class Monitor:
             hooks.add(f"optimizer {i}", lambda o=o: [o.register_step_pre_hook(self._guard("step_pre", self._on_step_begin)),
                                                      o.register_step_post_hook(self._on_step_end)])  # fmt: skip
         for owner in [*watched.optimizers, *watched.models.values()]:
-            hooks.add(f"{type(owner).__name__}.zero_grad", lambda o=owner: hooks.patch_zero_grad(o, self, self._event("on_zero_grad")) or [])
+            hooks.add(f"{type(owner).__name__}.zero_grad", lambda o=owner: hooks.patch_zero_grad(o, self, partial(self._event("on_zero_grad"), o)) or [])
         if watched.manual:  # clipping between backward and a gradient reset is otherwise unseen
             hooks.add("clip_grad_norm_", lambda: hooks.patch_clip_grad_norm(
                 self, self._guard("clip_grad_norm", self.grad_norm.clipped)) or [])  # fmt: skip

@@ -904,3 +904,34 @@ def test_an_optimizer_whose_gradients_are_never_reset_is_named_among_several(res
         assert hits and hits[0].severity == "error" and "optimizer 1" in hits[0].symptom
     else:
         assert report.loop.optimizer_steps_without_reset == [0, 0] and not hits
+
+
+def test_resets_through_zero_grad_are_known_without_reading_a_gradient(monkeypatch):
+    """Reading a gradient's values is a host sync on a GPU: a reset made through
+    optimizer.zero_grad() or model.zero_grad() is known from the call itself, whichever
+    optimizer or model made it, with set_to_none or in place."""
+    from nndx.collector.watch import loop as loop_module
+
+    reads = []
+    happened = loop_module._GradReset.happened
+    monkeypatch.setattr(loop_module._GradReset, "happened", lambda self: reads.append(1) or happened(self))
+    torch.manual_seed(0)
+    encoder, decoder = nn.Linear(8, 16), nn.Linear(16, 3)
+    model = nn.Sequential(encoder, nn.ReLU(), decoder)
+    enc_opt, dec_opt = torch.optim.SGD(encoder.parameters(), 0.1), torch.optim.SGD(decoder.parameters(), 0.1)
+    x, y = data()
+    with Monitor(model, [enc_opt, dec_opt]) as mon:
+        for i in range(STEPS):
+            if i % 2:
+                model.zero_grad(set_to_none=False)
+            else:
+                enc_opt.zero_grad(set_to_none=False)
+                dec_opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # changes the gradients in place
+            enc_opt.step()
+            dec_opt.step()
+            mon.log(loss)
+    assert reads == []
+    assert mon.report().loop.optimizer_steps_without_reset == [0, 0]

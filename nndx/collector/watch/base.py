@@ -115,7 +115,8 @@ class Watcher:
 
     def on_backward_end(self, ctx: StepContext) -> None: ...
 
-    def on_zero_grad(self, ctx: StepContext) -> None: ...
+    def on_zero_grad(self, ctx: StepContext, owner: object = None) -> None:
+        """``owner.zero_grad()`` ran: an optimizer or a model (None: a reset seen by hand)."""
 
     def on_step_begin(self, ctx: StepContext) -> None: ...
 

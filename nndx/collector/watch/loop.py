@@ -120,6 +120,11 @@ class LoopCounts(Watcher):
         self._resets = {id(o): _GradReset() for o in watched.optimizers}
         self._reset_before_step = {id(o): False for o in watched.optimizers}
         self.optimizer_steps = {id(o): 0 for o in watched.optimizers}
+        # whose zero_grad() resets which optimizers' gradients: its own, or those holding a model's parameters
+        held = {id(o): {id(p) for g in o.param_groups for p in g["params"]} for o in watched.optimizers}
+        self._resets_of = {id(o): [id(o)] for o in watched.optimizers} | {
+            id(m): [k for k, ids in held.items() if any(id(p) in ids for p in m.parameters())]
+            for m in watched.models.values()}  # fmt: skip
         self.steps_without_reset = {id(o): 0 for o in watched.optimizers}
 
     def on_forward(self, ctx: StepContext, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -132,7 +137,7 @@ class LoopCounts(Watcher):
     def on_backward_start(self, ctx: StepContext) -> None:
         if not self._reset_since_backward and self._reference.happened():
             self.zero_grad_calls += 1
-        for key, reset in self._resets.items():
+        for key, reset in self._resets.items():  # resets by hand: p.grad = None, p.grad.zero_()
             self._reset_before_step[key] = self._reset_before_step[key] or reset.happened()
 
     def on_backward_end(self, ctx: StepContext) -> None:
@@ -150,10 +155,13 @@ class LoopCounts(Watcher):
         for optimizer in self.watched.optimizers:
             self._resets[id(optimizer)].follow(p for g in optimizer.param_groups for p in g["params"])
 
-    def on_zero_grad(self, ctx: StepContext) -> None:
+    def on_zero_grad(self, ctx: StepContext, owner: object = None) -> None:
         if not self._reset_since_backward:
             self.zero_grad_calls += 1
             self._reset_since_backward = True
+        # a reset through zero_grad() is known without reading a gradient (a host sync on a GPU)
+        for key in self._resets_of.get(id(owner), []):
+            self._reset_before_step[key] = True
 
     def on_step_begin(self, ctx: StepContext) -> None:
         key = id(ctx.optimizer)
