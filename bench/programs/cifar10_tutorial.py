@@ -100,7 +100,7 @@ class Net(nn.Module):
 def images(raw: torch.Tensor) -> torch.Tensor:
     """The digits as CIFAR-10 images through the tutorial's transform: upscaled to 32x32,
     3 channels, ``ToTensor`` then ``Normalize((0.5,) * 3, (0.5,) * 3)``."""
-    x = F.interpolate(data.to_tensor(raw), size=(SIDE, SIDE), mode="bilinear", align_corners=False).clamp(0, 1)
+    x = data.upscaled(raw, SIDE)
     return (x.repeat(1, 3, 1, 1) - 0.5) / 0.5
 
 

@@ -40,6 +40,13 @@ def to_tensor(images: torch.Tensor) -> torch.Tensor:
     return images.unsqueeze(1).float().div(255.0)
 
 
+def upscaled(images: torch.Tensor, side: int) -> torch.Tensor:
+    """``to_tensor`` on the 8x8 digits, resized (bilinear) to ``side`` x ``side`` so a port keeps
+    its original's layer shapes (MNIST's 28, CIFAR-10's 32): (N, 1, side, side) in [0, 1]."""
+    return torch.nn.functional.interpolate(to_tensor(images), size=(side, side), mode="bilinear",
+                                           align_corners=False).clamp(0, 1)  # fmt: skip
+
+
 # --------------------------------------------------------------------------- text
 
 

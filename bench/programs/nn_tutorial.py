@@ -165,8 +165,7 @@ def fit(epochs, model, loss_func, opt, train_dl, valid_dl, mon, manual_lr=None, 
 def rows(images: torch.Tensor) -> torch.Tensor:
     """The tutorial's data: each image a flattened row of pixels in [0, 1] (here the 8x8
     digits upscaled to 28x28, so the CNN's grid after three stride-2 convolutions is 4x4)."""
-    upscaled = F.interpolate(data.to_tensor(images), size=(SIDE, SIDE), mode="bilinear", align_corners=False)
-    return upscaled.clamp(0, 1).reshape(len(images), -1)
+    return data.upscaled(images, SIDE).reshape(len(images), -1)
 
 
 def train(variant: str, nx: Nndx, seed: int = 0) -> dict[str, float]:

@@ -28,7 +28,6 @@ monitor=mon)`` and ``nndx.diagnose``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -116,7 +115,7 @@ def test(dataloader, model, loss_fn) -> tuple[float, float]:
 
 def images(raw: torch.Tensor) -> torch.Tensor:
     """``ToTensor`` on the digits, upscaled to 28x28: (N, 1, 28, 28) in [0, 1]."""
-    return F.interpolate(data.to_tensor(raw), size=(SIDE, SIDE), mode="bilinear", align_corners=False).clamp(0, 1)
+    return data.upscaled(raw, SIDE)
 
 
 def train(variant: str, nx: Nndx, seed: int = 0) -> dict[str, float]:

@@ -130,7 +130,7 @@ class Net(nn.Module):
 
 
 def images(raw: torch.Tensor, mean: float | None = None, std: float | None = None):
-    x = F.interpolate(data.to_tensor(raw), size=(SIDE, SIDE), mode="bilinear", align_corners=False).clamp(0, 1)
+    x = data.upscaled(raw, SIDE)
     mean = x.mean().item() if mean is None else mean  # MNIST's (0.1307,), (0.3081,)
     std = x.std().item() if std is None else std
     return (x - mean) / std, mean, std
