@@ -144,7 +144,8 @@ def interventions(
         return done("the baseline learns on this batch: nothing for a remedy to explain")
 
     lr_candidates = optimizer if base_ratio > LR_STUCK_RATIO else None  # slow is not stuck
-    for cause, remedy, apply in _candidates(model, inputs, loss_fn, lr_candidates):
+    candidates = _candidates(model, inputs, loss_fn, lr_candidates)
+    for cause, remedy, apply in candidates:
         if any(r.cause == cause and r.status == "confirmed" for r in results):
             continue  # a larger LR factor after a smaller one worked says nothing new
         structural = next((r for r in results if r.status == "confirmed" and r.cause not in LR_CAUSES), None)
@@ -197,14 +198,14 @@ def interventions(
             remedied_progress=None if ratio is None else 1 - ratio,
             seconds=_clock() - t0))  # fmt: skip
     if baseline is not None:
-        _retry_structural_at_a_faster_lr(results, {c: a for c, _, a in reversed(_candidates(model, inputs, loss_fn, None))},
-                              fresh, chance, steps, seed, deadline)  # fmt: skip
+        remedy_of = {c: a for c, _, a in reversed(candidates)}  # each cause's first remedy
+        _retry_structural_at_a_faster_lr(results, remedy_of, fresh, chance, steps, seed, deadline)
     return done()
 
 
-def _retry_structural_at_a_faster_lr(results: list[InterventionResult], remedy_of: dict[str, Callable[[Setup], Setup]],
-                          fresh: Callable[[], Setup], chance: float | None, steps: int, seed: int,
-                          deadline: float) -> None:  # fmt: skip
+def _retry_structural_at_a_faster_lr(results: list[InterventionResult],
+                                     remedy_of: dict[str, Callable[[Setup], Setup]], fresh: Callable[[], Setup],
+                                     chance: float | None, steps: int, seed: int, deadline: float) -> None:
     """At the learning rate the setup runs at, a remedy that does not change the step size
     may show nothing in ``steps`` steps (plain SGD at 1e-3 barely moves a correct model
     either), while a 1000x LR makes even a softmax-before-cross-entropy model learn. When

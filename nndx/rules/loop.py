@@ -363,8 +363,9 @@ def train_mode_forgotten(report: DiagnosticReport) -> Hit | None:
     # the loss finite and settled in train mode, then non-finite or three times its level within
     # a few steps of the switch: the switch, not the LR, set it off (batch-norm on statistics frozen
     # at their early values leaves activations unnormalised)
-    before = [p.value for p in train_curve(report) if switch is not None and p.step < switch]
-    after = [p.value for p in train_curve(report) if switch is not None and switch <= p.step < switch + 10]
+    points = train_curve(report) if switch is not None else []
+    before = [p.value for p in points if p.step < switch]
+    after = [p.value for p in points if switch <= p.step < switch + 10]
     diverged = (len(before) >= 3 and all(math.isfinite(v) for v in before)
                 and any(not math.isfinite(v) or v > 3 * median(before) for v in after))  # fmt: skip
     return Hit(
