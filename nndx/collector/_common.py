@@ -230,17 +230,52 @@ def _state_attributes(model: nn.Module) -> Iterator[tuple[nn.Module, str, Any]]:
                 yield module, name, value
 
 
-def model_deepcopy(obj: Any, model: nn.Module, memo: dict[int, Any] | None = None) -> Any:
+def model_deepcopy(obj: Any, model: nn.Module, memo: dict[int, Any] | None = None,
+                   shared: list[str] | None = None) -> Any:
     """``copy.deepcopy(obj)`` (the model, or a tuple holding it), where each tensor the
     model keeps as a plain attribute with an autograd graph behind it is copied detached:
     such a tensor has no deepcopy (only graph leaves do), and a copy that trained through
-    the user's last graph would be no copy. Raises what ``deepcopy`` raises."""
+    the user's last graph would be no copy.
+
+    A plain attribute that cannot be copied at all (an open log file, a lock, a client
+    object) is shared with the copy instead of failing the whole copy, and its
+    ``module.name`` appended to ``shared``: the probes train parameters and buffers, which
+    are always copied, and a model whose forward writes to such an object would write
+    there anyway. Raises what ``deepcopy`` raises when the copy fails for another reason."""
     memo = {} if memo is None else memo
     for _, _, value in _state_attributes(model):
         for tensor in iter_tensors(value):
             if tensor.grad_fn is not None:
                 memo[id(tensor)] = tensor.detach().clone()
+    seeds = dict(memo)
+    try:
+        return copy.deepcopy(obj, memo)
+    except Exception:
+        found = _uncopyable_attributes(model)
+        if not found:
+            raise
+    memo.clear()  # it holds the half-built copies of the failed attempt
+    memo.update(seeds)
+    for name, value in found:
+        memo[id(value)] = value
+        if shared is not None:
+            shared.append(name)
     return copy.deepcopy(obj, memo)
+
+
+def _uncopyable_attributes(model: nn.Module) -> list[tuple[str, Any]]:
+    """(``module.name``, value) of each plain attribute of the model's modules (not a
+    parameter, buffer, submodule or tensor) that ``deepcopy`` refuses on its own."""
+    found = []
+    for prefix, module in model.named_modules():
+        for name, value in vars(module).items():
+            if name in _MODULE_DICTS or "hook" in name or isinstance(value, (torch.Tensor, nn.Module)):
+                continue  # hooks are removed from the copy: a shared hook dict would lose the user's
+            try:
+                copy.deepcopy(value)
+            except Exception:
+                found.append((f"{prefix}.{name}" if prefix else name, value))
+    return found
 
 
 class _StateReset:
@@ -269,12 +304,13 @@ def reset_state_each_forward(model_copy: nn.Module) -> nn.Module:
     return model_copy
 
 
-def copy_together(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+def copy_together(model: nn.Module, optimizer: torch.optim.Optimizer,
+                  shared: list[str] | None = None) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Deep copies of a model and its optimizer through one memo, so the copy's optimizer
     steps the copy's parameters. An optimizer pickles only its defaults, state and groups:
     what it keeps beside them (L-BFGS's ``_params``) is copied through the same memo."""
     memo: dict[int, Any] = {}
-    model_copy, optimizer_copy = model_deepcopy((model, optimizer), model, memo)
+    model_copy, optimizer_copy = model_deepcopy((model, optimizer), model, memo, shared)
     for key, value in vars(optimizer).items():
         if key not in vars(optimizer_copy):
             setattr(optimizer_copy, key, copy.deepcopy(value, memo))
@@ -320,18 +356,18 @@ def copy_with_optimizer(
     return model_copy, opt, f"nndx's own {type(opt).__name__}"
 
 
-def copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-               device: torch.device | str | None) -> tuple[nn.Module, torch.optim.Optimizer | None]:  # fmt: skip
+def copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device | str | None,
+              shared: list[str] | None = None) -> tuple[nn.Module, torch.optim.Optimizer | None]:  # fmt: skip
     """Deep copies of the model and of an optimizer that holds its parameters (one memo,
     so the copy's optimizer steps the copy), watchers and user hooks removed, on ``device``.
     ``nndx.probe`` and ``nndx.lr_find`` prepare their copies with it."""
     holds = optimizer is not None and not optimizer_coverage(model, optimizer)[0]
     try:
         if holds:
-            model_copy, optimizer_copy = copy_together(model, optimizer)
+            model_copy, optimizer_copy = copy_together(model, optimizer, shared)
             detach_watchers(optimizer_copy)
         else:
-            model_copy, optimizer_copy = model_deepcopy(model, model), None
+            model_copy, optimizer_copy = model_deepcopy(model, model, shared=shared), None
     except Exception as exc:  # a model holding an open file, a lock, a generator...
         raise UsageError(f"cannot deep-copy the model to probe it safely ({type(exc).__name__}: {exc})") from exc
     reset_state_each_forward(detach_watchers(model_copy))

@@ -209,7 +209,11 @@ class _Setup:
         if note:
             notes.append(note)
         inputs, targets = _split(batch, loss_fn)
-        current, opt = copy_pair(model, optimizer, device)
+        shared: list[str] = []
+        current, opt = copy_pair(model, optimizer, device, shared)
+        if shared:
+            notes.append(f"the probes' copies share {', '.join(shared)} with the model: deepcopy refused "
+                         f"{'it' if len(shared) == 1 else 'them'} (parameters and buffers were copied)")
         initial = initial_opt = None
         diverged = bool(_nonfinite_parameters(current))
         if initial_state is not None:

@@ -1,4 +1,5 @@
 import math
+import threading
 
 import pytest
 import torch
@@ -705,3 +706,46 @@ def test_a_model_whose_train_method_means_something_else_is_still_probed():
         assert (ours is None) == (theirs is None), name
         if ours is not None and hasattr(ours, "status"):
             assert ours.status == theirs.status, name
+
+
+class Logged(nn.Module):
+    """A model keeping objects deepcopy refuses: an open log file and a lock, as models
+    that log their own activations or guard a cache do."""
+
+    def __init__(self, log_path) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        self.log_file = open(log_path, "w")  # noqa: SIM115 - the model owns it
+        self.body.lock = threading.Lock()
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_a_model_holding_an_open_file_and_a_lock_is_probed_with_them_shared(tmp_path):
+    torch.manual_seed(0)
+    model = Logged(tmp_path / "log.txt")
+    log_file, lock, weights = model.log_file, model.body.lock, {k: v.clone() for k, v in model.state_dict().items()}
+    report = nndx.probe(model, batch(), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                        progress=False)  # fmt: skip
+    model.log_file.close()
+    assert report.errors == [], [e.message for e in report.errors]
+    assert report.probes.overfit_one_batch.status == "passed"
+    assert any("log_file" in n and "body.lock" in n for n in report.run.notes), report.run.notes
+    assert model.log_file is log_file and model.body.lock is lock
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_model_whose_hooks_cannot_be_copied_is_still_refused_with_a_clear_error():
+    class Hook:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+        def __call__(self, module, args, output) -> None:
+            pass
+
+    model = nn.Sequential(nn.Linear(8, 3))
+    model.register_forward_hook(Hook())
+    with pytest.raises(UsageError, match="cannot deep-copy the model"):
+        nndx.probe(model, batch(), nn.CrossEntropyLoss(), progress=False)
+    assert len(model._forward_hooks) == 1  # the user's hook stays
