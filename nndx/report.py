@@ -132,6 +132,10 @@ class ActivationStats(Schema):
     )
     nonfinite_count: Count = 0
     unit_count: Count = 0
+    values_per_unit: Count = Field(
+        0, description="outputs each unit gave over the batch (samples x positions): a unit is dead when all "
+        "of them are zero, which on one or two values says nothing; 0 when not recorded"
+    )
 
 
 class GradientStats(Schema):

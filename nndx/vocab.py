@@ -151,6 +151,11 @@ SOFTMAX_LOSS_NAMES = frozenset({"CrossEntropyLoss", "NLLLoss"})
 # NNDX207 reads it; the BAD_INIT remedy restores PyTorch's init where a gain is past it.
 MAX_INIT_GAIN = 5.0
 
+# A ReLU unit is called dead when its output was zero on every one of at least this many
+# outputs (samples x positions): on one sample half of a live layer is zero. NNDX201/208
+# read it; the DEAD_RELU remedy re-initialises only units judged so.
+MIN_VALUES_PER_UNIT = 8
+
 # Optimizers whose step divides by a running gradient scale: a loss (and its gradient) k
 # times larger moves the weights by about the same amount (up to eps)
 SCALE_INVARIANT_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",

@@ -149,6 +149,7 @@ def _merge_activations(stats: list[ActivationStats]) -> ActivationStats | None:
         saturated_fraction=_mean(saturated) if saturated else None,
         nonfinite_count=sum(s.nonfinite_count for s in stats),
         unit_count=stats[0].unit_count,
+        values_per_unit=sum(s.values_per_unit for s in stats),
     )
 
 

@@ -219,7 +219,10 @@ def dead_relu_units(model: nn.Module, inputs: Any) -> list[tuple[str, str | None
         producer = entry[1] if entry is not None and entry[0] is source else None
         axis = unit_dim(producer, output) if producer is not None else (1 if output.dim() >= 4 else output.dim() - 1)
         units = output.shape[axis] if output.dim() else 1
-        dead = (output == 0).movedim(axis, -1).reshape(-1, units).all(dim=0)
+        values = (output == 0).movedim(axis, -1).reshape(-1, units)
+        dead = values.all(dim=0)
+        if values.shape[0] < vocab.MIN_VALUES_PER_UNIT and not dead.all():
+            dead = torch.zeros_like(dead)  # zero on one sample is what half of a live layer is
         traced.append((name, names.get(producer) if producer is not None else None, producer, dead))
 
     handles = []

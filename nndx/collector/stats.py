@@ -299,6 +299,7 @@ class ActivationRecord(NamedTuple):
     saturated_fraction: float | None
     nonfinite_count: int
     unit_count: int
+    values_per_unit: int
 
     def model(self) -> ActivationStats:
         return ActivationStats(**self._asdict())
@@ -331,6 +332,7 @@ def activation_fields(values: dict[str, float], n: int, units: int) -> Activatio
         saturated_fraction=None if saturated is None else saturated / n,
         nonfinite_count=int(values.get("nonfinite", 0)),
         unit_count=units,
+        values_per_unit=n // units if units else 0,
     )
 
 
@@ -369,6 +371,7 @@ def reference_activation_stats(x: torch.Tensor, unit_axis: int, bounds: tuple[fl
         saturated_fraction=saturated,
         nonfinite_count=(~torch.isfinite(x)).sum().item(),
         unit_count=per_unit.shape[0],
+        values_per_unit=per_unit.shape[1],
     )
 
 

@@ -23,6 +23,7 @@ from nndx.rules._series import (
 from nndx.rules.engine import Hit, rule
 
 DEAD_THRESHOLD = 0.5
+MIN_VALUES_PER_UNIT = vocab.MIN_VALUES_PER_UNIT
 SATURATED_THRESHOLD = 0.5
 # the LR range test reads an LR to about a factor 2 (its sweep's spacing and smoothing): a loop stepping
 # within twice the top of its interval that trains well is not at too high an LR (NNDX205)
@@ -71,6 +72,10 @@ def _dead_share(layer: LayerStats) -> float | None:
     act = layer.activation
     if layer.type not in RELU_TYPES or act is None or act.unit_count < 2:
         return None
+    # on one sample, half of a healthy ReLU layer is zero and so "dead for every sample";
+    # a layer that passes nothing at all is still a fact
+    if 0 < act.values_per_unit < MIN_VALUES_PER_UNIT and act.dead_unit_fraction < 1.0:
+        return None
     return act.dead_unit_fraction
 
 
@@ -109,6 +114,8 @@ def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
     "zero for every sample of the batch at the last recorded step and already at the first (or in a "
     "preflight, before any training step); error from "
     "90%. "
+    "A unit counts as dead only over at least 8 outputs (samples x positions): on a batch of one sample "
+    "half of a live layer is zero, so there only a layer with every unit zero counts. "
     "Uses dead_unit_fraction, never zero_fraction: about half of a healthy ReLU layer's outputs are "
     "zero. Info when the train loss fell by over 30% and stayed finite.",
     why="A dead ReLU unit has zero gradient for every input and never recovers; dead from the first step "
@@ -128,7 +135,8 @@ def dead_units(report: DiagnosticReport) -> list[Hit]:
     "warning",
     "Units died during training",
     detects="A ReLU-family layer with at least half of its units dead at the last recorded step that was "
-    "mostly alive at the first, or found dead in a trained model with no record of its start (then any "
+    "mostly alive at the first (dead over at least 8 outputs per unit, as NNDX201 counts), or found dead in "
+    "a trained model with no record of its start (then any "
     "cause of dead units explains it); error from 90%; info when the train loss fell by over 30% and stayed "
     "finite (units silent on one batch of a network that learns are sparse, not dead).",
     why="Units die when an update pushes their pre-activation negative for every input — typically a "

@@ -77,6 +77,24 @@ def test_the_init_remedy_restores_only_layers_no_standard_init_gives():
     assert model[2].weight.any()
 
 
+def test_the_dead_unit_remedy_needs_units_zero_on_more_than_one_sample():
+    """On one sample half of a live ReLU layer is zero: re-initialising those units would
+    'confirm' DEAD_RELU on a healthy network trained one sample at a time."""
+    from nndx.collector import remedies
+
+    x, y = _data()
+
+    def setup(model, inputs):
+        return remedies.Setup(model, torch.optim.SGD(model.parameters(), lr=0.1), inputs, None, F.cross_entropy)
+
+    with pytest.raises(remedies.NotApplicable):
+        remedies.reinit_dead_units(setup(_mlp(), x[:1]))
+    dead = _dead(_mlp())
+    before = dead[0].weight.clone()
+    remedies.reinit_dead_units(setup(dead, x[:1]))  # every unit zero: dead on any batch
+    assert not torch.equal(dead[0].weight, before)
+
+
 def _statuses(result) -> dict[str, str]:
     return {r.cause: r.status for r in result.results}
 

@@ -28,6 +28,7 @@ def test_dead_units_measured_per_unit_not_per_element():
     relu = healthy["1"].activation
     assert 0.3 < relu.zero_fraction < 0.7  # a healthy ReLU layer is about half zeros...
     assert relu.dead_unit_fraction < 0.2  # ...but almost no unit is zero for every sample
+    assert relu.values_per_unit == 64
     dead = {s.name: s for s in record(mlp(bias=-5.0), x, y)}
     assert dead["1"].activation.dead_unit_fraction > 0.9
 
@@ -70,6 +71,7 @@ def test_conv_units_are_channels():
         relu = recorder.finish_step()[1].activation
     assert relu.unit_count == 4
     assert relu.dead_unit_fraction == 0.75
+    assert relu.values_per_unit == 2 * 6 * 6  # a channel is dead when zero at every position of every sample
 
 
 def test_parameter_stats_update_ratio():

@@ -865,3 +865,21 @@ def test_a_failed_overfit_on_a_loss_nndx_cannot_name_is_context_when_the_run_lea
     assert severity("MSELoss", 0.585, learned=True) == "warning"
     assert severity("goodness_loss", 0.585, learned=False) == "warning"
     assert severity("goodness_loss", 1.0, learned=True) == "warning"
+
+
+def test_units_zero_on_a_batch_of_one_sample_are_not_dead():
+    """An n-gram model trained one context at a time: the probes' batch is that one context,
+    on which half of a live ReLU layer is zero, so "zero for every sample". Counted over at
+    least 8 outputs per unit it is dead; a layer with every unit zero is dead on any batch."""
+    from .reports import flat, points
+
+    def found(dead: float, values_per_unit: int) -> dict:
+        layers = [l.model_copy(update={"activation": l.activation.model_copy(update={"values_per_unit": values_per_unit})})
+                  for l in mlp_layers(steps=(0,), dead=dead)]  # fmt: skip
+        return _found(with_loop(BASE.model_copy(update={"layers": layers, "loss_history": {"train": points(flat(0))}}),
+                                steps=0))  # fmt: skip
+
+    assert "NNDX201" not in found(0.5, values_per_unit=1)
+    assert "NNDX201" in found(0.5, values_per_unit=32)
+    assert "NNDX201" in found(0.5, values_per_unit=0)  # not recorded (an older report): as before
+    assert "NNDX201" in found(1.0, values_per_unit=1)
