@@ -883,3 +883,14 @@ def test_units_zero_on_a_batch_of_one_sample_are_not_dead():
     assert "NNDX201" in found(0.5, values_per_unit=32)
     assert "NNDX201" in found(0.5, values_per_unit=0)  # not recorded (an older report): as before
     assert "NNDX201" in found(1.0, values_per_unit=1)
+
+
+def test_one_sample_a_step_is_online_training_not_a_tiny_batch():
+    """The PyTorch BiLSTM-CRF and n-gram tutorials train one sentence or context per step by
+    design: the same swings at batch 1 are context, at batch 2 (a batch cut below the one
+    its learning rate was tuned for) a warning."""
+    from .broken import loss_call, tiny_batch
+
+    two = _found(tiny_batch())["NNDX311"]
+    one = _found(with_loop(tiny_batch(), loss_calls=[loss_call(output_shape=[1, 10], target_shape=[1])]))["NNDX311"]
+    assert two.severity == "warning" and one.severity == "info" and "online training" in one.symptom
