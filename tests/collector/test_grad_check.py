@@ -19,7 +19,8 @@ def test_healthy_model_passes_with_few_forwards_and_no_localisation():
     result = grad_check(custom_backward_mlp(None), batch(), nn.CrossEntropyLoss(), directions=3)
     assert result.status == "passed" and result.mode == "directional"
     assert result.max_relative_error < 1e-5
-    assert result.forward_passes == 1 + 2 + 2 * 3  # backward's forward, the determinism check, the directions
+    # the loss's own gradient checked on one forward's outputs, backward's forward, the determinism check, the directions
+    assert result.forward_passes == 1 + 1 + 2 + 2 * 3
     assert result.parameters == []
 
 
@@ -64,9 +65,9 @@ def test_elementwise_mode_samples_across_the_tensor_and_reports_the_worst_index(
     weight = {p.name: p for p in broken.parameters}["2.weight"]
     assert broken.status == "failed" and weight.status == "bug"
     assert len(weight.worst_index) == 2 and weight.worst_index[0] != weight.worst_index[1]  # off-diagonal
-    # 6 tensors, up to 8 elements each, 2 forwards per element, plus the backward's forward and the
-    # determinism check's two
-    assert broken.forward_passes == 1 + 2 + 2 * (8 + 8 + 8 + 8 + 8 + 3)
+    # 6 tensors, up to 8 elements each, 2 forwards per element, plus the forward the loss's own gradient
+    # was checked on, the backward's forward and the determinism check's two
+    assert broken.forward_passes == 1 + 1 + 2 + 2 * (8 + 8 + 8 + 8 + 8 + 3)
 
 
 def test_dropout_made_deterministic_per_evaluation():
@@ -291,3 +292,40 @@ class Stateful(nn.Module):
 def test_a_forward_that_keeps_state_is_skipped_not_called_broken():
     result = grad_check(Stateful(), batch(), nn.CrossEntropyLoss())
     assert result.status == "skipped" and "keeps state" in result.message
+
+
+def _advantage_loss(outputs, targets):
+    """An actor-critic loss, as pytorch/examples writes it: the advantage ``R - value`` is a
+    constant for the policy term (``.item()`` there, ``.detach()`` here), on purpose."""
+    logits, value = outputs
+    actions, returns = targets
+    log_prob = torch.log_softmax(logits, dim=1).gather(1, actions[:, None]).squeeze(1)
+    advantage = returns - value.squeeze(1).detach()
+    return -(log_prob * advantage).mean() + nn.functional.smooth_l1_loss(value.squeeze(1), returns)
+
+
+class _ActorCritic(nn.Module):
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body, self.value = body, nn.Linear(3, 1)
+
+    def forward(self, x):
+        logits = self.body(x)
+        return logits, self.value(logits)
+
+
+def _rl_batch():
+    x, y = batch()
+    return x, (y, torch.linspace(-1.0, 2.0, len(y)))
+
+
+def test_a_deliberate_stop_gradient_in_the_loss_is_no_broken_backward():
+    result = grad_check(_ActorCritic(custom_backward_mlp(None)), _rl_batch(), _advantage_loss)
+    assert result.status == "passed", result.message
+    assert "stop-gradient" in result.message
+
+
+def test_behind_such_a_loss_a_wrong_backward_in_the_model_is_still_caught():
+    result = grad_check(_ActorCritic(custom_backward_mlp("transposed")), _rl_batch(), _advantage_loss)
+    assert result.status == "failed"
+    assert {p.name: p.status for p in result.parameters}["body.2.weight"] == "bug"

@@ -73,6 +73,7 @@ from nndx.collector._common import (
     compute_loss,
     forward,
     forwards_under_autocast,
+    iter_tensors,
     map_tensors,
     preserved_rng,
     split_batch,
@@ -96,6 +97,9 @@ ROUNDOFF = 2.0**-52
 # A forward that computes in float32 or less (an explicit .float() inside it) rounds in
 # every op, not once: its loss is known to about this many of its eps.
 LOW_PRECISION_SAFETY = 16.0
+# The loss's own gradient (w.r.t. the outputs) off its finite difference by more than this
+# share: a stop-gradient in the loss, not rounding (see _loss_stops_gradients)
+STOP_GRADIENT_GAP = 1e-2
 
 Mode = Literal["directional", "elementwise"]
 
@@ -253,6 +257,10 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     named = [(n, p) for n, p in model_copy.named_parameters() if p.requires_grad]
     if not named:
         return GradCheckResult(status="skipped", mode=mode, eps=eps, message="no trainable parameters")
+    checked_loss = loss_fn is not None
+    stops = _loss_stops_gradients(model_copy, inputs, targets, loss_fn, seed) if checked_loss else None
+    if stops is not None:
+        loss_fn, targets = stops
 
     def loss_now() -> torch.Tensor:
         torch.manual_seed(seed)  # the same dropout mask at every evaluation
@@ -300,10 +308,73 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     finally:
         for h in handles:
             h.remove()
+    if checked_loss:
+        result.forward_passes += 1  # the forward whose outputs the loss's own gradient was checked on
+    if stops is not None:
+        result.message = (STOP_GRADIENT_NOTE + "; " + (result.message or "")).rstrip("; ")
     if precision != torch.float64:
         result.message = (f"the forward computes in {str(precision).removeprefix('torch.')}: differences judged "
                           f"against its rounding (eps {step:.2g}); " + (result.message or ""))  # fmt: skip
     return result
+
+
+STOP_GRADIENT_NOTE = (
+    "the loss's own gradient is not the derivative of its value (a stop-gradient in it: .detach() or .item() "
+    "on the outputs, as actor-critic advantages and target networks do on purpose): checked the gradient of "
+    "a fixed random projection of the model's outputs instead"
+)
+
+
+def _loss_stops_gradients(model_copy: nn.Module, inputs: object, targets: object, loss_fn: LossFn,
+                          seed: int) -> tuple[LossFn, None] | None:  # fmt: skip
+    """A stand-in for ``loss_fn`` when the loss itself, as a function of the model's
+    outputs, has an autograd gradient that finite differences contradict; else None.
+
+    Such a loss stops gradients on purpose (an advantage ``R - value.detach()``, a
+    target computed from the outputs under ``no_grad``): differences of it see the
+    stopped path, autograd does not, and every model would look broken. The backward
+    worth checking is the model's, so the stand-in is ``<r, outputs>`` for a fixed random
+    ``r``, which any correct backward differentiates exactly. (A custom backward inside
+    the loss itself is then not checked.)"""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        output = forward(model_copy, inputs)
+    floats = [t for t in iter_tensors(output) if t.is_floating_point()]
+    if not floats:
+        return None
+
+    def with_floats(values: list[torch.Tensor]) -> object:
+        queue = iter(values)
+        return map_tensors(output, lambda t: next(queue) if t.is_floating_point() else t)
+
+    leaves = [t.detach().clone().requires_grad_() for t in floats]
+    loss = compute_loss(loss_fn, with_floats(leaves), targets)
+    if not loss.requires_grad:
+        return None
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    generator = torch.Generator().manual_seed(seed)
+    precision = min((t.dtype for t in floats), key=lambda d: torch.finfo(d).eps, default=torch.float64)
+    step = torch.finfo(precision).eps ** (1 / 3)
+    noise = torch.finfo(precision).eps * max(1.0, abs(float(loss.detach()))) / step
+    for _ in range(2):
+        direction = [torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device) for t in leaves]
+        norm = math.sqrt(sum(float((d * d).sum()) for d in direction)) or 1.0
+        direction = [d / norm for d in direction]
+        analytic = sum(float((g * d).sum()) for g, d in zip(grads, direction) if g is not None)
+        with torch.no_grad():
+            plus = float(compute_loss(loss_fn, with_floats([t + step * d for t, d in zip(leaves, direction)]), targets))
+            minus = float(compute_loss(loss_fn, with_floats([t - step * d for t, d in zip(leaves, direction)]), targets))
+        numeric = (plus - minus) / (2 * step)
+        gap = abs(numeric - analytic)
+        if gap > 64 * noise and gap > STOP_GRADIENT_GAP * max(abs(numeric), abs(analytic)):
+            weights = [torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device) for t in floats]
+
+            def projected(out: object, _targets: object) -> torch.Tensor:
+                return sum(((w * t).sum() for w, t in zip(weights, (t for t in iter_tensors(out)
+                                                                    if t.is_floating_point()))), torch.zeros(()))
+
+            return projected, None
+    return None
 
 
 def _not_a_function(problem: _Problem) -> str | None:
