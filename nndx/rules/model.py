@@ -214,9 +214,25 @@ def _hidden_inputs(report: DiagnosticReport) -> list[tuple[str, int]]:
 TINY_WIDTH = 2
 
 
+def _heads(report: DiagnosticReport) -> set[str]:
+    """Layers whose output an observed forward put through a softmax or a sigmoid: a head
+    that is not the model's last layer (an actor's action probabilities beside a critic's
+    value), attention weights from a score ``Linear(h, 1)``, or a gate. None of them is a
+    hidden representation, however narrow."""
+    model = report.model
+    if model is None or not model.forward_observed:
+        return set()
+    return {layer.input_from for layer in model.layers if layer.input_from and _heading(layer.type)}
+
+
+def _heading(name: str) -> bool:
+    kind = vocab.activation_kind(name)
+    return kind is not None and (kind.over_classes or kind.name == "Sigmoid")
+
+
 def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
     """(layer, width, activation) for each weighted hidden layer of at most TINY_WIDTH outputs
-    whose output an observed forward fed to an activation."""
+    whose output an observed forward fed to an activation other than a head's (see _heads)."""
     model = report.model
     if model is None or not model.forward_observed:
         return []
@@ -225,7 +241,8 @@ def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
     found = []
     for layer in model.layers:
         source = layer.input_from
-        if vocab.activation_kind(layer.type) is None or source not in shapes or source in weighted[-1:]:
+        if vocab.activation_kind(layer.type) is None or _heading(layer.type) or source not in shapes or (
+                source in weighted[-1:]):  # fmt: skip
             continue
         if len(shapes[source]) >= 2 and shapes[source][0] <= TINY_WIDTH:
             found.append((source, shapes[source][0], layer.type))
@@ -240,7 +257,8 @@ def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
     detects="A classifier with a hidden representation of at most 8 features and fewer than the classes "
     "(or a single unit): a hidden Linear layer's output, or the input of a Linear after the first layer "
     "(channels pooled into a head). In any model, a hidden Linear or convolution of at most 2 units or "
-    "channels whose output an observed forward puts through an activation. Warning while the train loss "
+    "channels whose output an observed forward puts through an activation other than a softmax or a sigmoid "
+    "(there it is a head, attention scores or a gate). Warning while the train loss "
     "kept over half its initial level or the model could not overfit one batch; info when training still "
     "progresses.",
     why="A bottleneck that narrow caps what the layers after it can separate: the model underfits "
@@ -256,8 +274,8 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
         return None
     narrow = []
     if is_classification(report) is True and classes:
-        widths = _layer_widths(report)
-        hidden = [(name, w, f"hidden layer {name} has {w} units") for name, w in widths[:-1]]
+        widths, heads = _layer_widths(report), _heads(report)
+        hidden = [(name, w, f"hidden layer {name} has {w} units") for name, w in widths[:-1] if name not in heads]
         hidden += [(name, w, f"{name} is fed {w} features") for name, w in _hidden_inputs(report)]
         narrow = [entry for entry in hidden if entry[1] < max(2, classes) and entry[1] <= NARROW_FEATURES]
     narrow += [(name, w, f"{name} puts {w} units through {act}") for name, w, act in _tiny_non_linear(report)]

@@ -139,6 +139,34 @@ def test_a_linear_two_d_code_and_a_wide_layer_are_no_bottleneck():
     assert not narrow_findings(Bottleneck(16, "functional"))
 
 
+class ActorCritic(nn.Module):
+    """pytorch/examples' actor-critic: a 2-action softmax head beside a 1-unit value head
+    (the model's last layer), and a Bahdanau-style score Linear(h, 1) softmaxed over time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.score = nn.Linear(8, 16), nn.Linear(16, 1)
+        self.action_head, self.value_head = nn.Linear(16, 2), nn.Linear(16, 1)
+
+    def forward(self, x):  # x: (batch, time, 8)
+        h = F.relu(self.body(x))
+        attended = (h * F.softmax(self.score(h), dim=1)).sum(1)
+        return F.softmax(self.action_head(attended), dim=-1), self.value_head(attended)
+
+
+def test_a_softmax_head_beside_the_last_layer_and_attention_scores_are_no_bottleneck():
+    torch.manual_seed(0)
+    x = torch.randn(64, 5, 8)
+
+    def loss(outputs, targets):
+        probs, value = outputs
+        return nn.functional.nll_loss(probs.log(), targets[0]) + nn.functional.mse_loss(value.squeeze(1), targets[1])
+
+    report = nndx.probe(ActorCritic(), (x, ((x[:, 0, 0] > 0).long(), x[:, 0, 1])), loss, progress=False)
+    assert report.model.forward_observed
+    assert "NNDX403" not in {f.rule_id for f in nndx.diagnose(report).findings}
+
+
 class Heads(nn.Module):
     """Self-attention over (batch, time, width) that splits heads by view, as nanoGPT does,
     or (the bug) by a view to the permuted sizes."""
