@@ -36,4 +36,8 @@ PROGRAMS = (
     "forward_forward",
     "quickstart",
     "cifar10_tutorial",
+    "bilstm_crf",
+    "ngram_lm",
+    "actor_critic",
+    "char_rnn_generation",
 )
