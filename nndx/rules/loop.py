@@ -836,7 +836,8 @@ def log_probabilities_off_class_axis(report: DiagnosticReport) -> Hit | None:
     "error",
     "The loss does not fit the task or the outputs",
     detects="A regression loss (MSE/L1) on class-index targets, on labels the data checks found to be "
-    "class indices or one-hot rows, or a multi-column output against one target per sample; NLLLoss on non-negative outputs (probabilities, not log-probabilities); a "
+    "class indices or one-hot rows, or a multi-column output against one target per sample; NLLLoss on non-negative "
+    "outputs (probabilities, not log-probabilities; all zero is log(1) too, left to NNDX324); a "
     "regression loss on a task the report marks as classification (warning).",
     why="MSE on class indices treats class 7 as 'closer' to 8 than to 1 and gives weak gradients; NLLLoss "
     "on probabilities maximises p instead of log p.",
@@ -856,7 +857,10 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
             one_target = call.target_shape is not None and len(call.target_shape) == 1
             if _is_int(call.target_dtype) or (many_columns and one_target):
                 return Hit(symptom=f"{call.loss_type} on class labels", evidence=evidence, score=3.0)
-        if call.loss_type == "NLLLoss" and call.output_min is not None and call.output_min >= 0.0:
+        # all zero is log(1) as much as a probability: log_softmax over an axis of length one
+        # (dim=0 of a batch of one), which NNDX324 names
+        all_zero = call.output_max is not None and call.output_max <= 0.0
+        if call.loss_type == "NLLLoss" and call.output_min is not None and call.output_min >= 0.0 and not all_zero:
             return Hit(
                 symptom="NLLLoss on non-negative outputs (probabilities, not log-probabilities)",
                 evidence=evidence | {"output_min": call.output_min},

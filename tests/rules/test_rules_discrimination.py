@@ -894,3 +894,17 @@ def test_one_sample_a_step_is_online_training_not_a_tiny_batch():
     two = _found(tiny_batch())["NNDX311"]
     one = _found(with_loop(tiny_batch(), loss_calls=[loss_call(output_shape=[1, 10], target_shape=[1])]))["NNDX311"]
     assert two.severity == "warning" and one.severity == "info" and "online training" in one.symptom
+
+
+def test_all_zero_outputs_into_nll_are_log_softmax_over_a_length_one_axis():
+    """log_softmax(dim=0) of a (1, V) output (the n-gram and char-RNN tutorials train one
+    sample at a time) is all zero: log(1), not probabilities. NNDX324 names it; NNDX315
+    stays for outputs with positive values."""
+    from .broken import calls, loss_call
+
+    zeros = _found(calls(loss_call(loss_type="NLLLoss", output_shape=[1, 59], target_shape=[1], output_min=0.0,
+                                   output_max=0.0, output_log_rows_off_zero=math.log(59))))  # fmt: skip
+    assert "NNDX324" in zeros and "NNDX315" not in zeros
+    probabilities = _found(calls(loss_call(loss_type="NLLLoss", output_shape=[8, 5], target_shape=[8], output_min=0.0,
+                                           output_max=0.9)))  # fmt: skip
+    assert "NNDX315" in probabilities
