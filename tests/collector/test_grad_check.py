@@ -329,3 +329,20 @@ def test_behind_such_a_loss_a_wrong_backward_in_the_model_is_still_caught():
     result = grad_check(_ActorCritic(custom_backward_mlp("transposed")), _rl_batch(), _advantage_loss)
     assert result.status == "failed"
     assert {p.name: p.status for p in result.parameters}["body.2.weight"] == "bug"
+
+
+def _dice_in_float32(logits, target):
+    """Pytorch-UNet's loss: cross-entropy plus a Dice term on ``.float()`` casts, which round
+    in float32 whatever the model computes in."""
+    probs = torch.softmax(logits, dim=1).float()
+    one_hot = nn.functional.one_hot(target, logits.shape[1]).float()
+    dice = (2 * (probs * one_hot).sum() + 1e-6) / (probs.sum() + one_hot.sum() + 1e-6)
+    return nn.functional.cross_entropy(logits, target) + (1 - dice)
+
+
+def test_a_loss_that_casts_to_float32_is_judged_by_float32_rounding():
+    healthy = grad_check(custom_backward_mlp(None), batch(), _dice_in_float32)
+    assert healthy.status == "passed", healthy.message
+    assert "computes in float32" in healthy.message and "stop-gradient" not in healthy.message
+    broken = grad_check(custom_backward_mlp("transposed"), batch(), _dice_in_float32)
+    assert broken.status == "failed" and {p.name: p.status for p in broken.parameters}["2.weight"] == "bug"

@@ -62,10 +62,11 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from nndx.collector._common import (
     Batch,
@@ -238,6 +239,27 @@ def grad_check(
             return result
 
 
+def _eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
+
+
+class _LowestPrecision(TorchFunctionMode):
+    """The least precise floating dtype any torch call computed while active: a loss that
+    casts with ``.float()`` (Pytorch-UNet's Dice term) rounds in float32 whatever the
+    model's copy computes in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lowest: torch.dtype | None = None
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in iter_tensors(out):
+            if t.is_floating_point() and (self.lowest is None or _eps(t.dtype) > _eps(self.lowest)):
+                self.lowest = t.dtype
+        return out
+
+
 def _no_autocast(model: nn.Module) -> contextlib.AbstractContextManager:
     """Autocast off: the check is of the backward's math, in float64, whatever the
     training's precision."""
@@ -262,10 +284,14 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     if stops is not None:
         loss_fn, targets = stops
 
+    in_loss = _LowestPrecision()
+
     def loss_now() -> torch.Tensor:
         torch.manual_seed(seed)  # the same dropout mask at every evaluation
         seen.kink_pattern = pattern  # functional kinks (F.relu, clamp, max-pool, comparisons) join the modules'
-        return compute_loss(loss_fn, forward(model_copy, inputs), targets)
+        output = forward(model_copy, inputs)
+        with in_loss:
+            return compute_loss(loss_fn, output, targets)
 
     pattern: Pattern = []
     handles = _record_kinks(model_copy, pattern)
@@ -275,9 +301,10 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
             base = loss_now()
             base.backward()
             base_pattern = list(pattern)
-            # the least precise dtype the forward computed in (an explicit .float() inside
-            # it, say): its rounding, not float64's, is what the differences can resolve
-            precision = seen.lowest_precision or dtype
+            # the least precise dtype the forward or the loss computed in (an explicit .float()
+            # inside either, say): its rounding, not float64's, is what the differences can resolve
+            precision = max((d for d in (seen.lowest_precision, in_loss.lowest, dtype) if d is not None),
+                            key=lambda d: torch.finfo(d).eps)  # fmt: skip
             values = {n: p.detach().reshape(-1).clone() for n, p in named}
             grads = {n: (p.grad.detach().reshape(-1).clone() if p.grad is not None else torch.zeros_like(values[n]))
                      for n, p in named}  # fmt: skip
@@ -313,8 +340,9 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     if stops is not None:
         result.message = (STOP_GRADIENT_NOTE + "; " + (result.message or "")).rstrip("; ")
     if precision != torch.float64:
-        result.message = (f"the forward computes in {str(precision).removeprefix('torch.')}: differences judged "
-                          f"against its rounding (eps {step:.2g}); " + (result.message or ""))  # fmt: skip
+        result.message = (f"the forward or the loss computes in {str(precision).removeprefix('torch.')}: "
+                          f"differences judged against its rounding (eps {step:.2g}); "
+                          + (result.message or ""))  # fmt: skip
     return result
 
 
@@ -348,12 +376,15 @@ def _loss_stops_gradients(model_copy: nn.Module, inputs: object, targets: object
         return map_tensors(output, lambda t: next(queue) if t.is_floating_point() else t)
 
     leaves = [t.detach().clone().requires_grad_() for t in floats]
-    loss = compute_loss(loss_fn, with_floats(leaves), targets)
+    in_loss = _LowestPrecision()
+    with in_loss:
+        loss = compute_loss(loss_fn, with_floats(leaves), targets)
     if not loss.requires_grad:
         return None
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     generator = torch.Generator().manual_seed(seed)
-    precision = min((t.dtype for t in floats), key=lambda d: torch.finfo(d).eps, default=torch.float64)
+    precision = max([t.dtype for t in floats] + ([in_loss.lowest] if in_loss.lowest else []),
+                    key=lambda d: torch.finfo(d).eps)  # fmt: skip
     step = torch.finfo(precision).eps ** (1 / 3)
     noise = torch.finfo(precision).eps * max(1.0, abs(float(loss.detach()))) / step
     for _ in range(2):
@@ -362,8 +393,9 @@ def _loss_stops_gradients(model_copy: nn.Module, inputs: object, targets: object
         direction = [d / norm for d in direction]
         analytic = sum(float((g * d).sum()) for g, d in zip(grads, direction) if g is not None)
         with torch.no_grad():
-            plus = float(compute_loss(loss_fn, with_floats([t + step * d for t, d in zip(leaves, direction)]), targets))
-            minus = float(compute_loss(loss_fn, with_floats([t - step * d for t, d in zip(leaves, direction)]), targets))
+            plus, minus = (float(compute_loss(loss_fn, with_floats([t + sign * step * d
+                                                                    for t, d in zip(leaves, direction)]), targets))
+                           for sign in (1.0, -1.0))  # fmt: skip
         numeric = (plus - minus) / (2 * step)
         gap = abs(numeric - analytic)
         if gap > 64 * noise and gap > STOP_GRADIENT_GAP * max(abs(numeric), abs(analytic)):
@@ -371,7 +403,8 @@ def _loss_stops_gradients(model_copy: nn.Module, inputs: object, targets: object
 
             def projected(out: object, _targets: object) -> torch.Tensor:
                 return sum(((w * t).sum() for w, t in zip(weights, (t for t in iter_tensors(out)
-                                                                    if t.is_floating_point()))), torch.zeros(()))
+                                                                    if t.is_floating_point()))),
+                           torch.zeros((), dtype=weights[0].dtype))
 
             return projected, None
     return None
