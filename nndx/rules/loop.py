@@ -392,7 +392,7 @@ def train_mode_forgotten(report: DiagnosticReport) -> Hit | None:
     C.LR_SCHEDULE_MISUSE,
     "warning",
     "The learning-rate schedule collapses the LR early",
-    detects="A learning rate below 1e-3 of its maximum for more than a quarter of the recorded steps (in a loop "
+    detects="A learning rate at or below 1e-3 of its maximum for more than a quarter of the recorded steps (in a loop "
     "without an optimizer: the step size measured as |update| / |gradient|). "
     "Cosine or one-cycle schedules stepped per batch only get there in the last few percent, so they "
     "do not fire.",
@@ -412,12 +412,13 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     peak = max(lrs)
     if peak <= 0:
         return None
-    collapsed = [i for i, lr in enumerate(lrs) if lr < 1e-3 * peak]
+    # at 1e-3 too, to float precision: ReduceLROnPlateau(eps=1e-8) from 1e-5 stops exactly there
+    collapsed = [i for i, lr in enumerate(lrs) if lr <= 1e-3 * peak * (1 + 1e-6)]
     share = len(collapsed) / len(lrs)
     if share <= 0.25:
         return None
     return Hit(
-        symptom=f"learning rate under 1e-3 of its peak for {share:.0%} of the recorded steps",
+        symptom=f"learning rate at or under 1e-3 of its peak for {share:.0%} of the recorded steps",
         evidence={
             "lr_peak": peak,
             "lr_final": lrs[-1],

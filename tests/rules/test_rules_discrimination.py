@@ -908,3 +908,11 @@ def test_all_zero_outputs_into_nll_are_log_softmax_over_a_length_one_axis():
     probabilities = _found(calls(loss_call(loss_type="NLLLoss", output_shape=[8, 5], target_shape=[8], output_min=0.0,
                                            output_max=0.9)))  # fmt: skip
     assert "NNDX315" in probabilities
+
+
+def test_a_plateau_schedule_that_stops_at_exactly_1e_3_of_its_peak_collapsed_too():
+    """ReduceLROnPlateau(mode='min') stepped with a score that rises cuts 1e-5 ten times over
+    until its eps=1e-8 stops it: exactly 1e-3 of the peak, for most of the run (Pytorch-UNet's
+    scheduler given the Dice score in the wrong mode)."""
+    lrs = [max(1e-5 * 0.1 ** (i // 10), 1e-8) for i in range(200)]
+    assert "NNDX307" in _found(with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]))
