@@ -40,4 +40,6 @@ PROGRAMS = (
     "ngram_lm",
     "actor_critic",
     "char_rnn_generation",
+    "unet",
+    "chatbot",
 )
