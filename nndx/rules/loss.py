@@ -8,6 +8,7 @@ healthy noisy decreasing curve never reads as oscillation.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from statistics import median
 
 from nndx import vocab
@@ -537,7 +538,8 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
     "10x the magnitude of its start (at least 1), or over 2x below it while its second half falls as fast "
     "as its first (a bounded loss slows near its floor): it has no lower bound. The overfit-one-batch "
     "probe's loss is read too, where only a fall to over 100x its start counts (one batch can be fitted "
-    "further than a data set).",
+    "further than a data set); info when the run's own loss was recorded and stayed non-negative (the loss "
+    "given to the probes then lacks a term of the loop's, as a WGAN critic's gradient penalty).",
     why="A loss that can fall forever rewards the model for something other than the task — a sign "
     "error (adding the KL term with a minus, maximising the likelihood's negative), NLLLoss fed "
     "probabilities instead of log-probabilities. The number goes down; the model gets worse.",
@@ -548,12 +550,17 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
 def loss_unbounded(report: DiagnosticReport) -> Hit | None:
     overfit = report.probes.overfit_one_batch if report.probes is not None else None
     probe_losses = [LossPoint(step=i, value=v) for i, v in enumerate(overfit.losses)] if overfit else []
-    for where, curve, one_batch in (("train loss", loss_curve(report), False),
-                                    ("overfit-one-batch loss", Curve(probe_losses), True)):  # fmt: skip
-        hit = _unbounded(report, where, curve, one_batch)
-        if hit is not None:
-            return hit
-    return None
+    train = loss_curve(report)
+    hit = _unbounded(report, "train loss", train, False)
+    if hit is not None:
+        return hit
+    hit = _unbounded(report, "overfit-one-batch loss", Curve(probe_losses), True)
+    if hit is not None and train.n >= 10 and train.end >= 0:
+        # the run's own loss stayed bounded: the probes were given a loss without a term the
+        # loop adds (a WGAN critic's gradient penalty), so theirs is not the run's objective
+        return replace(hit, severity="info", symptom=hit.symptom + "; the run's own loss stayed bounded, so the loss "
+                       "the probes were given may lack a term the loop adds (a WGAN's gradient penalty)")  # fmt: skip
+    return hit
 
 
 def _unbounded(report: DiagnosticReport, where: str, curve: Curve, one_batch: bool) -> Hit | None:

@@ -32,6 +32,28 @@ def test_healthy_sweep_is_geometric_smoothed_and_stops_at_divergence():
     assert result.valley_lr is not None
 
 
+def test_a_loss_falling_through_zero_is_no_divergence():
+    """A WGAN critic's Wasserstein loss (mean of its outputs on fakes minus on reals) starts
+    near 0 and can fall without bound: 4x its best is above it once the best is negative,
+    which read every later step as divergence. A negative loss that rises again still
+    diverges."""
+    from nndx.collector.probes.lr_range import diverged
+
+    assert not diverged([0.1, -0.5, -3.0, -40.0], 4.0)
+    assert diverged([0.1, -0.5, -3.0, -40.0, 200.0], 4.0)
+    assert diverged([2.0, 1.0, 4.5], 4.0) and not diverged([2.0, 1.0, 3.5], 4.0)  # positive losses: as before
+
+    def critic_loss(scores, is_real):
+        return scores[~is_real].mean() - scores[is_real].mean()
+
+    torch.manual_seed(0)
+    critic = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    x = torch.randn(64, 8)
+    result = lr_range_test(critic, (x, torch.arange(64) % 2 == 0), lambda out, real: critic_loss(out.squeeze(1), real),
+                           start_lr=1e-6, end_lr=1e-2, steps=40)  # fmt: skip
+    assert result.diverged_at_lr is None and min(result.smoothed) < 0
+
+
 def test_suggestion_is_a_quarter_of_the_knee_with_an_interval_around_it():
     lrs = [10 ** (-6 + i * 0.1) for i in range(60)]
     # logistic drop from 2 to 1 centred at index 30, then a rise after 45. The knee is the

@@ -265,6 +265,25 @@ def test_a_loss_without_bound_is_seen_in_the_overfit_probe_alone():
     assert "NNDX111" not in preflight([1.4 - 0.035 * i for i in range(300)])
 
 
+def test_a_probe_loss_without_bound_beside_a_bounded_run_is_context():
+    """A WGAN critic: the loop adds a gradient penalty that bounds its loss, but the loss
+    the probes can be given is the Wasserstein term alone, which one batch drives to -1e7.
+    The same probe curve with the run's own loss falling without bound stays an error."""
+    from nndx.report import OverfitResult
+
+    from .reports import points
+
+    def after_training(train: list[float]):
+        probe = OverfitResult(status="passed", steps=300, losses=[-0.1 * 1.06**i for i in range(300)], initial_loss=-0.1)
+        report = with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {"train": points(train)}})
+        return _found(report.model_copy(update={"probes": report.probes.model_copy(update={"overfit_one_batch": probe})}))
+
+    bounded = after_training([2.0 * math.exp(-i / 40) + 0.1 * (i % 3) for i in range(200)])
+    assert bounded["NNDX111"].severity == "info" and "gradient penalty" in bounded["NNDX111"].symptom
+    falling = after_training([-0.1 - 0.5 * i for i in range(200)])
+    assert falling["NNDX111"].severity == "error" and falling["NNDX111"].evidence["curve"] == "train loss"
+
+
 def test_squashed_logits_are_seen_from_their_values_whatever_produced_them():
     from nndx.report import LossCall
 

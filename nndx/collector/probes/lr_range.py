@@ -109,7 +109,7 @@ def lr_range_test(
             lrs.append(lr)
             losses.append(value)
             smoothed.append(value if not smoothed else smooth * value + (1 - smooth) * smoothed[-1])
-            if not math.isfinite(smoothed[-1]) or smoothed[-1] > diverge_factor * min(smoothed):
+            if diverged(smoothed, diverge_factor):
                 diverged_at = lr
                 break
             backward_and_step(loss, opt, batch_loss, scaler)
@@ -119,6 +119,20 @@ def lr_range_test(
 
 SPEC = ProbeSpec(name="lr_range", title=LRRangeResult.title, function=lr_range_test, result=LRRangeResult,
                  order=60, needs_finite_parameters=True, trains=True)  # fmt: skip
+
+
+def diverged(smoothed: list[float], factor: float) -> bool:
+    """Whether the sweep's smoothed loss has left its best for good: non-finite, or above
+    ``factor`` x its best. A loss that can be negative (a WGAN critic's, a Gaussian
+    log-likelihood's) has no such ratio: there it is the rise above its best by ``factor - 1``
+    times the larger of its best and its first value, in magnitude, so that a loss falling
+    through zero is not read as diverging."""
+    last, best = smoothed[-1], min(smoothed)
+    if not math.isfinite(last):
+        return True
+    if best > 0:
+        return last > factor * best
+    return last - best > (factor - 1) * max(abs(best), abs(smoothed[0]), 1e-12)
 
 
 def passes(batches: Iterable[Batch]) -> Iterator[Batch]:
