@@ -42,4 +42,6 @@ PROGRAMS = (
     "char_rnn_generation",
     "unet",
     "chatbot",
+    "ddpm",
+    "wgan_gp",
 )
