@@ -521,6 +521,13 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield from iter_tensors(item)
 
 
+def relates_samples(inputs: Any, size: int) -> bool:
+    """Whether an input holds a matrix over the batch: two of its axes of the batch's
+    ``size`` (a graph's dense adjacency beside node features, a mask between samples). Such
+    samples are meant to depend on each other, and no half of the batch is a batch."""
+    return any(sum(1 for n in t.shape if n == size) >= 2 for t in iter_tensors(inputs))
+
+
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(obj, torch.Tensor):
         return fn(obj)

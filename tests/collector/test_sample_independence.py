@@ -73,3 +73,42 @@ def test_model_state_untouched():
     before = snapshot(model)
     sample_independence(model, batch())
     assert_untouched(before, model)
+
+
+class DenseGraphAttention(nn.Module):
+    """pytorch/examples' GAT on a whole graph: node features (N, F) and a dense adjacency
+    (N, N); every node attends to its neighbours, so nodes depend on each other by design.
+    ``F.dropout`` (on by default, as the example's bug) ignores eval mode."""
+
+    def __init__(self, dropout_ignores_eval: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w, self.a, self.out = nn.Linear(6, 8), nn.Linear(16, 1), nn.Linear(8, 3)
+        self.ignores_eval = dropout_ignores_eval
+
+    def forward(self, x, adj):
+        h = self.w(nn.functional.dropout(x, 0.5, training=True if self.ignores_eval else self.training))
+        n = h.shape[0]
+        pairs = torch.cat([h.unsqueeze(1).expand(n, n, -1), h.unsqueeze(0).expand(n, n, -1)], dim=2)
+        scores = self.a(pairs).squeeze(2).masked_fill(adj == 0, float("-inf"))
+        return nn.functional.log_softmax(self.out(torch.softmax(scores, dim=1) @ h), dim=1)
+
+
+def _graph():
+    g = torch.Generator().manual_seed(0)
+    adj = ((torch.rand(40, 40, generator=g) < 0.1) | torch.eye(40, dtype=torch.bool)).float()
+    return (torch.randn(40, 6, generator=g), adj), torch.randint(0, 3, (40,), generator=g)
+
+
+def test_a_whole_graph_with_a_dense_adjacency_is_no_batch_of_independent_samples():
+    result = sample_independence(DenseGraphAttention(), _graph())
+    assert result.status == "skipped" and "adjacency" in result.message
+
+
+def test_a_whole_graph_is_not_halved_by_the_eval_mode_probe_and_its_dropout_bug_is_still_seen():
+    from nndx.collector.probes.eval_mode import eval_mode_consistency
+
+    healthy = eval_mode_consistency(DenseGraphAttention().eval(), _graph())
+    assert healthy.status == "passed" and healthy.batch_dependence_diff is None
+    broken = eval_mode_consistency(DenseGraphAttention(dropout_ignores_eval=True).eval(), _graph())
+    assert broken.status == "failed" and broken.ignores_eval

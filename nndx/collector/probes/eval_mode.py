@@ -45,9 +45,10 @@ from nndx.collector._common import (
     iter_tensors,
     map_tensors,
     preserved_rng,
+    relates_samples,
     roundoff_tolerance,
-    split_batch,
     set_mode,
+    split_batch,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -151,12 +152,13 @@ def _size(inputs: object, axis: int) -> int:
 
 
 def _first_half(inputs: object, axis: int) -> object | None:
-    """The first half of the batch along ``axis``; None when the batch has < 4 samples or
-    an input is not batched along it (a mask shared by the batch, a graph's edges): what
-    halving those would do to the model is not the batch statistics' doing."""
+    """The first half of the batch along ``axis``; None when the batch has < 4 samples, an
+    input is not batched along it (a mask shared by the batch, a graph's edges) or relates
+    the samples to each other (a dense adjacency): what halving those would do to the model
+    is not the batch statistics' doing."""
     size = _size(inputs, axis)
-    if size < 4 or any(t.dim() <= axis or t.shape[axis] != size or t.layout != torch.strided
-                       for t in iter_tensors(inputs)):  # fmt: skip
+    unbatched = any(t.dim() <= axis or t.shape[axis] != size or t.layout != torch.strided for t in iter_tensors(inputs))
+    if size < 4 or unbatched or relates_samples(inputs, size):
         return None
     return map_tensors(inputs, lambda t: t.narrow(axis, 0, size // 2))
 

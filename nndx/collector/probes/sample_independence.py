@@ -37,9 +37,10 @@ from nndx.collector._common import (
     map_tensors,
     prediction,
     preserved_rng,
+    relates_samples,
     roundoff_tolerance,
-    split_batch,
     set_mode,
+    split_batch,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -108,6 +109,9 @@ def _batch_axis(inputs: object, targets: object) -> tuple[int | None, str]:
         return None, f"{len(axes)} axes of the inputs {list(first.shape)} have the {samples} samples of the targets"
     if samples < MIN_SAMPLES:
         return None, f"only {samples} samples; need {MIN_SAMPLES}"
+    if relates_samples(inputs, samples):
+        return None, (f"an input is a {samples} x {samples} matrix over the samples (a graph's adjacency): they "
+                      "depend on each other by design")  # fmt: skip
     return axes[0], ""
 
 
