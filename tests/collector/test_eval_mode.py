@@ -160,3 +160,21 @@ def test_a_time_major_batch_is_halved_along_its_samples_and_never_along_time():
     assert evaluated.status == "passed" and evaluated.batch_dependence_diff <= evaluated.tolerance
     # a mask shared by the batch cannot be halved with it: no half-batch check
     assert eval_mode_consistency(model.train(), ((tokens, mask), labels)).batch_dependence_diff is None
+
+
+class FixedBatch(nn.Module):
+    """A model built for one batch size (a positional table over the batch, say): the half
+    batch the probe makes is its own doing, not an error of the user's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer, self.per_row = nn.Linear(8, 3), nn.Parameter(torch.zeros(16, 3))
+
+    def forward(self, x):
+        return self.layer(x) + self.per_row
+
+
+def test_a_model_that_cannot_take_half_the_batch_is_still_checked():
+    result = eval_mode_consistency(FixedBatch().eval(), (torch.randn(16, 8), torch.randint(0, 3, (16,))))
+    assert result.status == "passed" and result.batch_dependence_diff is None
