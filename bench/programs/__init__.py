@@ -44,4 +44,6 @@ PROGRAMS = (
     "chatbot",
     "ddpm",
     "wgan_gp",
+    "simclr",
+    "gat",
 )
