@@ -280,7 +280,10 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     if not named:
         return GradCheckResult(status="skipped", mode=mode, eps=eps, message="no trainable parameters")
     checked_loss = loss_fn is not None
-    stops = _loss_stops_gradients(model_copy, inputs, targets, loss_fn, seed) if checked_loss else None
+    try:
+        stops = _loss_stops_gradients(model_copy, inputs, targets, loss_fn, seed) if checked_loss else None
+    except Exception:  # noqa: BLE001 - outputs the loss cannot take rebuilt: check the loss as it is
+        stops = None
     if stops is not None:
         loss_fn, targets = stops
 
@@ -373,7 +376,10 @@ def _loss_stops_gradients(model_copy: nn.Module, inputs: object, targets: object
 
     def with_floats(values: list[torch.Tensor]) -> object:
         queue = iter(values)
-        return map_tensors(output, lambda t: next(queue) if t.is_floating_point() else t)
+        rebuilt = map_tensors(output, lambda t: next(queue) if t.is_floating_point() else t)
+        if isinstance(output, dict) and type(output) is not dict:
+            rebuilt = type(output)(**rebuilt)  # a Hugging Face ModelOutput: the loss reads .logits
+        return rebuilt
 
     leaves = [t.detach().clone().requires_grad_() for t in floats]
     in_loss = _LowestPrecision()
