@@ -522,10 +522,15 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
 
 
 def relates_samples(inputs: Any, size: int) -> bool:
-    """Whether an input holds a matrix over the batch: two of its axes of the batch's
-    ``size`` (a graph's dense adjacency beside node features, a mask between samples). Such
-    samples are meant to depend on each other, and no half of the batch is a batch."""
-    return any(sum(1 for n in t.shape if n == size) >= 2 for t in iter_tensors(inputs))
+    """Whether an input beside the first holds a matrix over the batch: two of its axes of
+    the batch's ``size``, in a shape the first input does not have (a graph's dense adjacency
+    beside node features). Such samples are meant to depend on each other, and no half of
+    the batch is a batch. The first input itself never counts, nor a tensor shaped like it:
+    a (64, 64) batch of 64 features, or token ids and their attention mask with as many
+    positions as samples, are per-sample."""
+    tensors = list(iter_tensors(inputs))
+    first = tuple(tensors[0].shape) if tensors else ()
+    return any(tuple(t.shape) != first and sum(1 for n in t.shape if n == size) >= 2 for t in tensors[1:])
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

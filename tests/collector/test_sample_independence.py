@@ -112,3 +112,13 @@ def test_a_whole_graph_is_not_halved_by_the_eval_mode_probe_and_its_dropout_bug_
     assert healthy.status == "passed" and healthy.batch_dependence_diff is None
     broken = eval_mode_consistency(DenseGraphAttention(dropout_ignores_eval=True).eval(), _graph())
     assert broken.status == "failed" and broken.ignores_eval
+
+
+def test_a_square_batch_of_per_sample_inputs_relates_no_samples():
+    """64 samples of 64 features, or 16 sequences of 16 tokens with their mask: square by
+    coincidence, per-sample all the same."""
+    from nndx.collector._common import relates_samples
+
+    assert not relates_samples(torch.randn(64, 64), 64)
+    assert not relates_samples((torch.randint(0, 9, (16, 16)), torch.ones(16, 16)), 16)
+    assert relates_samples((torch.randn(40, 6), torch.ones(40, 40)), 40)
