@@ -52,6 +52,8 @@ def test_a_loss_falling_through_zero_is_no_divergence():
     result = lr_range_test(critic, (x, torch.arange(64) % 2 == 0), lambda out, real: critic_loss(out.squeeze(1), real),
                            start_lr=1e-6, end_lr=1e-2, steps=40)  # fmt: skip
     assert result.diverged_at_lr is None and min(result.smoothed) < 0
+    # and no suggestion: a loss with no floor has no knee (the sweep ends at its lowest, read as 2.5 before)
+    assert result.suggested_lr is None and "below zero" in result.message
 
 
 def test_suggestion_is_a_quarter_of_the_knee_with_an_interval_around_it():

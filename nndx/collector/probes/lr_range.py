@@ -176,6 +176,12 @@ def analyse(
     best = min(range(len(curve)), key=curve.__getitem__)
     result = dict(base, min_loss=curve[best], min_over_10_lr=curve_lrs[best] / 10,
                   valley_lr=curve_lrs[_valley(curve)])  # fmt: skip
+    if curve[best] < 0:
+        # the knee is read against the loss's total drop to its floor; a loss that can go
+        # negative (a WGAN critic's, a log-likelihood's) may have none, and keeps falling
+        return LRRangeResult(status="passed", **result, message=(
+            f"no suggested lr: the loss went below zero ({curve[best]:.3g}), so the sweep has no floor to read "
+            f"a knee against. {note}").strip())  # fmt: skip
     found = suggest_for(curve_lrs, curve, diverged_at, loss=loss, optimizer=optimizer)
     if found is None:
         return LRRangeResult(status="failed", **result,
