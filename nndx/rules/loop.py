@@ -958,8 +958,7 @@ def graph_retained(report: DiagnosticReport) -> Hit | None:
     "error",
     "No optimizer step: backward passes, but the parameters are never updated",
     detects="At least 10 backward passes in a loop the Monitor watched and no optimizer.step() call (in a "
-    "loop without an optimizer: no parameter update detected after any of them, unless every recorded "
-    "gradient was zero, when an update has nothing to apply).",
+    "loop without an optimizer: no parameter update detected after any of them).",
     why="The gradients are computed and thrown away: optimizer.step() is missing (or never reached), so "
     "the model stays at its initialisation however long it trains. Under a torch.amp.GradScaler, "
     "scaler.step(optimizer) also skips the step whenever a gradient is inf or NaN: gradients that are never "
@@ -973,9 +972,6 @@ def no_optimizer_step(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
     if loop is None or loop.optimizers is None or loop.steps > 0 or loop.backward_calls < 10:
         return None
-    norms = [p.before_clip for p in loop.grad_norm_history if p.before_clip is not None]
-    if not loop.optimizers and norms and max(norms) == 0.0:
-        return None  # a hand-written update of zero gradients changes nothing: the loss gives none
     what = "optimizer.step() calls" if loop.optimizers else "parameter updates"
     return Hit(
         symptom=f"{loop.backward_calls} backward passes and 0 {what}",
