@@ -82,6 +82,16 @@ class Call:
     kind: vocab.ActivationKind | None  # an activation's kind, else None
 
 
+def coarsest(dtypes: Any) -> torch.dtype | None:
+    """The least precise of these floating dtypes (None entries left out; None if none)."""
+    return max((d for d in dtypes if d is not None), key=lambda d: torch.finfo(d).eps, default=None)
+
+
+def float_dtypes(values: Any) -> list[torch.dtype]:
+    """The dtypes of the floating tensors in a (nested) value."""
+    return [t.dtype for t in iter_tensors(values) if t.is_floating_point()]
+
+
 def _op_name(func: Any) -> str:
     name = getattr(func, "__name__", "") or ""
     return OP_ALIASES.get(name, name)
@@ -211,10 +221,7 @@ class ForwardObserver(TorchFunctionMode):
             if made is not None and made[0]() is first:
                 for t in iter_tensors(out):
                     self._remember(t, made[1])
-        for t in iter_tensors(out):
-            if t.is_floating_point() and (self.lowest_precision is None
-                                          or torch.finfo(t.dtype).eps > torch.finfo(self.lowest_precision).eps):
-                self.lowest_precision = t.dtype  # fmt: skip
+        self.lowest_precision = coarsest([self.lowest_precision, *float_dtypes(out)])
         if self.record_kinks:
             self._kinks(op, func, args, kwargs, first, out)
         module_name, module = self._stack[-1]

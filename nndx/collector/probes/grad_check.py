@@ -82,7 +82,7 @@ from nndx.collector._common import (
 )
 from nndx.collector.stats import iter_named_leaves
 from nndx.collector.probes import ProbeSpec
-from nndx.collector.probes._observe import ForwardObserver
+from nndx.collector.probes._observe import ForwardObserver, coarsest, float_dtypes
 from nndx.report import GradCheckParam, GradCheckResult
 
 OK_THRESHOLD = 1e-5
@@ -239,10 +239,6 @@ def grad_check(
             return result
 
 
-def _eps(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps
-
-
 class _LowestPrecision(TorchFunctionMode):
     """The least precise floating dtype any torch call computed while active: a loss that
     casts with ``.float()`` (Pytorch-UNet's Dice term) rounds in float32 whatever the
@@ -254,9 +250,7 @@ class _LowestPrecision(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        for t in iter_tensors(out):
-            if t.is_floating_point() and (self.lowest is None or _eps(t.dtype) > _eps(self.lowest)):
-                self.lowest = t.dtype
+        self.lowest = coarsest([self.lowest, *float_dtypes(out)])
         return out
 
 
@@ -306,8 +300,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
             base_pattern = list(pattern)
             # the least precise dtype the forward or the loss computed in (an explicit .float()
             # inside either, say): its rounding, not float64's, is what the differences can resolve
-            precision = max((d for d in (seen.lowest_precision, in_loss.lowest, dtype) if d is not None),
-                            key=lambda d: torch.finfo(d).eps)  # fmt: skip
+            precision = coarsest([seen.lowest_precision, in_loss.lowest, dtype])
             values = {n: p.detach().reshape(-1).clone() for n, p in named}
             grads = {n: (p.grad.detach().reshape(-1).clone() if p.grad is not None else torch.zeros_like(values[n]))
                      for n, p in named}  # fmt: skip
@@ -389,8 +382,7 @@ def _loss_stops_gradients(model_copy: nn.Module, inputs: object, targets: object
         return None
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     generator = torch.Generator().manual_seed(seed)
-    precision = max([t.dtype for t in floats] + ([in_loss.lowest] if in_loss.lowest else []),
-                    key=lambda d: torch.finfo(d).eps)  # fmt: skip
+    precision = coarsest([*float_dtypes(floats), in_loss.lowest])
     step = torch.finfo(precision).eps ** (1 / 3)
     noise = torch.finfo(precision).eps * max(1.0, abs(float(loss.detach()))) / step
     for _ in range(2):
