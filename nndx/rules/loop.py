@@ -597,9 +597,10 @@ CONVERGED_PROGRESS = 0.9  # a loss that fell by this share of its start fit its 
     f"info too when each step averages over {DENSE_TARGETS} targets or more (a few images in "
     "super-resolution or segmentation, a few long sequences): there the swings are the samples' "
     "differences, and a small batch is a common, deliberate choice; when the loss fell by "
-    f"{CONVERGED_PROGRESS:.0%} of its start or more: the run fit its data at that batch size; and at a batch "
-    "of one sample: online training is a design (models written for one sequence at a time), and what it "
-    "gets wrong shows in other evidence.",
+    f"{CONVERGED_PROGRESS:.0%} of its start or more: the run fit its data at that batch size. Silent at a "
+    "batch of one sample without BatchNorm: online training is a design (models written for one sequence "
+    "at a time), not a slip, so it is no candidate cause of what the run gets wrong; that shows in other "
+    "evidence (a swinging loss there is read as the LR's, as at any batch size).",
     why="Gradient noise grows as the batch shrinks; steps point in nearly random directions.",
     fix="Increase the batch size (or accumulate gradients over several micro-batches), and lower the LR "
     "if the batch must stay small; with BatchNorm, use GroupNorm or LayerNorm for batches that small "
@@ -630,11 +631,13 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     batchnorm = bool(report.loop and report.loop.has_batchnorm) or bool(report.model and report.model.has_batchnorm)
     if curve.multiplicative_noise <= 0.2 and not batchnorm:
         return None
-    dense = targets >= DENSE_TARGETS
     # one sample a step is a design, not a slip: online training, and models written for one
-    # sequence at a time (the PyTorch n-gram, char-RNN and BiLSTM-CRF tutorials); the swings are
-    # the samples' differences. What such a run gets wrong shows in its own evidence
-    single = size == 1
+    # sequence at a time (the PyTorch n-gram, char-RNN and BiLSTM-CRF tutorials). Even as a note
+    # it would be a candidate root of the run's alarms (a loss the LR makes swing), which a
+    # design never is; what such a run gets wrong shows in its own evidence
+    if size == 1 and not batchnorm:
+        return None
+    dense = targets >= DENSE_TARGETS
     # a loss that fell to a tenth of its start or below fit its data at that batch size: swings
     # relative to so low a level are a few samples' differences (the PyTorch CIFAR-10 tutorial
     # trains at batch 4 to 2% of its start loss)
@@ -644,11 +647,10 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
         symptom=f"batch size {size} " + (f"through BatchNorm, which normalises with {size} samples' statistics; "
                                          if batchnorm else "with ") + swings
         + (f" ({targets} targets a step: the swings are mostly the samples' differences)" if dense else "")
-        + (f"; the loss still fell to {1 - curve.progress:.0%} of its start" if fitted and not dense else "")
-        + ("; one sample a step is online training, a deliberate design" if single and not (dense or fitted) else ""),
+        + (f"; the loss still fell to {1 - curve.progress:.0%} of its start" if fitted and not dense else ""),
         evidence=evidence | {"relative_swing": curve.multiplicative_noise, "relative_progress": curve.progress},
-        severity="info" if dense or fitted or single else None,
-        score=(1.0 + curve.multiplicative_noise) / (2 if dense or fitted or single else 1),
+        severity="info" if dense or fitted else None,
+        score=(1.0 + curve.multiplicative_noise) / (2 if dense or fitted else 1),
     )
 
 
