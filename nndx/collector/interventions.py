@@ -27,7 +27,10 @@ before cross-entropy shrinks every gradient, which a larger LR makes up for; re-
 units would speed up any setup at a faster LR, so they are not): at a learning rate too slow
 for even a correct model to move in ``steps`` steps, no remedy that leaves the step size
 alone can show itself, and the one that makes the setup learn at the smaller factor is
-the cause (the larger LR is then ``skipped``: it compensated).
+the cause (the larger LR is then ``skipped``: it compensated). When the learning rate both
+divided and multiplied made the setup learn, the experiment contradicts itself (on one
+batch, an objective that moves with the model, such as a policy gradient or a critic's
+loss, improves with any change of step size): both are ``inconclusive``, neither a cause.
 
 The remedies and their causes: the learning rate ÷10, ÷100, ÷1000 (LR_TOO_HIGH) and
 ×10, ×100, ×1000 (LR_TOO_LOW), tried only when the baseline's loss ends above 90% of its
@@ -200,7 +203,21 @@ def interventions(
     if baseline is not None:
         remedy_of = {c: a for c, _, a in reversed(candidates)}  # each cause's first remedy
         _retry_structural_at_a_faster_lr(results, remedy_of, fresh, chance, steps, seed, deadline)
+    _either_direction_is_no_direction(results)
     return done()
+
+
+def _either_direction_is_no_direction(results: list[InterventionResult]) -> None:
+    """A slower and a faster learning rate both confirmed say the batch rewards any change
+    of step size, not that the LR is too high or too low: both become ``inconclusive``."""
+    high, low = (next((r for r in results if r.cause == cause and r.status == "confirmed"), None) for cause in LR_CAUSES)
+    if high is None or low is None:
+        return
+    message = (f"{high.remedy} and {low.remedy} both made it learn: on this batch any change of step size helps "
+               "(an objective that moves with the model, such as a policy gradient or a critic's loss), so "
+               "neither direction is a cause")  # fmt: skip
+    for result in (high, low):
+        results[results.index(result)] = result.model_copy(update={"status": "inconclusive", "message": message})
 
 
 def _retry_structural_at_a_faster_lr(results: list[InterventionResult],

@@ -5,6 +5,7 @@ and as the ``interventions`` probe of ``nndx.probe``."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -188,6 +189,36 @@ def test_a_baseline_the_budget_cuts_short_tries_no_remedy(monkeypatch):
     result = interventions(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=50.0),
                            steps=50, budget_seconds=10)  # fmt: skip
     assert result.results == [] and result.baseline_final_loss is None and "budget" in result.message
+
+
+def test_a_slower_and_a_faster_learning_rate_that_both_help_blame_neither(monkeypatch):
+    """On one batch of an actor-critic's episode any change of step size lowered the loss:
+    an experiment whose two opposite remedies both work confirms no direction."""
+    x, y = _data()
+    model = _mlp()
+    base_lr = 0.05
+    real_run = interventions_module._run
+
+    def scripted(setup, steps, seed, deadline):
+        real_run(setup, 2, seed, deadline)  # the setup still runs (and could fail) as it would
+        lr = setup.optimizer.param_groups[0]["lr"]
+        falls = not math.isclose(lr, base_lr)  # any LR but the setup's own makes it learn
+        return [1.0 - (0.6 * i / steps if falls else 0.0) for i in range(steps + 1)]
+
+    monkeypatch.setattr(interventions_module, "_run", scripted)
+    result = interventions(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=base_lr))
+    by_cause = {r.cause: r for r in result.results}
+    assert by_cause["LR_TOO_HIGH"].status == by_cause["LR_TOO_LOW"].status == "inconclusive", result
+    assert "neither direction" in by_cause["LR_TOO_LOW"].message
+
+    def one_way(setup, steps, seed, deadline):  # only a slower LR helps: that direction stands
+        lr = setup.optimizer.param_groups[0]["lr"]
+        return [1.0 - (0.6 * i / steps if lr < base_lr * 0.5 else 0.0) for i in range(steps + 1)]
+
+    monkeypatch.setattr(interventions_module, "_run", one_way)
+    result = interventions(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=base_lr))
+    by_cause = {r.cause: r.status for r in result.results}
+    assert by_cause["LR_TOO_HIGH"] == "confirmed" and by_cause["LR_TOO_LOW"] != "confirmed", result
 
 
 def test_a_learning_rate_is_not_blamed_for_working_around_a_structural_bug():
