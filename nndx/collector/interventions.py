@@ -96,6 +96,7 @@ class _OutOfTime(Exception):
     """The budget ran out during a run: its losses are not comparable with a full run."""
 
 
+@preserved_rng()  # a remedy's applicability check may run a dropout forward: the user's stream stays put
 def interventions(
     model: nn.Module,
     batch: Batch,

@@ -263,7 +263,9 @@ class _Setup:
 
     def run(self, spec: ProbeSpec, model: nn.Module, optimizer: torch.optim.Optimizer | None, data: Any,
             options: Mapping[str, Any]) -> Any:  # fmt: skip
-        with self.amp(), _train_mode(model, spec.trains):
+        # the user's random streams are put back after every probe, whatever it drew (a dropout
+        # forward deciding that a remedy does not apply): one guarantee for every probe
+        with preserved_rng(), self.amp(), _train_mode(model, spec.trains):
             return spec.call(model, self.batch, self.loss_fn, optimizer, data, options)
 
 

@@ -370,3 +370,24 @@ def test_the_users_model_optimizer_rng_and_hooks_are_bit_identical_after_probe()
     assert _same(before, after)
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
     assert calls == [] and optimizer.param_groups[0]["lr"] == 0.1
+
+
+def test_a_remedy_that_does_not_apply_leaves_the_users_random_stream_alone():
+    """The cross-entropy remedy decides it does not apply (one output column) after a
+    forward through dropout; that draw must not reach the user's stream, called directly
+    or through probe (the lstm forecaster's next dropout masks changed)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 1))
+    x, _ = _data()
+    y = x[:, 0].round()  # integer-valued floats, as class labels would be, and (N,) against (N, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-7)  # stuck: the remedies run
+    for run in (lambda: interventions(model, (x, y), nn.MSELoss(), optimizer=optimizer, steps=5),
+                lambda: nndx.probe(model, (x, y), nn.MSELoss(), optimizer=optimizer, probes=["interventions"])):
+        torch.manual_seed(1)
+        expected = torch.rand(3)
+        torch.manual_seed(1)
+        result = run()
+        result = getattr(result, "interventions", result)
+        assert result.results, result  # remedies were tried
+        assert torch.equal(torch.rand(3), expected)
+
