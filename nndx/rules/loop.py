@@ -839,12 +839,14 @@ def log_probabilities_off_class_axis(report: DiagnosticReport) -> Hit | None:
     "error",
     "The loss does not fit the task or the outputs",
     detects="A regression loss (MSE/L1) on class-index targets, on labels the data checks found to be "
-    "class indices or one-hot rows, or a multi-column output against one target per sample; NLLLoss on non-negative "
-    "outputs (probabilities, not log-probabilities; all zero is log(1) too, left to NNDX324); a "
+    "class indices or one-hot rows, or a multi-column output against one target per sample; a loss that takes "
+    "log-probabilities (NLLLoss, KLDivLoss) on non-negative outputs (probabilities, not log-probabilities; all "
+    "zero is log(1) too, left to NNDX324); a "
     "regression loss on a task the report marks as classification (warning).",
     why="MSE on class indices treats class 7 as 'closer' to 8 than to 1 and gives weak gradients; NLLLoss "
-    "on probabilities maximises p instead of log p.",
-    fix="Classification: CrossEntropyLoss on logits with long class indices. NLLLoss only after "
+    "on probabilities maximises p instead of log p; KLDivLoss on probabilities (a distillation loss given the "
+    "student's softmax) is negative and pulls the student's probabilities, not their logarithms, to the teacher's.",
+    fix="Classification: CrossEntropyLoss on logits with long class indices. NLLLoss and KLDivLoss only after "
     "log_softmax.",
 )
 def wrong_loss(report: DiagnosticReport) -> Hit | None:
@@ -863,9 +865,11 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
         # all zero is log(1) as much as a probability: log_softmax over an axis of length one
         # (dim=0 of a batch of one), which NNDX324 names
         all_zero = call.output_max is not None and call.output_max <= 0.0
-        if call.loss_type == "NLLLoss" and call.output_min is not None and call.output_min >= 0.0 and not all_zero:
+        kind = vocab.loss_kind(call.loss_type)
+        takes_logs = kind is not None and kind.expects == "log_probabilities"
+        if takes_logs and call.output_min is not None and call.output_min >= 0.0 and not all_zero:
             return Hit(
-                symptom="NLLLoss on non-negative outputs (probabilities, not log-probabilities)",
+                symptom=f"{call.loss_type} on non-negative outputs (probabilities, not log-probabilities)",
                 evidence=evidence | {"output_min": call.output_min},
                 score=3.0,
             )

@@ -39,6 +39,31 @@ def test_a_correct_loss_of_the_users_own_is_silent():
     assert nndx.diagnose(report).healthy
 
 
+def test_kl_divergence_on_probabilities_inside_a_distillation_loss_is_a_wrong_loss():
+    """The knowledge-distillation loss of the user's own: KL of temperature-softened student
+    and teacher distributions plus cross-entropy. KLDivLoss takes log-probabilities; given
+    the student's softmax it is negative and trains the wrong thing."""
+    torch.manual_seed(1)
+    teacher = nn.Sequential(nn.Linear(8, 4))
+    x, y = batch()
+    with torch.no_grad():
+        soft = teacher(x)
+
+    def distillation(norm):
+        def loss(out, targets):
+            labels, teacher_out = targets
+            kl = nn.KLDivLoss(reduction="batchmean")(norm(out / 4.0, dim=1), F.softmax(teacher_out / 4.0, dim=1))
+            return kl * 16.0 * 0.9 + F.cross_entropy(out, labels) * 0.1
+        return loss
+
+    found = {}
+    for name, norm in (("log_softmax", F.log_softmax), ("softmax", F.softmax)):
+        report = nndx.probe(model(), (x, (y, soft)), distillation(norm), probes=["nan_origin"], progress=False)
+        found[name] = {f.rule_id: f for f in nndx.diagnose(report).findings}
+    assert "NNDX315" not in found["log_softmax"]
+    assert "KLDivLoss" in found["softmax"]["NNDX315"].symptom
+
+
 def test_batches_of_one_class_are_counted_with_their_class():
     from nndx.collector.loss_call import LossCallLog
 
