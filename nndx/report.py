@@ -573,6 +573,9 @@ class LossCall(Schema):
     output_zero_fraction: Fraction | None = Field(
         None, description="share of output elements exactly 0 (a ReLU on the logits clips about half of them)"
     )
+    applies: Literal["softmax", "log_softmax"] | None = Field(
+        None, description="what a loss of the user's own was seen applying over the outputs' last or class axis "
+        "itself (a label-smoothing cross-entropy's log_softmax): it expects logits")
     target_mean: Float | None = Field(None, description="mean of floating-point targets")
     target_std: Float | None = Field(None, description="standard deviation of floating-point targets")
     target_min: Float | None = Field(None, description="smallest floating-point target seen")

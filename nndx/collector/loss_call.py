@@ -81,12 +81,14 @@ class LossCallLog:
         self._entries: dict[tuple, dict[str, Any]] = {}
 
     def add(self, loss_type: str, output: Any, target: Any, measure: bool = False,
-            defer: Callable[[Pending, Callable[[Any], None]], None] | None = None) -> None:
+            defer: Callable[[Pending, Callable[[Any], None]], None] | None = None) -> dict[str, Any] | None:
         """Count a call of ``loss_type`` on ``output`` and ``target`` (anything that is not
         a tensor output is not evidence of its kind, and is left out). ``defer``: hand the
-        evidence's values to this instead of fetching them now (the Monitor's Deferred)."""
+        evidence's values to this instead of fetching them now (the Monitor's Deferred).
+        Returns the signature's entry (None when left out), for what only the caller knows:
+        ``entry["applies"]``, what a loss of the user's own applied to the outputs itself."""
         if not isinstance(output, torch.Tensor):
-            return
+            return None
         target_t = target if isinstance(target, torch.Tensor) else None
         key = (loss_type, tuple(output.shape), None if target_t is None else tuple(target_t.shape),
                _dtype(output), _dtype(target_t))  # fmt: skip
@@ -94,9 +96,9 @@ class LossCallLog:
         if entry is not None:
             entry["calls"] += 1
             if not measure:
-                return
+                return entry
         elif len(self._entries) >= self.max_signatures:
-            return
+            return None
         else:
             entry = self._entries[key] = {
                 "loss_type": loss_type,
@@ -112,6 +114,7 @@ class LossCallLog:
                 self._merge(entry, pending.resolve())
             else:
                 defer(pending, lambda seen: self._merge(entry, seen))
+        return entry
 
     @staticmethod
     def _merge(entry: dict[str, Any], seen: dict[str, float]) -> None:
@@ -151,17 +154,30 @@ class InnerLossCalls(TorchFunctionMode):
     given. A loss function of the user's own (``def my_loss(out, y): return
     F.mse_loss(out, y.float())``) hides what reaches torch's loss behind its name; this
     is how the loss-fit rules still see it. Without a log only ``last`` is kept (the
-    overfit probe reads accuracy off it at every step and needs no statistics)."""
+    overfit probe reads accuracy off it at every step and needs no statistics).
 
-    def __init__(self, log: LossCallLog | None = None) -> None:
+    Given the model's ``output``, it also notes a softmax or log_softmax the loss applies
+    over that output's last axis (or dim 1) itself (``applies``): a label-smoothing
+    cross-entropy written by hand expects logits as much as ``CrossEntropyLoss`` does."""
+
+    def __init__(self, log: LossCallLog | None = None, output: torch.Tensor | None = None) -> None:
         super().__init__()
         self.log = log
         # the last call as (loss type, output, target): what accuracy reads off a loss of the user's own
         self.last: tuple[str, Any, Any] | None = None
+        self.output_shape = tuple(output.shape) if isinstance(output, torch.Tensor) and output.dim() >= 2 else None
+        self.applies: str | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        kind = vocab.loss_kind(getattr(func, "__name__", None))
+        name = getattr(func, "__name__", None)
+        if name in ("softmax", "log_softmax") and self.output_shape is not None and self.applies is None:
+            x = args[0] if args else kwargs.get("input")
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            rank = len(self.output_shape)
+            if isinstance(x, torch.Tensor) and tuple(x.shape) == self.output_shape and dim in (1, -1, rank - 1):
+                self.applies = name
+        kind = vocab.loss_kind(name)
         if kind is not None:
             output = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")

@@ -464,12 +464,14 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         with ForwardObserver(model_copy) as seen:
             output = forward(model_copy, inputs)
         calls = LossCallLog()
-        if setup.loss_fn is not None:
-            calls.add(loss_name(setup.loss_fn), prediction(output), targets)
-        # a loss of the user's own: what reaches torch's loss inside it
+        outer = calls.add(loss_name(setup.loss_fn), prediction(output), targets) if setup.loss_fn is not None else None
+        # a loss of the user's own: what reaches torch's loss inside it, and any softmax it applies itself
         own_loss = setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None
-        with InnerLossCalls(calls) if own_loss else contextlib.nullcontext():
+        inner = InnerLossCalls(calls, output=prediction(output)) if own_loss else None
+        with inner or contextlib.nullcontext():
             compute_loss(setup.loss_fn, output, targets)
+        if inner is not None and inner.applies and outer is not None:
+            outer["applies"] = inner.applies
     report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
     if report.model is not None:
         report.model = observed_summary(report.model, seen, output)

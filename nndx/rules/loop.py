@@ -745,10 +745,11 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
     C.DOUBLE_SOFTMAX,
     "error",
     "Softmax/sigmoid applied before a loss that applies its own",
-    detects="CrossEntropyLoss given outputs whose rows already sum to one, BCEWithLogitsLoss given "
+    detects="CrossEntropyLoss, or a loss of the user's own seen applying softmax or log_softmax to the outputs "
+    "itself, given outputs whose rows already sum to one, BCEWithLogitsLoss given "
     "outputs all inside [0, 1] (from a model ending in Sigmoid, or 16 or more of them when no forward was "
     "observed to show what made them), or a model whose "
-    "last activation is Softmax trained with CrossEntropyLoss.",
+    "last activation is Softmax trained with either.",
     why="CrossEntropyLoss applies log_softmax itself; a second softmax squashes the logits into [0, 1], "
     "so gradients shrink and the loss stalls far above its minimum.",
     fix="Remove the final Softmax/Sigmoid from the model and pass raw logits; apply softmax only when "
@@ -757,11 +758,14 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
 def double_softmax(report: DiagnosticReport) -> Hit | None:
     output_activation = report.model.output_activation if report.model is not None else None
     for call in loss_calls(report):
-        if call.loss_type == "CrossEntropyLoss" and (call.output_rows_sum_to_one or output_activation == "Softmax"):
+        applies_own = call.loss_type == "CrossEntropyLoss" or call.applies is not None
+        if applies_own and (call.output_rows_sum_to_one or output_activation == "Softmax"):
             return Hit(
-                symptom="CrossEntropyLoss received probabilities, not logits",
+                symptom=f"{call.loss_type}" + (f", which applies {call.applies} itself," if call.applies else "")
+                + " received probabilities, not logits",
                 evidence={
                     "loss_type": call.loss_type,
+                    "loss_applies": call.applies,
                     "output_rows_sum_to_one": call.output_rows_sum_to_one,
                     "output_min": call.output_min,
                     "output_max": call.output_max,

@@ -64,6 +64,29 @@ def test_kl_divergence_on_probabilities_inside_a_distillation_loss_is_a_wrong_lo
     assert "KLDivLoss" in found["softmax"]["NNDX315"].symptom
 
 
+class LabelSmoothingCrossEntropy(nn.Module):
+    """A label-smoothing loss written by hand (omihub777/ViT-CIFAR's): log_softmax inside."""
+
+    def forward(self, pred, target):
+        pred = pred.log_softmax(dim=-1)
+        with torch.no_grad():
+            smooth = torch.full_like(pred, 0.1 / (pred.shape[-1] - 1)).scatter_(1, target.unsqueeze(1), 0.9)
+        return torch.mean(torch.sum(-smooth * pred, dim=-1))
+
+
+def test_a_softmax_head_before_a_hand_written_loss_that_applies_log_softmax_is_a_double_softmax():
+    x, y = batch()
+    found = {}
+    for name, head in (("logits", nn.Identity()), ("softmax", nn.Softmax(dim=-1))):
+        report = nndx.probe(nn.Sequential(model(), head), (x, y), LabelSmoothingCrossEntropy(), probes=["nan_origin"],
+                            progress=False)  # fmt: skip
+        own = next(c for c in report.loop.loss_calls if c.loss_type == "LabelSmoothingCrossEntropy")
+        assert own.applies == "log_softmax"
+        found[name] = {f.rule_id: f for f in nndx.diagnose(report).findings}
+    assert "NNDX314" not in found["logits"]
+    assert "log_softmax itself" in found["softmax"]["NNDX314"].symptom
+
+
 def test_batches_of_one_class_are_counted_with_their_class():
     from nndx.collector.loss_call import LossCallLog
 
