@@ -56,6 +56,29 @@ def test_dropout_batchnorm_and_sampling_models_pass_in_eval_mode():
     assert sample_independence(Sampler(), batch()).status == "passed"
 
 
+class MixtureDensity(nn.Module):
+    """hardmaru's mixture density network on (N, 1) inputs and (N, 1) targets; ``over`` is
+    the axis of the mixture weights' softmax (0, the batch, is the bug)."""
+
+    def __init__(self, over: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.over = over
+        self.hidden, self.pi, self.sigma, self.mu = nn.Linear(1, 16), nn.Linear(16, 3), nn.Linear(16, 3), nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.hidden(x))
+        return torch.softmax(self.pi(h), dim=self.over), torch.exp(self.sigma(h)), self.mu(h)
+
+
+def test_one_value_per_sample_is_a_batch_not_a_sequence():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 1, generator=g), torch.randn(16, 1, generator=g)
+    assert sample_independence(MixtureDensity(over=1), (x, y)).status == "passed"
+    leaky = sample_independence(MixtureDensity(over=0), (x, y))
+    assert leaky.status == "failed" and leaky.batch_axis == 0
+
+
 def test_ambiguous_batch_axis_is_skipped_not_guessed():
     tokens = torch.randint(0, 50, (6, 9))
     lm = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))

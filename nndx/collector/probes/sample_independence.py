@@ -97,7 +97,8 @@ def _batch_axis(inputs: object, targets: object) -> tuple[int | None, str]:
         return None, "a sparse input (a graph's adjacency, say): its rows are not samples the probe can swap"
     if target is None or target.dim() == 0:
         return None, "no targets to tell which axis of the inputs holds the samples"
-    if target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()]):
+    # a trailing axis of one (a regression's (N, 1) targets for (N, 1) inputs) is no time axis
+    if target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()]) and max(target.shape[1:]) > 1:
         return None, (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
                       "the batch axis cannot be told from a time axis")  # fmt: skip
     if first.dim() == 1 and not first.is_floating_point() and tuple(target.shape) == tuple(first.shape):
