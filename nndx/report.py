@@ -576,6 +576,9 @@ class LossCall(Schema):
     applies: Literal["softmax", "log_softmax"] | None = Field(
         None, description="what a loss of the user's own was seen applying over the outputs' last or class axis "
         "itself (a label-smoothing cross-entropy's log_softmax): it expects logits")
+    broadcast_shape: list[Count] | None = Field(
+        None, description="the shape an elementwise op inside a loss of the user's own broadcast an output-shaped "
+        "and a target-shaped tensor to, larger than both ([N, 1] - [N] is [N, N])")
     target_mean: Float | None = Field(None, description="mean of floating-point targets")
     target_std: Float | None = Field(None, description="standard deviation of floating-point targets")
     target_min: Float | None = Field(None, description="smallest floating-point target seen")

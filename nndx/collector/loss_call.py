@@ -156,26 +156,33 @@ class InnerLossCalls(TorchFunctionMode):
     is how the loss-fit rules still see it. Without a log only ``last`` is kept (the
     overfit probe reads accuracy off it at every step and needs no statistics).
 
-    Given the model's ``output``, it also notes a softmax or log_softmax the loss applies
-    over that output's last axis (or dim 1) itself (``applies``): a label-smoothing
-    cross-entropy written by hand expects logits as much as ``CrossEntropyLoss`` does."""
+    Given the model's ``output`` (and ``target``), it also notes a softmax or log_softmax
+    the loss applies over that output's last axis (or dim 1) itself (``applies``): a
+    label-smoothing cross-entropy written by hand expects logits as much as
+    ``CrossEntropyLoss`` does; and an elementwise op that broadcasts an output-shaped and a
+    target-shaped tensor to a larger shape (``broadcast_shape``: ``torch.mean((u - u_pred)
+    ** 2)`` with [N] against [N, 1] compares every output with every target)."""
 
-    def __init__(self, log: LossCallLog | None = None, output: torch.Tensor | None = None) -> None:
+    def __init__(self, log: LossCallLog | None = None, output: torch.Tensor | None = None,
+                 target: Any = None) -> None:  # fmt: skip
         super().__init__()
         self.log = log
         # the last call as (loss type, output, target): what accuracy reads off a loss of the user's own
         self.last: tuple[str, Any, Any] | None = None
-        self.output_shape = tuple(output.shape) if isinstance(output, torch.Tensor) and output.dim() >= 2 else None
+        self.output_shape = tuple(output.shape) if isinstance(output, torch.Tensor) else None
+        self.target_shape = tuple(target.shape) if isinstance(target, torch.Tensor) else None
         self.applies: str | None = None
+        self.broadcast_shape: list[int] | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", None)
-        if name in ("softmax", "log_softmax") and self.output_shape is not None and self.applies is None:
+        if name in ("softmax", "log_softmax") and self.output_shape and self.applies is None:
             x = args[0] if args else kwargs.get("input")
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             rank = len(self.output_shape)
-            if isinstance(x, torch.Tensor) and tuple(x.shape) == self.output_shape and dim in (1, -1, rank - 1):
+            over_classes = dim in (1, -1, rank - 1)
+            if rank >= 2 and over_classes and isinstance(x, torch.Tensor) and tuple(x.shape) == self.output_shape:
                 self.applies = name
         kind = vocab.loss_kind(name)
         if kind is not None:
@@ -184,7 +191,23 @@ class InnerLossCalls(TorchFunctionMode):
             if self.log is not None:
                 self.log.add(kind.name, output, target)
             self.last = (kind.name, output, target)
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if name in _ELEMENTWISE and self.broadcast_shape is None and len(args) == 2:
+            self._note_broadcast(args[0], args[1], result)
+        return result
+
+    def _note_broadcast(self, a: Any, b: Any, result: Any) -> None:
+        out, target = self.output_shape, self.target_shape
+        if out is None or target is None or out == target or not isinstance(result, torch.Tensor):
+            return
+        shapes = {tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in (a, b)}
+        if shapes == {out, target} and result.numel() > max(math.prod(out), math.prod(target)):
+            self.broadcast_shape = list(result.shape)
+
+
+# elementwise ops whose operands broadcast: how a loss written by hand compares outputs with targets
+_ELEMENTWISE = frozenset(f"{d}{op}{d}" for op in ("sub", "add", "mul", "truediv", "div") for d in ("", "__"))
+_ELEMENTWISE |= frozenset(f"__r{op}__" for op in ("sub", "add", "mul", "truediv"))
 
 
 def merge_loss_calls(first: list[LossCall], second: list[LossCall]) -> list[LossCall]:

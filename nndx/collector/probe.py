@@ -467,11 +467,11 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         outer = calls.add(loss_name(setup.loss_fn), prediction(output), targets) if setup.loss_fn is not None else None
         # a loss of the user's own: what reaches torch's loss inside it, and any softmax it applies itself
         own_loss = setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None
-        inner = InnerLossCalls(calls, output=prediction(output)) if own_loss else None
+        inner = InnerLossCalls(calls, output=prediction(output), target=targets) if own_loss else None
         with inner or contextlib.nullcontext():
             compute_loss(setup.loss_fn, output, targets)
-        if inner is not None and inner.applies and outer is not None:
-            outer["applies"] = inner.applies
+        if inner is not None and outer is not None:
+            outer.update({"applies": inner.applies, "broadcast_shape": inner.broadcast_shape})
     report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
     if report.model is not None:
         report.model = observed_summary(report.model, seen, output)

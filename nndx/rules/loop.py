@@ -663,7 +663,8 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     "error",
     "Output and target shapes broadcast silently in the loss",
     detects="A regression loss (MSE, L1, SmoothL1, Huber) whose output and target shapes differ, e.g. a "
-    "[N, 1] output against a [N] target.",
+    "[N, 1] output against a [N] target; or a loss of the user's own in which an elementwise op (u - u_pred) "
+    "broadcast an output-shaped and a target-shaped tensor to a larger shape.",
     why="Broadcasting turns [N,1] - [N] into an [N,N] matrix: the loss compares every output with every "
     "target, training converges to the mean and nothing errors.",
     fix="Make the shapes equal: output.squeeze(-1) or target.unsqueeze(-1) / target.view_as(output).",
@@ -671,6 +672,14 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
 def shape_broadcast(report: DiagnosticReport) -> list[Hit]:
     hits = []
     for call in loss_calls(report):
+        if call.broadcast_shape is not None and call.target_shape is not None:
+            hits.append(Hit(
+                symptom=f"{call.loss_type} combines output {call.output_shape} with target {call.target_shape} "
+                f"into {call.broadcast_shape}",
+                evidence={"loss_type": call.loss_type, "output_shape": [str(d) for d in call.output_shape],
+                          "target_shape": [str(d) for d in call.target_shape],
+                          "broadcast_shape": [str(d) for d in call.broadcast_shape]},
+                score=3.0))  # fmt: skip
         if call.loss_type in vocab.REGRESSION_LOSS_NAMES and call.target_shape is not None:
             if list(call.output_shape) != list(call.target_shape):
                 hits.append(

@@ -87,6 +87,25 @@ def test_a_softmax_head_before_a_hand_written_loss_that_applies_log_softmax_is_a
     assert "log_softmax itself" in found["softmax"]["NNDX314"].symptom
 
 
+def test_a_broadcast_in_a_loss_written_as_arithmetic_is_seen():
+    """A PINN's data term, ``torch.mean((u - u_pred) ** 2)``, with u flattened to [N] against
+    the network's [N, 1]: no torch loss is called, so no warning; the op's shapes show it."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 2, generator=g)
+    u = torch.sin(x[:, :1]).detach()
+    regressor = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def data_term(u_pred, target):
+        return torch.mean((target - u_pred) ** 2)
+
+    codes = {}
+    for name, target in (("column", u), ("flat", u.flatten())):
+        report = nndx.probe(regressor, (x, target), data_term, probes=["nan_origin"], progress=False)
+        codes[name] = {f.rule_id: f for f in nndx.diagnose(report).findings}
+    assert "NNDX312" not in codes["column"]
+    assert "into [64, 64]" in codes["flat"]["NNDX312"].symptom
+
+
 def test_batches_of_one_class_are_counted_with_their_class():
     from nndx.collector.loss_call import LossCallLog
 
