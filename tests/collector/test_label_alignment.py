@@ -176,3 +176,22 @@ def test_token_sequences_with_one_class_each_are_judged_by_their_ids():
     aligned = label_alignment(torch.from_numpy(x), torch.from_numpy(y), steps=STEPS)
     assert aligned.status == "passed" and "one row per sequence" in aligned.message, aligned.message
     assert label_alignment(x, rng.permutation(y), steps=STEPS).status == "failed"
+
+
+def test_a_recommenders_user_and_item_ids_are_read_column_by_column():
+    """NCF's implicit feedback: (user id, item id) rows, 1 for an item the user picked and
+    0 for a sampled one. Read as one bag of ids, user 5 and item 5 were one feature and the
+    healthy labels 'did not belong to their inputs'; each column's own codes show the items'
+    popularity, and permuted labels still fail."""
+    rng = np.random.default_rng(0)
+    users, items = 48, 96
+    taste, trait, popularity = rng.normal(size=(users, 4)), rng.normal(size=(items, 4)), rng.normal(size=items)
+    rows, labels = [], []
+    for u in range(users):
+        p = np.exp(1.5 * trait @ taste[u] + popularity)
+        for i in rng.choice(items, size=10, replace=False, p=p / p.sum()):
+            rows += [[u, i]] + [[u, j] for j in rng.integers(0, items, size=4)]
+            labels += [1.0, 0.0, 0.0, 0.0, 0.0]
+    x, y = np.array(rows), np.array(labels, dtype=np.float32)
+    assert label_alignment(x, y).status == "passed"
+    assert label_alignment(x, rng.permutation(y)).status == "failed"

@@ -108,6 +108,7 @@ def _usable_rows(xa: np.ndarray, labels: np.ndarray, labelled: np.ndarray, *, mi
 # column (and a target class); rarer ids share one "other".
 TOKEN_IDS = 64
 MIN_SEQUENCES = 8
+SHORT_ROW = 4  # rows of at most this many ids are read column by column (see token_data)
 
 
 def token_data(x: Any, y: Any, *, min_samples: int, max_samples: int, min_per_class: int,
@@ -124,7 +125,9 @@ def token_data(x: Any, y: Any, *, min_samples: int, max_samples: int, min_per_cl
       Negative targets (``ignore_index``) are left out.
     - One class per sequence (a text classifier): one row per sequence, its features its
       bag of ids (richer features, adjacent pairs or positions, made the small model's
-      held-out losses too noisy to bound a weak signal).
+      held-out losses too noisy to bound a weak signal). Rows of at most ``SHORT_ROW`` ids
+      are columns more than a text (an n-gram's context words, a recommender's user and
+      item): each position gets its own one-hot code, so that user 5 is not item 5.
 
     Whole sequences are taken in a seeded random order, at most ``max_samples`` rows."""
     xa, _ = _as_array(x, "inputs")
@@ -139,6 +142,9 @@ def token_data(x: Any, y: Any, *, min_samples: int, max_samples: int, min_per_cl
         return f"only {ids.shape[0]} sequences; need {MIN_SEQUENCES}"
     current = np.eye(width + 1)[ids]
     bag = current.mean(axis=1)
+    if not per_position and xa.shape[1] <= SHORT_ROW:
+        columns = [_frequent_ids(column, TOKEN_IDS) for column in xa[order].astype(np.int64).T]
+        bag = np.concatenate([np.eye(size + 1)[codes] for codes, size in columns], axis=1)
     if not per_position:
         classes, reason = _class_labels(ya[order])
         if classes is None:
