@@ -184,13 +184,16 @@ def test_a_recommenders_user_and_item_ids_are_read_column_by_column():
     healthy labels 'did not belong to their inputs'; each column's own codes show the items'
     popularity, and permuted labels still fail."""
     rng = np.random.default_rng(0)
-    users, items = 48, 96
-    taste, trait, popularity = rng.normal(size=(users, 4)), rng.normal(size=(items, 4)), rng.normal(size=items)
+    users, items = 64, 128
+    taste, trait = rng.normal(size=(users, 4)), rng.normal(size=(items, 4))
+    popularity = rng.normal(scale=0.5, size=items)
     rows, labels = [], []
     for u in range(users):
         p = np.exp(1.5 * trait @ taste[u] + popularity)
-        for i in rng.choice(items, size=10, replace=False, p=p / p.sum()):
-            rows += [[u, i]] + [[u, j] for j in rng.integers(0, items, size=4)]
+        picked = rng.choice(items, size=11, replace=False, p=p / p.sum())
+        unseen = np.setdiff1d(np.arange(items), picked)
+        for i in picked:
+            rows += [[u, i]] + [[u, j] for j in rng.choice(unseen, size=4)]
             labels += [1.0, 0.0, 0.0, 0.0, 0.0]
     x, y = np.array(rows), np.array(labels, dtype=np.float32)
     assert label_alignment(x, y).status == "passed"
