@@ -730,6 +730,10 @@ class DataStats(Schema):
     test: SplitStats | None = None
     train_test_overlap: Count = 0
     train_test_overlap_fraction: Fraction = Field(0.0, description="share of test rows found in train")
+    input_space_size: Float | None = Field(
+        None, description="how many distinct input rows the values seen allow, when every feature takes integer "
+        "values (ids, codes, counts) and there are at most 1e12 such rows: drawn from so small a space, rows repeat "
+        "and recur across splits by chance; None for continuous inputs or a larger space")
     expected_num_classes: Count | None = None
 
 

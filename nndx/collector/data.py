@@ -39,6 +39,7 @@ few tens of MiB above the input and 1,000,000 × 100 float32 rows take a few sec
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -138,8 +139,27 @@ def check_data(
         test=test_result.to_split_stats() if test_result is not None else None,
         train_test_overlap=overlap,
         train_test_overlap_fraction=overlap / test_result.rows.n if test_result is not None else 0.0,
+        input_space_size=_input_space([r.rows.x2d for r in results]),
         expected_num_classes=num_classes,
     )
+
+
+MAX_SPACE = 1e12  # a larger space of possible rows makes chance repeats negligible at any data size
+
+
+def _input_space(splits: list[np.ndarray]) -> float | None:
+    """The number of distinct rows the values seen per feature allow, when every feature
+    holds integers (a recommender's user and item ids, codes, counts): the product of each
+    feature's distinct values over the splits; None for non-integral inputs or over MAX_SPACE."""
+    joined = np.concatenate([x.reshape(x.shape[0], -1) for x in splits])
+    if joined.size == 0 or joined.shape[1] > math.log2(MAX_SPACE):  # two values per feature already exceed it
+        return None
+    if joined.dtype.kind == "f" and not (np.isfinite(joined).all() and np.array_equal(joined, np.floor(joined))):
+        return None
+    if joined.dtype.kind not in "biuf":
+        return None
+    log_size = sum(math.log10(np.unique(column).size) for column in joined.T)
+    return None if log_size > math.log10(MAX_SPACE) else float(round(10**log_size))
 
 
 # --------------------------------------------------------------------------- loading

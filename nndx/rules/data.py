@@ -55,7 +55,9 @@ def nan_in_data(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Test samples also appear in the training data",
     detects="At least 1% of the test rows (and at least 2 rows) found exactly in the train split; error "
-    "from 10%.",
+    "from 10%. When the inputs are integers from a small space of possible rows (a recommender's user and "
+    "item ids), only the rows beyond what chance gives (the train split's distinct rows over that space; 3 "
+    "standard deviations above it) count.",
     why="Test metrics then measure memorisation, not generalisation: the model looks better than it is.",
     fix="Split before any augmentation or deduplicate across splits (hash rows); split by entity/time "
     "when samples are correlated.",
@@ -65,6 +67,12 @@ def data_leakage(report: DiagnosticReport) -> Hit | None:
     if data is None or data.train_test_overlap < 2 or data.train_test_overlap_fraction < 0.01:
         return None
     fraction = data.train_test_overlap_fraction
+    train, test = data.train, data.test
+    if data.input_space_size and train is not None and test is not None:
+        distinct = (train.checked_samples or train.n_samples) - train.duplicate_count
+        chance = min(1.0, distinct / data.input_space_size)
+        if not _beyond_chance(data.train_test_overlap, test.checked_samples or test.n_samples, chance):
+            return None  # the test rows land on train rows as often as rows drawn at random would
     return Hit(
         symptom=f"{fraction:.1%} of the test rows are in the train split",
         evidence={"train_test_overlap": data.train_test_overlap, "train_test_overlap_fraction": fraction},
@@ -73,19 +81,39 @@ def data_leakage(report: DiagnosticReport) -> Hit | None:
     )
 
 
+def _beyond_chance(count: int, n: int, chance: float) -> bool:
+    """Whether ``count`` of ``n`` rows exceed ``chance``'s share by 3 standard deviations
+    (and by 1% of the rows): more repeats than rows drawn at random would give."""
+    expected = n * chance
+    return count > expected + max(0.01 * n, 3 * math.sqrt(n * chance * (1 - chance)))
+
+
+def _chance_repeats(n: int, space: float) -> float:
+    """The share of ``n`` rows drawn uniformly from ``space`` possible ones that repeat an
+    earlier one: 1 - E[distinct] / n, E[distinct] = space * (1 - (1 - 1/space) ** n)."""
+    if n < 1:
+        return 0.0
+    return 1.0 - space * -math.expm1(n * math.log1p(-1.0 / space)) / n if space > 1 else 1.0 - 1.0 / n
+
+
 @rule(
     "NNDX503",
     C.DUPLICATE_SAMPLES,
     "warning",
     "Many samples are exact duplicates",
-    detects="At least 10% of a split's rows repeat an earlier row exactly.",
+    detects="At least 10% of a split's rows repeat an earlier row exactly; not when the inputs are integers "
+    "from a small space of possible rows, only repeats beyond what as many rows drawn at random from it would "
+    "give (3 standard deviations above it) count: negatives sampled for a recommender repeat by chance.",
     why="Duplicates over-weight some samples, inflate apparent accuracy and, across splits, leak.",
     fix="Deduplicate (hash rows) before splitting; if repetition is oversampling, use a weighted sampler.",
 )
 def duplicates(report: DiagnosticReport) -> list[Hit]:
     hits = []
+    space = report.data.input_space_size if report.data is not None else None
     for name, split in _splits(report):
-        if split.duplicate_fraction >= 0.1:
+        rows = split.checked_samples or split.n_samples
+        beyond = _beyond_chance(split.duplicate_count, rows, _chance_repeats(rows, space)) if space else True
+        if split.duplicate_fraction >= 0.1 and beyond:
             hits.append(
                 Hit(
                     symptom=f"{split.duplicate_fraction:.0%} of the {name} rows are duplicates",

@@ -111,6 +111,41 @@ def test_leaked_test_rows_found(digits):
     assert stats64.train_test_overlap == 30
 
 
+def _implicit_feedback(seed: int, leak_every: int = 0):
+    """A recommender's (user id, item id) rows: each user's picks as 1s and 4 items drawn
+    from the ones not picked as 0s; the test split holds each user's last pick and 40
+    unpicked items, which the train split's sampled 0s also hit by chance. ``leak_every``:
+    that many rows of train copied into test instead (a real leak)."""
+    rng = np.random.default_rng(seed)
+    users, items = 32, 64
+    train, test = [], []
+    for u in range(users):
+        picked = rng.choice(items, size=9, replace=False)
+        unseen = np.setdiff1d(np.arange(items), picked)
+        for i in picked[:-1]:
+            train += [(u, i, 1.0)] + [(u, j, 0.0) for j in rng.choice(unseen, size=4)]
+        test += [(u, picked[-1], 1.0)] + [(u, j, 0.0) for j in rng.choice(unseen, size=40, replace=False)]
+    train, test = np.array(train), np.array(test)
+    if leak_every:
+        test[::leak_every] = train[rng.choice(len(train), size=len(test[::leak_every]))]
+    return train[:, :2].astype(np.int64), train[:, 2], test[:, :2].astype(np.int64), test[:, 2]
+
+
+def test_ids_from_a_small_space_overlap_by_chance_and_a_leak_beyond_it_is_found():
+    from nndx.rules import diagnose
+
+    x, y, x_test, y_test = _implicit_feedback(0)
+    stats = check_data(x, y, x_test=x_test, y_test=y_test)
+    assert stats.input_space_size == 32 * 64
+    assert stats.train_test_overlap_fraction > 0.1 and stats.train.duplicate_fraction > 0.1  # chance's doing
+    codes = {f.code.value for f in diagnose(DiagnosticReport(data=stats)).findings}
+    assert not codes & {"DATA_LEAKAGE", "DUPLICATE_SAMPLES"}, codes
+    x, y, x_test, y_test = _implicit_feedback(0, leak_every=2)  # 72% of test rows in train; chance gives 50%
+    leaked = check_data(x, y, x_test=x_test, y_test=y_test)
+    assert "DATA_LEAKAGE" in {f.code.value for f in diagnose(DiagnosticReport(data=leaked)).findings}
+    assert check_data(np.random.default_rng(0).normal(size=(50, 2)), np.zeros(50)).input_space_size is None
+
+
 def test_raw_scale_detected(digits):
     *_, x_raw, y_raw = digits
     stats = check_data(x_raw, y_raw)
