@@ -188,6 +188,15 @@ def adversarial(report: DiagnosticReport) -> bool:
     return report.loop is not None and report.loop.logged_loss_through_other_models is True
 
 
+def line_search(report: DiagnosticReport) -> bool:
+    """Whether the logged losses are a closure's evaluations inside ``optimizer.step()``,
+    several per step (L-BFGS: its iterations and its line search's trial points, which it
+    rejects when they are worse): a single spike there is a rejected trial, not a step taken."""
+    loop = report.loop
+    return loop is not None and loop.backward_calls_in_step > loop.steps and 2 * loop.backward_calls_in_step >= (
+        loop.backward_calls)
+
+
 def stays_fitted(report: DiagnosticReport) -> bool:
     """Whether the train loss starts and ends under FITTED_SHARE of an uninformed prediction's
     loss: whatever the updates did, they did not undo the fit (a head trained on a frozen

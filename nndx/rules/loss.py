@@ -15,8 +15,8 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    Curve, adversarial, finite, loss_calls, loss_curve, num_classes, starts_fitted, stays_fitted, train_curve,
-    uninformed_loss, used_lr, window,
+    Curve, adversarial, finite, line_search, loss_calls, loss_curve, num_classes, starts_fitted, stays_fitted,
+    train_curve, uninformed_loss, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -233,7 +233,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "there is and the loss still made 20% progress, or started under half an uninformed prediction's loss; info "
     "too when the loss ends under half its start without a jump to 10x: spikes around so low a level are single "
     "hard samples of a small batch; and without a jump to 10x for a logged loss that runs through another trained "
-    "network, as a GAN's generator loss does).",
+    "network, as a GAN's generator loss does). Losses logged inside optimizer.step(), several per step (L-BFGS's "
+    "closure evaluations, its line search's rejected trial points among them), count jumps and spikes only when "
+    "they are a tenth of the points or more.",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -252,6 +254,9 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     spikes = sum(1 for v in after if v > max(2.0 * curve.start, floor))
     # a jump to 10x the first values: healthy noise never does that, an overshoot does
     blow_ups = sum(1 for v in curve.values[1:] if curve.initial > 0 and v > max(10.0 * curve.initial, floor))
+    if line_search(report):  # a line search's rejected trial points: only a sustained climb counts
+        spikes = spikes if spikes >= max(2, len(after) // 10) else 0
+        blow_ups = blow_ups if blow_ups >= max(2, curve.n // 10) else 0
     swinging = curve.relative_noise > 0.25 and curve.progress < 0.5
     if spikes < 2 and not swinging and not blow_ups:
         return None

@@ -941,3 +941,25 @@ def test_a_plateau_schedule_that_stops_at_exactly_1e_3_of_its_peak_collapsed_too
     scheduler given the Dice score in the wrong mode)."""
     lrs = [max(1e-5 * 0.1 ** (i // 10), 1e-8) for i in range(200)]
     assert "NNDX307" in _found(with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]))
+
+
+def test_a_line_searchs_rejected_trial_is_no_divergence_but_a_sustained_climb_is():
+    """A PINN trained by one L-BFGS step(closure) of 200 evaluations, each logged: the
+    strong-Wolfe line search tried a point 1000x worse once and rejected it. In a loop of
+    200 steps the same jump is an overshoot; under L-BFGS, a climb over a third of the
+    evaluations (its lr far too high) still is."""
+    from .broken import train
+
+    falling = [0.3 * 0.98**i for i in range(200)]
+    trial = falling[:60] + [300.0] + falling[61:]
+    line_search = {"steps": 1, "backward_calls": 200, "backward_calls_in_step": 200, "zero_grad_calls": 200}
+    steps = {"steps": 200, "backward_calls": 200, "backward_calls_in_step": 0, "zero_grad_calls": 200}
+
+    def alarm(values, loop):
+        report = with_loop(BASE, **loop).model_copy(update=train(values))
+        return {f.rule_id: f.severity for f in diagnose(report).findings}.get("NNDX104")
+
+    assert alarm(trial, line_search) is None
+    assert alarm(trial, steps) == "warning"
+    climbing = falling[:130] + [30.0 * 1.1**i for i in range(70)]
+    assert alarm(climbing, line_search) == "warning"
