@@ -7,7 +7,7 @@ import math
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, SplitStats
-from nndx.rules._series import is_classification, loss_calls
+from nndx.rules._series import is_classification, loss_calls, loss_learned
 from nndx.rules.engine import Hit, rule
 
 
@@ -172,6 +172,9 @@ def _value_range(split: SplitStats) -> float | None:
     return spread if math.isfinite(spread) else None
 
 
+MILD_INPUT_SCALE = 20.0  # a mean or std up to this, in a run whose loss learned, did no visible harm
+
+
 @rule(
     "NNDX505",
     C.UNNORMALIZED_INPUTS,
@@ -179,7 +182,9 @@ def _value_range(split: SplitStats) -> float | None:
     "Inputs are not normalised",
     detects="Floating-point train inputs that look like raw pixels (0-255), or whose mean or std is over 5 "
     "in absolute value, or whose per-feature stds differ over 100x while the values span over 10. "
-    "Integer inputs (token ids, category indices) are indices, not magnitudes, and never fire.",
+    "Integer inputs (token ids, category indices) are indices, not magnitudes, and never fire. Info when the "
+    f"scale is mild (mean and std within {MILD_INPUT_SCALE:g}, no raw pixels, no uneven features) and the train "
+    "loss learned (fell by over 30%, or ended informed): the run shows the scale did no visible harm.",
     why="Large or unevenly scaled inputs make the first layer's pre-activations huge: sigmoid/tanh "
     "saturate, ReLUs die, and one LR cannot suit every feature.",
     fix="Standardise each feature with the train split's mean and std ((x - mean) / std), or scale "
@@ -203,8 +208,12 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
         reasons.append(f"feature stds differ {train.feature_scale_ratio:.0f}x")
     if not reasons:
         return None
+    mild = not train.raw_range and len(reasons) == sum(1 for r in reasons if r.startswith(("mean", "std"))) and max(
+        abs(train.input_mean or 0.0), train.input_std or 0.0) <= MILD_INPUT_SCALE
+    learned = mild and loss_learned(report)
     return Hit(
-        symptom="inputs not normalised: " + ", ".join(reasons),
+        symptom="inputs not normalised: " + ", ".join(reasons) + ("; the loss still learned" if learned else ""),
+        severity="info" if learned else None,
         evidence={
             "input_mean": train.input_mean,
             "input_std": train.input_std,

@@ -963,3 +963,22 @@ def test_a_line_searchs_rejected_trial_is_no_divergence_but_a_sustained_climb_is
     assert alarm(trial, steps) == "warning"
     climbing = falling[:130] + [30.0 * 1.1**i for i in range(70)]
     assert alarm(climbing, line_search) == "warning"
+
+
+def test_mildly_scaled_inputs_in_a_run_that_learned_are_context():
+    """hardmaru's mixture density network trains on x in +-14 (std 6) and fits well: the
+    scale is a fact, not this run's problem. A flat loss, or a scale far off, keeps it a
+    warning."""
+    from .broken import flat, train
+    from .reports import healthy_data, healthy_split
+
+    def severity(std, learned=True):
+        report = healthy_mlp().model_copy(update={"data": healthy_data(train=healthy_split(input_std=std, input_mean=0.1))})
+        if not learned:
+            report = report.model_copy(update=train(flat(0, n=60, level=2.3)))
+        return {f.rule_id: f.severity for f in diagnose(report).findings}.get("NNDX505")
+
+    assert severity(1.0) is None
+    assert severity(6.0) == "info"
+    assert severity(6.0, learned=False) == "warning"
+    assert severity(60.0) == "warning"
