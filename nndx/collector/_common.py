@@ -247,6 +247,10 @@ def model_deepcopy(obj: Any, model: nn.Module, memo: dict[int, Any] | None = Non
         for tensor in iter_tensors(value):
             if tensor.grad_fn is not None:
                 memo[id(tensor)] = tensor.detach().clone()
+    for inverse in _inverse_transforms(model):
+        # Transform.__getstate__ drops ``_inv``, which for an inverse is the transform it
+        # inverts: copied plainly, a flow's SigmoidTransform().inv raises when used
+        memo[id(inverse)] = copy.deepcopy(inverse._inv, memo).inv
     seeds = dict(memo)
     try:
         return copy.deepcopy(obj, memo)
@@ -261,6 +265,29 @@ def model_deepcopy(obj: Any, model: nn.Module, memo: dict[int, Any] | None = Non
         if shared is not None:
             shared.append(name)
     return copy.deepcopy(obj, memo)
+
+
+def _inverse_transforms(model: nn.Module, depth: int = 4) -> list[Any]:
+    """torch.distributions' inverse transforms (``SigmoidTransform().inv``) among the
+    modules' plain attributes, in distributions and containers ``depth`` levels deep."""
+    from torch.distributions import Distribution
+    from torch.distributions.transforms import Transform, _InverseTransform
+
+    found: dict[int, Any] = {}
+    level = [v for m in model.modules() for n, v in vars(m).items() if n not in _MODULE_DICTS and "hook" not in n]
+    for _ in range(depth):
+        children = []
+        for value in level:
+            if isinstance(value, _InverseTransform) and value._inv is not None:
+                found[id(value)] = value
+            if isinstance(value, (Distribution, Transform)):
+                children.extend(vars(value).values())
+            elif isinstance(value, (list, tuple)):
+                children.extend(value)
+            elif isinstance(value, dict):
+                children.extend(value.values())
+        level = children
+    return list(found.values())
 
 
 def _uncopyable_attributes(model: nn.Module) -> list[tuple[str, Any]]:

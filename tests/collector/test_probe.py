@@ -736,6 +736,36 @@ def test_a_model_holding_an_open_file_and_a_lock_is_probed_with_them_shared(tmp_
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
 
 
+class Flow(nn.Module):
+    """An affine coupling layer with a logistic prior, as karpathy/pytorch-normalizing-flows
+    builds it: TransformedDistribution(Uniform(0, 1), SigmoidTransform().inv)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.prior = torch.distributions.TransformedDistribution(
+            torch.distributions.Uniform(torch.zeros(2), torch.ones(2)), torch.distributions.SigmoidTransform().inv)
+        self.s, self.t = nn.Linear(1, 1), nn.Linear(1, 1)
+
+    def forward(self, x):
+        s = torch.tanh(self.s(x[:, :1]))
+        z = torch.cat([x[:, :1], x[:, 1:] * torch.exp(s) + self.t(x[:, :1])], dim=1)
+        return self.prior.log_prob(z).sum(1) + s.sum(1)  # log-likelihood per sample
+
+
+def test_a_flows_prior_with_an_inverse_transform_survives_the_probes_copy():
+    """deepcopy drops an inverse transform's link to its transform (Transform.__getstate__):
+    every probe of the flow raised 'AssertionError: _inv must not be None'."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 2, generator=g)
+    model = Flow()
+    report = nndx.probe(model, (x, None), lambda log_likelihood, _: -log_likelihood.mean(),
+                        optimizer=torch.optim.Adam(model.parameters(), lr=1e-3), progress=False)  # fmt: skip
+    assert not [e for e in report.errors if "_inv" in e.message], [e.message for e in report.errors]
+    assert report.probes.overfit_one_batch.status in ("passed", "failed")
+    assert model.prior.transforms[0]._inv is not None
+
+
 def test_a_model_whose_hooks_cannot_be_copied_is_still_refused_with_a_clear_error():
     class Hook:
         def __init__(self) -> None:
