@@ -391,15 +391,18 @@ def train_mode_forgotten(report: DiagnosticReport) -> Hit | None:
     "NNDX307",
     C.LR_SCHEDULE_MISUSE,
     "warning",
-    "The learning-rate schedule collapses the LR early",
+    "The learning-rate schedule collapses or cycles the LR",
     detects="A learning rate at or below 1e-3 of its maximum for more than a quarter of the recorded steps (in a loop "
-    "without an optimizer: the step size measured as |update| / |gradient|). "
-    "Cosine or one-cycle schedules stepped per batch only get there in the last few percent, so they "
-    "do not fire.",
+    "without an optimizer: the step size measured as |update| / |gradient|); or an optimizer's LR that climbs "
+    "back, gradually (through at least one step between), from under 10% of its peak to 90% of it twice or more. "
+    "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
+    "most, so they do not fire; warm restarts jump back to the peak in one step, a cyclic LR stays above 10%.",
     why="A per-epoch schedule (StepLR, ExponentialLR) stepped every batch decays the LR to ~0 within "
-    "the first epoch; training then stops.",
+    "the first epoch; training then stops. A cosine schedule sized in epochs (CosineAnnealingLR's T_max) and "
+    "stepped every batch runs past its end and climbs back: the LR cycles between ~0 and its peak every few "
+    "dozen batches and training ends wherever the cycle happens to be.",
     fix="Call scheduler.step() once per epoch for per-epoch schedules, or size the schedule in batches "
-    "(OneCycleLR total_steps = epochs * batches).",
+    "(OneCycleLR total_steps = epochs * batches; CosineAnnealingLR T_max = epochs * batches).",
 )
 def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
@@ -416,7 +419,17 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     collapsed = [i for i, lr in enumerate(lrs) if lr <= 1e-3 * peak * (1 + 1e-6)]
     share = len(collapsed) / len(lrs)
     if share <= 0.25:
-        return None
+        rises = [] if measured else _gradual_rises(lrs, peak)
+        if len(rises) < 2:
+            return None
+        return Hit(
+            symptom=f"the learning rate climbed back from under 10% of its peak to its peak {len(rises)} times: a "
+            "schedule sized in epochs, stepped every batch, cycles",
+            evidence={"lr_peak": peak, "lr_final": lrs[-1], "lr_cycles": len(rises),
+                      "first_climb_step": history[rises[0]].step},  # fmt: skip
+            score=1.0 + min(1.0, len(rises) / 10),
+            step=history[rises[0]].step,
+        )
     return Hit(
         symptom=f"learning rate at or under 1e-3 of its peak for {share:.0%} of the recorded steps",
         evidence={
@@ -429,6 +442,22 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
         score=1.0 + share,
         step=history[collapsed[0]].step,
     )
+
+
+def _gradual_rises(lrs: list[float], peak: float) -> list[int]:
+    """Indices where the LR reached 90% of ``peak`` from under 10% of it through at least
+    one value between: a cosine run past its end. A warm restart jumps in one step."""
+    rises, low, between = [], False, False
+    for i, lr in enumerate(lrs):
+        if lr <= 0.1 * peak:
+            low, between = True, False
+        elif lr >= 0.9 * peak:
+            if low and between:
+                rises.append(i)
+            low = False
+        elif low:
+            between = True
+    return rises
 
 
 def _power_of_two(ratio: float) -> int | None:

@@ -982,3 +982,22 @@ def test_mildly_scaled_inputs_in_a_run_that_learned_are_context():
     assert severity(6.0) == "info"
     assert severity(6.0, learned=False) == "warning"
     assert severity(60.0) == "warning"
+
+
+def test_a_cosine_schedule_sized_in_epochs_and_stepped_per_batch_cycles():
+    """kuangliu/pytorch-cifar's CosineAnnealingLR(T_max=epochs) stepped every batch: the LR
+    climbs back to its peak every 2 * T_max batches. Warm restarts (a jump back), a cyclic
+    LR (never under 10%), one cycle and a cosine sized in batches do not cycle so."""
+
+    def fires(lrs):
+        return "NNDX307" in _found(with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]))
+
+    t_max, steps = 8, 240
+    cosine = [0.05 * (1 + math.cos(math.pi * t / t_max)) for t in range(steps)]
+    assert fires(cosine)
+    assert fires(cosine[::5])  # sampled every 5th step: still climbs through the middle
+    restarts = [0.05 * (1 + math.cos(math.pi * (t % 40) / 40)) for t in range(steps)]  # SGDR, T_0 = 40
+    cyclic = [0.001 + 0.005 * (1 - abs((t % 40) / 20 - 1)) for t in range(steps)]  # CyclicLR's defaults
+    one_cycle = [0.1 * (0.04 + 0.96 * math.sin(math.pi * t / steps)) for t in range(steps)]
+    sized_in_batches = [0.05 * (1 + math.cos(math.pi * t / steps)) for t in range(steps)]
+    assert not any(fires(lrs) for lrs in (restarts, cyclic, one_cycle, sized_in_batches))
