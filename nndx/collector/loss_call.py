@@ -210,16 +210,28 @@ _ELEMENTWISE = frozenset(f"{d}{op}{d}" for op in ("sub", "add", "mul", "truediv"
 _ELEMENTWISE |= frozenset(f"__r{op}__" for op in ("sub", "add", "mul", "truediv"))
 
 
+# what only the probes see: they call a loss of the user's own themselves, inside InnerLossCalls
+_PROBE_ONLY = ("applies", "broadcast_shape")
+
+
 def merge_loss_calls(first: list[LossCall], second: list[LossCall]) -> list[LossCall]:
     """``first``, then the calls of ``second`` whose signature ``first`` lacks (a report
-    merging the Monitor's calls with the probes' keeps the training loop's counts)."""
+    merging the Monitor's calls with the probes' keeps the training loop's counts); a call
+    of both keeps what only the probes' call saw inside the loss (``applies``,
+    ``broadcast_shape``)."""
 
     def signature(call: LossCall) -> tuple:
         shape = None if call.target_shape is None else tuple(call.target_shape)
         return call.loss_type, tuple(call.output_shape), shape, call.output_dtype, call.target_dtype
 
-    seen = {signature(c) for c in first}
-    return [*first, *(c for c in second if signature(c) not in seen)]
+    probes = {signature(c): c for c in second}
+    merged = []
+    for call in first:
+        other = probes.get(signature(call))
+        seen = {k: getattr(other, k) for k in _PROBE_ONLY if other is not None and getattr(call, k) is None}
+        merged.append(call.model_copy(update={k: v for k, v in seen.items() if v is not None}))
+    seen_first = {signature(c) for c in first}
+    return [*merged, *(c for c in second if signature(c) not in seen_first)]
 
 
 __all__ = ["InnerLossCalls", "LossCallLog", "call_evidence", "merge_loss_calls"]

@@ -39,6 +39,27 @@ def test_a_correct_loss_of_the_users_own_is_silent():
     assert nndx.diagnose(report).healthy
 
 
+def test_what_the_probes_saw_inside_the_loss_survives_the_merge_with_the_monitors_calls():
+    """The ViT port wraps its label-smoothing loss in the Monitor (mon.loss_fn) and probes
+    after training: the Monitor's call of the same signature carried no ``applies``, and
+    replaced the probes' call that did."""
+    x, y = batch()
+    model_ = nn.Sequential(model(), nn.Softmax(dim=-1))
+    optimizer = torch.optim.SGD(model_.parameters(), lr=0.1)
+    with nndx.Monitor(model_, optimizer, every=1, loss_fn=LabelSmoothingCrossEntropy()) as mon:
+        for _ in range(3):
+            optimizer.zero_grad()
+            loss = mon.loss_fn(model_(x), y)
+            loss.backward()
+            optimizer.step()
+            mon.log(loss)
+    report = nndx.probe(model_, (x, y), LabelSmoothingCrossEntropy(), optimizer=optimizer, monitor=mon,
+                        probes=["nan_origin"], progress=False)  # fmt: skip
+    (own,) = [c for c in report.loop.loss_calls if c.loss_type == "LabelSmoothingCrossEntropy"]
+    assert own.calls >= 3 and own.applies == "log_softmax"
+    assert "NNDX314" in {f.rule_id for f in nndx.diagnose(report).findings}
+
+
 def test_kl_divergence_on_probabilities_inside_a_distillation_loss_is_a_wrong_loss():
     """The knowledge-distillation loss of the user's own: KL of temperature-softened student
     and teacher distributions plus cross-entropy. KLDivLoss takes log-probabilities; given
