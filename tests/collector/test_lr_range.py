@@ -56,6 +56,34 @@ def test_a_loss_falling_through_zero_is_no_divergence():
     assert result.suggested_lr is None and "below zero" in result.message
 
 
+class Validating(nn.Module):
+    """A model that checks its outputs, as a torch.distributions prior's log_prob does
+    (``validate_args``): values outside its support (here: beyond +-20) raise ValueError."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp()
+
+    def forward(self, x):
+        out = self.body(x)
+        if not (out.abs() < 20).all():
+            raise ValueError("Expected value argument to be within the support")
+        return out
+
+
+def test_a_model_that_raises_once_the_sweep_diverges_has_diverged_there():
+    x, y = batch()
+    model = Validating()
+    result = lr_range_test(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                           end_lr=1e6, steps=60)  # fmt: skip
+    assert result.diverged_at_lr is not None and "raised ValueError" in result.message
+    assert result.status in ("passed", "failed")
+    broken = Validating()
+    broken.body[0].weight.data.fill_(math.nan)  # fails on the first batch: the setup, not the sweep
+    with pytest.raises(ValueError, match="support"):
+        lr_range_test(broken, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(broken.parameters(), lr=0.1))
+
+
 def test_suggestion_is_a_quarter_of_the_knee_with_an_interval_around_it():
     lrs = [10 ** (-6 + i * 0.1) for i in range(60)]
     # logistic drop from 2 to 1 centred at index 30, then a rise after 45. The knee is the

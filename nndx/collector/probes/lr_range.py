@@ -79,7 +79,11 @@ def lr_range_test(
     ``smooth`` is the weight of the newest loss in the moving average. A small weight
     (torch-lr-finder uses 0.05) suits noisy real batches but lags the curve by about
     (1 − smooth) / smooth steps, which shifts every suggestion to larger learning rates;
-    one repeated batch is hardly noisy, so the default lags only ~4 steps."""
+    one repeated batch is hardly noisy, so the default lags only ~4 steps.
+
+    A model that raises on the batch it trained on at every lower lr (a flow's prior that
+    rejects the NaNs its weights now give) has diverged there, and the sweep says so; on a
+    loader's changing batches only when the weights are non-finite, else it raises."""
     if not 0 < start_lr < end_lr:
         raise ValueError(f"need 0 < start_lr < end_lr, got {start_lr} and {end_lr}")
     if steps < 2 or not 0 < smooth <= 1 or diverge_factor <= 1:
@@ -104,7 +108,19 @@ def lr_range_test(
                     return compute_loss(loss_fn, forward(model_copy, inputs), targets)
 
             opt.zero_grad(set_to_none=True)
-            loss = batch_loss()
+            try:
+                loss = batch_loss()
+            except Exception as exc:
+                # the batch that trained at every lower lr now fails: the weights the last step
+                # left are to blame (a flow's prior rejects the NaNs they produce), not the setup
+                if i == 0 or (batches is not None and all(p.isfinite().all() for p in model_copy.parameters())):
+                    raise
+                lrs.append(lr)
+                losses.append(math.nan)
+                smoothed.append(math.nan)
+                diverged_at = lr
+                note += f"; at lr {lr:.3g} the model raised {type(exc).__name__}, read as the sweep's divergence"
+                break
             value = float(loss.detach())
             lrs.append(lr)
             losses.append(value)
