@@ -353,18 +353,20 @@ class SampleIndependenceResult(ProbeResult):
     title: ClassVar[str] = "sample independence"
     checklist: ClassVar[ChecklistItem] = ChecklistItem(
         "independence", "Each sample's output depends on that sample only (in eval mode)",
-        "sample-independence probe: change one sample of the batch, the others' outputs must not move",
+        "sample-independence probe: replace half of the batch, the other samples' outputs must not move",
         ("WRONG_RESHAPE",))  # fmt: skip
 
     batch_axis: Count | None = Field(None, description="the inputs' axis whose entries are samples")
     samples: Count = 0
-    changed_samples: Count = Field(0, description="other samples whose outputs moved beyond the tolerance")
-    max_change: Float | None = Field(None, description="largest change of another sample's output")
+    replaced_samples: Count = Field(1, description="samples at the start of the batch replaced by others")
+    changed_samples: Count = Field(0, description="samples not replaced whose outputs moved beyond the tolerance")
+    max_change: Float | None = Field(None, description="largest change of such a sample's output")
     tolerance: Float | None = None
 
     def summary(self, num: NumberFormat = str) -> str:
-        return (f"changing sample 0 moved {self.changed_samples} of the {max(self.samples - 1, 0)} other samples' "
-                f"outputs (max change {num(self.max_change)}, tolerance {num(self.tolerance)}), "
+        others = max(self.samples - self.replaced_samples, 0)
+        return (f"replacing {self.replaced_samples} samples moved {self.changed_samples} of the {others} other "
+                f"samples' outputs (max change {num(self.max_change)}, tolerance {num(self.tolerance)}), "
                 f"batch axis {num(self.batch_axis)}")
 
 

@@ -456,8 +456,8 @@ def labels_misaligned(report: DiagnosticReport) -> Hit | None:
     C.WRONG_RESHAPE,
     "error",
     "Samples leak into each other's outputs",
-    detects="The sample-independence probe changed one sample of the batch and the eval-mode outputs of "
-    "other samples moved beyond the rounding tolerance.",
+    detects="The sample-independence probe replaced the first half of the batch's samples and the eval-mode "
+    "outputs of the other samples moved beyond the rounding tolerance.",
     why="In eval mode every sample must be computed on its own. When another sample's output moves, a "
     "layer runs along the batch axis: an LSTM/GRU built with batch_first=False fed (batch, time, features) "
     "runs over the batch, or a view/reshape where permute was meant interleaves samples. Training still "
@@ -470,7 +470,8 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
     if result is None or result.status != "failed" or not result.changed_samples:
         return None
     return Hit(
-        symptom=f"changing one sample moved the outputs of {result.changed_samples} of {result.samples - 1} others",
+        symptom=f"replacing {result.replaced_samples} samples moved the outputs of {result.changed_samples} of "
+        f"the other {result.samples - result.replaced_samples}",
         evidence={
             "changed_samples": result.changed_samples,
             "samples": result.samples,
