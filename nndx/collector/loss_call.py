@@ -206,8 +206,10 @@ class InnerLossCalls(TorchFunctionMode):
 
 
 # elementwise ops whose operands broadcast: how a loss written by hand compares outputs with targets
-_ELEMENTWISE = frozenset(f"{d}{op}{d}" for op in ("sub", "add", "mul", "truediv", "div") for d in ("", "__"))
-_ELEMENTWISE |= frozenset(f"__r{op}__" for op in ("sub", "add", "mul", "truediv"))
+_ELEMENTWISE = frozenset({
+    "sub", "add", "mul", "div", "true_divide", "__sub__", "__rsub__", "__add__", "__radd__", "__mul__", "__rmul__",
+    "__truediv__", "__rtruediv__",
+})  # fmt: skip
 
 
 # what only the probes see: they call a loss of the user's own themselves, inside InnerLossCalls
