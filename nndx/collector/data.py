@@ -151,8 +151,11 @@ def _input_space(splits: list[np.ndarray]) -> float | None:
     """The number of distinct rows the values seen per feature allow, when every feature
     holds integers (a recommender's user and item ids, codes, counts): the product of each
     feature's distinct values over the splits; None for non-integral inputs or over MAX_SPACE."""
-    joined = np.concatenate([x.reshape(x.shape[0], -1) for x in splits])
-    if joined.size == 0 or joined.shape[1] > math.log2(MAX_SPACE):  # two values per feature already exceed it
+    rows = [x.reshape(x.shape[0], -1) for x in splits]
+    if rows[0].shape[1] > math.log2(MAX_SPACE):  # two values per feature already exceed it: no copy of images
+        return None
+    joined = np.concatenate(rows)
+    if joined.size == 0:
         return None
     if joined.dtype.kind == "f" and not (np.isfinite(joined).all() and np.array_equal(joined, np.floor(joined))):
         return None

@@ -229,11 +229,10 @@ def merge_loss_calls(first: list[LossCall], second: list[LossCall]) -> list[Loss
     probes = {signature(c): c for c in second}
     merged = []
     for call in first:
-        other = probes.get(signature(call))
-        seen = {k: getattr(other, k) for k in _PROBE_ONLY if other is not None and getattr(call, k) is None}
-        merged.append(call.model_copy(update={k: v for k, v in seen.items() if v is not None}))
-    seen_first = {signature(c) for c in first}
-    return [*merged, *(c for c in second if signature(c) not in seen_first)]
+        other = probes.pop(signature(call), None)
+        found = {k: getattr(other, k) for k in _PROBE_ONLY if other is not None and getattr(call, k) is None}
+        merged.append(call.model_copy(update={k: v for k, v in found.items() if v is not None}))
+    return [*merged, *probes.values()]
 
 
 __all__ = ["InnerLossCalls", "LossCallLog", "call_evidence", "merge_loss_calls"]

@@ -464,10 +464,11 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         with ForwardObserver(model_copy) as seen:
             output = forward(model_copy, inputs)
         calls = LossCallLog()
-        outer = calls.add(loss_name(setup.loss_fn), prediction(output), targets) if setup.loss_fn is not None else None
+        predicted = prediction(output)
+        outer = calls.add(loss_name(setup.loss_fn), predicted, targets) if setup.loss_fn is not None else None
         # a loss of the user's own: what reaches torch's loss inside it, and any softmax it applies itself
         own_loss = setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None
-        inner = InnerLossCalls(calls, output=prediction(output), target=targets) if own_loss else None
+        inner = InnerLossCalls(calls, output=predicted, target=targets) if own_loss else None
         with inner or contextlib.nullcontext():
             compute_loss(setup.loss_fn, output, targets)
         if inner is not None and outer is not None:

@@ -204,13 +204,14 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
     # Uneven feature scales matter when some feature is large: [0, 1] pixels whose border is
     # near-constant have per-pixel stds 1000x apart and are normalised all the same.
     spread = _value_range(train)
-    if train.feature_scale_ratio is not None and train.feature_scale_ratio > 100 and spread is not None and spread > 10:
+    uneven = train.feature_scale_ratio is not None and train.feature_scale_ratio > 100 and spread is not None and (
+        spread > 10)
+    if uneven:
         reasons.append(f"feature stds differ {train.feature_scale_ratio:.0f}x")
     if not reasons:
         return None
-    mild = not train.raw_range and len(reasons) == sum(1 for r in reasons if r.startswith(("mean", "std"))) and max(
-        abs(train.input_mean or 0.0), train.input_std or 0.0) <= MILD_INPUT_SCALE
-    learned = mild and loss_learned(report)
+    scale = max(abs(train.input_mean or 0.0), train.input_std or 0.0)
+    learned = not train.raw_range and not uneven and scale <= MILD_INPUT_SCALE and loss_learned(report)
     return Hit(
         symptom="inputs not normalised: " + ", ".join(reasons) + ("; the loss still learned" if learned else ""),
         severity="info" if learned else None,

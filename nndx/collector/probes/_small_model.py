@@ -141,10 +141,11 @@ def token_data(x: Any, y: Any, *, min_samples: int, max_samples: int, min_per_cl
     if ids.shape[0] < MIN_SEQUENCES:
         return f"only {ids.shape[0]} sequences; need {MIN_SEQUENCES}"
     current = np.eye(width + 1)[ids]
-    bag = current.mean(axis=1)
     if not per_position and xa.shape[1] <= SHORT_ROW:
         columns = [_frequent_ids(column, TOKEN_IDS) for column in xa[order].astype(np.int64).T]
         bag = np.concatenate([np.eye(size + 1)[codes] for codes, size in columns], axis=1)
+    else:
+        bag = current.mean(axis=1)
     if not per_position:
         classes, reason = _class_labels(ya[order])
         if classes is None:
