@@ -15,7 +15,7 @@ from statistics import median
 from typing import TypeVar
 
 from nndx import vocab
-from nndx.report import DiagnosticReport, LayerStats, LossCall, LossPoint, ParameterStats
+from nndx.report import DiagnosticReport, GradNormPoint, LayerStats, LossCall, LossPoint, ParameterStats
 
 
 
@@ -305,6 +305,28 @@ def stepped_lr(report: DiagnosticReport) -> float | None:
     return statistics.median(sizes) if sizes else None
 
 
+# the LR range test reads an LR to about this factor (its sweep's spacing and smoothing)
+RANGE_READING = 2.0
+
+
+def trains_well_up_to(report: DiagnosticReport) -> float | None:
+    """The top of the interval where the LR range test's loss fell well (its suggestion
+    when it found no interval); None when the test found neither."""
+    result = report.probes.lr_range if report.probes is not None else None
+    if result is None or result.status != "passed":
+        return None
+    top = result.interval_high_lr if result.interval_high_lr is not None else result.suggested_lr
+    return top if top is not None and math.isfinite(top) and top > 0 else None
+
+
+def lr_within_range(report: DiagnosticReport) -> bool:
+    """Whether the LR the loop stepped with is no more than RANGE_READING times the top of
+    the range where the LR range test trains well: then whatever the loss or the updates
+    do, an overshoot of the LR is not what the measurements point at."""
+    lr, top = stepped_lr(report), trains_well_up_to(report)
+    return lr is not None and top is not None and lr <= RANGE_READING * top
+
+
 def loss_is_moving(report: DiagnosticReport) -> bool | None:
     """Whether the train loss made clear progress; None without enough history."""
     curve = loss_curve(report)
@@ -325,6 +347,62 @@ def gradient_cut_params(report: DiagnosticReport) -> list[str]:
     if check is not None:
         names += [p.name for p in check.parameters if p.status == "bug" and p.autograd_zero]
     return list(dict.fromkeys(names))
+
+
+def _power_of_two(ratio: float) -> int | None:
+    """k when ``ratio`` is 2**k (to float precision) with k <= -4, else None."""
+    if ratio <= 0 or not math.isfinite(ratio):
+        return None
+    k = math.log2(ratio)
+    return round(k) if abs(k - round(k)) < 1e-4 and round(k) <= -4 else None
+
+
+def _unscaled_clip_ratios(ratios: list[float]) -> list[float] | None:
+    """The clip ratios with a mixed-precision loss scale taken out.
+
+    The Monitor measures the gradient norm at the end of backward and again at
+    optimizer.step(). Under a GradScaler the first is the *scaled* norm (x65536 by
+    default) and ``unscale_`` divides every gradient by the scale before clipping, so
+    the ratio is 2**-16 on steps where clipping did not bite — a change of the norm
+    that is no clipping at all. Steps with a ratio of exactly a power of two reveal the
+    scale; every ratio is then divided by the scale in force at its step. Returns None
+    when every step was only unscaled."""
+    exponents = [_power_of_two(r) for r in ratios]
+    if not any(k is not None for k in exponents):
+        return ratios
+    out, scale = [], None
+    first_scale = next(2.0**k for k in exponents if k is not None)
+    for ratio, k in zip(ratios, exponents):
+        if k is not None:
+            scale = 2.0**k
+            continue  # unscaled only: no clipping on this step
+        out.append(ratio / (scale or first_scale))
+    return out or None
+
+
+def clipped_steps(report: DiagnosticReport) -> list[GradNormPoint]:
+    """The recorded steps whose gradient norm was measured before and after a clip."""
+    loop = report.loop
+    if loop is None:
+        return []
+    return [p for p in loop.grad_norm_history
+            if p.after_clip is not None and math.isfinite(p.before_clip) and p.before_clip > 0]
+
+
+def clip_ratios(report: DiagnosticReport) -> list[float] | None:
+    """Norm after the clip over norm before, per clipped step, a GradScaler's loss scale
+    taken out; None under 5 clipped steps, or when every step was only unscaled."""
+    clipped = clipped_steps(report)
+    if len(clipped) < 5:
+        return None
+    return _unscaled_clip_ratios([p.after_clip / p.before_clip for p in clipped])
+
+
+def clips_most_steps(report: DiagnosticReport) -> bool:
+    """Whether the loop's clip cut the gradient on at least half its recorded steps: then each
+    step is bounded by LR x max_norm, which a probe or a remedy without the clip does not see."""
+    ratios = clip_ratios(report)
+    return ratios is not None and sum(1 for r in ratios if r < 0.999) >= len(ratios) / 2
 
 
 def lr_varies(report: DiagnosticReport) -> bool:

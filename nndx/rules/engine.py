@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding, Severity
-from nndx.rules._series import gradient_cut_params, lr_varies, memoized
+from nndx.rules._series import clips_most_steps, gradient_cut_params, lr_varies, memoized
 
 Evidence = dict[str, Any]
 
@@ -222,6 +222,10 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     if lr_varies(report):
         # LR remedies were tried at the LR of one moment of a schedule: no verdict on the LR
         results = [r for r in results if r.cause not in (CauseCode.LR_TOO_LOW.value, CauseCode.LR_TOO_HIGH.value)]
+    if clips_most_steps(report):
+        # the user's clip bounds every step at LR x max_norm; nndx's remedy loop does not clip, so
+        # a lower LR helping there says nothing of the clipped loop's LR
+        results = [r for r in results if r.cause != CauseCode.LR_TOO_HIGH.value]
     named = {f.code.value for f in findings if not _from_intervention(f)}
     if gradient_cut_params(report) or CauseCode.GRAD_CLIP_TOO_SMALL.value in named:
         # part of the model gets no gradient, or clipping shrinks every step: a 10x LR speeds

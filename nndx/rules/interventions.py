@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import gradient_cut_params, loss_curve, lr_varies
+from nndx.rules._series import clips_most_steps, gradient_cut_params, loss_curve, lr_varies
 from nndx.rules.engine import CONFIRMED_BY_INTERVENTION, Hit, Rule, add_rule
 
 LR_CAUSES = (C.LR_TOO_LOW, C.LR_TOO_HIGH)
@@ -63,19 +63,23 @@ def _check(code: C):
             curve = loss_curve(report)
             learned = curve.n >= 10 and curve.progress >= LEARNED_PROGRESS
             scheduled = code in LR_CAUSES and lr_varies(report)
+            clipped = code == C.LR_TOO_HIGH and clips_most_steps(report)
             if learned:
                 symptom += f"; the run itself learned (its loss made {curve.progress:.0%} of its way down)"
             elif scheduled:
                 # the probe trained at the optimizer's LR of that moment: a warm-up's first LR,
                 # or a decayed one after training — not the LR the run trains at
                 symptom += "; the run's LR schedule moved its LR, so the probe's LR was not the one it trains at"
+            elif clipped:
+                symptom += "; the run clips its gradients on most steps, which bounds each step; the probe did not clip"
             # no other rule saw this cause, and the untouched twin learned in the probe itself
             # (slowly): the remedy speeds a healthy setup up (a third of a LSTM's ReLUs silent
             # at initialisation), which is worth knowing, not an alarm
-            twin_learned = not learned and not scheduled and (result.baseline_progress or 0.0) >= LEARNED_PROGRESS
+            twin_learned = not (learned or scheduled or clipped) and (
+                result.baseline_progress or 0.0) >= LEARNED_PROGRESS
             if twin_learned:
                 symptom += f"; the untouched twin learned too ({result.baseline_progress:.0%} of its way down)"
-            learned = learned or scheduled or twin_learned
+            learned = learned or scheduled or clipped or twin_learned
             # confirmed with nndx's own Adam (no optimizer was known): a lead, not proof
             stand_in = report.interventions.optimizer == "default"
             if stand_in and not learned:
@@ -110,9 +114,11 @@ for rule_id, code, remedy, fix in REMEDIES:
             detects=f"An intervention that applied {remedy} to a copy of the model from its initial state made the "
             "loss fall clearly further than on an untouched twin, while no other rule named this cause. Info "
             "when the untouched twin learned as well (30% or more of its way down in the probe), when the run's own "
-            "loss did, or, for an LR remedy, when a schedule moved the LR; a warning when the runs trained with nndx's "
-            "own Adam (no optimizer was given). A 10x LR is no verdict when clipping shrinks every step or parameters "
-            "get no gradient (frozen, outside the optimizer, cut from the loss): it speeds up the rest.",
+            "loss did, or, for an LR remedy, when a schedule moved the LR (for a lower LR: when the run clips its "
+            "gradients on most steps, which bounds each step as the probe's loop does not); a warning when the runs "
+            "trained with nndx's own Adam (no optimizer was given). A 10x LR is no verdict when clipping shrinks every "
+            "step or parameters get no gradient (frozen, outside the optimizer, cut from the loss): it speeds up the "
+            "rest.",
             why=WHY,
             fix=fix,
             family="interventions",

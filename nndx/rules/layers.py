@@ -16,7 +16,9 @@ from nndx.rules._series import (
     layer_steps,
     loss_curve,
     loss_learned,
+    lr_within_range,
     stepped_lr,
+    trains_well_up_to,
     train_curve,
     weight_params,
 )
@@ -25,9 +27,6 @@ from nndx.rules.engine import Hit, rule
 DEAD_THRESHOLD = 0.5
 MIN_VALUES_PER_UNIT = vocab.MIN_VALUES_PER_UNIT
 SATURATED_THRESHOLD = 0.5
-# the LR range test reads an LR to about a factor 2 (its sweep's spacing and smoothing): a loop stepping
-# within twice the top of its interval that trains well is not at too high an LR (NNDX205)
-RANGE_READING = 2.0
 # all-zero outputs of these are dead units (NNDX201), not a constant initialisation
 RELU_TYPES = {"ReLU", "ReLU6", "Hardtanh", "Threshold"}
 MAX_INIT_GAIN = vocab.MAX_INIT_GAIN
@@ -319,16 +318,6 @@ def _update_ratio_summary(report: DiagnosticReport) -> tuple[float, float, int] 
     return peak, median(values), len(values)
 
 
-def _trains_well_up_to(report: DiagnosticReport) -> float | None:
-    """The top of the interval where the LR range test's loss fell well (its suggestion
-    when it found no interval); None when the test found neither."""
-    result = report.probes.lr_range if report.probes is not None else None
-    if result is None or result.status != "passed":
-        return None
-    top = result.interval_high_lr if result.interval_high_lr is not None else result.suggested_lr
-    return top if top is not None and math.isfinite(top) and top > 0 else None
-
-
 def _loss_healthy(report: DiagnosticReport) -> bool:
     """The train loss fell clearly, or ended well under an uninformed prediction's loss (a
     pretrained model that stays fitted, a text near its entropy floor), and stayed finite:
@@ -368,9 +357,9 @@ def update_ratio_high(report: DiagnosticReport) -> Hit | None:
         return None
     peak, typical, count = found
     severity = "error" if peak >= 1.0 else "warning"
-    lr, top = stepped_lr(report), _trains_well_up_to(report)
+    lr, top = stepped_lr(report), trains_well_up_to(report)
     # a ratio of 1 rewrites every weight each step: no LR reading excuses that
-    in_range = lr is not None and top is not None and lr <= RANGE_READING * top and peak < 1.0
+    in_range = lr_within_range(report) and peak < 1.0
     if _loss_healthy(report) or in_range:
         severity = "info"
     return Hit(

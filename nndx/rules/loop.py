@@ -11,10 +11,10 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
 from nndx.rules._series import (
-    finite, frozen_untrained, is_classification, loss_calls, loss_curve, loss_learned, starts_fitted, train_curve,
+    clip_ratios, clipped_steps, finite, frozen_untrained, is_classification, loss_calls, loss_curve, loss_learned,
+    starts_fitted, train_curve,
 )
 from nndx.rules.engine import Hit, rule
-
 
 
 def _loop(report: DiagnosticReport) -> LoopStats | None:
@@ -460,37 +460,6 @@ def _gradual_rises(lrs: list[float], peak: float) -> list[int]:
     return rises
 
 
-def _power_of_two(ratio: float) -> int | None:
-    """k when ``ratio`` is 2**k (to float precision) with k <= -4, else None."""
-    if ratio <= 0 or not math.isfinite(ratio):
-        return None
-    k = math.log2(ratio)
-    return round(k) if abs(k - round(k)) < 1e-4 and round(k) <= -4 else None
-
-
-def _unscaled_clip_ratios(ratios: list[float]) -> list[float] | None:
-    """The clip ratios with a mixed-precision loss scale taken out.
-
-    The Monitor measures the gradient norm at the end of backward and again at
-    optimizer.step(). Under a GradScaler the first is the *scaled* norm (x65536 by
-    default) and ``unscale_`` divides every gradient by the scale before clipping, so
-    the ratio is 2**-16 on steps where clipping did not bite — a change of the norm
-    that is no clipping at all. Steps with a ratio of exactly a power of two reveal the
-    scale; every ratio is then divided by the scale in force at its step. Returns None
-    when every step was only unscaled."""
-    exponents = [_power_of_two(r) for r in ratios]
-    if not any(k is not None for k in exponents):
-        return ratios
-    out, scale = [], None
-    first_scale = next(2.0**k for k in exponents if k is not None)
-    for ratio, k in zip(ratios, exponents):
-        if k is not None:
-            scale = 2.0**k
-            continue  # unscaled only: no clipping on this step
-        out.append(ratio / (scale or first_scale))
-    return out or None
-
-
 @rule(
     "NNDX308",
     C.GRAD_CLIP_TOO_SMALL,
@@ -511,17 +480,8 @@ def _unscaled_clip_ratios(ratios: list[float]) -> list[float] | None:
     explained_by=(C.UNSHUFFLED_DATA,),
 )
 def grad_clip_too_small(report: DiagnosticReport) -> Hit | None:
-    loop = _loop(report)
-    if loop is None:
-        return None
-    clipped = [
-        p
-        for p in loop.grad_norm_history
-        if p.after_clip is not None and math.isfinite(p.before_clip) and p.before_clip > 0
-    ]
-    if len(clipped) < 5:
-        return None
-    ratios = _unscaled_clip_ratios([p.after_clip / p.before_clip for p in clipped])
+    clipped = clipped_steps(report)
+    ratios = clip_ratios(report)
     if ratios is None:
         return None
     share = sum(1 for r in ratios if r < 0.999) / len(ratios)

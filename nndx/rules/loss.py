@@ -15,8 +15,8 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    Curve, adversarial, finite, line_search, loss_calls, loss_curve, num_classes, starts_fitted, stays_fitted,
-    train_curve, uninformed_loss, used_lr, window,
+    Curve, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range, num_classes, starts_fitted,
+    stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -235,7 +235,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "hard samples of a small batch; and without a jump to 10x for a logged loss that runs through another trained "
     "network, as a GAN's generator loss does). Losses logged inside optimizer.step(), several per step (L-BFGS's "
     "closure evaluations, its line search's rejected trial points among them), count jumps and spikes only when "
-    "they are a tenth of the points or more.",
+    "they are a tenth of the points or more. Info too, without a jump to 10x, when the loop stepped at an LR "
+    "within twice the top of the range where the LR range test trains well: a loss that climbs there is not "
+    "overshooting (a value network's bootstrapped targets grow as its estimates do).",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -269,9 +271,14 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     # one's loss is several times the mean), not a loss that climbs
     noisy_but_learning = not blow_ups and (adversarial(report) or curve.progress >= 0.5 or spikes < 2 and (
         curve.progress >= 0.2 or starts_fitted(report)))
+    # the range test, on a copy from the same start, trains well at this LR: whatever makes the
+    # loss climb (targets that move with the model, as TD learning's do), it is not the step size
+    lr_fine = not blow_ups and lr_within_range(report)
     return Hit(
-        severity="info" if noisy_but_learning else None,
-        symptom="train loss is diverging" if (spikes >= 2 and not noisy_but_learning) or blow_ups
+        severity="info" if noisy_but_learning or lr_fine else None,
+        symptom=f"train loss climbs or swings at lr {stepped_lr(report):.3g}, where the LR range test still trains "
+        f"well (up to {trains_well_up_to(report):.3g}): not an overshoot" if lr_fine and not noisy_but_learning
+        else "train loss is diverging" if (spikes >= 2 and not noisy_but_learning) or blow_ups
         else f"train loss rises over twice its start {spikes} times; it runs through another trained network "
         "(an adversarial loss rises as its opponent improves)" if adversarial(report)
         else f"train loss spikes over twice its start {spikes} times while its level fell" if spikes >= 2

@@ -235,3 +235,26 @@ def test_a_loss_that_does_not_fall_at_an_lr_the_range_test_trains_well_at_is_not
 
     assert first(1e-3) == ["NNDX109", "NNDX103"]
     assert first(1e-7) == ["NNDX103", "NNDX109"]
+
+
+def test_a_loss_that_climbs_at_an_lr_the_range_test_trains_well_at_is_context():
+    """A DQN's TD loss: its bootstrapped targets grow as the Q-values do, so after a first
+    drop the loss climbs back, at an LR the range test (from the same start) trains well at.
+    Far above that range the same climb is an overshoot; a jump to 10x is one at any LR."""
+    from nndx.report import LoopStats, LRPoint, LRRangeResult, Probes
+
+    rng = np.random.default_rng(0)
+    td = [0.5] + list(np.concatenate([np.linspace(0.02, 0.02, 100), np.linspace(0.02, 0.6, 300)])
+                      * rng.uniform(0.5, 1.5, 400))
+    sweep = LRRangeResult(status="passed", interval_low_lr=4e-4, interval_high_lr=1.7e-3, suggested_lr=8e-4)
+
+    def nndx104(values, lr):
+        report = DiagnosticReport(loss_history={"train": points(values)}, probes=Probes(lr_range=sweep),
+                                  loop=LoopStats(steps=len(values), lr_history=[LRPoint(step=0, lrs=[lr])]))
+        return next(f for f in diagnose(report).findings if f.rule_id == "NNDX104")
+
+    fine = nndx104(td, 1e-3)
+    assert fine.severity == "info" and "not an overshoot" in fine.symptom
+    assert nndx104(td, 1e-2).severity == "warning"
+    blown = td[:200] + [6.0] * 200
+    assert nndx104(blown, 1e-3).severity == "warning"

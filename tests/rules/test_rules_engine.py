@@ -347,3 +347,28 @@ def test_a_remedy_confirmed_in_nndxs_loop_does_not_outrank_a_bug_only_the_users_
         assert findings[0].code.value == "MISSING_ZERO_GRAD"
         lr = next(f for f in findings if f.code.value == "LR_TOO_LOW")
         assert lr.severity == "warning" and "nndx's loop" in (lr.symptom + str(lr.evidence))
+
+
+def test_a_lower_lr_helping_an_unclipped_probe_is_no_verdict_on_a_loop_that_clips():
+    """The PyTorch transformer tutorial: SGD at lr 5 with clip_grad_norm_(0.5) on every step.
+    Updates are large (ratio 0.15) but the loss learned: context. LR / 10 helps nndx's remedy
+    loop, which does not clip, so it stays context for the clipped loop; without the clip the
+    same confirmation makes it worth a look."""
+    from nndx.report import GradNormPoint, InterventionResult, Interventions
+
+    from .reports import healthy_mlp, mlp_params, with_loop
+
+    lr_down = InterventionResult(cause="LR_TOO_HIGH", remedy="the learning rate divided by 10", status="confirmed",
+                                 steps=100, baseline_initial_loss=3.9, baseline_final_loss=3.0,
+                                 remedied_initial_loss=3.9, remedied_final_loss=0.5)  # fmt: skip
+    large = healthy_mlp().model_copy(update={"parameters": mlp_params(ratio=0.15),
+                                             "interventions": Interventions(results=[lr_down], optimizer="user")})
+
+    def nndx205(report):
+        return next((f.severity, f.confirmation) for f in diagnose(report).findings if f.rule_id == "NNDX205")
+
+    assert nndx205(large) == ("warning", "confirmed")
+    clipped = with_loop(large, grad_norm_history=[GradNormPoint(step=s, before_clip=2.0, after_clip=0.5)
+                                                  for s in range(0, 200, 5)])  # fmt: skip
+    assert nndx205(clipped) == ("info", None)
+    assert all(f.severity == "info" for f in diagnose(clipped).findings if f.code.value == "LR_TOO_HIGH")
