@@ -252,7 +252,8 @@ def vanishing(report: DiagnosticReport) -> Hit | None:
     why="Growing gradients make every update larger until the weights overflow to Inf/NaN.",
     fix="Clip gradients (torch.nn.utils.clip_grad_norm_ at about the healthy-step norm, see "
     "nndx.fix.suggest_clip_norm), lower the LR, use normalisation layers and a scaled init.",
-    explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.BAD_INIT, C.UNNORMALIZED_INPUTS),
+    explained_by=(C.LR_TOO_HIGH, C.LR_SCHEDULE_MISUSE, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.BAD_INIT,
+                  C.UNNORMALIZED_INPUTS),
 )
 def exploding(report: DiagnosticReport) -> Hit | None:
     bad_layers = [s for s in report.layers if s.gradient is not None and s.gradient.nonfinite_count > 0]

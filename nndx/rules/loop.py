@@ -392,7 +392,9 @@ def train_mode_forgotten(report: DiagnosticReport) -> Hit | None:
     C.LR_SCHEDULE_MISUSE,
     "warning",
     "The learning-rate schedule collapses or cycles the LR",
-    detects="A learning rate at or below 1e-3 of its maximum for more than a quarter of the recorded steps (in a loop "
+    detects="A learning rate below zero at any recorded step (error: every step then climbs the loss; a linear "
+    "decay stepped past its end, LambdaLR's 1 - epoch / n stepped per batch, goes there); a learning rate at or "
+    "below 1e-3 of its maximum for more than a quarter of the recorded steps (in a loop "
     "without an optimizer: the step size measured as |update| / |gradient|); or an optimizer's LR that climbs "
     "back, gradually (through at least one step between), from under 10% of its peak to 90% of it twice or more. "
     "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
@@ -415,6 +417,18 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     peak = max(lrs)
     if peak <= 0:
         return None
+    negative = [i for i, p in enumerate(history) if min(finite(p.lrs) or [0.0]) < 0]
+    if negative and not measured:  # a measured step size is a magnitude: it cannot be negative
+        lowest = min(min(finite(p.lrs)) for p in history if finite(p.lrs))
+        return Hit(
+            symptom=f"the learning rate went negative at step {history[negative[0]].step} (down to {lowest:.3g}): "
+            "from there every step climbs the loss",
+            evidence={"lr_peak": peak, "lr_lowest": lowest, "lr_final": lrs[-1],
+                      "negative_share": len(negative) / len(lrs), "negative_from_step": history[negative[0]].step},
+            severity="error",
+            score=3.0,
+            step=history[negative[0]].step,
+        )
     # at 1e-3 too, to float precision: ReduceLROnPlateau(eps=1e-8) from 1e-5 stops exactly there
     collapsed = [i for i, lr in enumerate(lrs) if lr <= 1e-3 * peak * (1 + 1e-6)]
     share = len(collapsed) / len(lrs)

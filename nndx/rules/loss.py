@@ -48,6 +48,7 @@ NO_LEARNING_CAUSES = (
     C.UNSHUFFLED_DATA,
 )
 DIVERGENCE_CAUSES = (
+    C.LR_SCHEDULE_MISUSE,  # a schedule that cycles back to its peak, or takes the LR below zero
     C.MISSING_ZERO_GRAD,
     C.GRAD_ACCUM_SCALING,
     C.UNNORMALIZED_INPUTS,

@@ -1001,3 +1001,27 @@ def test_a_cosine_schedule_sized_in_epochs_and_stepped_per_batch_cycles():
     one_cycle = [0.1 * (0.04 + 0.96 * math.sin(math.pi * t / steps)) for t in range(steps)]
     sized_in_batches = [0.05 * (1 + math.cos(math.pi * t / steps)) for t in range(steps)]
     assert not any(fires(lrs) for lrs in (restarts, cyclic, one_cycle, sized_in_batches))
+
+
+def test_a_linear_decay_stepped_past_its_end_takes_the_lr_below_zero():
+    """CycleGAN's LambdaLR(1 - max(0, epoch - decay_start) / (epochs - decay_start)) stepped per
+    batch: the LR crosses zero and the optimizer climbs the loss, which blows up. The negative
+    LR is the root; the blow-up is its symptom. A decay that stops at zero is the collapse."""
+    from nndx.report import DiagnosticReport, LoopStats, LRPoint
+
+    from .reports import points
+
+    steps = list(range(0, 400, 5))
+    lrs = [2e-4 * (1 - s / 200) for s in steps]  # zero at step 200, -2e-4 at the end
+    losses = [0.5 - 0.001 * i for i in range(200)] + [0.3 * 1.05 ** i for i in range(200)]
+
+    def found(lr_values):
+        loop = LoopStats(steps=400, lr_history=[LRPoint(step=s, lrs=[lr]) for s, lr in zip(steps, lr_values)])
+        return diagnose(DiagnosticReport(loss_history={"train": points(losses)}, loop=loop))
+
+    crossed = found(lrs)
+    top = crossed.top()
+    assert (top.rule_id, top.severity) == ("NNDX307", "error") and "negative" in top.symptom
+    assert {"NNDX104"} <= set(top.explains)
+    stopped = next(f for f in found([max(lr, 0.0) for lr in lrs]).findings if f.rule_id == "NNDX307")
+    assert stopped.severity == "warning" and "negative" not in stopped.symptom
