@@ -135,6 +135,17 @@ def working_copy(model: nn.Module) -> nn.Module:
     return reset_state_each_forward(detach_watchers(model_copy))
 
 
+def dense_gradients(model_copy: nn.Module) -> nn.Module:
+    """A probe's own copy with its sparse embeddings (``nn.Embedding(sparse=True)``, as
+    word2vec trains with SparseAdam) made dense: the same gradients, in the layout nndx's
+    Adam and the gradient check take. Never on the user's model, nor where the user's
+    optimizer (SparseAdam takes sparse gradients only) trains the copy."""
+    for module in model_copy.modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
+            module.sparse = False
+    return model_copy
+
+
 def _defined_in(fn: object) -> str:
     """The module that defined a hook: of the function, of a bound method's owner, of a
     callable object's class, of a ``functools.partial``'s function."""
@@ -202,7 +213,7 @@ def set_mode(model: nn.Module, training: bool) -> nn.Module:
 
 
 def trainable_names(model: nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
+    return [n for n, p in nn.Module.named_parameters(model) if p.requires_grad]
 
 
 def optimizer_coverage(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list[str], int]:
@@ -210,8 +221,8 @@ def optimizer_coverage(model: nn.Module, optimizer: torch.optim.Optimizer) -> tu
     are not the model's). Both non-empty is the classic 'optimizer built over another
     model' bug; it is measured, never fixed and never stepped."""
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    model_ids = {id(p) for p in model.parameters()}
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
+    model_ids = {id(p) for p in nn.Module.parameters(model)}
+    missing = [n for n, p in nn.Module.named_parameters(model) if p.requires_grad and id(p) not in held]
     foreign = sum(1 for group in optimizer.param_groups for p in group["params"] if id(p) not in model_ids)
     return missing, foreign
 
@@ -368,7 +379,7 @@ def copy_with_optimizer(
             except Exception:  # noqa: BLE001 - fall through to a fresh optimizer
                 pass
     model_copy = working_copy(model)
-    params = [p for p in model_copy.parameters() if p.requires_grad]
+    params = [p for p in nn.Module.parameters(model_copy) if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters (all requires_grad=False)")
     if optimizer is not None:
@@ -380,7 +391,7 @@ def copy_with_optimizer(
         except Exception:  # noqa: BLE001 - exotic optimizer constructors
             pass
     opt = default(params)
-    return model_copy, opt, f"nndx's own {type(opt).__name__}"
+    return dense_gradients(model_copy), opt, f"nndx's own {type(opt).__name__}"
 
 
 def copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device | str | None,
@@ -415,7 +426,7 @@ def train_in_float32(model_copy: nn.Module, optimizer: torch.optim.Optimizer | N
     in float16, so pure float16 weights turn to NaN in one step whatever the model; a
     trainability probe that failed for that would blame the model. Returns the autocast
     context to run the forwards in (a no-op for other dtypes)."""
-    first = next(model_copy.parameters(), None)
+    first = next(nn.Module.parameters(model_copy), None)
     if first is None or first.dtype != torch.float16:
         return contextlib.nullcontext()
     model_copy.float()  # in place: the optimizer still holds the same parameters
@@ -610,7 +621,7 @@ def roundoff_tolerance(model: nn.Module, outputs: list[torch.Tensor], dtype: tor
     orders of magnitude larger."""
     floats = [t for t in outputs if t.is_floating_point() and t.numel()]
     dtype = dtype or min((t.dtype for t in floats), key=lambda d: -torch.finfo(d).eps, default=torch.float32)
-    fan_ins = [p[0].numel() for p in model.parameters() if p.dim() >= 2]
+    fan_ins = [p[0].numel() for p in nn.Module.parameters(model) if p.dim() >= 2]
     magnitude = max([1.0, *(float(t.detach().abs().float().nan_to_num(0.0, 0.0, 0.0).max()) for t in floats)])
     return 8.0 * torch.finfo(dtype).eps * math.sqrt(max(fan_ins, default=1)) * max(1, len(fan_ins)) * magnitude
 

@@ -43,7 +43,7 @@ def rank(group: Any = None) -> int:
 
 def parameter_checksum(model: nn.Module) -> torch.Tensor:
     """Two float64 numbers that differ between replicas whose parameters differ."""
-    params = [p.detach() for p in model.parameters()]
+    params = [p.detach() for p in nn.Module.parameters(model)]
     if not params:
         return torch.zeros(2, dtype=torch.float64)
     norms = torch.stack([torch.linalg.vector_norm(p.float()) for p in params]).double()

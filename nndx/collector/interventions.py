@@ -318,7 +318,7 @@ def _run(setup: Setup, steps: int, seed: int, deadline: float) -> list[float]:
             output = forward(setup.model, setup.inputs)
         return compute_loss(setup.loss_fn, output, setup.targets)
 
-    scaler = loss_scaler(next(setup.model.parameters(), torch.empty(0)).device)
+    scaler = loss_scaler(next(nn.Module.parameters(setup.model), torch.empty(0)).device)
     with preserved_rng():
         torch.manual_seed(seed)
         for step in range(steps + 1):

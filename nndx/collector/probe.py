@@ -238,7 +238,8 @@ class _Setup:
         if not model.training:
             notes.append("the model was in eval mode: the trainability probes trained it in train mode, as a training "
                          "loop does")  # fmt: skip
-        target_device = next((p.device for p in current.parameters()), None) if device is None else torch.device(device)
+        target_device = (next((p.device for p in nn.Module.parameters(current)), None) if device is None
+                         else torch.device(device))
         if target_device is not None:
             inputs, targets = (map_tensors(t, lambda x: x.to(target_device)) for t in (inputs, targets))
         autocast = None
@@ -343,7 +344,7 @@ def _why_not(spec: ProbeSpec, setup: _Setup, have_data: bool, trained_steps: int
 
 def _nonfinite_parameters(model: nn.Module) -> list[str]:
     """Names of the parameter tensors that hold a NaN/Inf."""
-    return [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+    return [n for n, p in nn.Module.named_parameters(model) if not bool(torch.isfinite(p.detach()).all())]
 
 
 class _Guard:
@@ -404,7 +405,7 @@ def _select(probes: Sequence[str] | str | None, with_data: bool) -> list[ProbeSp
 
 
 def _run_info(model: nn.Module, device: torch.device | str | None) -> RunInfo:
-    first = next(model.parameters(), None)
+    first = next(nn.Module.parameters(model), None)
     where = str(torch.device(device)) if device is not None else (str(first.device) if first is not None else "cpu")
     return RunInfo(
         started_at=datetime.now(timezone.utc),
@@ -423,7 +424,7 @@ def _measured_sgd(model: nn.Module, watched: DiagnosticReport | None) -> tuple[t
     like a cure. Never stepped: the probes copy it."""
     history = watched.loop.effective_lr_history if watched is not None and watched.loop is not None else []
     sizes = [lr for point in history for lr in point.lrs if math.isfinite(lr) and lr > 0]
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in nn.Module.parameters(model) if p.requires_grad]
     if not sizes or not params:
         return None, None
     lr = statistics.median(sizes)
@@ -439,8 +440,8 @@ def _describe_model(report: DiagnosticReport, model: nn.Module, optimizer: torch
     report.model = summarize_model(model)
     at_init, checked = frozen_at_init(model) if watched is None or watched.loop is None else ([], 0)
     loop = LoopStats(
-        trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
-        frozen_params=[n for n, p in model.named_parameters() if not p.requires_grad],
+        trainable_param_count=sum(p.numel() for p in nn.Module.parameters(model) if p.requires_grad),
+        frozen_params=[n for n, p in nn.Module.named_parameters(model) if not p.requires_grad],
         frozen_at_init=at_init if checked else None,
         frozen_checked=checked,
         has_dropout=has_dropout(model),

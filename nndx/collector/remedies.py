@@ -276,7 +276,8 @@ def default_init(setup: Setup) -> Setup:
     layers = [m for m in setup.model.modules() if isinstance(m, _INIT_TYPES)]
     off = []
     for index, layer in enumerate(layers):
-        weights = [p for name, p in layer.named_parameters(recurse=False) if "weight" in name and p.dim() >= 2]
+        weights = [p for name, p in nn.Module.named_parameters(layer, recurse=False)
+                   if "weight" in name and p.dim() >= 2]
         gains = [_gain(w) for w in weights]
         zero = index < len(layers) - 1 and any(not w.detach().any() for w in weights)
         if zero or any(g > vocab.MAX_INIT_GAIN for g in gains if math.isfinite(g)):

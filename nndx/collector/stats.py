@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from nndx import vocab
+from nndx.collector._common import stored_values
 from nndx.report import ActivationStats, GradientStats, LayerInfo, LayerStats, ModelSummary, ParameterStats
 
 T = TypeVar("T")
@@ -141,7 +142,7 @@ def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     chosen = []
     for name, module in model.named_modules():
         is_leaf = next(module.children(), None) is None
-        owns_params = next(module.parameters(recurse=False), None) is not None
+        owns_params = next(nn.Module.parameters(module, recurse=False), None) is not None
         if is_activation(module) or (is_leaf and owns_params):
             chosen.append((name or type(module).__name__, module))
     return chosen
@@ -206,6 +207,7 @@ def norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     foreach call per dtype instead of one op per tensor."""
     out: list[torch.Tensor | None] = [None] * len(tensors)
     by_dtype: dict[torch.dtype, list[int]] = {}
+    tensors = [stored_values(t) for t in tensors]  # a sparse embedding's gradient: the rows it stores
     for i, t in enumerate(tensors):
         by_dtype.setdefault(statistics_dtype(t.dtype), []).append(i)
     for dtype, where in by_dtype.items():
@@ -666,7 +668,7 @@ def _with_units(x: torch.Tensor, unit_axis: int) -> tuple[torch.Tensor, int]:
 
 
 def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [(n, p) for n, p in nn.Module.named_parameters(model) if p.requires_grad]
 
 
 def snapshot_parameters(
@@ -729,7 +731,7 @@ def parameter_stats(
     snapshot is spent (overwritten with the update).
     ``grad_norms``: per-parameter gradient norms already computed for this step (the
     Monitor has them from the end of backward), to save a pass over the gradients."""
-    named = list(model.named_parameters())
+    named = list(nn.Module.named_parameters(model))
     return [r.model() for r in parameter_records(named, before, step, max_elements, grad_norms).resolve()]
 
 
@@ -812,8 +814,8 @@ def summarize_model(model: nn.Module, forward_order: list[str] | None = None) ->
         LayerInfo(
             name=n,
             type=type(m).__name__,
-            param_count=sum(p.numel() for p in m.parameters(recurse=False)),
-            trainable_param_count=sum(p.numel() for p in m.parameters(recurse=False) if p.requires_grad),
+            param_count=sum(p.numel() for p in nn.Module.parameters(m, recurse=False)),
+            trainable_param_count=sum(p.numel() for p in nn.Module.parameters(m, recurse=False) if p.requires_grad),
         )
         for n, m in leaves
     ]
@@ -823,8 +825,8 @@ def summarize_model(model: nn.Module, forward_order: list[str] | None = None) ->
         ran = [(n, m) for n, m in ran if n in set(forward_order)] or ran
     last = ran[-1][1] if ran else None
     return ModelSummary(
-        param_count=sum(p.numel() for p in model.parameters()),
-        trainable_param_count=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        param_count=sum(p.numel() for p in nn.Module.parameters(model)),
+        trainable_param_count=sum(p.numel() for p in nn.Module.parameters(model) if p.requires_grad),
         layers=layers,
         activations=[type(m).__name__ for _, m in leaves if is_activation(m)],
         last_layer=type(last).__name__ if last is not None else None,
@@ -889,7 +891,7 @@ def frozen_at_init(model: nn.Module) -> tuple[list[str], int]:
     checks: list[tuple[str, int, list[tuple[str, list[float]]]]] = []  # name, elements, (init, scale)
     readings = []
     for prefix, module in model.named_modules():
-        for name, param in module.named_parameters(recurse=False):
+        for name, param in nn.Module.named_parameters(module, recurse=False):
             if param.requires_grad or "weight" not in name or param.is_sparse or not param.is_floating_point():
                 continue
             if isinstance(module, NORMALIZATION_TYPES) and param.numel() >= 8:

@@ -779,3 +779,87 @@ def test_a_model_whose_hooks_cannot_be_copied_is_still_refused_with_a_clear_erro
     with pytest.raises(UsageError, match="cannot deep-copy the model"):
         nndx.probe(model, batch(), nn.CrossEntropyLoss(), progress=False)
     assert len(model._forward_hooks) == 1  # the user's hook stays
+
+
+class _FunctionalLearner(nn.Module):
+    """MAML-Pytorch's Learner: weights in a ParameterList, a functional forward that can take
+    other weights, and ``parameters()`` / ``zero_grad()`` overridden without nn.Module's
+    arguments (``recurse``, ``set_to_none``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.vars = nn.ParameterList([nn.Parameter(torch.randn(16, 8) * 0.3), nn.Parameter(torch.zeros(16)),
+                                      nn.Parameter(torch.randn(3, 16) * 0.3), nn.Parameter(torch.zeros(3))])
+
+    def forward(self, x, vars=None):
+        w1, b1, w2, b2 = self.vars if vars is None else vars
+        return nn.functional.linear(torch.relu(nn.functional.linear(x, w1, b1)), w2, b2)
+
+    def parameters(self):  # noqa: D102 - the author's override, as written
+        return self.vars
+
+    def zero_grad(self, vars=None):  # noqa: D102
+        for p in self.vars if vars is None else vars:
+            if p.grad is not None:
+                p.grad.zero_()
+
+
+def test_a_model_that_overrides_parameters_and_zero_grad_is_measured():
+    """Functional meta-learning code overrides nn.Module's methods with narrower ones; nndx
+    calls nn.Module's own, so every probe and the Monitor still run."""
+    torch.manual_seed(0)
+    model = _FunctionalLearner()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    mon = nndx.Monitor(model, optimizer)
+    for _ in range(3):
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        mon.log(loss)
+    mon.close()
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer, monitor=mon)
+    assert report.errors == []
+    assert report.loop.steps == 3 and report.model.trainable_param_count == 16 * 8 + 16 + 3 * 16 + 3
+    assert report.probes.grad_check.status == "passed"
+
+
+class _SkipGram(nn.Module):
+    """word2vec's skip-gram with negative sampling: sparse embeddings (SparseAdam trains them)
+    and a forward that returns the loss itself."""
+
+    def __init__(self, words=50, dim=8):
+        super().__init__()
+        self.u, self.v = nn.Embedding(words, dim, sparse=True), nn.Embedding(words, dim, sparse=True)
+        nn.init.uniform_(self.u.weight, -0.5, 0.5)
+        nn.init.uniform_(self.v.weight, -0.5, 0.5)
+
+    def forward(self, pos_u, pos_v, neg_v):
+        u = self.u(pos_u)
+        score = (u * self.v(pos_v)).sum(1)
+        negative = torch.bmm(self.v(neg_v), u.unsqueeze(2)).squeeze(2)
+        return (-nn.functional.logsigmoid(score) - nn.functional.logsigmoid(-negative).sum(1)).mean()
+
+
+def test_sparse_gradients_are_measured_by_the_monitor_and_every_probe():
+    torch.manual_seed(0)
+    model = _SkipGram()
+    optimizer = torch.optim.SparseAdam(list(model.parameters()), lr=0.01)
+    batches = [(torch.randint(0, 50, (32,)), torch.randint(0, 50, (32,)), torch.randint(0, 50, (32, 5)))
+               for _ in range(6)]  # fmt: skip
+    mon = nndx.Monitor(model, optimizer)
+    for batch in batches:
+        optimizer.zero_grad()
+        loss = model(*batch)
+        loss.backward()
+        optimizer.step()
+        mon.log(loss)
+    mon.close()
+    report = nndx.probe(model, (batches[0], torch.zeros(32)), lambda loss, _: loss, optimizer=optimizer, monitor=mon)
+    assert report.errors == []
+    assert len(report.loop.grad_norm_history) == 6 and all(p.before_clip > 0 for p in report.loop.grad_norm_history)
+    assert all(p.grad_norm is not None and p.grad_norm > 0 for p in report.parameters)
+    assert report.probes.overfit_one_batch.status in ("passed", "failed")
+    assert report.probes.grad_check.status == "passed"
+    assert model.u.sparse and model.v.sparse  # the probes' copies were made dense, not the model

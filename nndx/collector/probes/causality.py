@@ -92,7 +92,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     # half-precision model (or autocast) is compared on a float32 copy
     with preserved_rng(), forwards_under_autocast(None):
         model_copy = set_mode(working_copy(model), False)
-        if any(p.dtype in LOW_PRECISION for p in model_copy.parameters()):
+        if any(p.dtype in LOW_PRECISION for p in nn.Module.parameters(model_copy)):
             model_copy.float()
             inputs = map_tensors(inputs, lambda t: t.float() if t.dtype in LOW_PRECISION else t)
         aimed = _loss_targets(model_copy, inputs, targets, loss_fn, tokens)

@@ -68,7 +68,7 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
     dropout, batchnorm = has_dropout(model), has_batchnorm(model)
     with preserved_rng(), torch.no_grad():
         model_copy = working_copy(model)
-        if any(p.dtype in LOW_PRECISION for p in model_copy.parameters()):
+        if any(p.dtype in LOW_PRECISION for p in nn.Module.parameters(model_copy)):
             model_copy.float()
             inputs = map_tensors(inputs, lambda t: t.float() if t.dtype in LOW_PRECISION else t)
         with ForwardObserver(model_copy) as seen:

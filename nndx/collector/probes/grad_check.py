@@ -72,6 +72,7 @@ from nndx.collector._common import (
     Batch,
     LossFn,
     compute_loss,
+    dense_gradients,
     forward,
     forwards_under_autocast,
     iter_tensors,
@@ -259,7 +260,7 @@ def _no_autocast(model: nn.Module) -> contextlib.AbstractContextManager:
     training's precision."""
     stack = contextlib.ExitStack()
     stack.enter_context(forwards_under_autocast(None))
-    device = next((p.device.type for p in model.parameters()), "cpu")
+    device = next((p.device.type for p in nn.Module.parameters(model)), "cpu")
     if device in ("cpu", "cuda"):
         stack.enter_context(torch.autocast(device_type=device, enabled=False))
     return stack
@@ -267,10 +268,10 @@ def _no_autocast(model: nn.Module) -> contextlib.AbstractContextManager:
 
 def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, mode: Mode,
               directions: int, elements_per_tensor: int, eps: float, seed: int) -> GradCheckResult:  # fmt: skip
-    model_copy = working_copy(model).to(dtype)
+    model_copy = dense_gradients(working_copy(model)).to(dtype)
     inputs, targets = (map_tensors(t, lambda x: x.to(dtype) if x.is_floating_point() else x)
                        for t in (inputs, targets))  # fmt: skip
-    named = [(n, p) for n, p in model_copy.named_parameters() if p.requires_grad]
+    named = [(n, p) for n, p in nn.Module.named_parameters(model_copy) if p.requires_grad]
     if not named:
         return GradCheckResult(status="skipped", mode=mode, eps=eps, message="no trainable parameters")
     checked_loss = loss_fn is not None
@@ -294,7 +295,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     handles = _record_kinks(model_copy, pattern)
     try:
         with ForwardObserver(model_copy, kinks=True) as seen:
-            model_copy.zero_grad(set_to_none=True)
+            nn.Module.zero_grad(model_copy, set_to_none=True)  # not an override: MAML's takes no set_to_none
             base = loss_now()
             base.backward()
             base_pattern = list(pattern)

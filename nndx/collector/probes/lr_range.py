@@ -96,7 +96,7 @@ def lr_range_test(
     with preserved_rng():
         model_copy, opt, note = copy_with_optimizer(model, optimizer, lambda p: torch.optim.Adam(p, lr=start_lr))
         precision = train_in_float32(model_copy, opt)
-        scaler = loss_scaler(next(model_copy.parameters(), torch.empty(0)).device, precision)
+        scaler = loss_scaler(next(nn.Module.parameters(model_copy), torch.empty(0)).device, precision)
         for i in range(steps):
             lr = start_lr * (end_lr / start_lr) ** (i / (steps - 1))
             for group in opt.param_groups:
@@ -113,7 +113,8 @@ def lr_range_test(
             except Exception as exc:
                 # the batch that trained at every lower lr now fails: the weights the last step
                 # left are to blame (a flow's prior rejects the NaNs they produce), not the setup
-                if i == 0 or (batches is not None and all(p.isfinite().all() for p in model_copy.parameters())):
+                if i == 0 or (batches is not None
+                              and all(p.isfinite().all() for p in nn.Module.parameters(model_copy))):
                     raise
                 lrs.append(lr)
                 losses.append(math.nan)

@@ -51,6 +51,7 @@ from nndx.collector._common import (
     accuracy,
     backward_and_step,
     compute_loss,
+    dense_gradients,
     forward,
     infer_task,
     loss_name,
@@ -127,8 +128,8 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
     losses: list[float] = []
     final_accuracy: float | None = None
     floor: float | None = None
-    model_copy = working_copy(model)
-    params = [p for p in model_copy.parameters() if p.requires_grad]
+    model_copy = dense_gradients(working_copy(model))
+    params = [p for p in nn.Module.parameters(model_copy) if p.requires_grad]
     if not params:
         return None
     precision = train_in_float32(model_copy)

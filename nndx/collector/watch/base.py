@@ -71,7 +71,7 @@ class Watched:
             if not isinstance(opt, torch.optim.Optimizer):
                 kind = type(opt).__name__
                 raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them, or None), got {kind}")
-        return cls(root, models, optimizers, [(n, p) for n, p in root.named_parameters() if p.requires_grad])
+        return cls(root, models, optimizers, [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad])
 
 
 @dataclass
@@ -290,7 +290,9 @@ class ErrorGuard:
         if len(self.records) < self.limit:
             self.records.append(ErrorRecord.of(f"monitor.{source}", exc))
         if len(self.records) == 1:
-            logger.warning("nndx monitor: %s raised %s: %s (recorded; training continues)", source, type(exc).__name__, exc)
+            first_line = (str(exc).strip().splitlines() or [""])[0][:200]  # torch's dispatcher errors run to 14 kB
+            logger.warning("nndx monitor: %s raised %s: %s (recorded; training continues)", source, type(exc).__name__,
+                           first_line)
 
     def record_training(self, exc: BaseException) -> None:
         """The training loop's own exception (source ``training``): kept past the limit,

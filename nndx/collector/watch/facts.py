@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import torch
+from torch import nn
 
 from nndx.collector.stats import summarize_model
 from nndx.collector.watch.base import Watched, Watcher
@@ -31,7 +32,7 @@ class RunFacts(Watcher):
         self.finished_at = datetime.now(timezone.utc)
 
     def report(self, window: int | None) -> dict[str, Any]:
-        first = next(self.watched.root.parameters(), None)
+        first = next(nn.Module.parameters(self.watched.root), None)
         run = RunInfo(
             name=self.run_name,
             project=self.project,

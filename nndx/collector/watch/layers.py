@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch import nn
+
 from nndx.collector.stats import (
     PENDING_BYTES,
     LayerRecord,
@@ -103,7 +105,7 @@ class ParameterUpdates(Watcher):
     def on_step_end(self, ctx: StepContext) -> None:
         if not ctx.recording or self._snapshot is None:
             return
-        named = list(self.watched.root.named_parameters())
+        named = list(nn.Module.named_parameters(self.watched.root))
         pending = parameter_records(named, self._snapshot, ctx.step, self.max_elements, ctx.grad_norms)
         self._spent = self._snapshot if _nbytes(self._snapshot) <= PENDING_BYTES else None
         self._snapshot = None

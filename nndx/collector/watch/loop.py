@@ -123,7 +123,7 @@ class LoopCounts(Watcher):
         # whose zero_grad() resets which optimizers' gradients: its own, or those holding a model's parameters
         held = {id(o): {id(p) for g in o.param_groups for p in g["params"]} for o in watched.optimizers}
         self._resets_of = {id(o): [id(o)] for o in watched.optimizers} | {
-            id(m): [k for k, ids in held.items() if any(id(p) in ids for p in m.parameters())]
+            id(m): [k for k, ids in held.items() if any(id(p) in ids for p in nn.Module.parameters(m))]
             for m in watched.models.values()}  # fmt: skip
         self.steps_without_reset = {id(o): 0 for o in watched.optimizers}
 
@@ -192,7 +192,7 @@ class LoopCounts(Watcher):
         self.logged_losses_through_others += other
 
     def report(self, window: int | None) -> dict[str, Any]:
-        named = list(self.watched.root.named_parameters())
+        named = list(nn.Module.named_parameters(self.watched.root))
         trainable = [(n, p) for n, p in named if p.requires_grad]
         # a pass over every frozen weight: not for the live rules' windowed report, which none of them reads it from
         at_init, checked = frozen_at_init(self.watched.root) if window is None else ([], 0)

@@ -216,7 +216,7 @@ class GradientNorm(Watcher):
         if not grads or [(id(g), g._version) for g in grads] == self._versions:
             return None
         with single_threaded(grads[0].device):
-            return torch.nn.utils.get_total_norm(grads)
+            return torch.nn.utils.get_total_norm([stored_values(g) for g in grads])
 
     def report(self, window: int | None) -> dict[str, Any]:
         return {"loop": {"grad_norm_history": self.history.models(_grad_norm_point, newest=window)}}
