@@ -63,6 +63,32 @@ def loss_curve(report: DiagnosticReport, split: str = "train") -> Curve:
     return _cached(report, "curve:" + split, lambda: Curve(train_curve(report, split)))
 
 
+def no_floor(report: DiagnosticReport) -> bool:
+    """Whether the train loss hovers around zero: over its second half (of at least 10
+    points) a fifth or more of its values on each side. Such an objective has no floor to
+    make progress towards — a policy gradient's log-probabilities weighted by returns
+    normalised to mean 0 — so its level, its swings and its fall on one batch measure no fit."""
+    curve = loss_curve(report)
+    if curve.n < 10:
+        return False
+    second = curve.values[curve.n // 2 :]
+    below = sum(1 for v in second if v < 0) / len(second)
+    return 0.2 <= below <= 0.8
+
+
+def generalizes(report: DiagnosticReport) -> float | None:
+    """The run's own validation accuracy at its end (median of the last tenth of at least 3
+    points) when it is clearly above chance — over twice 1/C and 0.25 above it — else None.
+    Labels that do not belong to their inputs cannot give that: a data probe's stand-in that
+    finds no signal in the same labels could not read these inputs (point sets, node ids)."""
+    classes = num_classes(report)
+    val = [p.accuracy for p in train_curve(report, "val") if p.accuracy is not None and math.isfinite(p.accuracy)]
+    if classes is None or classes < 2 or len(val) < 3:
+        return None
+    end = median(val[-window(len(val)) :])
+    return end if end > 2.0 / classes and end > 1.0 / classes + 0.25 else None
+
+
 def window(n: int) -> int:
     """Points averaged at each end of a curve: a tenth of it, at least 3."""
     return max(3, n // 10)

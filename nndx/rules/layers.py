@@ -208,7 +208,8 @@ def _gradient_layers(report: DiagnosticReport) -> list:
     "warning",
     "Vanishing gradients toward the input layers",
     detects="At the last recorded step, the gradient norm of the first layer is under 1e-3 of the last "
-    "layer's, or the first layer's mean absolute gradient is under 1e-8 while the last layer's is still "
+    "layer's (an activation at the output, a softmax or sigmoid, is not the last layer: the gradient at "
+    "probabilities is not the network's), or the first layer's mean absolute gradient is under 1e-8 while the last layer's is still "
     "over 1e-5 (a converged model, all of whose gradients are tiny, does not fire).",
     why="Layers near the input then barely learn, however long training runs.",
     fix="Use ReLU-family activations, Kaiming/Xavier init, normalisation layers or residual connections.",
@@ -216,6 +217,10 @@ def _gradient_layers(report: DiagnosticReport) -> list:
 )
 def vanishing(report: DiagnosticReport) -> Hit | None:
     layers = _gradient_layers(report)
+    # the gradient at an output activation's output is not the network's (a softmax policy's
+    # dL/dp is R / p, huge for an unlikely action): compare with the layer that feeds it
+    while layers and vocab.activation_kind(layers[-1].type) is not None:
+        layers = layers[:-1]
     if len(layers) < 3:
         return None
     first, last = layers[0], layers[-1]

@@ -15,8 +15,8 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    Curve, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range, num_classes, starts_fitted,
-    stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, used_lr, window,
+    Curve, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range, no_floor, num_classes,
+    starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -167,7 +167,9 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     "ends under that half: the model already fits, as a pretrained one does. A loss that ends above twice its "
     "start (or 10x its very first value) climbed: that is NNDX104's divergence, not this. Info for a logged loss "
     "that runs through another trained network (a GAN's generator loss: it need not fall). At an LR within 3x of "
-    "the range the LR range test trains well in, the finding says so and ranks after other symptoms.",
+    "the range the LR range test trains well in, the finding says so and ranks after other symptoms. Silent on a "
+    "loss that hovers around zero (a fifth or more of its second half on each side): an objective with no floor, "
+    "as a policy gradient's, makes no progress to measure.",
     why="A loss that does not move means no useful update reaches the weights: the LR is far too "
     "low (or too high and bouncing), units are dead, the optimizer is not connected, or the data "
     "and labels do not match.",
@@ -179,7 +181,7 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
 def not_decreasing(report: DiagnosticReport) -> Hit | None:
     points = train_curve(report)
     curve = loss_curve(report)
-    if curve.n < 10 or len(curve.values) < len(points):  # NaN curves have their own rules
+    if curve.n < 10 or len(curve.values) < len(points) or no_floor(report):  # NaN curves have their own rules
         return None
     if curve.start > 0 and (curve.end > 2 * curve.start or curve.end > 10 * curve.initial > 0):
         return None  # a loss that climbed is diverging (NNDX104), not short of a larger step
@@ -238,7 +240,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "closure evaluations, its line search's rejected trial points among them), count jumps and spikes only when "
     "they are a tenth of the points or more. Info too, without a jump to 10x, when the loop stepped at an LR "
     "within twice the top of the range where the LR range test trains well: a loss that climbs there is not "
-    "overshooting (a value network's bootstrapped targets grow as its estimates do).",
+    "overshooting (a value network's bootstrapped targets grow as its estimates do); and when the loss hovers "
+    "around zero (a fifth or more of its second half on each side): an objective with no floor, a policy "
+    "gradient's, swings by its returns.",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -276,8 +280,10 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     # loss climb (targets that move with the model, as TD learning's do), it is not the step size
     lr_fine = not blow_ups and lr_within_range(report)
     return Hit(
-        severity="info" if noisy_but_learning or lr_fine else None,
-        symptom=f"train loss climbs or swings at lr {stepped_lr(report):.3g}, where the LR range test still trains "
+        severity="info" if noisy_but_learning or lr_fine or no_floor(report) else None,
+        symptom="train loss swings on both sides of zero: an objective with no floor (a policy gradient's), whose "
+        "swings are no overshoot" if no_floor(report)
+        else f"train loss climbs or swings at lr {stepped_lr(report):.3g}, where the LR range test still trains "
         f"well (up to {trains_well_up_to(report):.3g}): not an overshoot" if lr_fine and not noisy_but_learning
         else "train loss is diverging" if (spikes >= 2 and not noisy_but_learning) or blow_ups
         else f"train loss rises over twice its start {spikes} times; it runs through another trained network "
@@ -314,7 +320,7 @@ def _lr_decays(report: DiagnosticReport) -> bool:
     "than 2% of its initial level or a twentieth of the first half's drop, or (at the noise floor) fell "
     "by less than its step-to-step minibatch noise while that noise exceeds the loss level, with a "
     "learning rate that never decayed. A loss under 1% of its start, or under 5% and quieter than its own "
-    "level, has converged and is left alone.",
+    "level, has converged and is left alone, as is one that hovers around zero (no floor to plateau above).",
     why="A plateau at a constant LR often means the step is too large to settle into the minimum; "
     "a decay usually buys another drop. A noisy task also plateaus legitimately, so this is context, "
     "not an alarm.",
@@ -324,7 +330,7 @@ def _lr_decays(report: DiagnosticReport) -> bool:
 )
 def plateau(report: DiagnosticReport) -> Hit | None:
     curve = loss_curve(report)
-    if curve.n < 20 or _lr_decays(report):
+    if curve.n < 20 or _lr_decays(report) or no_floor(report):
         return None
     first_half = curve.values[: curve.n // 2]
     first_half_progress = (curve.start - median(first_half[-window(len(first_half)) :])) / curve.scale
@@ -551,7 +557,9 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
     "10x the magnitude of its start (at least 1), or over 2x below it while its second half falls as fast "
     "as its first (a bounded loss slows near its floor): it has no lower bound. The overfit-one-batch "
     "probe's loss is read too, where only a fall to over 100x its start counts (one batch can be fitted "
-    "further than a data set); info when the run's own loss was recorded and stayed non-negative (the loss "
+    "further than a data set); neither for a loss of any kind while the run's own loss hovers around zero (a fifth "
+    "or more of its second half on each side: a policy gradient's has no floor, on one batch least of all: info); "
+    "info when the run's own loss was recorded and stayed non-negative (the loss "
     "given to the probes then lacks a term of the loop's, as a WGAN critic's gradient penalty).",
     why="A loss that can fall forever rewards the model for something other than the task — a sign "
     "error (adding the KL term with a minus, maximising the likelihood's negative), NLLLoss fed "
@@ -568,6 +576,12 @@ def loss_unbounded(report: DiagnosticReport) -> Hit | None:
     if hit is not None:
         return hit
     hit = _unbounded(report, "overfit-one-batch loss", Curve(probe_losses), True)
+    if hit is not None and no_floor(report) and not hit.evidence.get("loss_types"):
+        # a policy gradient has no floor on a fixed batch: its probe pushes the log-probability
+        # of every action with a negative return to -inf, while the run's own loss hovers at 0
+        return replace(hit, severity="info", symptom=hit.symptom + "; the run's own loss hovers around zero: an "
+                       "objective with no floor (log-probabilities weighted by returns of both signs) does this on one "
+                       "batch")  # fmt: skip
     if hit is not None and train.n >= 10 and train.end >= 0:
         # the run's own loss stayed bounded: the probes were given a loss without a term the
         # loop adds (a WGAN critic's gradient penalty), so theirs is not the run's objective
@@ -589,6 +603,8 @@ def _unbounded(report: DiagnosticReport, where: str, curve: Curve, one_batch: bo
             evidence={"loss_types": sorted(types), "loss_min": lowest, "loss_initial": curve.initial, "curve": where},
             score=3.0,
         )
+    if not one_batch and no_floor(report):
+        return None  # swings on both sides of zero, not a fall without end
     scale = max(abs(curve.initial), 1.0)
     still_falling = curve.second_half_progress() > 0
     # a bounded loss slows down as it nears its floor; one with no floor falls as fast or

@@ -7,7 +7,9 @@ import math
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, NanOriginResult
-from nndx.rules._series import finite, frozen_untrained, loss_calls, loss_is_moving, loss_learned, used_lr
+from nndx.rules._series import (
+    finite, frozen_untrained, generalizes, loss_calls, loss_is_moving, loss_learned, no_floor, used_lr,
+)
 from nndx.rules.loss import NO_LEARNING_CAUSES
 from nndx.rules.engine import Hit, rule
 
@@ -123,7 +125,8 @@ def _lr_range(report: DiagnosticReport):
     "The learning rate used is beyond the LR range test's usable range",
     detects="The peak LR of the user's optimizer is at or above the LR where the range "
     "test's loss diverged, or over 30x the suggested LR (of a sweep whose loss clearly fell). Error when the "
-    "loss also misbehaves; info when the train loss is decreasing anyway.",
+    "loss also misbehaves; info when the train loss is decreasing anyway, or hovers around zero (a policy "
+    "gradient's objective has no floor: its sweep reads no LR).",
     why="Beyond the divergence point each step overshoots the minimum.",
     fix="Train at the range test's suggested LR, or inside its interval (nndx.lr_find: .suggestion, .interval).",
 )
@@ -140,15 +143,20 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     if not (diverged or too_far):
         return None
     moving = loss_is_moving(report)
+    # a loss with no floor (a policy gradient's) falls without end on the sweep's batch: no
+    # reading of that sweep is a verdict on the LR
+    floorless = no_floor(report)
     return Hit(
-        symptom=f"lr {lr:.3g} is " + (f"above the divergence point {result.diverged_at_lr:.3g}" if diverged else "over 30x the suggestion"),
+        symptom=f"lr {lr:.3g} is " + (f"above the divergence point {result.diverged_at_lr:.3g}" if diverged else "over 30x the suggestion")
+        + ("; the run's loss hovers around zero, an objective with no floor, whose range test reads no LR" if floorless
+           else ""),
         evidence={
             "used_lr": lr,
             "suggested_lr": result.suggested_lr,
             "min_over_10_lr": result.min_over_10_lr,
             "diverged_at_lr": result.diverged_at_lr,
         },
-        severity="info" if moving else ("error" if moving is False and diverged else "warning"),
+        severity="info" if moving or floorless else ("error" if moving is False and diverged else "warning"),
         score=1.0 + (2.0 if diverged else 0.0),
     )
 
@@ -425,7 +433,9 @@ def eval_mode_probe(report: DiagnosticReport) -> Hit | None:
     "error",
     "Labels do not belong to their inputs",
     detects="The label-alignment probe: a small model trained on the real labels (or real-valued targets) is "
-    "not better on held-out data than one trained on permuted ones.",
+    "not better on held-out data than one trained on permuted ones. Info when the run's own validation accuracy "
+    "ends over twice chance and 0.25 above it: labels that do not belong to their inputs never allow that, so "
+    "the probe's stand-in (an MLP on the raw inputs) could not read these inputs (point sets, node ids).",
     why="Labels shuffled separately from their inputs, or offset by one, look like valid data but carry "
     "no signal; the network memorises them (so overfit-one-batch passes) and generalises at chance.",
     fix="Shuffle inputs and labels together (one permutation, or a Dataset returning (x, y) pairs); check "
@@ -437,6 +447,14 @@ def labels_misaligned(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "label_alignment")
     if result is None or result.status != "failed":
         return None
+    held_out = generalizes(report)
+    if held_out is not None and result.real_accuracy is not None:
+        return Hit(symptom=f"the probe's small model learned nothing from these labels, but the run's own model "
+                   f"reaches {held_out:.3f} validation accuracy: the labels carry signal its stand-in (an MLP on the "
+                   "raw inputs) cannot read", severity="info",
+                   evidence={"real_accuracy": result.real_accuracy, "permuted_accuracy": result.permuted_accuracy,
+                             "chance_accuracy": result.chance_accuracy, "run_val_accuracy": held_out},
+                   score=0.5)  # fmt: skip
     if result.real_accuracy is None:  # real-valued targets: the probe compared squared errors
         return Hit(symptom="held-out error with the real targets is no better than with permuted targets",
                    evidence={"probe": result.message}, score=3.0)  # fmt: skip
@@ -491,7 +509,8 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
     detects="The label-noise probe: among the samples a cross-validated model predicts most confidently, "
     "the share whose label disagrees has a 95% lower bound over 10%. Error when that bound is over 25%. "
     "When the share reaches 0.9 of what labels drawn at random would give (1 - 1/C), the labels do not belong "
-    "to their inputs at all: reported as LABELS_MISALIGNED.",
+    "to their inputs at all: reported as LABELS_MISALIGNED (info when the run's own validation accuracy ends over "
+    "twice chance and 0.25 above it, which random labels never allow: the stand-in could not read the inputs).",
     why="Wrong labels (careless annotation, rows mixed in a join, preprocessing applied to the labels) are "
     "memorised with the right ones: training still converges, and validation accuracy stops short of what "
     "the data allows. Random flips do not care where a sample lies, so they show among confident "
@@ -507,7 +526,15 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     classes = report.num_classes
     if classes and classes > 1 and result.noise_fraction >= CHANCE_DISAGREEMENT * (1 - 1 / classes):
         # as many disagree as if labels were drawn without looking at the inputs: not
-        # noise on top of a signal but labels that do not belong to their inputs
+        # noise on top of a signal but labels that do not belong to their inputs — unless the
+        # run's own model generalises from them, which random labels never allow
+        held_out = generalizes(report)
+        if held_out is not None:
+            return Hit(symptom=f"{result.noise_fraction:.0%} of the probe's confident predictions disagree with their "
+                       f"labels, but the run's own model reaches {held_out:.3f} validation accuracy: its stand-in (an "
+                       "MLP on the raw inputs) cannot read these inputs", severity="info",
+                       evidence={"noise_fraction": result.noise_fraction, "run_val_accuracy": held_out},
+                       score=0.5, code=C.LABELS_MISALIGNED)  # fmt: skip
         return Hit(
             symptom=f"{result.noise_fraction:.0%} of confidently predicted labels disagree, as many as labels "
             f"drawn at random from {classes} classes would",

@@ -258,3 +258,24 @@ def test_a_loss_that_climbs_at_an_lr_the_range_test_trains_well_at_is_context():
     assert nndx104(td, 1e-2).severity == "warning"
     blown = td[:200] + [6.0] * 200
     assert nndx104(blown, 1e-3).severity == "warning"
+
+
+def test_a_loss_that_hovers_around_zero_has_no_floor_to_judge_progress_by():
+    """REINFORCE: -log p(a) * R with returns normalised to mean 0. The loss swings on both sides
+    of zero and, on one batch, falls without end (every action with a negative return pushed to
+    p = 0). None of that is an alarm. A loss with a sign error crosses zero once and keeps
+    falling: that one has no lower bound."""
+    from nndx.report import OverfitResult, Probes
+
+    rng = np.random.default_rng(1)
+    policy = list(rng.normal(0.0, 3.0, 300) * np.linspace(0.3, 3.0, 300))
+    probe = Probes(overfit_one_batch=OverfitResult(status="passed", losses=list(np.linspace(-0.9, -139.0, 60))))
+    found = {f.rule_id: f for f in diagnose(DiagnosticReport(loss_history={"train": points(policy)},
+                                                             probes=probe)).findings}  # fmt: skip
+    assert all(f.severity == "info" for f in found.values()), {k: f.severity for k, f in found.items()}
+    assert "NNDX103" not in found and "NNDX105" not in found
+    assert "no floor" in found["NNDX111"].symptom
+    sign_error = [2.0 - 0.05 * i for i in range(300)]  # recon - kl: through zero, on to -13
+    found = {f.rule_id: f for f in diagnose(DiagnosticReport(loss_history={"train": points(sign_error)},
+                                                             probes=probe)).findings}  # fmt: skip
+    assert found["NNDX111"].severity == "error"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from nndx.report import GradCheckParam, GradCheckResult, GradNormPoint, LRPoint
+import pytest
+
+from nndx.report import DiagnosticReport, GradCheckParam, GradCheckResult, GradNormPoint, LRPoint
 from nndx.rules import diagnose
 
 from .reports import healthy_data, healthy_mlp, healthy_probes, healthy_reports, healthy_split, mlp_layers, mlp_model, with_loop
@@ -1025,3 +1027,43 @@ def test_a_linear_decay_stepped_past_its_end_takes_the_lr_below_zero():
     assert {"NNDX104"} <= set(top.explains)
     stopped = next(f for f in found([max(lr, 0.0) for lr in lrs]).findings if f.rule_id == "NNDX307")
     assert stopped.severity == "warning" and "negative" not in stopped.symptom
+
+
+def test_gradients_at_a_softmax_output_are_not_the_last_layers():
+    """REINFORCE's policy ends in a softmax: the gradient at its probabilities is R / p, 1e5 for an
+    unlikely action, against 21 at the first Linear. The network's own last layer (the Linear
+    feeding the softmax) is what the first is compared with. A real vanishing still fires."""
+    from nndx.report import LayerStats
+
+    from .reports import act, grad
+
+    def layer(name, kind, norm):
+        return LayerStats(name=name, type=kind, step=300, activation=act(), gradient=grad(norm))
+
+    def vanishing(first):
+        layers = [layer("affine1", "Linear", first), layer("relu", "ReLU", 15.0), layer("affine2", "Linear", 5.0),
+                  layer("softmax", "Softmax", 3.5e5)]  # fmt: skip
+        return [f for f in diagnose(DiagnosticReport(layers=layers)).findings if f.rule_id == "NNDX203"]
+
+    assert vanishing(21.0) == []
+    assert "affine2" in vanishing(1e-4)[0].symptom
+
+
+@pytest.mark.parametrize("val_accuracy, severity", [(0.74, "info"), (0.16, "error")])
+def test_a_stand_in_that_finds_no_signal_is_refuted_by_a_run_that_generalises(val_accuracy, severity):
+    """PointNet on point sets, GraphSAGE on node ids: the data probes' MLP on the raw inputs finds
+    nothing, so labels look misaligned. The run's own model reaching 0.74 validation accuracy on 7
+    classes is what misaligned labels never allow; at chance it is the evidence itself."""
+    from nndx.report import LabelAlignmentResult, LabelNoiseResult, Probes
+
+    from .reports import points
+
+    probes = Probes(label_alignment=LabelAlignmentResult(status="failed", real_accuracy=0.15, permuted_accuracy=0.14,
+                                                         chance_accuracy=1 / 7),
+                    label_noise=LabelNoiseResult(status="failed", noise_fraction=0.85, noise_lower_bound=0.8,
+                                                 disagreement_fraction=0.86, confident_samples=40, samples=240))
+    val = points([1.2] * 6, [val_accuracy] * 6, every=20)
+    report = DiagnosticReport(num_classes=7, probes=probes, loss_history={"val": val})
+    found = {f.rule_id: f for f in diagnose(report).findings}
+    assert found["NNDX610"].severity == severity and found["NNDX612"].severity == severity
+    assert found["NNDX612"].code.value == "LABELS_MISALIGNED"
