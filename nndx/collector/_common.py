@@ -56,6 +56,28 @@ def preserved_rng(*generators: torch.Generator) -> Iterator[None]:
             numpy.random.set_state(np_state)
 
 
+def seed_all(seed: int) -> None:
+    """Seed torch, Python's ``random`` and numpy's global stream (inside
+    :func:`preserved_rng`): two forwards that must draw the same randomness do, whichever
+    generator the model draws from (dropout from torch's, GraphSAGE's neighbour sampling
+    from ``random.sample``)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed % 2**32)
+
+
+def global_draws() -> tuple[Any, ...]:
+    """Where Python's ``random`` and numpy's global stream stand: compare two of these to
+    tell whether code in between drew from them (a forward that samples a graph's
+    neighbours with ``random.sample``; network layers draw from torch's generator only)."""
+    np_state = _numpy_state()
+    return random.getstate(), None if np_state is None else (np_state[1].tobytes(), np_state[2])
+
+
 def optimizer_step(optimizer: torch.optim.Optimizer, loss_again: Callable[[], torch.Tensor]) -> None:
     """``optimizer.step()`` on a probe's copy; an optimizer whose step needs a closure
     (L-BFGS re-evaluates the loss several times per step) gets one that recomputes the
@@ -643,11 +665,15 @@ def loss_name(loss_fn: LossFn) -> str:
 
 def infer_task(loss_fn: LossFn, targets: Any) -> str | None:
     """'classification' for a classification loss or integer targets, 'regression' for
-    floating targets under any other loss, None when there is no telling."""
+    floating targets under any other loss, None when there is no telling — as for targets
+    of both kinds (a PPO batch's actions, old log-probabilities and returns), which a loss
+    of several terms reads each its own way."""
     if vocab.loss_task(loss_name(loss_fn)) == "classification":
         return "classification"
     target = first_output(targets)
     if target is None:
+        return None
+    if len({t.is_floating_point() for t in iter_tensors(targets)}) > 1:
         return None
     if not target.is_floating_point() and not target.is_complex():
         return "classification"

@@ -863,3 +863,15 @@ def test_sparse_gradients_are_measured_by_the_monitor_and_every_probe():
     assert report.probes.overfit_one_batch.status in ("passed", "failed")
     assert report.probes.grad_check.status == "passed"
     assert model.u.sparse and model.v.sparse  # the probes' copies were made dense, not the model
+
+
+def test_targets_of_both_kinds_say_no_task():
+    """A PPO batch's targets: integer actions, float old log-probabilities and returns. The
+    first being integers does not make it classification (its MSE value term then reads as the
+    wrong loss)."""
+    from nndx.collector._common import infer_task
+
+    actions, returns = torch.randint(0, 2, (16,)), torch.randn(16)
+    assert infer_task(None, (actions, torch.randn(16), returns)) is None
+    assert infer_task(None, (actions, torch.randint(0, 5, (16,)))) == "classification"
+    assert infer_task(None, returns) == "regression"

@@ -156,3 +156,41 @@ def test_a_square_batch_of_per_sample_inputs_relates_no_samples():
     assert not relates_samples(torch.randn(64, 64), 64)
     assert not relates_samples((torch.randint(0, 9, (16, 16)), torch.ones(16, 16)), 16)
     assert relates_samples((torch.randn(40, 6), torch.ones(40, 40)), 40)
+
+
+class NeighbourSampler(nn.Module):
+    """GraphSAGE's MeanAggregator: each node averages the features of neighbours drawn with
+    Python's random.sample, as many draws as it has neighbours to choose from, so replacing
+    one node shifts the draws of every later one. ``mix`` adds a real batch mixing."""
+
+    def __init__(self, mix: bool = False, sample: bool = True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.features = nn.Embedding(40, 8)
+        self.head = nn.Linear(8, 3)
+        self.mix, self.sample = mix, sample
+        gen = torch.Generator().manual_seed(1)
+        self.neighbours = [sorted(set(torch.randint(0, 40, (2 + i % 5,), generator=gen).tolist())) for i in range(40)]
+
+    def forward(self, nodes):
+        import random
+
+        def pick(n):
+            neighbours = self.neighbours[n]  # two of them, drawn by shuffling all: draws per node vary
+            return random.sample(neighbours, len(neighbours))[:2] if self.sample else neighbours[:2]
+
+        rows = [self.features(torch.tensor(pick(n))).mean(0) for n in nodes.view(-1).tolist()]
+        h = torch.stack(rows)
+        return self.head(h - h.mean(0) if self.mix else h)
+
+
+def test_a_forward_that_samples_from_pythons_stream_is_not_read_as_mixing():
+    nodes, labels = torch.arange(12).view(12, 1), torch.randint(0, 3, (12,))
+    import random
+
+    state = random.getstate()
+    sampled = sample_independence(NeighbourSampler(), (nodes, labels))
+    assert sampled.status == "skipped" and "random stream" in sampled.message
+    assert random.getstate() == state  # the user's stream is where it was
+    assert sample_independence(NeighbourSampler(sample=False), (nodes, labels)).status == "passed"
+    assert sample_independence(NeighbourSampler(mix=True, sample=False), (nodes, labels)).status == "failed"

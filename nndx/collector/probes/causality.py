@@ -59,8 +59,9 @@ from nndx.collector._common import (
     prediction,
     preserved_rng,
     roundoff_tolerance,
-    split_batch,
+    seed_all,
     set_mode,
+    split_batch,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -181,7 +182,7 @@ def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: Lo
                   tokens: torch.Tensor) -> torch.Tensor | str:  # fmt: skip
     """For each position of ``tokens``, the token the loss pushes that position's output
     towards (its most negative gradient), or -1 where the loss ignores the position."""
-    torch.manual_seed(SEED)
+    seed_all(SEED)
     with torch.enable_grad():
         output = forward(model, inputs)
         logits = next(iter_tensors(prediction(output)), None)
@@ -282,7 +283,7 @@ def _with_tokens(inputs: object, tokens: torch.Tensor, changed: tuple[torch.Tens
 
 
 def _outputs(model: nn.Module, inputs: object) -> torch.Tensor:
-    torch.manual_seed(SEED)  # the same random draws in both forwards: only the changed tokens differ
+    seed_all(SEED)  # the same random draws in both forwards: only the changed tokens differ
     out = next(iter_tensors(prediction(forward(model, inputs))), None)
     if out is None:
         raise ValueError("the model returned no tensor")

@@ -47,6 +47,7 @@ from nndx.collector._common import (
     preserved_rng,
     relates_samples,
     roundoff_tolerance,
+    seed_all,
     set_mode,
     split_batch,
     working_copy,
@@ -119,7 +120,7 @@ def _dropout_active(seen: ForwardObserver) -> bool:
 def _outputs(model: nn.Module, inputs: object, seed: int) -> list[torch.Tensor]:
     """The floating outputs of one forward under ``seed``: the same random draws every
     time, so that only a change of seed shows what randomness does."""
-    torch.manual_seed(seed)
+    seed_all(seed)
     # a scalar (a loss the model computed over the batch) says nothing per sample
     return [t.detach().float() for t in iter_tensors(forward(model, inputs)) if t.is_floating_point() and t.dim()]
 

@@ -78,6 +78,7 @@ from nndx.collector._common import (
     iter_tensors,
     map_tensors,
     preserved_rng,
+    seed_all,
     split_batch,
     working_copy,
 )
@@ -285,7 +286,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     in_loss = _LowestPrecision()
 
     def loss_now() -> torch.Tensor:
-        torch.manual_seed(seed)  # the same dropout mask at every evaluation
+        seed_all(seed)  # the same dropout mask at every evaluation
         seen.kink_pattern = pattern  # functional kinks (F.relu, clamp, max-pool, comparisons) join the modules'
         output = forward(model_copy, inputs)
         with in_loss:

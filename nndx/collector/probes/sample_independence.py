@@ -35,12 +35,14 @@ from torch import nn
 from nndx.collector._common import (
     Batch,
     forward,
+    global_draws,
     iter_tensors,
     map_tensors,
     prediction,
     preserved_rng,
     relates_samples,
     roundoff_tolerance,
+    seed_all,
     set_mode,
     split_batch,
     working_copy,
@@ -70,8 +72,8 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
     with preserved_rng(), torch.no_grad():
         model_copy = set_mode(working_copy(model), False)
         with ForwardObserver(model_copy) as seen:
-            before = _prediction(model_copy, inputs)
-            after = _prediction(model_copy, changed_inputs)
+            before, draws = _prediction(model_copy, inputs)
+            after, _ = _prediction(model_copy, changed_inputs)
     out_axis = _output_axis(before, samples, axis)
     if out_axis is None or after.shape != before.shape:
         return SampleIndependenceResult(status="skipped", batch_axis=axis, samples=samples, message=(
@@ -83,6 +85,11 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
     common = dict(batch_axis=axis, samples=samples, replaced_samples=replaced, changed_samples=moved,
                   max_change=largest, tolerance=tolerance)  # fmt: skip
     what = f"replacing the first {replaced} samples by the last {replaced}"
+    if moved and draws:
+        return SampleIndependenceResult(status="skipped", **common, message=(
+            f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward draws "
+            "from Python's or numpy's random stream (sampling a graph's neighbours, say): other samples' draws shift "
+            "with the replaced ones, so this cannot tell mixing from sampling"))  # fmt: skip
     if moved:
         return SampleIndependenceResult(status="failed", **common, message=(
             f"{what} moved the eval-mode outputs of {moved} of the other {samples - replaced} samples (by up to "
@@ -130,12 +137,14 @@ def _replace_first(t: torch.Tensor, axis: int, samples: int, count: int) -> torc
     return changed
 
 
-def _prediction(model: nn.Module, inputs: object) -> torch.Tensor:
-    torch.manual_seed(SEED)  # the same random draws in both forwards: only the changed sample differs
+def _prediction(model: nn.Module, inputs: object) -> tuple[torch.Tensor, bool]:
+    """The eval-mode prediction, and whether the forward drew from Python's or numpy's stream."""
+    seed_all(SEED)  # the same random draws in both forwards: only the changed sample differs
+    start = global_draws()
     out = next(iter_tensors(prediction(forward(model, inputs))), None)
     if out is None:
         raise ValueError("the model returned no tensor")
-    return out.detach().float()
+    return out.detach().float(), global_draws() != start
 
 
 def _output_axis(out: torch.Tensor, samples: int, input_axis: int) -> int | None:
