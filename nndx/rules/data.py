@@ -57,7 +57,8 @@ def nan_in_data(report: DiagnosticReport) -> Hit | None:
     detects="At least 1% of the test rows (and at least 2 rows) found exactly in the train split; error "
     "from 10%. When the inputs are integers from a small space of possible rows (a recommender's user and "
     "item ids), only the rows beyond what chance gives (the train split's distinct rows over that space; 3 "
-    "standard deviations above it) count.",
+    "standard deviations above it) count — unless the train split lists its ids once each (under 1% repeats "
+    "where random draws would give a tenth): a graph's nodes split in two, where any overlap counts.",
     why="Test metrics then measure memorisation, not generalisation: the model looks better than it is.",
     fix="Split before any augmentation or deduplicate across splits (hash rows); split by entity/time "
     "when samples are correlated.",
@@ -68,7 +69,7 @@ def data_leakage(report: DiagnosticReport) -> Hit | None:
         return None
     fraction = data.train_test_overlap_fraction
     train, test = data.train, data.test
-    if data.input_space_size and train is not None and test is not None:
+    if data.input_space_size and train is not None and test is not None and _drawn(train, data.input_space_size):
         distinct = (train.checked_samples or train.n_samples) - train.duplicate_count
         chance = min(1.0, distinct / data.input_space_size)
         if not _beyond_chance(data.train_test_overlap, test.checked_samples or test.n_samples, chance):
@@ -86,6 +87,15 @@ def _beyond_chance(count: int, n: int, chance: float) -> bool:
     (and by 1% of the rows): more repeats than rows drawn at random would give."""
     expected = n * chance
     return count > expected + max(0.01 * n, 3 * math.sqrt(n * chance * (1 - chance)))
+
+
+def _drawn(split: SplitStats, space: float) -> bool:
+    """Whether a split's rows may be draws from ``space`` (a recommender's sampled
+    negatives repeat). Ids listed once each — under 1% repeats where random draws would
+    give a tenth or more (a graph's nodes split into train and validation) — are a
+    partition, where any overlap is a leak."""
+    n = split.checked_samples or split.n_samples
+    return split.duplicate_count >= 0.01 * n or _chance_repeats(n, space) < 0.1
 
 
 def _chance_repeats(n: int, space: float) -> float:

@@ -349,3 +349,21 @@ def test_damaged_digits_example_finds_every_damage(capsys):
         assert main() == 0, capsys.readouterr().out
     finally:
         torch.set_num_threads(previous)
+
+
+def test_node_ids_split_once_each_leak_by_any_overlap():
+    """GraphSAGE's splits are node ids listed once each: a partition of a small space, so the
+    chance reading of recommender ids (rows drawn at random repeat) does not apply. Training
+    on every node, validation nodes included, is a leak; the proper split has no overlap."""
+    from nndx.rules import diagnose
+
+    rng = np.random.default_rng(0)
+    nodes = rng.permutation(600)
+    labels = rng.integers(0, 7, 600)
+    val, train = nodes[:80], nodes[80:]
+    proper = check_data(train[:, None], labels[train], x_test=val[:, None], y_test=labels[val])
+    assert proper.train_test_overlap == 0
+    leaked = check_data(nodes[:, None], labels[nodes], x_test=val[:, None], y_test=labels[val])
+    assert leaked.input_space_size is not None and leaked.train_test_overlap_fraction == 1.0
+    found = {f.code.value: f.severity for f in diagnose(DiagnosticReport(data=leaked)).findings}
+    assert found.get("DATA_LEAKAGE") == "error"
