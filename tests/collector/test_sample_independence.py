@@ -194,3 +194,25 @@ def test_a_forward_that_samples_from_pythons_stream_is_not_read_as_mixing():
     assert random.getstate() == state  # the user's stream is where it was
     assert sample_independence(NeighbourSampler(sample=False), (nodes, labels)).status == "passed"
     assert sample_independence(NeighbourSampler(mix=True, sample=False), (nodes, labels)).status == "failed"
+
+
+class FunctionalLearner(nn.Module):
+    """MAML-Pytorch's Learner: batch norm written as F.batch_norm(..., training=True), batch
+    statistics in train and eval mode alike (transductive, by design)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w, self.b = nn.Parameter(torch.randn(8, 4) * 0.5), nn.Parameter(torch.zeros(8))
+        self.head = nn.Parameter(torch.randn(3, 8) * 0.5)
+
+    def forward(self, x):
+        h = nn.functional.linear(x, self.w, self.b)
+        h = nn.functional.batch_norm(h, None, None, training=True)
+        return nn.functional.linear(torch.relu(h), self.head)
+
+
+def test_functional_batch_statistics_are_not_read_as_a_reshape():
+    x, y = torch.randn(12, 4), torch.randint(0, 3, (12,))
+    result = sample_independence(FunctionalLearner(), (x, y))
+    assert result.status == "skipped" and result.changed_samples > 0 and "batch_norm" in result.message

@@ -135,6 +135,9 @@ class ForwardObserver(TorchFunctionMode):
         self._stats: list[tuple[Call, ActivationStats, list[torch.Tensor]]] = []
         # views/reshapes in the model's own code that move an axis (see moved_axis), in words
         self.moved_axes: list[str] = []
+        # a batch_norm called as a function with training=True (MAML's functional learner): batch
+        # statistics in any mode, which couple the samples whatever model.eval() says
+        self.functional_batch_statistics = False
         self._busy = False  # inside the observer's own hooks: their torch calls are not the model's
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._names = {id(m): n for n, m in model.named_modules()}
@@ -227,6 +230,8 @@ class ForwardObserver(TorchFunctionMode):
         module_name, module = self._stack[-1]
         if _is_torch_module(module):
             return  # the module's own code: its hooks report it
+        if op == "batch_norm" and (args[5] if len(args) > 5 else kwargs.get("training", False)):
+            self.functional_batch_statistics = True
         if op in ("view", "reshape") and first is not None and len(self.moved_axes) < 8:
             self._moved_axis(op, module_name, first, first_output(out))
         kind = vocab.activation_kind(op)

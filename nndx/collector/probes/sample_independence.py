@@ -85,6 +85,11 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
     common = dict(batch_axis=axis, samples=samples, replaced_samples=replaced, changed_samples=moved,
                   max_change=largest, tolerance=tolerance)  # fmt: skip
     what = f"replacing the first {replaced} samples by the last {replaced}"
+    if moved and seen.functional_batch_statistics:
+        return SampleIndependenceResult(status="skipped", **common, message=(
+            f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward calls "
+            "batch_norm as a function with training=True: batch statistics couple the samples in any mode, by design "
+            "in a functional learner (MAML's); the eval-mode probe judges batch statistics"))  # fmt: skip
     if moved and draws:
         return SampleIndependenceResult(status="skipped", **common, message=(
             f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward draws "
