@@ -665,8 +665,9 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     C.SHAPE_BROADCAST,
     "error",
     "Output and target shapes broadcast silently in the loss",
-    detects="A regression loss (MSE, L1, SmoothL1, Huber) whose output and target shapes differ, e.g. a "
-    "[N, 1] output against a [N] target; or a loss of the user's own in which an elementwise op (u - u_pred) "
+    detects="A regression loss (MSE, L1, SmoothL1, Huber) whose output and target shapes differ and broadcast "
+    "to more elements than either holds, e.g. a [N, 1] output against a [N] target (at a batch of one, [1, 1] "
+    "against [1] compares each output with its own target); or a loss of the user's own in which an elementwise op (u - u_pred) "
     "broadcast an output-shaped and a target-shaped tensor to a larger shape.",
     why="Broadcasting turns [N,1] - [N] into an [N,N] matrix: the loss compares every output with every "
     "target, training converges to the mean and nothing errors.",
@@ -684,7 +685,8 @@ def shape_broadcast(report: DiagnosticReport) -> list[Hit]:
                           "broadcast_shape": [str(d) for d in call.broadcast_shape]},
                 score=3.0))  # fmt: skip
         if call.loss_type in vocab.REGRESSION_LOSS_NAMES and call.target_shape is not None:
-            if list(call.output_shape) != list(call.target_shape):
+            if list(call.output_shape) != list(call.target_shape) and _broadcast_grows(call.output_shape,
+                                                                                       call.target_shape):
                 hits.append(
                     Hit(
                         symptom=f"{call.loss_type} on output {call.output_shape} vs target {call.target_shape}",
@@ -697,6 +699,18 @@ def shape_broadcast(report: DiagnosticReport) -> list[Hit]:
                     )
                 )
     return hits[:1]
+
+
+def _broadcast_grows(a: list[int], b: list[int]) -> bool:
+    """Whether broadcasting shapes ``a`` and ``b`` gives more elements than either holds
+    (``[N, 1]`` with ``[N]`` is ``[N, N]``), or fails; ``[1, 1]`` with ``[1]`` (a batch of
+    one) compares each output with its own target, as a loss should."""
+    size = 1
+    for x, y in zip(reversed([1] * (len(b) - len(a)) + list(a)), reversed([1] * (len(a) - len(b)) + list(b))):
+        if x != y and 1 not in (x, y):
+            return True
+        size *= max(x, y)
+    return size > max(math.prod(a), math.prod(b))
 
 
 def _is_float(dtype: str | None) -> bool:

@@ -1067,3 +1067,19 @@ def test_a_stand_in_that_finds_no_signal_is_refuted_by_a_run_that_generalises(va
     found = {f.rule_id: f for f in diagnose(report).findings}
     assert found["NNDX610"].severity == severity and found["NNDX612"].severity == severity
     assert found["NNDX612"].code.value == "LABELS_MISALIGNED"
+
+
+def test_a_broadcast_that_adds_no_elements_is_harmless():
+    """CycleGAN at its batch size of 1: the discriminator's [1, 1] against a [1] target. The
+    shapes differ but each output meets its own target; at [32, 1] against [32] the loss
+    compares every output with every target."""
+    from nndx.report import LoopStats, LossCall
+
+    def nndx312(out, target):
+        call = LossCall(loss_type="MSELoss", output_shape=out, target_shape=target, target_dtype="float32")
+        found = diagnose(DiagnosticReport(loop=LoopStats(loss_calls=[call]))).findings
+        return [f.rule_id for f in found if f.rule_id == "NNDX312"]
+
+    assert nndx312([1, 1], [1]) == []
+    assert nndx312([32, 1], [32]) == ["NNDX312"]
+    assert nndx312([32, 3], [32]) == ["NNDX312"]  # does not broadcast at all: torch raises
