@@ -8,7 +8,7 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, NanOriginResult
 from nndx.rules._series import (
-    finite, frozen_untrained, generalizes, loss_calls, loss_is_moving, loss_learned, no_floor, used_lr,
+    finite, frozen_untrained, generalizes, loss_calls, loss_is_moving, loss_learned, no_floor, num_classes, used_lr,
 )
 from nndx.rules.loss import NO_LEARNING_CAUSES
 from nndx.rules.engine import Hit, rule
@@ -523,7 +523,7 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "label_noise")
     if result is None or result.status != "failed" or result.noise_lower_bound is None:
         return None
-    classes = report.num_classes
+    classes = num_classes(report)
     if classes and classes > 1 and result.noise_fraction >= CHANCE_DISAGREEMENT * (1 - 1 / classes):
         # as many disagree as if labels were drawn without looking at the inputs: not
         # noise on top of a signal but labels that do not belong to their inputs — unless the

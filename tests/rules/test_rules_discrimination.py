@@ -1067,6 +1067,15 @@ def test_a_stand_in_that_finds_no_signal_is_refuted_by_a_run_that_generalises(va
     found = {f.rule_id: f for f in diagnose(report).findings}
     assert found["NNDX610"].severity == severity and found["NNDX612"].severity == severity
     assert found["NNDX612"].code.value == "LABELS_MISALIGNED"
+    # PointNet's report: the classes known from the data checks only (its loss is nll_loss in a lambda)
+    from .reports import healthy_data, healthy_split
+
+    four = healthy_data(expected_num_classes=None, test=None,
+                        train=healthy_split(n=240, class_counts={str(c): 60 for c in range(4)}))
+    pointnet = report.model_copy(update={"num_classes": None, "data": four, "probes": probes.model_copy(update={
+        "label_noise": probes.label_noise.model_copy(update={"noise_fraction": 0.75, "noise_lower_bound": 0.66})})})
+    noise = next(f for f in diagnose(pointnet).findings if f.rule_id == "NNDX612")
+    assert noise.code.value == "LABELS_MISALIGNED" and noise.severity == ("info" if val_accuracy > 0.5 else "error")
 
 
 def test_a_broadcast_that_adds_no_elements_is_harmless():
