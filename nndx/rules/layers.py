@@ -209,7 +209,8 @@ def _gradient_layers(report: DiagnosticReport) -> list:
     "Vanishing gradients toward the input layers",
     detects="At the last recorded step, the gradient norm of the first layer is under 1e-3 of the last "
     "layer's (an activation at the output, a softmax or sigmoid, is not the last layer: the gradient at "
-    "probabilities is not the network's), or the first layer's mean absolute gradient is under 1e-8 while the last layer's is still "
+    "probabilities is not the network's), or the first layer's mean absolute gradient is under 1e-8 while the "
+    "last layer's is still "
     "over 1e-5 (a converged model, all of whose gradients are tiny, does not fire).",
     why="Layers near the input then barely learn, however long training runs.",
     fix="Use ReLU-family activations, Kaiming/Xavier init, normalisation layers or residual connections.",

@@ -667,7 +667,8 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     "Output and target shapes broadcast silently in the loss",
     detects="A regression loss (MSE, L1, SmoothL1, Huber) whose output and target shapes differ and broadcast "
     "to more elements than either holds, e.g. a [N, 1] output against a [N] target (at a batch of one, [1, 1] "
-    "against [1] compares each output with its own target); or a loss of the user's own in which an elementwise op (u - u_pred) "
+    "against [1] compares each output with its own target); or a loss of the user's own in which an elementwise "
+    "op (u - u_pred) "
     "broadcast an output-shaped and a target-shaped tensor to a larger shape.",
     why="Broadcasting turns [N,1] - [N] into an [N,N] matrix: the loss compares every output with every "
     "target, training converges to the mean and nothing errors.",

@@ -147,7 +147,8 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     # reading of that sweep is a verdict on the LR
     floorless = no_floor(report)
     return Hit(
-        symptom=f"lr {lr:.3g} is " + (f"above the divergence point {result.diverged_at_lr:.3g}" if diverged else "over 30x the suggestion")
+        symptom=f"lr {lr:.3g} is "
+        + (f"above the divergence point {result.diverged_at_lr:.3g}" if diverged else "over 30x the suggestion")
         + ("; the run's loss hovers around zero, an objective with no floor, whose range test reads no LR" if floorless
            else ""),
         evidence={
