@@ -666,7 +666,7 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     "error",
     "Output and target shapes broadcast silently in the loss",
     detects="A regression loss (MSE, L1, SmoothL1, Huber) whose output and target shapes differ and broadcast "
-    "to more elements than either holds, e.g. a [N, 1] output against a [N] target (at a batch of one, [1, 1] "
+    "to more elements than one of them holds, e.g. a [N, 1] output against a [N] target (at a batch of one, [1, 1] "
     "against [1] compares each output with its own target); or a loss of the user's own in which an elementwise "
     "op (u - u_pred) "
     "broadcast an output-shaped and a target-shaped tensor to a larger shape.",
@@ -703,15 +703,16 @@ def shape_broadcast(report: DiagnosticReport) -> list[Hit]:
 
 
 def _broadcast_grows(a: list[int], b: list[int]) -> bool:
-    """Whether broadcasting shapes ``a`` and ``b`` gives more elements than either holds
-    (``[N, 1]`` with ``[N]`` is ``[N, N]``), or fails; ``[1, 1]`` with ``[1]`` (a batch of
-    one) compares each output with its own target, as a loss should."""
+    """Whether broadcasting shapes ``a`` and ``b`` gives more elements than one of them holds
+    (``[N, 1]`` with ``[N]`` is ``[N, N]``; ``[N, 4]`` with ``[N, 1]`` repeats each target
+    4 times), or fails; ``[1, 1]`` with ``[1]`` (a batch of one) compares each output with
+    its own target, as a loss should."""
     size = 1
     for x, y in zip(reversed([1] * (len(b) - len(a)) + list(a)), reversed([1] * (len(a) - len(b)) + list(b))):
         if x != y and 1 not in (x, y):
             return True
         size *= max(x, y)
-    return size > max(math.prod(a), math.prod(b))
+    return size > min(math.prod(a), math.prod(b))
 
 
 def _is_float(dtype: str | None) -> bool:

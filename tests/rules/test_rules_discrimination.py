@@ -1092,3 +1092,4 @@ def test_a_broadcast_that_adds_no_elements_is_harmless():
     assert nndx312([1, 1], [1]) == []
     assert nndx312([32, 1], [32]) == ["NNDX312"]
     assert nndx312([32, 3], [32]) == ["NNDX312"]  # does not broadcast at all: torch raises
+    assert nndx312([32, 4], [32, 1]) == ["NNDX312"]  # each target repeated over 4 outputs
