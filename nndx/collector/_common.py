@@ -51,9 +51,7 @@ def preserved_rng(*generators: torch.Generator) -> Iterator[None]:
             generator.set_state(state)
         random.setstate(py_state)
         if np_state is not None:
-            import numpy
-
-            numpy.random.set_state(np_state)
+            _numpy().random.set_state(np_state)
 
 
 def seed_all(seed: int) -> None:
@@ -63,11 +61,9 @@ def seed_all(seed: int) -> None:
     from ``random.sample``)."""
     torch.manual_seed(seed)
     random.seed(seed)
-    try:
-        import numpy
-    except ImportError:
-        return
-    numpy.random.seed(seed % 2**32)
+    numpy = _numpy()
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
 
 
 def global_draws() -> tuple[Any, ...]:
@@ -140,12 +136,18 @@ def loader_generators(source: Any) -> list[Any]:
     return list(found.values())
 
 
-def _numpy_state() -> Any:
+def _numpy() -> Any:
+    """The numpy module, or None: numpy is a dependency, but a probe must not need it."""
     try:
         import numpy
-    except ImportError:  # numpy is a dependency, but a probe must not need it
+    except ImportError:
         return None
-    return numpy.random.get_state()
+    return numpy
+
+
+def _numpy_state() -> Any:
+    numpy = _numpy()
+    return None if numpy is None else numpy.random.get_state()
 
 
 def working_copy(model: nn.Module) -> nn.Module:
