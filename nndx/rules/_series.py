@@ -76,13 +76,18 @@ def no_floor(report: DiagnosticReport) -> bool:
     return 0.2 <= below <= 0.8
 
 
+def accuracies(report: DiagnosticReport, split: str) -> list[float]:
+    """The finite accuracies logged with ``split``'s loss, in step order."""
+    return [p.accuracy for p in train_curve(report, split) if p.accuracy is not None and math.isfinite(p.accuracy)]
+
+
 def generalizes(report: DiagnosticReport) -> float | None:
     """The run's own validation accuracy at its end (median of the last tenth of at least 3
     points) when it is clearly above chance — over twice 1/C and 0.25 above it — else None.
     Labels that do not belong to their inputs cannot give that: a data probe's stand-in that
     finds no signal in the same labels could not read these inputs (point sets, node ids)."""
     classes = num_classes(report)
-    val = [p.accuracy for p in train_curve(report, "val") if p.accuracy is not None and math.isfinite(p.accuracy)]
+    val = accuracies(report, "val")
     if classes is None or classes < 2 or len(val) < 3:
         return None
     end = median(val[-window(len(val)) :])

@@ -686,8 +686,7 @@ def shape_broadcast(report: DiagnosticReport) -> list[Hit]:
                           "broadcast_shape": [str(d) for d in call.broadcast_shape]},
                 score=3.0))  # fmt: skip
         if call.loss_type in vocab.REGRESSION_LOSS_NAMES and call.target_shape is not None:
-            if list(call.output_shape) != list(call.target_shape) and _broadcast_grows(call.output_shape,
-                                                                                       call.target_shape):
+            if _broadcast_grows(call.output_shape, call.target_shape):
                 hits.append(
                     Hit(
                         symptom=f"{call.loss_type} on output {call.output_shape} vs target {call.target_shape}",

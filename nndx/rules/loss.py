@@ -15,7 +15,7 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    Curve, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range, no_floor, num_classes,
+    Curve, accuracies, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range, no_floor, num_classes,
     starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
@@ -189,10 +189,10 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     from_initial = (curve.initial - curve.end) / max(abs(curve.initial), 1e-12)
     if curve.progress >= 0.05 and from_initial >= -0.1:
         return None
-    accuracies = [p.accuracy for p in points if p.accuracy is not None and math.isfinite(p.accuracy)]
-    if len(accuracies) >= 6:
-        w = window(len(accuracies))
-        if median(accuracies[-w:]) - median(accuracies[:w]) > 0.05:
+    logged = accuracies(report, "train")
+    if len(logged) >= 6:
+        w = window(len(logged))
+        if median(logged[-w:]) - median(logged[:w]) > 0.05:
             return None
     frozen = curve.noise == 0.0 and curve.start == curve.end
     # the LR range test trains well within 3x of the LR used: the LR is not what stopped it,
@@ -279,10 +279,11 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     # the range test, on a copy from the same start, trains well at this LR: whatever makes the
     # loss climb (targets that move with the model, as TD learning's do), it is not the step size
     lr_fine = not blow_ups and lr_within_range(report)
+    floorless = no_floor(report)
     return Hit(
-        severity="info" if noisy_but_learning or lr_fine or no_floor(report) else None,
+        severity="info" if noisy_but_learning or lr_fine or floorless else None,
         symptom="train loss swings on both sides of zero: an objective with no floor (a policy gradient's), whose "
-        "swings are no overshoot" if no_floor(report)
+        "swings are no overshoot" if floorless
         else f"train loss climbs or swings at lr {stepped_lr(report):.3g}, where the LR range test still trains "
         f"well (up to {trains_well_up_to(report):.3g}): not an overshoot" if lr_fine and not noisy_but_learning
         else "train loss is diverging" if (spikes >= 2 and not noisy_but_learning) or blow_ups
@@ -496,12 +497,6 @@ def underfitting(report: DiagnosticReport) -> Hit | None:
     )
 
 
-def _accuracies(report: DiagnosticReport, split: str) -> list[float]:
-    return [
-        p.accuracy for p in train_curve(report, split) if p.accuracy is not None and math.isfinite(p.accuracy)
-    ]
-
-
 @rule(
     "NNDX109",
     C.LABELS_MISALIGNED,
@@ -520,7 +515,7 @@ def _accuracies(report: DiagnosticReport, split: str) -> list[float]:
 )
 def val_at_chance(report: DiagnosticReport) -> Hit | None:
     classes = num_classes(report)
-    val = _accuracies(report, "val")
+    val = accuracies(report, "val")
     if classes is None or classes < 2 or len(val) < 3:
         return None
     chance = 1.0 / classes
@@ -529,7 +524,7 @@ def val_at_chance(report: DiagnosticReport) -> Hit | None:
     # an evaluation per epoch over a few epochs (a fine-tuning script's three): every one at chance
     if abs(val_end - chance) > tolerance or (len(val) < 5 and max(abs(v - chance) for v in val) > tolerance):
         return None
-    train = _accuracies(report, "train")
+    train = accuracies(report, "train")
     train_end = median(train[-window(len(train)) :]) if len(train) >= 3 else None
     return Hit(
         symptom="validation accuracy at chance"
