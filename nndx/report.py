@@ -851,6 +851,10 @@ class Finding(Schema):
     confirmation: Literal["confirmed", "not_confirmed"] | None = Field(
         None, description="what applying this cause's remedy to a copy showed (report.interventions)"
     )
+    refuted: bool = Field(
+        False, description="the rule's own evidence speaks against its cause (the LR range test trains well at the "
+        "loop's LR): shown as context, it explains no other finding"
+    )
     explained_by: str | None = Field(None, description="rule_id of the root-cause finding that explains this symptom")
     explains: list[str] = Field(
         default_factory=list, description="rule_ids of the symptoms folded under this root finding"

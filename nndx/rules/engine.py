@@ -16,7 +16,8 @@ them in ``explains``, and every root ranks before every explained finding. Among
 roots, alarms (warning and error) come first; among alarms, a cause seen directly ranks
 before a symptom whose code is only the likeliest guess, so a symptom never outranks a
 cause with direct evidence. Then severity, score and rule id, so the order is total and
-``diagnose`` is deterministic.
+``diagnose`` is deterministic. A finding whose own evidence refutes its cause (``refuted``:
+the LR range test trains well at the loop's LR) is context and explains nothing.
 
 This module imports no torch: a server that only diagnoses POSTed JSON must stay light.
 """
@@ -46,6 +47,7 @@ class Hit:
     step: int | None = None
     fix: str | None = None  # overrides the rule's fix when the evidence narrows it
     code: CauseCode | None = None  # overrides the rule's code: only where evidence names the cause
+    refuted: bool = False  # the rule's own evidence speaks against its cause: context that explains nothing
 
 
 RuleFunc = Callable[[DiagnosticReport], "Hit | Iterable[Hit] | None"]
@@ -86,6 +88,7 @@ class Rule:
             next_probe=hit.next_probe,
             score=_round(hit.score),
             step=hit.step,
+            refuted=hit.refuted,
         )
 
     def docs(self) -> str:
@@ -308,8 +311,9 @@ def can_explain(cause_rule: str, symptom_rule: str) -> bool:
 
 def _may_explain(cause: Finding, symptom: Finding) -> bool:
     """Interventions overrule the links: a cause whose remedy did not help explains
-    nothing, and a finding a remedy confirmed is explained only by a confirmed one."""
-    if cause.confirmation == "not_confirmed":
+    nothing, and a finding a remedy confirmed is explained only by a confirmed one. A cause
+    its own rule's evidence refutes (``refuted``) explains nothing unless a remedy confirmed it."""
+    if cause.confirmation == "not_confirmed" or (cause.refuted and cause.confirmation != "confirmed"):
         return False
     return symptom.confirmation != "confirmed" or cause.confirmation == "confirmed"
 

@@ -242,7 +242,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "within twice the top of the range where the LR range test trains well: a loss that climbs there is not "
     "overshooting (a value network's bootstrapped targets grow as its estimates do); and when the loss hovers "
     "around zero (a fifth or more of its second half on each side): an objective with no floor, a policy "
-    "gradient's, swings by its returns.",
+    "gradient's, swings by its returns. Those two refute the LR: the finding then roots no other finding.",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -282,6 +282,7 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     floorless = no_floor(report)
     return Hit(
         severity="info" if noisy_but_learning or lr_fine or floorless else None,
+        refuted=lr_fine or floorless,
         symptom="train loss swings on both sides of zero: an objective with no floor (a policy gradient's), whose "
         "swings are no overshoot" if floorless
         else f"train loss climbs or swings at lr {stepped_lr(report):.3g}, where the LR range test still trains "

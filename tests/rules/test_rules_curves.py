@@ -260,6 +260,31 @@ def test_a_loss_that_climbs_at_an_lr_the_range_test_trains_well_at_is_context():
     assert nndx104(blown, 1e-3).severity == "warning"
 
 
+def test_a_climb_the_range_test_refutes_explains_no_other_finding():
+    """The DQN's climbing TD loss at an LR the range test trains well at is context, and its
+    LR_TOO_HIGH guess is refuted: it must not root (and lend its code to) what another rule
+    saw, such as units found dead after training. Far above the range, the climb roots them."""
+    from nndx.report import LayerStats, LoopStats, LRPoint, LRRangeResult, Probes
+
+    from .reports import act
+
+    rng = np.random.default_rng(0)
+    td = [0.5] + list(np.linspace(0.02, 0.6, 400) * rng.uniform(0.5, 1.5, 400))
+    sweep = LRRangeResult(status="passed", interval_low_lr=4e-4, interval_high_lr=1.7e-3, suggested_lr=8e-4)
+    dead = LayerStats(name="forward:relu#1", type="ReLU", step=401, activation=act(dead=0.54, zero=0.6, units=128))
+
+    def found(lr):
+        report = DiagnosticReport(loss_history={"train": points(td)}, probes=Probes(lr_range=sweep), layers=[dead],
+                                  loop=LoopStats(steps=401, lr_history=[LRPoint(step=0, lrs=[lr])]))  # fmt: skip
+        return {f.rule_id: f for f in diagnose(report).findings}
+
+    fine = found(1e-3)
+    assert fine["NNDX104"].refuted and fine["NNDX104"].severity == "info" and not fine["NNDX104"].explains
+    assert fine["NNDX208"].explained_by is None and fine["NNDX208"].severity == "warning"
+    high = found(1e-2)
+    assert not high["NNDX104"].refuted and high["NNDX208"].explained_by == "NNDX104"
+
+
 def test_a_loss_that_hovers_around_zero_has_no_floor_to_judge_progress_by():
     """REINFORCE: -log p(a) * R with returns normalised to mean 0. The loss swings on both sides
     of zero and, on one batch, falls without end (every action with a negative return pushed to
