@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, ErrorRecord, Finding
+from nndx.rules.engine import ranking_key
 
 # --------------------------------------------------------------------------- what a program declares
 
@@ -193,9 +194,10 @@ class Nndx:
 
 def merge_findings(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
     """One ranked list from several diagnoses (a GAN's two models), in the order nndx
-    ranks within one: severity, then score; ties keep the order the models were given."""
+    ranks within one (roots before the symptoms they explain, then alarms, causes seen
+    directly, severity, score); ties keep the order the models were given."""
     tagged = [(i, j, f) for i, d in enumerate(diagnoses) for j, f in enumerate(d.findings)]
-    tagged.sort(key=lambda t: (-SEVERITY_ORDER[t[2].severity], -(t[2].score or 0.0), t[0], t[1]))
+    tagged.sort(key=lambda t: ranking_key(t[2])[:-2] + (t[0], t[1]))
     return [f for _, _, f in tagged] if len(diagnoses) > 1 else list(diagnoses[0].findings) if diagnoses else []
 
 

@@ -351,7 +351,13 @@ def rank(findings: list[Finding]) -> list[Finding]:
         if root is not None and root != i:
             update["explained_by"] = ordered[root].rule_id
         linked.append(f.model_copy(update=update))
-    return sorted(linked, key=lambda f: (f.explained_by is not None,) + _root_key(f))
+    return sorted(linked, key=ranking_key)
+
+
+def ranking_key(finding: Finding) -> tuple:
+    """The order ``diagnose`` lists linked findings in: roots first, then as ``_root_key``.
+    Also orders the findings of several diagnoses read together (a GAN's two models)."""
+    return (finding.explained_by is not None,) + _root_key(finding)
 
 
 def _round(value: float) -> float:

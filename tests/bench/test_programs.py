@@ -83,3 +83,22 @@ def test_selector_that_matches_nothing_is_an_error(tmp_path: Path) -> None:
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2
     assert "no-such-program" in done.stderr
+
+
+def test_findings_of_several_diagnoses_keep_nndx_ranking_roots_first() -> None:
+    """A GAN's or a per-epoch Monitor's diagnoses, read together: a symptom folded under its
+    root in one diagnosis never outranks a root of another, whatever its score; an alarm seen
+    as a symptom (NNDX104) ranks after a cause seen directly (NNDX301)."""
+    from bench.programs.harness import merge_findings
+    from nndx.report import CauseCode, Diagnosis, Finding
+
+    def finding(rule, code, severity, score, explained_by=None):
+        return Finding(rule_id=rule, code=CauseCode(code), severity=severity, title="t", symptom="s", fix="f",
+                       score=score, explained_by=explained_by)  # fmt: skip
+
+    first = Diagnosis(findings=[finding("NNDX201", "DEAD_RELU", "warning", 1.0),
+                                finding("NNDX601", "WRONG_LOSS", "warning", 6.0, explained_by="NNDX201")])
+    second = Diagnosis(findings=[finding("NNDX104", "LR_TOO_HIGH", "warning", 5.0),
+                                 finding("NNDX301", "MISSING_ZERO_GRAD", "warning", 2.0)])
+    merged = [f.rule_id for f in merge_findings([first, second])]
+    assert merged == ["NNDX301", "NNDX201", "NNDX104", "NNDX601"]
