@@ -164,10 +164,12 @@ def _merge_gradients(stats: list[GradientStats]) -> GradientStats | None:
     )
 
 
-def merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
+def merge_monitor(report: DiagnosticReport, watched: DiagnosticReport, at_start: Sequence[LayerStats] = ()) -> None:
     """Fold a Monitor's report into ``report`` (a probe report), in place: the Monitor's
     loop, loss history and recorded steps are what the training run saw; the probes'
-    own static facts fill what it left out."""
+    own static facts fill what it left out. ``at_start``: layers the probes measured at the
+    initial state (functional activations, which the Monitor does not see), recorded at
+    the Monitor's first step where the Monitor has no record of them."""
     if watched.loop is not None:
         loop = watched.loop
         if report.loop is not None:
@@ -190,7 +192,10 @@ def merge_monitor(report: DiagnosticReport, watched: DiagnosticReport) -> None:
     now = max([watched.loop.steps if watched.loop else 0, *(s + 1 for s in seen)])
     probed = [r.model_copy(update={"step": now}) for r in report.layers]
     probed_params = [r.model_copy(update={"step": now}) for r in report.parameters]
-    report.layers = watched.layers + probed
+    known = {r.name for r in watched.layers}
+    first = min(seen, default=0)
+    started = [r.model_copy(update={"step": first}) for r in at_start if r.name not in known and first < now]
+    report.layers = started + watched.layers + probed
     report.parameters = watched.parameters + probed_params
     report.errors.extend(watched.errors)
     report.model = report.model or watched.model

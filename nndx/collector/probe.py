@@ -88,6 +88,7 @@ from nndx.report import (
     MAX_ERROR_MESSAGE,
     DiagnosticReport,
     ErrorRecord,
+    LayerStats,
     LoopStats,
     RunInfo,
 )
@@ -168,7 +169,11 @@ def probe(
             continue
         spec.store(report, outcome)
     if watched is not None:
-        guard.attempt("monitor", lambda: merge_monitor(report, watched))
+        at_start: list = []
+        if setup.initial is not None and trained_steps > 0 and any(spec.name == "hooks" for spec in selected):
+            ok, measured = guard.attempt("hooks", setup.functional_layers_at_start, warn=True)
+            at_start = measured if ok else []
+        guard.attempt("monitor", lambda: merge_monitor(report, watched, at_start))
     if data is not None:
         if data_error is not None:
             guard.error("data", data_error)
@@ -258,6 +263,16 @@ class _Setup:
         if self.initial is not None and (spec.trains or (spec.needs_finite_parameters and self.diverged)):
             return self.initial, self.initial_optimizer
         return self.model, self.optimizer
+
+    def functional_layers_at_start(self) -> list[LayerStats]:
+        """The functional activations (``F.relu`` in ``forward``: only the probes see them,
+        the Monitor's module hooks do not) at the initial state, on the probe's batch, in the
+        mode the layer-statistics probe measures the trained model in: a layer found dead or
+        saturated after training is then known to have been so at the start, or not."""
+        initial = working_copy(self.initial)
+        with preserved_rng(), self.amp(), torch.no_grad(), ForwardObserver(initial, layer_stats=True) as seen:
+            forward(initial, self.batch[0])
+        return seen.layer_records()
 
     def amp(self) -> contextlib.AbstractContextManager:
         return forwards_under_autocast(self.autocast)

@@ -578,6 +578,41 @@ def test_dead_functional_relu_is_dead_relu_like_a_module():
     assert [f.code.value for f in nndx.diagnose(healthy).findings if f.severity != "info"] == []
 
 
+def _functional_relu_run(shift: float):
+    """A Monitor over three steps of Head (F.relu inside forward), each step followed by a
+    shift of fc1's bias (what an update far too large does to the units), then the final probe."""
+    model, (x, y) = Head(), batch()
+    with torch.no_grad():
+        model.fc1.bias -= 0.0 if shift else 50.0  # shift 0: dead from the start instead
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nndx.Monitor(model, optimizer) as monitor:
+        for _ in range(3):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            monitor.log(loss)
+            with torch.no_grad():
+                model.fc1.bias -= shift
+        report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), monitor=monitor, probes=["hooks"])
+    relu = sorted((layer.step, layer.activation.dead_unit_fraction) for layer in report.layers
+                  if layer.name == "forward:relu#0")  # fmt: skip
+    dead = [f for f in nndx.diagnose(report).findings if f.code.value == "DEAD_RELU"]
+    return relu, dead
+
+
+def test_functional_units_found_dead_after_training_are_compared_with_the_initial_state():
+    """The Monitor's hooks see modules, not F.relu: the final probe measures a functional
+    activation at the initial state too (the Monitor's snapshot, the same batch), so units
+    that died in training are told from units dead since initialisation."""
+    relu, dead = _functional_relu_run(shift=100.0)
+    assert len(relu) == 2 and relu[0][0] < relu[1][0] and relu[0][1] < 0.5 and relu[1][1] == 1.0
+    assert [f.rule_id for f in dead] == ["NNDX208"] and dead[0].evidence["dead_unit_fraction_at_start"] < 0.5
+    relu, dead = _functional_relu_run(shift=0.0)
+    assert len(relu) == 2 and relu[0][1] == 1.0
+    assert [f.rule_id for f in dead] == ["NNDX201"]
+
+
 def test_trainability_probes_train_a_model_left_in_eval_mode_in_train_mode():
     """After the user's evaluation the model is in eval mode; training happens in train mode.
     With BatchNorm's initial running statistics, eval mode passes raw 0-255 inputs through
