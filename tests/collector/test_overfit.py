@@ -115,6 +115,26 @@ def test_soft_targets_fit_down_to_their_floor():
     assert result.status == "passed", result.message
 
 
+def _hand_written_soft_cross_entropy(logits, target_pmfs):
+    """As distributional RL (C51) and distillation write it: no torch loss to find a floor from."""
+    return -(target_pmfs * torch.log_softmax(logits, dim=1)).sum(1).mean()
+
+
+def test_a_hand_written_soft_target_loss_fits_when_it_is_stationary_in_the_output():
+    """Near-uniform target distributions: the loss starts almost at its floor (their entropy,
+    ~ln 3) and can fall by 3% at most, so "1% of its start" can never pass. Stationary in the
+    output (the model predicts the targets) is a fit; a network whose units are dead from the
+    start predicts one distribution for every sample and keeps a gradient at its output."""
+    x, _ = batch()
+    g = torch.Generator().manual_seed(5)
+    targets = torch.softmax(0.5 * torch.randn(16, 3, generator=g), dim=1)
+    fitted = overfit_one_batch(mlp(hidden=64), (x, targets), _hand_written_soft_cross_entropy, steps=300)
+    assert fitted.loss_floor is None and fitted.final_loss > 0.9 * fitted.initial_loss
+    assert fitted.status == "passed" and "stationary" in fitted.message, fitted.message
+    dead = overfit_one_batch(dead_relu_mlp(), (x, targets), _hand_written_soft_cross_entropy, steps=300)
+    assert dead.status == "failed", dead.message
+
+
 def test_sequence_outputs_get_a_token_accuracy_through_the_users_loss():
     class TinyLM(nn.Module):
         def __init__(self):

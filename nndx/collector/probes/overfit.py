@@ -13,7 +13,9 @@ absolute ``loss < 0.1``, which fails healthy regression targets of large scale.
 
 The floor is the loss that perfect predictions would get (:class:`PerfectPredictions`):
 0 for class indices and regression, but the targets' entropy for soft targets (a VAE's
-pixels in [0, 1] with BCE) and with label smoothing. A term the floor cannot see (a
+pixels in [0, 1] with BCE) and with label smoothing. Where nndx cannot compute it (a loss
+written by hand), the batch counts as fitted when the loss is stationary in the model's
+output (its gradient there under ``target_ratio`` of its start). A term the floor cannot see (a
 KL term, targets that identical inputs contradict) keeps a healthy model above 1%;
 the rule reading this result (NNDX601) tells a model that barely learns from one that
 nearly fits.
@@ -101,6 +103,9 @@ def overfit_one_batch(
     above = "" if not floor else f" above its floor {floor:.4g}"
     if passed:
         status, message = "passed", f"fitted one batch in {len(losses) - 1} steps{note}"
+        if not _fits(losses, floor or 0.0, final_accuracy, target_ratio):
+            message += (f" (the loss, {final:.4g} from {initial:.4g}, is stationary in the model's output: its gradient "
+                        f"there fell under {target_ratio:g} of its start; the loss's floor is unknown)")  # fmt: skip
     elif not math.isfinite(final):
         status, message = "failed", f"loss became non-finite ({final}) at step {len(losses) - 1}{note}"
     elif initial < 0:
@@ -128,6 +133,7 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
     losses: list[float] = []
     final_accuracy: float | None = None
     floor: float | None = None
+    slopes: list[float] = []  # |d loss / d output| per step, where the floor is unknown
     model_copy = dense_gradients(working_copy(model))
     params = [p for p in nn.Module.parameters(model_copy) if p.requires_grad]
     if not params:
@@ -151,11 +157,26 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
                                   else accuracy(None, inner.last[1], inner.last[2], loss_type=inner.last[0]))  # fmt: skip
             if not math.isfinite(losses[-1]):
                 break
-            if _fits(losses, floor or 0.0, final_accuracy, target_ratio):
+            if _fits(losses, floor or 0.0, final_accuracy, target_ratio) or _stationary(losses, slopes, target_ratio):
                 return losses, True, floor, final_accuracy
             if step < steps:
+                watch = floor is None and scaler is None and isinstance(output, torch.Tensor) and output.requires_grad
+                if watch:
+                    output.retain_grad()
                 backward_and_step(loss, optimizer, lambda: loss, scaler)
+                if watch and output.grad is not None and (step == 0 or slopes):
+                    slopes.append(float(output.grad.detach().float().norm()))
     return losses, False, floor, final_accuracy
+
+
+def _stationary(losses: list[float], slopes: list[float], target_ratio: float) -> bool:
+    """A loss whose floor nndx cannot compute (one written by hand: a soft-target
+    cross-entropy, a distributional RL loss) fits when it is stationary in the model's
+    output: the gradient at the output fell under ``target_ratio`` of its start, with the
+    loss not above its start. The model then predicts what minimises the loss for these
+    targets, whatever that minimum's value; a model that cannot fit keeps a gradient there."""
+    return (len(slopes) >= 2 and math.isfinite(slopes[-1]) and slopes[0] > 0
+            and slopes[-1] <= target_ratio * slopes[0] and losses[-2] <= losses[0])
 
 
 def _fits(losses: list[float], floor: float, batch_accuracy: float | None, target_ratio: float) -> bool:
