@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nndx import vocab
 from nndx.report import CauseCode as C
-from nndx.report import DiagnosticReport, LossCall, ModelSummary
+from nndx.report import DiagnosticReport, LayerInfo, LossCall, ModelSummary
 from nndx.rules._series import is_classification, loss_calls, loss_curve, num_classes
 from nndx.rules.engine import Hit, rule
 
@@ -35,7 +35,8 @@ def _sequential_neighbours(first: str, second: str) -> bool:
     "such as F.relu count). Without an observed forward, two Linear/Conv children of nn.Sequential "
     "containers adjacent in registration order. When no forward was observed and the model has no activation "
     "module at all (a forward may call F.relu unseen), it warns only if the loss is not moving, and is info "
-    "otherwise.",
+    "otherwise. Two Linears joined through a width narrower than the first's input and the second's output (an "
+    "autoencoder's linear code: a low-rank map one layer cannot be) are no missing activation.",
     why="A composition of linear maps is one linear map: the extra layers add parameters but no "
     "capacity, and the model cannot fit a non-linear task.",
     fix="Insert an activation (nn.ReLU(), nn.GELU()) between the layers.",
@@ -49,8 +50,10 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
         # data flow, not module order: parallel branches and F.relu between layers are told apart
         types = {layer.name: layer.type for layer in model.layers}
         linear = vocab.LINEAR_LAYER_NAMES
+        by_name = {layer.name: layer for layer in model.layers}
         pairs = [(layer.input_from, layer.name) for layer in model.layers
-                 if layer.type in linear and types.get(layer.input_from or "") in linear]  # fmt: skip
+                 if layer.type in linear and types.get(layer.input_from or "") in linear
+                 and not _linear_bottleneck(by_name[layer.input_from], layer)]  # fmt: skip
     else:
         previous = None
         for layer in model.layers:
@@ -75,6 +78,19 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
         score=1.5 if stalled else 0.5,
         next_probe="overfit_one_batch on a non-linear batch; check the forward for functional activations",
     )
+
+
+def _linear_bottleneck(first: LayerInfo, second: LayerInfo) -> bool:
+    """Linear -> Linear through a width narrower than both the first's input and the
+    second's output: a low-rank factorisation (an autoencoder's linear code), which a
+    single layer could not be, so composing them is deliberate, not a lost activation."""
+    if first.type not in ("Linear", "LazyLinear") or second.type not in ("Linear", "LazyLinear"):
+        return False
+    if not first.output_shape or not second.output_shape:
+        return False
+    width, out = first.output_shape[-1], second.output_shape[-1]
+    fan_in = first.param_count // max(width, 1) - 1  # weight in x width (+ bias width): at least in - 1
+    return 0 < width < min(fan_in, out)
 
 
 def _ends_in_linear(model: ModelSummary | None) -> bool:

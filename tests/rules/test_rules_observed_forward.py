@@ -73,6 +73,33 @@ def test_parallel_branches_over_one_input_are_no_composition():
     assert not fired(Parallel())
 
 
+class AutoEncoder(nn.Module):
+    """Lightning's example autoencoder: 64 -> 16 -> ReLU -> code, code -> 16 -> ReLU -> 64;
+    the encoder's last Linear feeds the decoder's first directly (a linear code)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, code))
+        self.decoder = nn.Sequential(nn.Linear(code, 16), nn.ReLU(), nn.Linear(16, 64))
+
+    def forward(self, x):
+        return self.decoder(self.encoder(x))
+
+
+def test_a_linear_code_narrower_than_both_sides_is_no_missing_activation():
+    """A 3-unit code between 16-unit layers is a low-rank map no single layer could be; a
+    32-unit "code" between them is two Linears that compose to one."""
+    torch.manual_seed(0)
+    x = torch.rand(32, 64)
+
+    def found(code):
+        report = nndx.probe(AutoEncoder(code), (x, x), nn.MSELoss(), probes=["nan_origin"], progress=False)
+        return [f.evidence["linear_pairs"] for f in nndx.diagnose(report).findings if f.rule_id == "NNDX401"]
+
+    assert found(3) == []
+    assert found(32) == [["encoder.2 -> decoder.0"]]
+
+
 class Squashed(nn.Module):
     """Logits all in (0, 1): by a sigmoid, or by weights that make them small and positive."""
 

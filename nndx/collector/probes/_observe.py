@@ -138,6 +138,7 @@ class ForwardObserver(TorchFunctionMode):
         # a batch_norm called as a function with training=True (MAML's functional learner): batch
         # statistics in any mode, which couple the samples whatever model.eval() says
         self.functional_batch_statistics = False
+        self.output_shapes: dict[str, list[int]] = {}  # leaf module -> its first call's output shape
         self._busy = False  # inside the observer's own hooks: their torch calls are not the model's
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._names = {id(m): n for n, m in model.named_modules()}
@@ -191,6 +192,9 @@ class ForwardObserver(TorchFunctionMode):
         if is_leaf:
             if name not in self.timeline:
                 self.timeline.append(name)
+                out = first_output(output)
+                if out is not None:
+                    self.output_shapes[name] = list(out.shape)
             if type(module).__name__ in vocab.LINEAR_PRESERVING_NAMES:
                 self._made(output, self._input_from.get(id(module)))
             else:
@@ -394,7 +398,8 @@ def _layers_as_run(layers: list[LayerInfo], seen: ForwardObserver) -> list[Layer
     ordered = []
     for name in seen.timeline:
         if name in by_name:
-            ordered.append(by_name.pop(name).model_copy(update={"input_from": seen.input_from.get(name)}))
+            ordered.append(by_name.pop(name).model_copy(update={"input_from": seen.input_from.get(name),
+                                                                "output_shape": seen.output_shapes.get(name)}))
         elif name in kinds:
             ordered.append(LayerInfo(name=name, type=kinds[name], input_from=seen.input_from.get(name)))
     return ordered + list(by_name.values())
