@@ -83,9 +83,13 @@ def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
     hits = []
     for layer, dead, start_dead, start_step in _gone_layers(report, from_start, _dead_share, DEAD_THRESHOLD):
         act = layer.activation
+        # units that went silent in training at an LR the range test trains well at, short of the
+        # whole layer: no overshoot killed them; on one batch a trained network's units are sparse
+        sparse = not from_start and dead < 0.9 and lr_within_range(report)
         hits.append(
             Hit(
-                symptom=f"{dead:.0%} of the units of {layer.name} are dead" + _since(start_dead, start_step, from_start),
+                symptom=f"{dead:.0%} of the units of {layer.name} are dead" + _since(start_dead, start_step, from_start)
+                + (", at an LR the range test trains well at" if sparse else ""),
                 evidence={
                     "layer": layer.name,
                     "layer_type": layer.type,
@@ -96,7 +100,7 @@ def _dead_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
                 },
                 # dead units the loss does not miss are context: sparse units of a trained
                 # network can be silent on every sample of one small batch
-                severity="info" if _loss_healthy(report) else "error" if dead >= 0.9 else "warning",
+                severity="info" if _loss_healthy(report) or sparse else "error" if dead >= 0.9 else "warning",
                 score=dead,
                 step=layer.step,
             )
@@ -137,7 +141,9 @@ def dead_units(report: DiagnosticReport) -> list[Hit]:
     "mostly alive at the first (dead over at least 8 outputs per unit, as NNDX201 counts), or found dead in "
     "a trained model with no record of its start (then any "
     "cause of dead units explains it); error from 90%; info when the train loss fell by over 30% and stayed "
-    "finite (units silent on one batch of a network that learns are sparse, not dead).",
+    "finite (units silent on one batch of a network that learns are sparse, not dead), and under 90% at an LR "
+    "within twice the top of the range where the LR range test trains well (no overshoot killed them; a value "
+    "network's TD loss need not fall).",
     why="Units die when an update pushes their pre-activation negative for every input — typically a "
     "step far too large (high LR, accumulated gradients); once dead they never recover.",
     fix="Lower the learning rate (and fix what makes updates too large), use LeakyReLU/GELU; "
