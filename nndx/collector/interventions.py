@@ -15,7 +15,9 @@ or turns non-finite), each applicable remedy of :mod:`nndx.collector.remedies` i
 applied to a fresh copy and the same run is repeated with the same random seed. A
 remedy that brings the loss to 75% of its start or below, and that share at least 0.2
 below the baseline's, is ``confirmed``; one that does not lower the share by 0.02 is
-``not_confirmed``. When the baseline learns, there is nothing to explain on this batch:
+``not_confirmed``. A slower learning rate is also ``confirmed`` when the baseline's loss
+ended 1.5x above its start and the slower one's does not end above its start: on one
+fixed batch that climb is an overshoot, even where the batch leaves little to learn. When the baseline learns, there is nothing to explain on this batch:
 no remedy is tried (the bug, if any, lives in the user's loop or data, which the other
 probes and the Monitor see). The learning-rate remedies come last and are skipped once
 a structural remedy (the output activation, the loss, dead units, the data's scale) is
@@ -82,6 +84,7 @@ LR_STUCK_RATIO = 0.9  # ...and above this one it did not learn at all: only then
 CONFIRM_RATIO = 0.75  # a remedy must bring the loss to this share of its start...
 CONFIRM_GAIN = 0.2  # ...and that share at least this much below the baseline's
 NO_GAIN = 0.02  # a remedy whose share is not this much below the baseline's changed nothing
+CLIMB_RATIO = 1.5  # a baseline that ends this far above its start climbed: a slower LR that stops it confirms
 LR_FACTORS = (10.0, 100.0, 1000.0)  # an LR remedy tries these in turn and keeps the first that works
 LR_CAUSES = ("LR_TOO_HIGH", "LR_TOO_LOW")  # tried last, and only when no structural remedy was confirmed
 # bugs between the output and the loss, which shrink every gradient by a factor a larger LR makes up
@@ -186,6 +189,11 @@ def interventions(
             confirmed = ratio is not None and ratio < 1.0
         else:
             confirmed = ratio is not None and ratio <= CONFIRM_RATIO and ratio <= base_ratio - CONFIRM_GAIN
+            # on one fixed batch a loss that climbs far above its start overshoots; a slower LR that
+            # stops the climb confirms it even where the batch leaves little to learn (a loss
+            # that starts near its floor, as soft targets near uniform do)
+            confirmed |= (cause == "LR_TOO_HIGH" and base_ratio >= CLIMB_RATIO and ratio is not None
+                          and ratio <= 1.0)  # fmt: skip
         unchanged = ratio is None or ratio >= base_ratio - NO_GAIN
         # one result per cause: a confirmed factor replaces the ones tried before it
         results[:] = [r for r in results if not (confirmed and r.cause == cause)]

@@ -391,3 +391,21 @@ def test_a_remedy_that_does_not_apply_leaves_the_users_random_stream_alone():
         assert result.results, result  # remedies were tried
         assert torch.equal(torch.rand(3), expected)
 
+
+
+def _soft_cross_entropy(logits: torch.Tensor, target_pmfs: torch.Tensor) -> torch.Tensor:
+    return -(target_pmfs * torch.log_softmax(logits, dim=1)).sum(1).mean()
+
+
+@pytest.mark.parametrize("lr, climbs", [(20.0, True), (0.1, False)])
+def test_a_slower_lr_that_stops_a_climb_confirms_it_on_a_batch_with_little_to_learn(lr, climbs):
+    """C51's first batch: target distributions near uniform, so the loss starts within a few
+    percent of its floor and no remedy can bring it to 75% of its start. SGD at lr 20 makes it
+    climb far above its start; the slower LR that stops the climb names LR_TOO_HIGH. At a sane
+    LR there is no climb, and the LR is not blamed."""
+    x, _ = _data()
+    targets = torch.softmax(0.3 * torch.randn(128, 4, generator=torch.Generator().manual_seed(3)), dim=1)
+    model = _mlp()
+    result = interventions(model, (x, targets), _soft_cross_entropy, optimizer=torch.optim.SGD(model.parameters(), lr))
+    assert (result.baseline_final_loss > 1.5 * result.baseline_initial_loss) == climbs
+    assert (_statuses(result).get("LR_TOO_HIGH") == "confirmed") == climbs, _statuses(result)
