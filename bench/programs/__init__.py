@@ -66,4 +66,10 @@ PROGRAMS = (
     "graphsage",
     "maml",
     "word2vec",
+    "td3",
+    "c51",
+    "lightning_autoencoder",
+    "ft_transformer",
+    "awd_lstm",
+    "attention_is_all_you_need",
 )

@@ -100,6 +100,31 @@ def test_a_linear_code_narrower_than_both_sides_is_no_missing_activation():
     assert found(32) == [["encoder.2 -> decoder.0"]]
 
 
+class PostNorm(nn.Module):
+    """A post-norm Transformer block's feed-forward half as jadore801120's port writes the
+    attention output: ``q = fc(...); q += residual; q = layer_norm(q)``, then the FFN's
+    ``w_1``. The in-place residual makes fc's output more than fc's: no composition. Without
+    the residual, fc -> LayerNorm -> w_1 is one (LayerNorm passes the data flow through)."""
+
+    def __init__(self, residual: bool) -> None:
+        super().__init__()
+        self.inp, self.fc, self.norm = nn.Linear(8, 16), nn.Linear(16, 16), nn.LayerNorm(16)
+        self.w_1, self.w_2, self.residual = nn.Linear(16, 32), nn.Linear(32, 3), residual
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        q = self.fc(h)
+        if self.residual:
+            q += h
+        return self.w_2(F.relu(self.w_1(self.norm(q))))
+
+
+def test_a_residual_added_in_place_breaks_the_linear_chain():
+    assert not fired(PostNorm(residual=True))
+    (finding,) = fired(PostNorm(residual=False))
+    assert finding.evidence["linear_pairs"] == ["fc -> w_1"]
+
+
 class Squashed(nn.Module):
     """Logits all in (0, 1): by a sigmoid, or by weights that make them small and positive."""
 

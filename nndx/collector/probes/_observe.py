@@ -92,6 +92,11 @@ def float_dtypes(values: Any) -> list[torch.dtype]:
     return [t.dtype for t in iter_tensors(values) if t.is_floating_point()]
 
 
+def _in_place(op: str) -> bool:
+    """``add_``, ``__iadd__``: an op that writes its result into its first argument."""
+    return (op.endswith("_") and not op.endswith("__")) or (op.startswith("__i") and op.endswith("__"))
+
+
 def _op_name(func: Any) -> str:
     name = getattr(func, "__name__", "") or ""
     return OP_ALIASES.get(name, name)
@@ -234,6 +239,11 @@ class ForwardObserver(TorchFunctionMode):
         module_name, module = self._stack[-1]
         if _is_torch_module(module):
             return  # the module's own code: its hooks report it
+        if first is not None and _in_place(op) and op not in SHAPE_OPS and op not in DROPOUT_OPS and out is first:
+            # ``q += residual``: the tensor now holds more than its maker's output (a post-norm
+            # Transformer's residual, added in place before the LayerNorm), so it no longer
+            # counts as that layer's output
+            self._made(first, None)
         if op == "batch_norm" and (args[5] if len(args) > 5 else kwargs.get("training", False)):
             self.functional_batch_statistics = True
         if op in ("view", "reshape") and first is not None and len(self.moved_axes) < 8:
