@@ -11,6 +11,7 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LayerStats
 from nndx.rules._series import (
+    clips_most_steps,
     finite,
     latest_layers,
     layer_steps,
@@ -353,7 +354,9 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     "ratios and trains fine. Info too when the LR the loop stepped with (without an optimizer: the "
     "measured step size) is within twice the top of the interval where the LR range test trains well "
     "(the sweep reads the LR to about that factor) and the ratio stays under 1: the LR is then not too "
-    "high (a fresh small head's weights are small).",
+    "high (a fresh small head's weights are small); and when the loop's gradient clip cut most recorded steps "
+    "and the ratio stays under 1: each step is then LR x max_norm by the loop's design (an RNN language model "
+    "at SGD lr 20-30, clip 0.25). Those two refute the LR: the finding then roots no other finding.",
     why="Each step then rewrites a large share of every weight: the optimiser overshoots and the loss "
     "oscillates, diverges, or the units die and the loss freezes.",
     fix="Lower the learning rate until the ratio is near 1e-3 (run the LR range test).",
@@ -373,11 +376,16 @@ def update_ratio_high(report: DiagnosticReport) -> Hit | None:
     lr, top = stepped_lr(report), trains_well_up_to(report)
     # a ratio of 1 rewrites every weight each step: no LR reading excuses that
     in_range = lr_within_range(report) and peak < 1.0
-    if _loss_healthy(report) or in_range:
+    # the loop's clip bounds every step at LR x max_norm: the step size is the loop's choice
+    # (RNN language models train at SGD lr 20-30 with a clip of 0.25), not an LR gone wrong
+    clipped = clips_most_steps(report) and peak < 1.0
+    if _loss_healthy(report) or in_range or clipped:
         severity = "info"
     return Hit(
         symptom=f"median update/weight ratio reaches {peak:.3g}"
-        + (f" at lr {lr:.3g}, where the LR range test still trains well (up to {top:.3g})" if in_range else ""),
+        + (f" at lr {lr:.3g}, where the LR range test still trains well (up to {top:.3g})" if in_range
+           else " with the loop's gradient clip bounding most steps" if clipped else ""),
+        refuted=in_range or clipped,
         evidence={"peak_update_ratio": peak, "median_update_ratio": typical, "healthy_update_ratio": 1e-3,
                   "recorded_steps": count, "lr": lr, "range_test_trains_well_up_to": top},  # fmt: skip
         severity=severity,

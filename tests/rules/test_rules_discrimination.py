@@ -82,12 +82,16 @@ def test_grad_check_on_a_nan_model_is_no_evidence_of_a_broken_backward():
 def test_units_that_died_in_training_are_explained_by_the_big_updates():
     from .reports import mlp_params
 
-    died = BASE.model_copy(
+    # at lr 1, far above where the LR range test trains well (its suggestion 3e-3, divergence 0.3)
+    died = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[1.0]) for i in range(0, 101, 10)]).model_copy(
         update={"layers": mlp_layers(steps=(0, 50), dead=0.0) + mlp_layers(steps=(100,), dead=1.0), "parameters": mlp_params(ratio=0.5)}
     )
     found = _found(died)
     assert "NNDX201" not in found
     assert found["NNDX208"].explained_by == "NNDX205"
+    # at an LR the range test trains well at, the big updates refute no LR and root nothing
+    within = with_loop(died, lr_history=[LRPoint(step=i, lrs=[1e-3]) for i in range(0, 101, 10)])
+    assert _found(within)["NNDX205"].refuted and _found(within)["NNDX208"].explained_by is None
 
 
 def test_probe_statistics_stamped_step_0_do_not_hide_the_monitors_step_0():
@@ -578,7 +582,8 @@ def test_large_updates_on_a_run_that_ends_well_under_chance_are_context():
     nll = LossCall(loss_type="NLLLoss", output_shape=[160, 48], target_shape=[160], target_dtype="int64", calls=200)
 
     def severity(values: list[float]) -> str | None:
-        report = with_loop(BASE, loss_calls=[nll]).model_copy(
+        report = with_loop(BASE, loss_calls=[nll], lr_history=[LRPoint(step=i, lrs=[20.0]) for i in range(0, 100, 10)])
+        report = report.model_copy(
             update={"num_classes": 48, "loss_history": {"train": points(values)}, "parameters": mlp_params(ratio=0.12)})
         return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX205"), None)
 
@@ -678,6 +683,27 @@ def test_large_updates_at_an_lr_the_range_test_trains_well_at_are_context():
 
     assert severity(0.85) == "info"
     assert severity(8.5) in ("warning", "error")
+
+
+def test_large_updates_in_a_loop_whose_clip_bounds_most_steps_are_context_and_root_nothing():
+    """AWD-LSTM: SGD at lr 30 with clip_grad_norm_(0.25) makes update/weight ratios near 0.1 by
+    design. With the clip cutting most steps the LR is the loop's choice: info, and it does not
+    root the slow train loss of a heavily dropped-out run. Unclipped, the same ratios warn."""
+    from nndx.report import GradNormPoint
+
+    from .reports import mlp_params, points
+
+    def found(clip: float | None):
+        history = [GradNormPoint(step=i, before_clip=1.5, after_clip=clip) for i in range(0, 100, 10)]
+        report = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[30.0]) for i in range(0, 100, 10)],
+                           grad_norm_history=history).model_copy(
+            update={"loss_history": {"train": points([3.87 - 0.4 * i / 100 for i in range(100)])},
+                    "parameters": mlp_params(ratio=0.15)})  # fmt: skip
+        return {f.rule_id: f for f in diagnose(report).findings}
+
+    clipped = found(0.25)
+    assert clipped["NNDX205"].severity == "info" and clipped["NNDX205"].refuted and not clipped["NNDX205"].explains
+    assert found(None)["NNDX205"].severity in ("warning", "error")
 
 
 def test_training_order_is_read_from_the_batches_not_from_how_the_data_is_stored():
