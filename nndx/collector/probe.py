@@ -131,6 +131,7 @@ def probe(
     when stderr is a terminal or in a notebook; see nndx.collector.progress).
     """
     data_error = None
+    from_monitor = False  # the initial state is the Monitor's snapshot, not one the caller passed
     if data is not None and (not isinstance(data, (tuple, list)) or len(data) not in (2, 4)):
         data_error = TypeError("data must be (X_train, y_train) or (X_train, y_train, X_val, y_val)")
     selected = _select(probes, data is not None and data_error is None)
@@ -148,8 +149,10 @@ def probe(
         if initial_state is None:
             ok, snapshot = guard.attempt("monitor", lambda: _monitor_snapshot(monitor))
             initial_state = snapshot if ok else None
+            from_monitor = initial_state is not None
     stand_in, note = (None, None) if optimizer is not None else _measured_sgd(model, watched)
-    setup = _Setup.make(model, batch, loss_fn, optimizer or stand_in, device, amp, initial_state, _peak_lrs(watched))
+    setup = _Setup.make(model, batch, loss_fn, optimizer or stand_in, device, amp, initial_state, _peak_lrs(watched),
+                        from_monitor)  # fmt: skip
     report.run.notes = setup.notes + ([note] if note else [])
 
     guard.attempt("model", lambda: _describe_model(report, model, optimizer, watched))
@@ -204,7 +207,8 @@ class _Setup:
     @classmethod
     def make(cls, model: nn.Module, batch: Batch, loss_fn: LossFn, optimizer: torch.optim.Optimizer | None,
              device: torch.device | str | None, amp: torch.dtype | str | None,
-             initial_state: Mapping[str, Any] | None, peak_lrs: list[float] | None = None) -> _Setup:  # fmt: skip
+             initial_state: Mapping[str, Any] | None, peak_lrs: list[float] | None = None,
+             from_monitor: bool = False) -> _Setup:  # fmt: skip
         if not isinstance(model, nn.Module):
             raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if loss_fn is not None and not callable(loss_fn):
@@ -226,7 +230,15 @@ class _Setup:
             try:
                 initial.load_state_dict(initial_state)
             except Exception as exc:
-                raise UsageError(f"initial_state does not fit the model: {exc}") from exc
+                if not from_monitor:
+                    raise UsageError(f"initial_state does not fit the model: {exc}") from exc
+                # parameters created or replaced after the Monitor attached (a weight-drop wrapper
+                # that re-registers its weight on the first forward, a lazy module): no initial state
+                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                notes.append(f"the Monitor's snapshot of the initial state does not fit the model now ({first}): "
+                             "parameters were created or replaced after it attached, so no initial state is known")
+                initial_state = initial = initial_opt = None
+        if initial_state is not None:
             if initial_opt is not None:
                 initial_opt.state.clear()  # the optimizer's state at the start: none
             notes.append("the trainability probes (overfit, LR range, gradient check) ran from the initial state")

@@ -910,3 +910,37 @@ def test_targets_of_both_kinds_say_no_task():
     assert infer_task(None, (actions, torch.randn(16), returns)) is None
     assert infer_task(None, (actions, torch.randint(0, 5, (16,)))) == "classification"
     assert infer_task(None, returns) == "regression"
+
+
+class GrowsOnFirstForward(nn.Module):
+    """Registers a parameter on its first forward, as a weight-drop wrapper re-registers its
+    weight: the Monitor's snapshot, taken when it attached, lacks it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        if not hasattr(self, "scale"):
+            self.scale = nn.Parameter(torch.ones(3))
+        return self.fc(x) * self.scale
+
+
+def test_a_monitor_snapshot_that_no_longer_fits_the_model_skips_the_trainability_probes():
+    model, (x, y) = GrowsOnFirstForward(), batch()
+    optimizer = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+    with nndx.Monitor(model, optimizer) as monitor:
+        for _ in range(3):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            monitor.log(loss)
+        report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), monitor=monitor,
+                            probes=["overfit_one_batch", "hooks"])  # fmt: skip
+    assert report.probes.overfit_one_batch.status == "skipped"
+    assert any("snapshot of the initial state does not fit" in note for note in report.run.notes)
+    assert report.layers  # the probes that measure the model as it is still ran
+    with pytest.raises(UsageError, match="initial_state does not fit"):  # one the caller passed is a usage error
+        nndx.probe(model, (x, y), nn.CrossEntropyLoss(), initial_state={"fc.weight": torch.zeros(3, 8)})
