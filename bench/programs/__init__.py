@@ -72,4 +72,8 @@ PROGRAMS = (
     "ft_transformer",
     "awd_lstm",
     "attention_is_all_you_need",
+    "cgan",
+    "capsule_network",
+    "moco",
+    "byol",
 )
