@@ -624,6 +624,10 @@ class LoopStats(Schema):
         "a He/Xavier/LeCun normal, a norm layer's ones): never trained or loaded; None when no frozen weight "
         "could be checked")
     frozen_checked: Count = Field(0, description="frozen weight tensors the initialisation check could read")
+    frozen_tracking: list[str] = Field(
+        default_factory=list, description="frozen parameters that follow trained ones (a momentum encoder, a target "
+        "network, an EMA teacher): a module whose frozen weights equal trainable ones of the same shape, or frozen "
+        "parameters that changed during training with no gradient; frozen by design")
     no_grad_forwards_in_train_mode: Count = 0
     backward_after_eval_forward: Count = Field(
         0, description="backward passes whose last forward of the model ran in eval mode, in a model with dropout "

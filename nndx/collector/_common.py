@@ -16,7 +16,7 @@ import inspect
 import math
 import random
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -347,21 +347,89 @@ class _StateReset:
     such state where nndx cannot see (``model.hidden = model.init_hidden()`` before each
     sentence). Carried over, it would tie every probe forward to the last one's graph
     ("backward through the graph a second time") and change the function a gradient check
-    differentiates."""
+    differentiates.
+
+    The same for what a forward writes in place into the model's own tensors that no
+    optimizer trains: MoCo's forward moves its key encoder (a momentum update of frozen
+    parameters) and enqueues into a buffer, so two forwards of one batch differ and a
+    probe's loss climbs at any LR as the queue fills. Those tensors (buffers outside
+    BatchNorm, parameters with ``requires_grad=False``) are put back when they were written; kept only while they hold at most twice the trainable parameters, or
+    2^20 elements (a frozen pretrained backbone is not doubled in memory: no forward writes it)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.kept = list(_state_attributes(model))
+        self.written = _untrained_tensors(model)
+        self.marks = [_mark(w.tensor) for w in self.written]
+        self.rewrote: list[str] = []  # the tensors a forward wrote, which were put back
 
     def __call__(self, module: nn.Module, args: Any) -> None:
         for owner, name, value in self.kept:
             if vars(owner).get(name) is not value:
                 vars(owner)[name] = value
+        for i, w in enumerate(self.written):
+            current = getattr(w.owner, w.where).get(w.name)
+            if current is None:
+                continue
+            if current is not w.tensor:  # a buffer replaced (a probe's .double(), .to(device)): its value from now
+                self.written[i] = w._replace(tensor=current, saved=current.detach().clone())
+                self.marks[i] = _mark(current)
+                continue
+            if w.saved.dtype != current.dtype or w.saved.device != current.device:
+                w = self.written[i] = w._replace(saved=w.saved.to(current.device, current.dtype))
+            if _mark(current) != self.marks[i]:  # written in place, or ``param.data = ...`` (MoCo's update)
+                with torch.no_grad():
+                    current.copy_(w.saved)
+                self.marks[i] = _mark(current)
+                if w.qualified not in self.rewrote:
+                    self.rewrote.append(w.qualified)
+
+
+class _Written(NamedTuple):
+    qualified: str  # as named_parameters / named_buffers name it
+    owner: nn.Module
+    name: str
+    tensor: torch.Tensor
+    saved: torch.Tensor  # its value when the copy was made
+    where: str  # "_buffers" or "_parameters"
+
+
+def forward_writes(model_copy: nn.Module) -> list[str]:
+    """The untrained tensors (buffers, frozen parameters) the forwards of a probe's copy
+    wrote so far, each put back before the next forward (see :class:`_StateReset`)."""
+    return next((list(h.rewrote) for h in model_copy._forward_pre_hooks.values() if isinstance(h, _StateReset)), [])
+
+
+def _mark(t: torch.Tensor) -> tuple[int, int]:
+    """What changes when a tensor is written: its version counter (in place) or its storage
+    (``t.data = ...``, which leaves the version as it was)."""
+    try:
+        return t._version, t.data_ptr()
+    except RuntimeError:  # a sparse or meta tensor has no data pointer: its version alone
+        return t._version, 0
+
+
+UNTRAINED_STATE_ELEMENTS = 1 << 20  # what _StateReset always keeps a copy of (4 MiB of float32)
+
+
+def _untrained_tensors(model: nn.Module) -> list[_Written]:
+    """The tensors no optimizer trains that a forward may write: see :class:`_StateReset`."""
+    found = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._NormBase):
+            continue  # running statistics: BatchNorm's own business, used in eval mode
+        for where, tensors in (("_buffers", module._buffers), ("_parameters", module._parameters)):
+            found += [(f"{prefix}.{n}" if prefix else n, module, n, t, where) for n, t in tensors.items()
+                      if t is not None and (where == "_buffers" or not t.requires_grad)]  # fmt: skip
+    trainable = sum(p.numel() for p in nn.Module.parameters(model) if p.requires_grad)
+    if not found or sum(t.numel() for *_, t, _ in found) > max(2 * trainable, UNTRAINED_STATE_ELEMENTS):
+        return []
+    return [_Written(q, module, n, t, t.detach().clone(), where) for q, module, n, t, where in found]
 
 
 def reset_state_each_forward(model_copy: nn.Module) -> nn.Module:
     """Install :class:`_StateReset` on a probe's copy that keeps state on ``self``."""
     reset = _StateReset(model_copy)
-    if reset.kept:
+    if reset.kept or reset.written:
         model_copy.register_forward_pre_hook(reset)
     return model_copy
 

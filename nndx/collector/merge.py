@@ -58,6 +58,7 @@ def merge_ranks(reports: Sequence[DiagnosticReport]) -> DiagnosticReport:
         loop.params_not_in_optimizer = _union(l.params_not_in_optimizer for l in loops)
         loop.params_grad_none = _union(l.params_grad_none for l in loops)
         loop.frozen_params = _union(l.frozen_params for l in loops)
+        loop.frozen_tracking = _union(l.frozen_tracking for l in loops)
         loop.limitations = _union(l.limitations for l in loops)
         loop.no_grad_forwards_in_train_mode = max(l.no_grad_forwards_in_train_mode for l in loops)
         loop.backward_after_eval_forward = max(l.backward_after_eval_forward for l in loops)
@@ -176,6 +177,7 @@ def merge_monitor(report: DiagnosticReport, watched: DiagnosticReport, at_start:
             loop = loop.model_copy(update={
                 "params_not_in_optimizer": _union([loop.params_not_in_optimizer, report.loop.params_not_in_optimizer]),
                 "frozen_params": _union([loop.frozen_params, report.loop.frozen_params]),
+                "frozen_tracking": _union([loop.frozen_tracking, report.loop.frozen_tracking]),
                 **({"frozen_at_init": report.loop.frozen_at_init, "frozen_checked": report.loop.frozen_checked}
                    if loop.frozen_at_init is None else {}),
                 "has_dropout": loop.has_dropout or report.loop.has_dropout,

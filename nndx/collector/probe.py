@@ -82,7 +82,7 @@ from nndx.collector.merge import merge_monitor
 from nndx.collector.probes import ProbeSpec, specs
 from nndx.collector.probes._observe import ForwardObserver, observed_summary
 from nndx.collector.progress import progress_bar
-from nndx.collector.stats import frozen_at_init, has_batchnorm, has_dropout, summarize_model
+from nndx.collector.stats import frozen_at_init, has_batchnorm, has_dropout, summarize_model, tracking_copies
 from nndx.errors import UsageError
 from nndx.report import (
     MAX_ERROR_MESSAGE,
@@ -471,6 +471,7 @@ def _describe_model(report: DiagnosticReport, model: nn.Module, optimizer: torch
         frozen_params=[n for n, p in nn.Module.named_parameters(model) if not p.requires_grad],
         frozen_at_init=at_init if checked else None,
         frozen_checked=checked,
+        frozen_tracking=tracking_copies(model),
         has_dropout=has_dropout(model),
         has_batchnorm=has_batchnorm(model),
     )

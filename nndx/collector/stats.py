@@ -873,6 +873,40 @@ def _fits_init(kind: str, reading: list[float], n: int, scale: list[float]) -> b
     return any(abs(rms / std - 1) <= 4 * 0.71 / math.sqrt(n) for std in scale)
 
 
+def frozen_fingerprints(model: nn.Module) -> dict[str, tuple[float, float]]:
+    """(sum, norm) of each frozen parameter, in float64: read again later, a change says
+    something other than the optimizer moves them (see :func:`tracking_copies`)."""
+    with torch.no_grad():
+        return {n: (float(p.sum(dtype=torch.float64)), float(torch.linalg.vector_norm(p, dtype=torch.float64)))
+                for n, p in nn.Module.named_parameters(model)
+                if not p.requires_grad and p.is_floating_point() and not p.is_sparse}  # fmt: skip
+
+
+def tracking_copies(model: nn.Module, before: dict[str, tuple[float, float]] | None = None) -> list[str]:
+    """Frozen parameters that follow trained ones — MoCo's key encoder, BYOL's target, a DQN
+    target network, a mean teacher — rather than frozen by mistake: every frozen parameter
+    of a top-level submodule most of whose frozen weight matrices equal a trainable one of
+    the same shape (the copy such a loop makes at the start), and, with ``before`` (the
+    :func:`frozen_fingerprints` taken when the Monitor attached), every frozen parameter
+    that changed since with no gradient (a momentum or EMA update)."""
+    named = list(nn.Module.named_parameters(model))
+    trained: dict[tuple, list[torch.Tensor]] = {}
+    for _, p in named:
+        if p.requires_grad and p.dim() >= 2:
+            trained.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
+    frozen = [(n, p) for n, p in named if not p.requires_grad]
+    now = frozen_fingerprints(model) if before else {}
+    moved = {n for n in now if n in before and now[n] != before[n]} if before else set()
+    votes: dict[str, list[bool]] = {}
+    with torch.no_grad():
+        for n, p in frozen:
+            if p.dim() >= 2 and p.numel() >= 16 and not p.is_sparse:
+                same = any(torch.equal(q, p) for q in trained.get((tuple(p.shape), p.dtype, p.device), []))
+                votes.setdefault(n.split(".")[0], []).append(same)
+    copies = {top for top, seen in votes.items() if 2 * sum(seen) > len(seen)}
+    return [n for n, _ in frozen if n in moved or n.split(".")[0] in copies]
+
+
 def frozen_at_init(model: nn.Module) -> tuple[list[str], int]:
     """Frozen weight tensors whose values still fit a standard initialisation, and how
     many frozen weight tensors could be checked.

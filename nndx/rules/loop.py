@@ -263,7 +263,9 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
     "norm layer's ones (warning); or "
     "frozen parameters while the train loss is not moving (warning). A frozen trained backbone whose "
     "trainable head lowers the loss, or whose loss starts under half an uninformed prediction's, is "
-    "reported as info.",
+    "reported as info. Frozen parameters that follow trained ones are left alone: a module whose frozen weight "
+    "matrices mostly equal trainable ones of the same shape (the copy MoCo, BYOL, a DQN target or a mean teacher "
+    "makes), or frozen parameters the Monitor saw change with no gradient (a momentum update).",
     why="Parameters left frozen by mistake (a fine-tuning recipe that never unfreezes, a copy-pasted "
     "requires_grad=False, a backbone frozen before its pretrained weights were loaded) stop the model "
     "learning or leave it random features under a head; deliberate freezing of trained weights is fine.",
@@ -272,8 +274,8 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
 )
 def frozen(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    if loop is None or not loop.frozen_params:
-        return None
+    if loop is None or not set(loop.frozen_params) - set(loop.frozen_tracking):
+        return None  # nothing frozen, or only copies that follow the trained weights (a momentum encoder)
     trainable = report.model.trainable_param_count if report.model is not None else None
     if trainable is None or (report.model is not None and report.model.param_count == 0):
         trainable = loop.trainable_param_count

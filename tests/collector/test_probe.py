@@ -944,3 +944,48 @@ def test_a_monitor_snapshot_that_no_longer_fits_the_model_skips_the_trainability
     assert report.layers  # the probes that measure the model as it is still ran
     with pytest.raises(UsageError, match="initial_state does not fit"):  # one the caller passed is a usage error
         nndx.probe(model, (x, y), nn.CrossEntropyLoss(), initial_state={"fc.weight": torch.zeros(3, 8)})
+
+
+class MomentumQueue(nn.Module):
+    """MoCo in miniature: a key encoder that starts as a copy of the query encoder, frozen and
+    moved by a momentum update inside forward (``param.data = ...``), and a queue buffer the
+    forward writes. Healthy by design."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k = nn.Linear(8, 4), nn.Linear(8, 4)
+        self.k.load_state_dict(self.q.state_dict())
+        for p in self.k.parameters():
+            p.requires_grad = False
+        self.register_buffer("queue", nn.functional.normalize(torch.randn(4, 16), dim=0))
+
+    def forward(self, x):
+        q = nn.functional.normalize(self.q(x), dim=1)
+        with torch.no_grad():
+            for pk, pq in zip(self.k.parameters(), self.q.parameters()):
+                pk.data = pk.data * 0.999 + pq.data * 0.001
+            k = nn.functional.normalize(self.k(x + 0.1), dim=1)
+        logits = torch.cat([(q * k).sum(1, keepdim=True), q @ self.queue.clone().detach()], dim=1) / 0.07
+        with torch.no_grad():
+            self.queue[:, : x.shape[0]] = k.T
+        return logits
+
+
+def test_a_forward_that_writes_its_own_untrained_tensors_is_measured_from_the_same_state_each_time():
+    """Each probe forward starts from the copy's state, so the queue does not fill and the key
+    encoder does not drift across a probe's forwards: no samples "mix", the LR sweep does not
+    "diverge" at 1e-7, the gradient check says skipped (a path around autograd by design), and
+    the frozen key encoder, a copy of the trained one, is no forgotten freeze. The user's
+    model is untouched."""
+    model = MomentumQueue()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = torch.randn(12, 8, generator=torch.Generator().manual_seed(1)), torch.zeros(12, dtype=torch.long)
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), progress=False)
+    assert report.probes.sample_independence.status == "passed", report.probes.sample_independence.message
+    assert report.probes.lr_range.status == "passed", report.probes.lr_range.message
+    check = report.probes.grad_check
+    assert check.status == "skipped" and "writes the model's own untrained tensors (k.weight" in check.message
+    assert report.loop.frozen_tracking == ["k.weight", "k.bias"]
+    assert [f.code.value for f in nndx.diagnose(report).findings if f.severity != "info"] == []
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -53,7 +53,9 @@ forward runs with the same seed (identical dropout masks); batch-norm in train m
 a deterministic function of the batch and is checked as is. Two more evaluations at the
 unchanged parameters must give the same loss: a forward that keeps state between calls
 or draws randomness outside torch's generator is no function of the parameters, and
-the check says ``skipped`` instead of blaming the backward. Autocast is off. The user's
+the check says ``skipped`` instead of blaming the backward; so does one that writes the
+model's own untrained tensors (MoCo's momentum update of its key encoder from the
+trained one: a path around autograd by design). Autocast is off. The user's
 model and RNG are untouched.
 """
 
@@ -75,6 +77,7 @@ from nndx.collector._common import (
     dense_gradients,
     forward,
     forwards_under_autocast,
+    forward_writes,
     iter_tensors,
     map_tensors,
     preserved_rng,
@@ -324,6 +327,11 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
                                float(base.detach()), base_pattern, roundoff)  # fmt: skip
             problem.forward_passes = 1  # the forward behind the analytic gradient
             unstable = _not_a_function(problem)
+            written = forward_writes(model_copy)
+            if unstable is None and written:
+                unstable = (f"the forward writes the model's own untrained tensors ({', '.join(written[:3])}: a momentum "
+                            "update, a queue): its loss depends on the parameters outside autograd, which finite "
+                            "differences see and the backward by design does not")  # fmt: skip
             if unstable is not None:
                 return GradCheckResult(status="skipped", mode=mode, eps=eps, forward_passes=problem.forward_passes,
                                        message=unstable)  # fmt: skip

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nndx.collector.stats import frozen_at_init, has_batchnorm, has_dropout
+from nndx.collector.stats import frozen_at_init, frozen_fingerprints, has_batchnorm, has_dropout, tracking_copies
 from nndx.collector.watch.base import StepContext, Watched, Watcher
 
 
@@ -107,6 +107,7 @@ class LoopCounts(Watcher):
         self._last_forward_in_eval = False
         self._reset_since_backward = False
         self._never_grad = dict(watched.params)
+        self._frozen_before = frozen_fingerprints(watched.root)  # frozen weights a momentum update moves
         # per model: does train mode change its output (dropout, batch-norm)?
         self._has_dropout = any(has_dropout(m) for m in watched.models.values())
         self._has_batchnorm = any(has_batchnorm(m) for m in watched.models.values())
@@ -217,6 +218,7 @@ class LoopCounts(Watcher):
             "frozen_params": [n for n, p in named if not p.requires_grad],
             "frozen_at_init": at_init if checked else None,
             "frozen_checked": checked,
+            "frozen_tracking": tracking_copies(self.watched.root, self._frozen_before) if window is None else [],
             "has_dropout": self._has_dropout,
             "has_batchnorm": self._has_batchnorm,
             "optimizers": [type(o).__name__ for o in self.watched.optimizers],
