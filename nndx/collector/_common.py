@@ -205,14 +205,19 @@ def detach_watchers(obj: nn.Module | torch.optim.Optimizer) -> nn.Module | torch
     ``zero_grad``) still calls the *original* object — a probe calling ``zero_grad()`` on
     its copy would clear the user's gradients. So on a copy: every forward/backward and
     optimizer-step hook that torch did not register itself is removed (torch's own, such
-    as weight-norm and pruning pre-hooks, are part of the model and stay), nndx's hooks
+    as weight-norm and pruning pre-hooks, are part of the model and stay, as does a hook
+    that is a method of one of the model's own modules: BYOL's wrapper reads its backbone's
+    hidden layer through one, so it is part of the forward — deepcopy binds the copy's hook
+    to the copied module), nndx's hooks
     of any kind are removed, and instance attributes that shadow a method of the class
     with a plain function are dropped (the class method is the copy's own)."""
     owners = list(obj.modules()) if isinstance(obj, nn.Module) else [obj]
+    own = {id(m) for m in owners}
     for owner in owners:
         for attr, value in list(vars(owner).items()):
             if attr.endswith("hooks") and isinstance(value, dict):
-                foreign = [k for k, fn in value.items() if _is_nndx(fn) or (attr in _CALL_HOOKS and not _is_torch(fn))]
+                foreign = [k for k, fn in value.items() if _is_nndx(fn) or (
+                    attr in _CALL_HOOKS and not _is_torch(fn) and id(getattr(fn, "__self__", None)) not in own)]
                 for key in foreign:
                     del value[key]
                     for flags in ("_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",

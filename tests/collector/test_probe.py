@@ -399,6 +399,34 @@ def test_users_hooks_do_not_fire_during_the_probes():
     assert_untouched(before, model)  # and the user's hooks are still there
 
 
+class HiddenLayerReader(nn.Module):
+    """byol-pytorch's NetWrapper: a forward hook on the backbone's hidden layer, a method of the
+    wrapper, registered lazily on the first forward, hands the wrapper what it returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.hidden, self.registered = mlp(), {}, False
+
+    def _hook(self, module, inputs, output):
+        self.hidden[output.device] = output
+
+    def forward(self, x):
+        if not self.registered:
+            self.net[1].register_forward_hook(self._hook)
+            self.registered = True
+        self.net(x)
+        return self.hidden.pop(x.device)
+
+
+def test_a_hook_that_is_a_method_of_the_model_is_part_of_its_forward_and_stays_on_the_copies():
+    model, fired = HiddenLayerReader(), []
+    model(batch()[0])  # the hook is registered on the first forward, as byol-pytorch does
+    model.net[0].register_forward_hook(lambda *_: fired.append("forward"))  # the user's own: not on the copies
+    report = nndx.probe(model, (batch()[0], torch.rand(16, 16)), nn.MSELoss(), progress=False)
+    assert report.errors == [], report.errors
+    assert fired == [] and report.layers and report.probes.grad_check.status == "passed"
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_every_dtype_is_measured_by_every_probe(dtype):
     x, y = batch()
