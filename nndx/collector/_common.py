@@ -358,8 +358,9 @@ class _StateReset:
     optimizer trains: MoCo's forward moves its key encoder (a momentum update of frozen
     parameters) and enqueues into a buffer, so two forwards of one batch differ and a
     probe's loss climbs at any LR as the queue fills. Those tensors (buffers outside
-    BatchNorm, parameters with ``requires_grad=False``) are put back when they were written; kept only while they hold at most twice the trainable parameters, or
-    2^20 elements (a frozen pretrained backbone is not doubled in memory: no forward writes it)."""
+    BatchNorm, parameters with ``requires_grad=False``) are put back when they were
+    written; kept only while they hold at most twice the trainable parameters, or 2^20
+    elements (a frozen pretrained backbone is not doubled in memory: no forward writes it)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.kept = list(_state_attributes(model))
