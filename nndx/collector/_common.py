@@ -381,7 +381,10 @@ class _StateReset:
                 self.marks[i] = _mark(current)
                 continue
             if w.saved.dtype != current.dtype or w.saved.device != current.device:
-                w = self.written[i] = w._replace(saved=w.saved.to(current.device, current.dtype))
+                # converted in place (``param.data = ...`` by .double() or .to(device)): no forward wrote it
+                self.written[i] = w._replace(saved=w.saved.to(current.device, current.dtype))
+                self.marks[i] = _mark(current)
+                continue
             if _mark(current) != self.marks[i]:  # written in place, or ``param.data = ...`` (MoCo's update)
                 with torch.no_grad():
                     current.copy_(w.saved)

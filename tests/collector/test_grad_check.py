@@ -346,3 +346,14 @@ def test_a_loss_that_casts_to_float32_is_judged_by_float32_rounding():
     assert "computes in float32" in healthy.message and "stop-gradient" not in healthy.message
     broken = grad_check(custom_backward_mlp("transposed"), batch(), _dice_in_float32)
     assert broken.status == "failed" and {p.name: p.status for p in broken.parameters}["2.weight"] == "bug"
+
+
+def test_a_frozen_layer_is_no_state_the_forward_writes():
+    """The float64 copy converts frozen parameters in place (``param.data = ...``): that is
+    no write of the forward's, so the check runs (a momentum encoder's update is one)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    for p in model[0].parameters():
+        p.requires_grad = False
+    result = grad_check(model, (torch.randn(16, 8), torch.randint(0, 3, (16,))), nn.CrossEntropyLoss())
+    assert result.status == "passed", result.message
