@@ -197,7 +197,15 @@ def merge_monitor(report: DiagnosticReport, watched: DiagnosticReport, at_start:
     known = {r.name for r in watched.layers}
     first = min(seen, default=0)
     started = [r.model_copy(update={"step": first}) for r in at_start if r.name not in known and first < now]
-    report.layers = started + watched.layers + probed
+    # the first step's records in forward order (the probe's), functional ones among the modules:
+    # rules read a step's first record as the input side
+    if started:
+        rank = {r.name: i for i, r in enumerate(report.layers)}
+        at_first = [r for r in watched.layers if r.step == first] + started
+        at_first.sort(key=lambda r: rank.get(r.name, len(rank)))
+        report.layers = at_first + [r for r in watched.layers if r.step != first] + probed
+    else:
+        report.layers = watched.layers + probed
     report.parameters = watched.parameters + probed_params
     report.errors.extend(watched.errors)
     report.model = report.model or watched.model

@@ -629,6 +629,8 @@ def _functional_relu_run(shift: float):
         report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), monitor=monitor, probes=["hooks"])
     relu = sorted((layer.step, layer.activation.dead_unit_fraction) for layer in report.layers
                   if layer.name == "forward:relu#0")  # fmt: skip
+    first = [layer.name for layer in report.layers if layer.step == relu[0][0]]
+    assert first.index("fc1") < first.index("forward:relu#0") < first.index("fc2")  # in forward order
     dead = [f for f in nndx.diagnose(report).findings if f.code.value == "DEAD_RELU"]
     return relu, dead
 
