@@ -17,7 +17,8 @@ remedy that brings the loss to 75% of its start or below, and that share at leas
 below the baseline's, is ``confirmed``; one that does not lower the share by 0.02 is
 ``not_confirmed``. A slower learning rate is also ``confirmed`` when the baseline's loss
 ended 1.5x above its start and the slower one's does not end above its start: on one
-fixed batch that climb is an overshoot, even where the batch leaves little to learn. When the baseline learns, there is nothing to explain on this batch:
+fixed batch that climb is an overshoot, even where the batch leaves little to learn.
+When the baseline learns, there is nothing to explain on this batch:
 no remedy is tried (the bug, if any, lives in the user's loop or data, which the other
 probes and the Monitor see). The learning-rate remedies come last and are skipped once
 a structural remedy (the output activation, the loss, dead units, the data's scale) is

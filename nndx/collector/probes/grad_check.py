@@ -329,9 +329,9 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
             unstable = _not_a_function(problem)
             written = forward_writes(model_copy)
             if unstable is None and written:
-                unstable = (f"the forward writes the model's own untrained tensors ({', '.join(written[:3])}: a momentum "
-                            "update, a queue): its loss depends on the parameters outside autograd, which finite "
-                            "differences see and the backward by design does not")  # fmt: skip
+                unstable = (f"the forward writes the model's own untrained tensors ({', '.join(written[:3])}: "
+                            "a momentum update, a queue): its loss depends on the parameters outside autograd, which "
+                            "finite differences see and the backward by design does not")  # fmt: skip
             if unstable is not None:
                 return GradCheckResult(status="skipped", mode=mode, eps=eps, forward_passes=problem.forward_passes,
                                        message=unstable)  # fmt: skip

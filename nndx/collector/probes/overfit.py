@@ -104,8 +104,8 @@ def overfit_one_batch(
     if passed:
         status, message = "passed", f"fitted one batch in {len(losses) - 1} steps{note}"
         if not _fits(losses, floor or 0.0, final_accuracy, target_ratio):
-            message += (f" (the loss, {final:.4g} from {initial:.4g}, is stationary in the model's output: its gradient "
-                        f"there fell under {target_ratio:g} of its start; the loss's floor is unknown)")  # fmt: skip
+            message += (f" (the loss, {final:.4g} from {initial:.4g}, is stationary in the model's output: its "
+                        f"gradient there fell under {target_ratio:g} of its start; its floor is unknown)")
     elif not math.isfinite(final):
         status, message = "failed", f"loss became non-finite ({final}) at step {len(losses) - 1}{note}"
     elif initial < 0:
