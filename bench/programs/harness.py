@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, ErrorRecord, Finding
-from nndx.rules.engine import ranking_key
+from nndx.rules.engine import precedence
 
 # --------------------------------------------------------------------------- what a program declares
 
@@ -197,7 +197,7 @@ def merge_findings(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
     ranks within one (roots before the symptoms they explain, then alarms, causes seen
     directly, severity, score); ties keep the order the models were given."""
     tagged = [(i, j, f) for i, d in enumerate(diagnoses) for j, f in enumerate(d.findings)]
-    tagged.sort(key=lambda t: ranking_key(t[2])[:-2] + (t[0], t[1]))
+    tagged.sort(key=lambda t: precedence(t[2]) + (t[0], t[1]))
     return [f for _, _, f in tagged] if len(diagnoses) > 1 else list(diagnoses[0].findings) if diagnoses else []
 
 

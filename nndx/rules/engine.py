@@ -283,16 +283,26 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     return out
 
 
-def _key(finding: Finding) -> tuple:
-    score = finding.score if math.isfinite(finding.score) else 0.0
-    return (-SEVERITY_ORDER[finding.severity], -score, finding.rule_id, finding.symptom)
-
-
-def _root_key(finding: Finding) -> tuple:
-    """Alarms first; among them causes seen directly before symptoms; then _key."""
+def _standing(finding: Finding) -> tuple:
+    """Alarms first; among them a cause seen directly before a symptom whose code is only
+    the likeliest guess; then severity and score."""
     alarm = SEVERITY_ORDER[finding.severity] >= SEVERITY_ORDER["warning"]
     symptom = finding.rule_id in REGISTRY and REGISTRY[finding.rule_id].symptom and finding.confirmation != "confirmed"
-    return (not alarm, alarm and symptom) + _key(finding)
+    score = finding.score if math.isfinite(finding.score) else 0.0
+    return (not alarm, alarm and symptom, -SEVERITY_ORDER[finding.severity], -score)
+
+
+def precedence(finding: Finding) -> tuple:
+    """How a linked finding ranks, its names aside: roots before the symptoms they explain,
+    then :func:`_standing`. Several diagnoses read together (a GAN's two models) merge on
+    this, keeping their own order on a tie."""
+    return (finding.explained_by is not None,) + _standing(finding)
+
+
+def ranking_key(finding: Finding) -> tuple:
+    """The order ``diagnose`` lists findings in: :func:`precedence`, then rule id and
+    symptom, so the order is total."""
+    return precedence(finding) + (finding.rule_id, finding.symptom)
 
 
 def can_explain(cause_rule: str, symptom_rule: str) -> bool:
@@ -320,7 +330,7 @@ def _may_explain(cause: Finding, symptom: Finding) -> bool:
 
 def rank(findings: list[Finding]) -> list[Finding]:
     """Link symptoms to their root causes and order: roots first (see the module docs)."""
-    ordered = sorted(findings, key=_root_key)
+    ordered = sorted(findings, key=lambda f: _standing(f) + (f.rule_id, f.symptom))
     direct: dict[int, int] = {}
     for i, symptom in enumerate(ordered):
         for j, candidate in enumerate(ordered):  # best-ranked explainer wins
@@ -352,12 +362,6 @@ def rank(findings: list[Finding]) -> list[Finding]:
             update["explained_by"] = ordered[root].rule_id
         linked.append(f.model_copy(update=update))
     return sorted(linked, key=ranking_key)
-
-
-def ranking_key(finding: Finding) -> tuple:
-    """The order ``diagnose`` lists linked findings in: roots first, then as ``_root_key``.
-    Also orders the findings of several diagnoses read together (a GAN's two models)."""
-    return (finding.explained_by is not None,) + _root_key(finding)
 
 
 def _round(value: float) -> float:
