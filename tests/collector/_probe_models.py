@@ -26,6 +26,19 @@ def batch(n: int = 16, features: int = 8, classes: int = 3, seed: int = 1) -> tu
     return torch.randn(n, features, generator=g), torch.randint(0, classes, (n,), generator=g)
 
 
+def train_under(monitor, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                steps: int = 3, after=None) -> None:
+    """The user's loop under a Monitor: ``steps`` cross-entropy steps, ``after()`` after each."""
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        monitor.log(loss)
+        if after is not None:
+            after()
+
+
 def mlp(hidden: int = 16, out: int = 3, seed: int = 0, dropout: float = 0.0, batchnorm: bool = False) -> nn.Sequential:
     torch.manual_seed(seed)
     layers: list[nn.Module] = [nn.Linear(8, hidden)]

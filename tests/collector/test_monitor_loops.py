@@ -11,6 +11,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from _probe_models import train_under
 from torch import nn
 
 import nndx
@@ -240,12 +241,7 @@ def test_healthy_models_with_parameters_that_do_not_move_are_silent(make):
     x = torch.randn(16, 8) if make is FrozenBackbone else torch.randn(16, 3, 8, 8)
     y = torch.randint(0, 3, (16,))
     with Monitor(model, opt, every=2) as mon:
-        for _ in range(STEPS):
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            mon.log(loss)
+        train_under(mon, model, opt, x, y, steps=STEPS)
     report = mon.report()
     assert not fired(report, "NNDX321") and not fired(report, "NNDX322") and not fired(report, "NNDX320")
     if make is FrozenBackbone:

@@ -12,6 +12,7 @@ from _probe_models import (  # noqa: F401
     mlp,
     single_thread,
     snapshot,
+    train_under,
 )
 from torch import nn
 
@@ -133,23 +134,11 @@ def test_dead_relu_and_wrong_backward_show_in_the_report():
     assert [p.name for p in wrong.probes.grad_check.parameters if p.status == "bug"] == ["2.weight"]
 
 
-def _train_under(monitor, model, optimizer, x, y, steps=3, after=None):
-    """The user's loop under a Monitor: ``steps`` cross-entropy steps, ``after()`` after each."""
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        monitor.log(loss)
-        if after is not None:
-            after()
-
-
 def test_monitor_report_merged_and_monitor_not_polluted_by_probes():
     model, (x, y) = mlp(), batch()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with nndx.Monitor(model, optimizer) as monitor:
-        _train_under(monitor, model, optimizer, x, y)
+        train_under(monitor, model, optimizer, x, y)
         nn.functional.cross_entropy(model(x), y).backward()  # gradients the probes must not clear
         watched = monitor.report()
         before = snapshot(model, optimizer)
@@ -625,7 +614,7 @@ def _functional_relu_run(shift: float):
             model.fc1.bias -= shift
 
     with nndx.Monitor(model, optimizer) as monitor:
-        _train_under(monitor, model, optimizer, x, y, after=kill)
+        train_under(monitor, model, optimizer, x, y, after=kill)
         report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), monitor=monitor, probes=["hooks"])
     relu = sorted((layer.step, layer.activation.dead_unit_fraction) for layer in report.layers
                   if layer.name == "forward:relu#0")  # fmt: skip
@@ -965,7 +954,7 @@ def test_a_monitor_snapshot_that_no_longer_fits_the_model_skips_the_trainability
     model, (x, y) = GrowsOnFirstForward(), batch()
     optimizer = torch.optim.SGD(model.fc.parameters(), lr=0.1)
     with nndx.Monitor(model, optimizer) as monitor:
-        _train_under(monitor, model, optimizer, x, y)
+        train_under(monitor, model, optimizer, x, y)
         report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), monitor=monitor,
                             probes=["overfit_one_batch", "hooks"])  # fmt: skip
     assert report.probes.overfit_one_batch.status == "skipped"
