@@ -894,17 +894,18 @@ def tracking_copies(model: nn.Module, before: dict[str, tuple[float, float]] | N
     for _, p in named:
         if p.requires_grad and p.dim() >= 2:
             trained.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
-    frozen = [(n, p) for n, p in named if not p.requires_grad]
-    now = frozen_fingerprints(model) if before else {}
-    moved = {n for n in now if n in before and now[n] != before[n]} if before else set()
+    frozen = [(n, n.split(".")[0], p) for n, p in named if not p.requires_grad]
+    moved: set[str] = set()
+    if before:
+        moved = {n for n, mark in frozen_fingerprints(model).items() if n in before and mark != before[n]}
     votes: dict[str, list[bool]] = {}
     with torch.no_grad():
-        for n, p in frozen:
+        for _, top, p in frozen:
             if p.dim() >= 2 and p.numel() >= 16 and not p.is_sparse:
                 same = any(torch.equal(q, p) for q in trained.get((tuple(p.shape), p.dtype, p.device), []))
-                votes.setdefault(n.split(".")[0], []).append(same)
+                votes.setdefault(top, []).append(same)
     copies = {top for top, seen in votes.items() if 2 * sum(seen) > len(seen)}
-    return [n for n, _ in frozen if n in moved or n.split(".")[0] in copies]
+    return [n for n, top, _ in frozen if n in moved or top in copies]
 
 
 def frozen_at_init(model: nn.Module) -> tuple[list[str], int]:
