@@ -931,3 +931,35 @@ def test_resets_through_zero_grad_are_known_without_reading_a_gradient(monkeypat
             mon.log(loss)
     assert reads == []
     assert mon.report().loop.optimizer_steps_without_reset == [0, 0]
+
+
+class TargetNet(nn.Module):
+    """An online net, a frozen target the loop moves by an EMA (initialised apart, as a
+    target loaded from elsewhere would be) and a frozen embedding nothing moves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.online, self.target, self.fixed = nn.Linear(8, 3), nn.Linear(8, 3), nn.Linear(8, 8)
+        for p in [*self.target.parameters(), *self.fixed.parameters()]:
+            p.requires_grad = False
+
+    def forward(self, x):
+        return self.online(self.fixed(x)) + 0.0 * self.target(x)
+
+
+def test_frozen_parameters_the_loop_moves_without_gradient_follow_the_trained_ones():
+    model = TargetNet()
+    opt = torch.optim.SGD(model.online.parameters(), lr=0.05)
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+
+    def ema():
+        with torch.no_grad():
+            for t, o in zip(model.target.parameters(), model.online.parameters()):
+                t.mul_(0.9).add_(o, alpha=0.1)
+
+    with Monitor(model, opt) as mon:
+        train_under(mon, model, opt, x, y, steps=4, after=ema)
+    loop = mon.report().loop
+    assert loop.frozen_tracking == ["target.weight", "target.bias"]
+    assert set(loop.frozen_params) - set(loop.frozen_tracking) == {"fixed.weight", "fixed.bias"}
