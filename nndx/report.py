@@ -95,6 +95,11 @@ class ModelSummary(Schema):
     forward_observed: bool = Field(
         False, description="layers are in the order a forward ran them, functional activations included, "
         "with input_from set; otherwise in registration order")
+    unused_modules: list[str] = Field(
+        default_factory=list, description="modules whose trainable parameters got no gradient in the probe's "
+        "backward and cannot move the loss: they never ran, or their output, perturbed, left the loss unchanged "
+        "(computed and discarded, e.g. a classifier under a feature hook); a .detach() whose value reaches the "
+        "loss is not one")
     moved_axes: list[str] = Field(
         default_factory=list, description="views/reshapes in the model's own code that put an input axis's "
         "length where that axis cannot come from (elements interleaved), e.g. 'attn.forward: view [32, 16, 96] "

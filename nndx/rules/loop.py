@@ -224,7 +224,8 @@ def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
     "half of the trainable parameter tensors (or the share is unknown and none has a gradient). Also an error "
     "when the first losses logged to the Monitor as tensors reach none of its model's trainable parameters "
     "(another loss's backward may still give them gradients: a GAN's generator stepped on a loss of "
-    "detached fakes).",
+    "detached fakes). Info when the probe found that every such parameter's module cannot move the loss "
+    "(its output, perturbed, leaves the loss unchanged, or it never ran): wasted compute, not a cut graph.",
     why="The loss does not depend on them: a .detach(), a torch.no_grad() block, .item()/.numpy() in the "
     "forward, or a branch the forward never uses cuts them out of the graph.",
     fix="Remove the detach/no_grad/.item() between these parameters and the loss; delete unused modules "
@@ -241,6 +242,16 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
         return None
     share = _share(loop.params_grad_none, report)
     severe = share is None or share >= 0.5
+    unused = set(report.model.unused_modules) if report.model is not None else set()
+    if not severe and all(name.rpartition(".")[0] in unused for name in loop.params_grad_none):
+        return Hit(
+            symptom=f"{len(loop.params_grad_none)} trainable parameters got no gradient: their modules' outputs "
+            "never reach the loss (computed and discarded, or never run)",
+            evidence={"params_grad_none": loop.params_grad_none[:20], "unused_modules": sorted(unused)[:20],
+                      "share_of_trainable": share},  # fmt: skip
+            severity="info",
+            score=0.5,
+        )
     return Hit(
         symptom=f"{len(loop.params_grad_none)} trainable parameters got no gradient",
         evidence={

@@ -56,3 +56,39 @@ def test_users_model_optimizer_rng_and_grads_untouched():
     before = snapshot(model, optimizer)
     hook_statistics(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer)
     assert_untouched(before, model, optimizer)
+
+
+
+class _Hooked(nn.Module):
+    """A trunk whose features a forward hook taps while the classifier behind it runs and is
+    thrown away (BYOL's ``hidden_layer``), a branch detached into the features, a layer never
+    called, and dropout before all of it, so the probe's forwards must draw alike."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.drop, self.classifier = nn.Linear(8, 16), nn.Dropout(0.3), nn.Linear(16, 5)
+        self.side, self.head, self.never = nn.Linear(8, 16), nn.Linear(16, 3), nn.Linear(3, 3)
+        self.tapped: dict = {}
+        self.trunk.register_forward_hook(self._tap)
+
+    def _tap(self, _module: nn.Module, _args: object, output: torch.Tensor) -> None:
+        self.tapped["features"] = output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.classifier(self.drop(torch.relu(self.trunk(x))))  # computed, never read
+        features = self.tapped["features"] + self.side(x).detach()
+        return self.head(self.drop(torch.relu(features)))
+
+
+def test_unused_modules_are_those_whose_output_cannot_move_the_loss():
+    model = _Hooked()
+    before = snapshot(model)
+    stats = hook_statistics(model, batch(), nn.CrossEntropyLoss())
+    # the detached side branch gets no gradient either, but its value reaches the loss: a cut graph
+    assert stats.model.unused_modules == ["classifier", "never"]
+    assert_untouched(before, model)
+
+
+def test_no_unused_modules_in_a_healthy_model():
+    assert hook_statistics(mlp(dropout=0.2), batch(), nn.CrossEntropyLoss()).model.unused_modules == []

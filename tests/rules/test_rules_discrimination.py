@@ -1119,3 +1119,15 @@ def test_a_broadcast_that_adds_no_elements_is_harmless():
     assert nndx312([32, 1], [32]) == ["NNDX312"]
     assert nndx312([32, 3], [32]) == ["NNDX312"]  # does not broadcast at all: torch raises
     assert nndx312([32, 4], [32, 1]) == ["NNDX312"]  # each target repeated over 4 outputs
+
+
+def test_parameters_without_gradient_in_a_discarded_head_vs_a_cut_graph():
+    """BYOL taps a backbone's pooled features and never reads its classifier: no gradient
+    reaches the classifier, and nothing is wrong with the training. The same missing
+    gradients in a module whose value the loss does read (a .detach()) are a cut graph."""
+    grad_none = with_loop(BASE, params_grad_none=["2.weight", "2.bias"])
+    assert _found(grad_none)["NNDX304"].severity == "warning"
+    discarded = grad_none.model_copy(update={"model": mlp_model(unused_modules=["2"])})
+    assert _found(discarded)["NNDX304"].severity == "info"
+    partly = grad_none.model_copy(update={"model": mlp_model(unused_modules=["0"])})
+    assert _found(partly)["NNDX304"].severity == "warning"

@@ -29,6 +29,7 @@ from nndx.collector._common import (
     forward,
     optimizer_step,
     preserved_rng,
+    seed_all,
     split_batch,
     train_in_float32,
 )
@@ -75,13 +76,83 @@ def hook_statistics(
             loss = compute_loss(loss_fn, output, targets)
         loss.backward()
         layers = _in_forward_order(recorder.finish_step() + seen.layer_records(step), seen.timeline)
+        unused = _unused_modules(model_copy, inputs, targets, loss_fn)
         before = snapshot_parameters(model_copy)
         optimizer_step(opt, lambda: compute_loss(loss_fn, forward(model_copy, inputs), targets))
         parameters = parameter_stats(model_copy, before, step)
     # the summary wants every leaf (dropout, flatten...) in the order it ran
     summary = observed_summary(summarize_model(model, [n for n in seen.timeline if n in dict(model.named_modules())]),
                                seen, output)  # fmt: skip
+    summary.unused_modules = unused
     return HookStatistics(layers, parameters, summary, note)
+
+
+def _unused_modules(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, limit: int = 8) -> list[str]:
+    """Modules whose trainable parameters got no gradient in the backward just taken and
+    that cannot move the loss: they never ran, or their output, perturbed, leaves the loss
+    as it was (computed and thrown away: a backbone's classifier under a feature hook, a
+    pooler no head reads). A graph cut by ``.detach()`` is told apart by the same forward:
+    the detached value still reaches the loss, so perturbing it moves the loss."""
+    silent = [name for name, module in model.named_modules()
+              if (own := [p for p in module.parameters(recurse=False) if p.requires_grad])
+              and all(p.grad is None for p in own)]  # fmt: skip
+    if not silent:
+        return []
+    modules = dict(model.named_modules())
+    ran: set[str] = set()
+    reference = _loss_with(model, inputs, targets, loss_fn, {n: modules[n] for n in silent}, ran, perturb=False)
+    unused = [n for n in silent if n not in ran]
+
+    def moves(names: list[str]) -> bool:
+        changed = _loss_with(model, inputs, targets, loss_fn, {n: modules[n] for n in names}, set(), perturb=True)
+        return not torch.isclose(changed, reference, rtol=1e-4, atol=1e-6).item()
+
+    ran_silent = [n for n in silent if n in ran]
+    if ran_silent and not moves(ran_silent):
+        unused += ran_silent
+    elif 1 < len(ran_silent) <= limit:
+        unused += [n for n in ran_silent if not moves([n])]
+    return sorted(unused, key=silent.index)
+
+
+def _loss_with(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, modules: dict[str, nn.Module],
+               ran: set[str], *, perturb: bool) -> torch.Tensor:
+    """The loss of one no-grad forward with the randomness seeded (dropout, augmentations
+    drawn alike each time); ``perturb`` adds noise of their own scale to ``modules``'
+    outputs, from a generator of its own so that nothing downstream draws differently."""
+    generator: dict[torch.device, torch.Generator] = {}
+
+    def hook(name: str):  # noqa: ANN202
+        def record(_module: nn.Module, _args: object, output: object) -> object:
+            ran.add(name)
+            if not perturb:
+                return None
+            return _perturbed(output, generator)
+        return record
+
+    handles = [module.register_forward_hook(hook(name)) for name, module in modules.items()]
+    try:
+        seed_all(0)
+        with torch.no_grad():
+            return compute_loss(loss_fn, forward(model, inputs), targets).detach().double()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _perturbed(output: object, generators: dict[torch.device, torch.Generator]) -> object:
+    if isinstance(output, torch.Tensor):
+        if not output.is_floating_point() or output.numel() == 0:
+            return output
+        g = generators.setdefault(output.device, torch.Generator(device=output.device).manual_seed(0))
+        noise = torch.randn(output.shape, generator=g, device=output.device, dtype=output.dtype)
+        return output + noise * (output.detach().abs().mean() + 1)
+    if isinstance(output, tuple):
+        return type(output)(*(_perturbed(o, generators) for o in output)) if hasattr(output, "_fields") \
+            else tuple(_perturbed(o, generators) for o in output)
+    if isinstance(output, list):
+        return [_perturbed(o, generators) for o in output]
+    return output
 
 
 def _in_forward_order(layers: list[LayerStats], timeline: list[str]) -> list[LayerStats]:
