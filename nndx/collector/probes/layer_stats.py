@@ -93,12 +93,12 @@ def _unused_modules(model: nn.Module, inputs: object, targets: object, loss_fn: 
     as it was (computed and thrown away: a backbone's classifier under a feature hook, a
     pooler no head reads). A graph cut by ``.detach()`` is told apart by the same forward:
     the detached value still reaches the loss, so perturbing it moves the loss."""
-    silent = [name for name, module in model.named_modules()
-              if (own := [p for p in module.parameters(recurse=False) if p.requires_grad])
+    silent = [name for name, module in nn.Module.named_modules(model)  # not an override: MAML's learner has one
+              if (own := [p for p in nn.Module.parameters(module, recurse=False) if p.requires_grad])
               and all(p.grad is None for p in own)]  # fmt: skip
     if not silent:
         return []
-    modules = dict(model.named_modules())
+    modules = dict(nn.Module.named_modules(model))
     ran: set[str] = set()
     reference = _loss_with(model, inputs, targets, loss_fn, {n: modules[n] for n in silent}, ran, perturb=False)
     unused = [n for n in silent if n not in ran]
