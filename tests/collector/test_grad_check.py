@@ -222,6 +222,31 @@ def test_functional_kinks_are_no_broken_backward():
         assert result.status == "passed", (seed, result.message)
 
 
+class BoundedActivations(nn.Module):
+    """Activation modules whose kinks are not at zero (hardswish at ±3, softshrink at
+    ±0.5, ReLU6 at 0 and 6), over pre-activations spread wide enough to sit near them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.c = nn.Linear(8, 256), nn.Linear(768, 3)
+        self.acts = nn.ModuleList([nn.Hardswish(), nn.Softshrink(), nn.ReLU6()])
+
+    def forward(self, x):
+        h = self.a(x) * 8
+        return self.c(torch.cat([act(h) for act in self.acts], dim=1))
+
+
+@pytest.mark.slow
+def test_kinks_of_activation_modules_away_from_zero_are_no_broken_backward():
+    # with hardswish recorded as a kink at 0 and softshrink not at all, trials reported a bug
+    for seed in range(12):
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g)
+        result = grad_check(BoundedActivations(), (x, y), nn.CrossEntropyLoss(), seed=seed, eps=1e-3)
+        assert result.status == "passed", (seed, result.message)
+
+
 class MaxOverTime(nn.Module):
     """A per-step Linear max-reduced over time (a temporal CNN's pooling), written as amax."""
 
@@ -261,6 +286,27 @@ def test_a_forward_that_computes_in_float32_is_judged_by_float32_rounding():
     assert healthy.status == "passed" and "computes in float32" in healthy.message
     broken = grad_check(Float32Inside("transposed"), batch(), nn.CrossEntropyLoss())
     assert broken.status == "failed" and [p.name for p in broken.parameters if p.status == "bug"] == ["c.weight"]
+
+
+class MaskedInside(nn.Module):
+    """Builds a causal mask with ``torch.ones`` (float32 whatever the model's dtype), as
+    attention code does: a constant of exact 0s and 1s, which rounds nothing."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.c = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        keep = torch.tril(torch.ones(x.shape[0], x.shape[0], device=x.device)).bool()
+        scores = (self.a(x) @ x.T).masked_fill(~keep, -1e9)
+        return self.c(torch.softmax(scores, dim=-1) @ x)
+
+
+def test_a_float32_constant_built_in_the_forward_does_not_coarsen_the_check():
+    result = grad_check(MaskedInside(), batch(), nn.CrossEntropyLoss())
+    assert result.status == "passed" and "float32" not in result.message
+    assert result.forward_passes <= 10  # the joint check was clean: no per-tensor localisation
 
 
 class OnlyFloat32(nn.Module):

@@ -64,11 +64,12 @@ SHAPE_OPS = frozenset({"view", "reshape", "squeeze", "unsqueeze", "flatten", "co
 # non-smooth ops, by what decides which side of the kink a value is on (the grad check redoes
 # a finite difference that changed any of them with a smaller step)
 SIGN_KINK_OPS = frozenset({"relu", "relu_", "leaky_relu", "leaky_relu_", "abs", "abs_", "prelu", "rrelu",
-                           "elu", "elu_", "celu", "selu", "threshold", "threshold_", "hardswish", "sign"})  # fmt: skip
+                           "elu", "elu_", "celu", "selu", "threshold", "threshold_", "sign"})  # fmt: skip
 BOUND_KINK_OPS = frozenset({"clamp", "clamp_", "clip", "clip_", "hardtanh", "hardtanh_", "relu6",
-                            "hardsigmoid"})  # fmt: skip
+                            "hardsigmoid", "hardswish", "hardswish_", "softshrink", "hardshrink"})  # fmt: skip
 DISCRETE_OPS = frozenset({"floor", "ceil", "round", "trunc", "sign", "argmax", "argmin"})
-_DEFAULT_BOUNDS = {"hardtanh": (-1.0, 1.0), "hardtanh_": (-1.0, 1.0), "relu6": (0.0, 6.0), "hardsigmoid": (-3.0, 3.0)}
+_DEFAULT_BOUNDS = {"hardtanh": (-1.0, 1.0), "hardtanh_": (-1.0, 1.0), "relu6": (0.0, 6.0), "hardsigmoid": (-3.0, 3.0),
+                   "hardswish": (-3.0, 3.0), "hardswish_": (-3.0, 3.0)}  # fmt: skip
 
 
 @dataclass
@@ -88,8 +89,11 @@ def coarsest(dtypes: Any) -> torch.dtype | None:
 
 
 def float_dtypes(values: Any) -> list[torch.dtype]:
-    """The dtypes of the floating tensors in a (nested) value."""
-    return [t.dtype for t in iter_tensors(values) if t.is_floating_point()]
+    """The dtypes of the floating tensors in a (nested) value; with grad enabled only of
+    those computed from trainable tensors: a float32 mask that ``torch.ones`` builds inside
+    a float64 forward rounds nothing the loss's gradient depends on."""
+    grad = torch.is_grad_enabled()
+    return [t.dtype for t in iter_tensors(values) if t.is_floating_point() and (t.requires_grad or not grad)]
 
 
 def _in_place(op: str) -> bool:
@@ -444,6 +448,9 @@ def _bounds(op: str, args: tuple, kwargs: dict) -> tuple[float | None, float | N
         hi = kwargs.get("max", args[2] if len(args) > 2 else None)
         return (_number(lo), _number(hi))
     lo, hi = _DEFAULT_BOUNDS.get(op, (None, None))
+    if op in ("softshrink", "hardshrink"):
+        lambd = _number(kwargs.get("lambd", args[1] if len(args) > 1 else 0.5))
+        return (-lambd, lambd) if lambd is not None else (None, None)
     if op.startswith("hardtanh"):
         lo = _number(kwargs.get("min_val", args[1] if len(args) > 1 else lo))
         hi = _number(kwargs.get("max_val", args[2] if len(args) > 2 else hi))
