@@ -190,8 +190,9 @@ def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
     C.OPTIMIZER_NOT_CONNECTED,
     "error",
     "The optimizer does not hold the model's trainable parameters",
-    detects="Trainable model parameters that are in no optimizer param group, or optimizer parameters "
-    "that are not the model's (an optimizer built over another model or a stale copy).",
+    detects="Trainable model parameters that are in no optimizer param group (an optimizer built over "
+    "another model, a stale copy, or part of the model). Optimizer parameters that are not the model's are "
+    "evidence only beside these: one optimizer over two models (SAC's twin critics) holds every parameter of each.",
     why="optimizer.step() never updates those parameters: they keep their initial values however long "
     "training runs.",
     fix="Build the optimizer from the model you train, after any .to(device)/deepcopy/re-creation: "
@@ -199,7 +200,7 @@ def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
 )
 def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    if loop is None or (not loop.params_not_in_optimizer and loop.optimizer_params_not_in_model == 0):
+    if loop is None or not loop.params_not_in_optimizer:
         return None
     share = _share(loop.params_not_in_optimizer, report)
     return Hit(

@@ -1131,3 +1131,12 @@ def test_parameters_without_gradient_in_a_discarded_head_vs_a_cut_graph():
     assert _found(discarded)["NNDX304"].severity == "info"
     partly = grad_none.model_copy(update={"model": mlp_model(unused_modules=["0"])})
     assert _found(partly)["NNDX304"].severity == "warning"
+
+
+def test_an_optimizer_over_this_model_and_another_vs_one_over_another_model_only():
+    """SAC builds one Adam over both Q networks: probed alone, each is wholly in the optimizer."""
+    shared = with_loop(BASE, optimizer_params_not_in_model=6)
+    assert "NNDX303" not in _found(shared)
+    names = [p.name for p in BASE.parameters]
+    elsewhere = with_loop(BASE, params_not_in_optimizer=names, optimizer_params_not_in_model=6)
+    assert _found(elsewhere)["NNDX303"].severity == "error"
