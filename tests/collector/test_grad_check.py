@@ -19,8 +19,9 @@ def test_healthy_model_passes_with_few_forwards_and_no_localisation():
     result = grad_check(custom_backward_mlp(None), batch(), nn.CrossEntropyLoss(), directions=3)
     assert result.status == "passed" and result.mode == "directional"
     assert result.max_relative_error < 1e-5
-    # the loss's own gradient checked on one forward's outputs, backward's forward, the determinism check, the directions
-    assert result.forward_passes == 1 + 1 + 2 + 2 * 3
+    # the loss's own gradient checked on one forward's outputs, backward's forward, the determinism checks (two
+    # forwards, one more differentiated from another random state), the directions
+    assert result.forward_passes == 1 + 1 + 2 + 1 + 2 * 3
     assert result.parameters == []
 
 
@@ -67,7 +68,7 @@ def test_elementwise_mode_samples_across_the_tensor_and_reports_the_worst_index(
     assert len(weight.worst_index) == 2 and weight.worst_index[0] != weight.worst_index[1]  # off-diagonal
     # 6 tensors, up to 8 elements each, 2 forwards per element, plus the forward the loss's own gradient
     # was checked on, the backward's forward and the determinism check's two
-    assert broken.forward_passes == 1 + 1 + 2 + 2 * (8 + 8 + 8 + 8 + 8 + 3)
+    assert broken.forward_passes == 1 + 1 + 2 + 1 + 2 * (8 + 8 + 8 + 8 + 8 + 3)
 
 
 def test_dropout_made_deterministic_per_evaluation():
@@ -247,6 +248,36 @@ def test_kinks_of_activation_modules_away_from_zero_are_no_broken_backward():
         assert result.status == "passed", (seed, result.message)
 
 
+class _Shake(torch.autograd.Function):
+    """Shake-shake (Gastaldi 2017, as CuriousAI's mean-teacher writes it): a random convex
+    mix of two branches forward, another random mix backward, by design."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        gate = torch.rand(a.shape[0], 1, dtype=a.dtype, device=a.device)
+        return gate * a + (1 - gate) * b
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate = torch.rand(grad.shape[0], 1, dtype=grad.dtype, device=grad.device)
+        return gate * grad, (1 - gate) * grad
+
+
+class ShakeShake(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.c(torch.tanh(_Shake.apply(self.a(x), self.b(x))))
+
+
+def test_a_backward_that_draws_its_own_randomness_is_not_called_broken():
+    result = grad_check(ShakeShake(), batch(), nn.CrossEntropyLoss())
+    assert result.status == "skipped" and "randomness of its own" in result.message
+
+
 class MaxOverTime(nn.Module):
     """A per-step Linear max-reduced over time (a temporal CNN's pooling), written as amax."""
 
@@ -306,7 +337,7 @@ class MaskedInside(nn.Module):
 def test_a_float32_constant_built_in_the_forward_does_not_coarsen_the_check():
     result = grad_check(MaskedInside(), batch(), nn.CrossEntropyLoss())
     assert result.status == "passed" and "float32" not in result.message
-    assert result.forward_passes <= 10  # the joint check was clean: no per-tensor localisation
+    assert result.forward_passes <= 11  # the joint check was clean: no per-tensor localisation
 
 
 class OnlyFloat32(nn.Module):

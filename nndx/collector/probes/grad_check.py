@@ -298,6 +298,9 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
                            float(base.detach()), base_pattern, roundoff)  # fmt: skip
         problem.forward_passes = 1  # the forward behind the analytic gradient
         unstable = _not_a_function(problem)
+        if unstable is None:
+            problem.forward_passes += 1
+            unstable = _random_backward(loss_now, named, grads, seed)
         written = forward_writes(model_copy)
         if unstable is None and written:
             unstable = (f"the forward writes the model's own untrained tensors ({', '.join(written[:3])}: "
@@ -399,6 +402,24 @@ def _not_a_function(problem: _Problem) -> str | None:
     return (f"the loss changed by {spread:.3g} between evaluations at the same parameters (rounding allows "
             f"{allowed:.2g}): the forward keeps state between calls or draws randomness outside torch's "
             "generator, so finite differences cannot check its gradient")
+
+
+def _random_backward(loss_now: Callable[[], torch.Tensor], named: list[tuple[str, nn.Parameter]],
+                     grads: Mapping[str, torch.Tensor], seed: int) -> str | None:
+    """Why the backward cannot be checked, or None: the same forward differentiated from
+    another random state must give the same gradient. Shake-shake draws its gate afresh in
+    backward by design; no finite difference can reproduce such a gradient."""
+    loss = loss_now()
+    seed_all(seed + 7919)  # the forward drew as before; the backward, if it draws, draws otherwise
+    again = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    for (name, _), g in zip(named, again):
+        g = g.detach().reshape(-1) if g is not None else torch.zeros_like(grads[name])
+        scale = float(grads[name].abs().max()) if grads[name].numel() else 0.0
+        if float((g - grads[name]).abs().max()) > 1e-6 * max(scale, 1e-12) + 1e-12:
+            return (f"the backward draws randomness of its own ({name}'s gradient changed with the random state "
+                    "before backward, the forward alike): a gradient by design not the loss's derivative, as "
+                    "shake-shake's gate is, which finite differences cannot check")
+    return None
 
 
 def grad_check_arrays(
