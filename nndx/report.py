@@ -734,6 +734,9 @@ class SplitStats(Schema):
         description="classes expected (num_classes, a gap in the label range, or seen in the other split) "
         "with no sample in this split",
     )
+    ignored_label_count: Count = Field(
+        0, description="samples whose label is an unlabelled marker (one negative value, -1 or -100, beside 0-based "
+        "classes: what a loss's ignore_index skips); left out of class_counts and the order check")
 
 
 class DataStats(Schema):

@@ -563,6 +563,7 @@ class _Labels:
     classes: set[str] | None = None  # classes seen; None when the labels are not classes
     counts: dict[str, int] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    ignored_count: int = 0
 
     @classmethod
     def measure(cls, y: np.ndarray, dtype_name: str | None, task: Task | None) -> _Labels:
@@ -602,12 +603,16 @@ class _Labels:
 
     @classmethod
     def _classes(cls, values: np.ndarray, kind: str, dtype_name: str) -> _Labels:
+        ignored = _ignore_marker(values)
+        ignored_count = int((values == ignored).sum()) if ignored is not None else 0
+        if ignored is not None:
+            values = values[values != ignored]
         uniques, counts = np.unique(values, return_counts=True)
         runs = float(np.mean(values[1:] == values[:-1])) if values.ndim == 1 and values.size >= 2 else None
         expected_gaps = set()
-        if uniques.size:
-            # a hole in the integer label range is a class with no sample
-            expected_gaps = {str(c) for c in range(int(uniques.min()), int(uniques.max()) + 1)}
+        if uniques.size and uniques.max() >= 0:
+            # a hole in the integer label range is a class with no sample; not the 0 between -1 and +1
+            expected_gaps = {str(c) for c in range(int(uniques[uniques >= 0].min()), int(uniques.max()) + 1)}
         labels = cls(
             kind=kind,
             dtype=dtype_name,
@@ -616,6 +621,7 @@ class _Labels:
             classes={str(int(u)) for u in uniques},
             counts={str(int(u)): int(c) for u, c in zip(uniques, counts)},
         )
+        labels.ignored_count = ignored_count
         labels.finish_classes(expected_gaps)
         return labels
 
@@ -645,7 +651,20 @@ class _Labels:
             "label_runs_fraction": self.runs_fraction,
             "target_order_correlation": self.order_correlation,
             "missing_classes": list(self.missing),
+            "ignored_label_count": self.ignored_count,
         }
+
+
+def _ignore_marker(values: np.ndarray) -> int | None:
+    """The label that marks a sample unlabelled, or None: one negative value beside
+    0-based classes (Mean Teacher's NO_LABEL -1, Hugging Face's -100). Cross-entropy
+    rejects a negative class index unless it is the loss's ``ignore_index``, so such a
+    value is no class; -1 beside +1 alone is a binary ±1 encoding and stays a class."""
+    negative = np.unique(values[values < 0])
+    if negative.size != 1:
+        return None
+    classes = np.unique(values[values >= 0])
+    return int(negative[0]) if negative[0] == -100 or (classes.size >= 2 and classes.min() == 0) else None
 
 
 def _rank_correlation_with_position(values: np.ndarray) -> float | None:

@@ -367,3 +367,20 @@ def test_node_ids_split_once_each_leak_by_any_overlap():
     assert leaked.input_space_size is not None and leaked.train_test_overlap_fraction == 1.0
     found = {f.code.value: f.severity for f in diagnose(DiagnosticReport(data=leaked)).findings}
     assert found.get("DATA_LEAKAGE") == "error"
+
+
+def test_unlabelled_marker_is_no_class(digits):
+    """Semi-supervised training (Mean Teacher) marks unlabelled samples -1 and gives the loss
+    ignore_index=-1; Hugging Face uses -100. Such a marker is no class: counting it made
+    1,337 unlabelled digits a class 130x larger than the labelled ones."""
+    x_train, y_train, _, _, _, _ = digits
+    hidden = y_train.copy()
+    hidden[100:] = -1
+    stats = check_data(x_train, hidden).train
+    assert "-1" not in stats.class_counts and sum(stats.class_counts.values()) == 100
+    assert stats.ignored_label_count == len(y_train) - 100 and stats.imbalance_ratio < 3
+    hf = y_train.copy()
+    hf[::2] = -100
+    assert check_data(x_train, hf).train.ignored_label_count == (len(y_train) + 1) // 2
+    signs = np.where(y_train < 5, -1, 1)  # a ±1 encoding: -1 is a class
+    assert check_data(x_train, signs).train.class_counts.keys() == {"-1", "1"}
