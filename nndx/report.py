@@ -76,6 +76,10 @@ class LayerInfo(Schema):
     input_from: str | None = Field(
         None, description="the layer whose output was this layer's input in an observed forward (through "
         "reshapes, dropout and normalisation only); None when not observed or made by anything else")
+    readers: Count | None = Field(
+        None, description="how many layers and functional ops read this layer's output (through reshapes, dropout "
+        "and normalisation) in an observed forward: 2 or more is a stream several paths branch from, such as a "
+        "ResNet stem that a block's shortcut projection and its residual branch both read")
 
 
 class ModelSummary(Schema):

@@ -36,7 +36,9 @@ def _sequential_neighbours(first: str, second: str) -> bool:
     "containers adjacent in registration order. When no forward was observed and the model has no activation "
     "module at all (a forward may call F.relu unseen), it warns only if the loss is not moving, and is info "
     "otherwise. Two Linears joined through a width narrower than the first's input and the second's output (an "
-    "autoencoder's linear code: a low-rank map one layer cannot be) are no missing activation.",
+    "autoencoder's linear code: a low-rank map one layer cannot be) are no missing activation; nor is a layer "
+    "reading a stream that other paths read too (a ResNet block's shortcut projection of the stem's output, "
+    "beside a residual branch with its ReLUs).",
     why="A composition of linear maps is one linear map: the extra layers add parameters but no "
     "capacity, and the model cannot fit a non-linear task.",
     fix="Insert an activation (nn.ReLU(), nn.GELU()) between the layers.",
@@ -53,7 +55,8 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
         by_name = {layer.name: layer for layer in model.layers}
         pairs = [(layer.input_from, layer.name) for layer in model.layers
                  if layer.type in linear and types.get(layer.input_from or "") in linear
-                 and not _linear_bottleneck(by_name[layer.input_from], layer)]  # fmt: skip
+                 and not _linear_bottleneck(by_name[layer.input_from], layer)
+                 and not (by_name[layer.input_from].readers or 0) >= 2]  # fmt: skip
     else:
         previous = None
         for layer in model.layers:

@@ -125,6 +125,29 @@ def test_a_residual_added_in_place_breaks_the_linear_chain():
     assert finding.evidence["linear_pairs"] == ["fc -> w_1"]
 
 
+class Shortcut(nn.Module):
+    """Mean Teacher's ResNet: the stem's output goes straight to the first block, whose
+    shortcut projection reads it beside a residual branch that starts with F.relu. The same
+    block with its feed-forward branch missing its activation (``x + w2(w1(x))``) is the bug."""
+
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.stem, self.downsample = nn.Linear(8, 16), nn.Linear(16, 32)
+        self.w1, self.w2, self.head = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 3)
+        self.bug = bug
+
+    def forward(self, x):
+        x = self.stem(x)
+        branch = self.w2(self.w1(x) if self.bug else F.relu(self.w1(F.relu(x))))
+        return self.head(torch.tanh(self.downsample(x) + branch))
+
+
+def test_a_shortcut_projection_beside_a_residual_branch_is_no_missing_activation():
+    assert not fired(Shortcut(bug=False))
+    (finding,) = fired(Shortcut(bug=True))
+    assert finding.evidence["linear_pairs"] == ["w1 -> w2"]
+
+
 class Squashed(nn.Module):
     """Logits all in (0, 1): by a sigmoid, or by weights that make them small and positive."""
 

@@ -141,6 +141,7 @@ class ForwardObserver(TorchFunctionMode):
         self._producer: dict[int, tuple[weakref.ref, str]] = {}
         self._input_from: dict[int, str | None] = {}  # id(module) -> maker of its latest input
         self.input_from: dict[str, str | None] = {}  # layer name -> maker of its first input
+        self.readers: Counter[str] = Counter()  # layer name -> layers and ops that read its output
         self._stats: list[tuple[Call, ActivationStats, list[torch.Tensor]]] = []
         # views/reshapes in the model's own code that move an axis (see moved_axis), in words
         self.moved_axes: list[str] = []
@@ -174,6 +175,8 @@ class ForwardObserver(TorchFunctionMode):
             maker = self._maker(first) if first is not None else None
             self._input_from[id(module)] = maker
             self.input_from.setdefault(name, maker)
+            if maker is not None and type(module).__name__ not in vocab.LINEAR_PRESERVING_NAMES:
+                self.readers[maker] += 1
 
     def _maker(self, t: torch.Tensor) -> str | None:
         made = self._producer.get(id(t))
@@ -243,6 +246,10 @@ class ForwardObserver(TorchFunctionMode):
         module_name, module = self._stack[-1]
         if _is_torch_module(module):
             return  # the module's own code: its hooks report it
+        if op not in SHAPE_OPS and op not in DROPOUT_OPS and first_output(out) is not None:  # not x.shape, x.size()
+            for t in {id(t): t for t in iter_tensors(args)}.values():
+                if (maker := self._maker(t)) is not None:
+                    self.readers[maker] += 1
         if first is not None and _in_place(op) and op not in SHAPE_OPS and op not in DROPOUT_OPS and out is first:
             # ``q += residual``: the tensor now holds more than its maker's output (a post-norm
             # Transformer's residual, added in place before the LayerNorm), so it no longer
@@ -413,7 +420,8 @@ def _layers_as_run(layers: list[LayerInfo], seen: ForwardObserver) -> list[Layer
     for name in seen.timeline:
         if name in by_name:
             ordered.append(by_name.pop(name).model_copy(update={"input_from": seen.input_from.get(name),
-                                                                "output_shape": seen.output_shapes.get(name)}))
+                                                                "output_shape": seen.output_shapes.get(name),
+                                                                "readers": seen.readers.get(name, 0)}))
         elif name in kinds:
             ordered.append(LayerInfo(name=name, type=kinds[name], input_from=seen.input_from.get(name)))
     return ordered + list(by_name.values())
