@@ -15,6 +15,7 @@ import copy
 import inspect
 import math
 import random
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -293,7 +294,7 @@ def model_deepcopy(obj: Any, model: nn.Module, memo: dict[int, Any] | None = Non
         memo[id(inverse)] = copy.deepcopy(inverse._inv, memo).inv
     seeds = dict(memo)
     try:
-        return copy.deepcopy(obj, memo)
+        return _rebound(copy.deepcopy(obj, memo), model, memo)
     except Exception:
         found = _uncopyable_attributes(model)
         if not found:
@@ -304,7 +305,36 @@ def model_deepcopy(obj: Any, model: nn.Module, memo: dict[int, Any] | None = Non
         memo[id(value)] = value
         if shared is not None:
             shared.append(name)
-    return copy.deepcopy(obj, memo)
+    return _rebound(copy.deepcopy(obj, memo), model, memo)
+
+
+def _rebound(copied: Any, model: nn.Module, memo: dict[int, Any]) -> Any:
+    """``copied`` with each function a module keeps as an attribute rebuilt over the copies
+    of what it closes over. minGPT's ``self.mlpf = lambda x: m.dropout(m.c_proj(...))``
+    closes over the original ``m``; deepcopy shares functions, so the copy's forward ran
+    the user's own modules: the copy's eval() left their dropout on, and a probe's
+    backward wrote into the user's gradients."""
+    twin = memo.get(id(model))
+    for module in twin.modules() if isinstance(twin, nn.Module) else ():
+        for name, value in list(vars(module).items()):
+            if name not in _MODULE_DICTS and isinstance(value, types.FunctionType) and value.__closure__:
+                cells = tuple(_cell_copy(cell, memo) for cell in value.__closure__)
+                if any(new is not old for new, old in zip(cells, value.__closure__)):
+                    function = types.FunctionType(value.__code__, value.__globals__, value.__name__,
+                                                  value.__defaults__, cells)  # fmt: skip
+                    function.__kwdefaults__, function.__qualname__ = value.__kwdefaults__, value.__qualname__
+                    function.__dict__.update(value.__dict__)
+                    vars(module)[name] = function
+    return copied
+
+
+def _cell_copy(cell: types.CellType, memo: dict[int, Any]) -> types.CellType:
+    try:
+        contents = cell.cell_contents
+    except ValueError:  # an empty cell
+        return cell
+    twin = memo.get(id(contents))
+    return types.CellType(twin) if twin is not None and twin is not contents else cell
 
 
 def _inverse_transforms(model: nn.Module, depth: int = 4) -> list[Any]:

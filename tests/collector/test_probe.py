@@ -1008,3 +1008,34 @@ def test_a_forward_that_writes_its_own_untrained_tensors_is_measured_from_the_sa
     assert report.loop.frozen_tracking == ["k.weight", "k.bias"]
     assert [f.code.value for f in nndx.diagnose(report).findings if f.severity != "info"] == []
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class LambdaBlock(nn.Module):
+    """minGPT's Block keeps its MLP as ``self.mlpf = lambda x: m.dropout(m.c_proj(m.act(m.c_fc(x))))``:
+    a function closing over the module dict, which deepcopy shares with the original."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(8, 16)
+        self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(16, 32), act=nn.GELU(), c_proj=nn.Linear(32, 16),
+                                      dropout=nn.Dropout(0.3)))  # fmt: skip
+        m = self.mlp
+        self.mlpf = lambda x: m.dropout(m.c_proj(m.act(m.c_fc(x))))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.head(h + self.mlpf(h))
+
+
+def test_a_copy_runs_its_own_modules_behind_a_lambda():
+    model = LambdaBlock()
+    before = snapshot(model)
+    report = run(model, probes=["eval_mode", "overfit_one_batch"])
+    # the copy's eval() reaches the dropout behind the lambda (the user's model is in train mode:
+    # the probe's own verdict on that mode is another matter)
+    assert report.probes.eval_mode.ignores_eval is False and report.probes.eval_mode.eval_abs_diff == 0
+    assert report.probes.overfit_one_batch.status == "passed"
+    assert_untouched(before, model)
+    assert all(p.grad is None for p in model.parameters())  # no probe's backward reached the user's weights
