@@ -351,6 +351,10 @@ class EvalModeResult(ProbeResult):
         None, description="between two forwards in eval mode under different seeds (dropout or sampling)"
     )
     ignores_eval: bool | None = Field(None, description="a dropout stayed active after model.eval()")
+    batch_statistics: bool | None = Field(
+        None, description="the forward normalised with the batch's statistics in the mode probed (a batch-norm in "
+        "train mode or without running statistics, or F.batch_norm(training=True)); a batch dependence without them "
+        "is samples mixed by the forward itself")
     tolerance: Float | None = Field(None, description="the rounding difference allowed (dtype eps, magnitudes, reductions)")
 
     def summary(self, num: NumberFormat = str) -> str:

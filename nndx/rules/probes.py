@@ -392,7 +392,8 @@ def nan_from_layer(report: DiagnosticReport) -> Hit | None:
     "F.dropout(x, training=True); in reports without that field, two eval-mode forwards that differ beyond "
     "the probe's rounding tolerance (1e-6 when none is given); or, with the model in eval mode, outputs of the "
     "same samples that change with the rest of the batch (batch statistics used anyway, e.g. "
-    "F.batch_norm(..., training=True)). Sampling that is not dropout (a VAE) does "
+    "F.batch_norm(..., training=True); a forward that mixes samples with no batch statistics — a sort, a sum over "
+    "the batch — is not eval mode and does not fire). Sampling that is not dropout (a VAE) does "
     "not fire, nor does a model the probe only found in train mode (dropout or batch statistics active, "
     "as every model is before training): that is a bug only if you evaluate in that state, which "
     "NNDX306 sees in your loop.",
@@ -419,7 +420,8 @@ def eval_mode_probe(report: DiagnosticReport) -> Hit | None:
         ignores_eval = result.eval_abs_diff is not None and result.eval_abs_diff > (result.tolerance or 1e-6)
     if ignores_eval:
         return Hit(symptom="two forwards of the same batch differ in eval mode", evidence=evidence, score=3.0)
-    if result.training is False:  # what else fails in eval mode: batch statistics used anyway
+    if result.training is False and result.batch_statistics is not False:  # batch statistics used anyway
+        # (without them the forward mixes samples in any mode: the sample-independence probe names that)
         return Hit(symptom="in eval mode, the outputs of the same samples change with the rest of the batch",
                    evidence=evidence, score=3.0)  # fmt: skip
     # only the model's train mode at probe time (dropout or batch statistics active): a

@@ -36,6 +36,41 @@ def test_batchnorm_in_train_mode_makes_outputs_depend_on_the_batch():
     assert result.status == "failed" and "batch-norm" in result.message
 
 
+class SortsTheBatch(nn.Module):
+    """Sorts the batch by a score (as a packed-sequence forward sorts by length) and never
+    restores the order: sample i's output is another sample's, in any mode."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.body(x[x[:, 0].argsort()])
+
+
+class BatchStatisticsAlways(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.norm = nn.Linear(8, 3), nn.BatchNorm1d(3, track_running_stats=False)
+
+    def forward(self, x):
+        return self.norm(self.body(x))
+
+
+def test_a_batch_dependence_in_eval_mode_is_blamed_on_eval_mode_only_with_batch_statistics():
+    sorted_ = eval_mode_consistency(SortsTheBatch().eval(), batch())
+    assert sorted_.status == "failed" and sorted_.batch_statistics is False and "mixes samples" in sorted_.message
+    always = eval_mode_consistency(BatchStatisticsAlways().eval(), batch())
+    assert always.status == "failed" and always.batch_statistics is True and "batch-norm" in always.message
+    report = nndx.probe(SortsTheBatch().eval(), batch(), nn.CrossEntropyLoss(), probes=["eval_mode"], progress=False)
+    assert "NNDX609" not in {f.rule_id for f in nndx.diagnose(report).findings}
+    report = nndx.probe(BatchStatisticsAlways().eval(), batch(), nn.CrossEntropyLoss(), probes=["eval_mode"],
+                        progress=False)  # fmt: skip
+    assert "NNDX609" in {f.rule_id for f in nndx.diagnose(report).findings}
+
+
 def test_plain_model_in_train_mode_is_not_a_false_alarm():
     result = eval_mode_consistency(mlp(), batch())
     assert result.status == "passed" and result.training and result.max_abs_diff == 0

@@ -54,7 +54,7 @@ from nndx.collector._common import (
 )
 from nndx.collector.probes import ProbeSpec
 from nndx.collector.probes._observe import ForwardObserver
-from nndx.collector.stats import has_batchnorm, has_dropout
+from nndx.collector.stats import BATCHNORM_TYPES, has_batchnorm, has_dropout
 from nndx.report import EvalModeResult
 
 SEEDS = (1, 2)
@@ -85,6 +85,7 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
                                                _outputs(model_copy, half, SEEDS[0]))  # fmt: skip
                 except Exception:  # noqa: BLE001 - a half batch the model cannot take is the probe's doing
                     batch_diff = None
+            statistics = seen.functional_batch_statistics or _batch_statistics(model_copy)
             set_mode(model_copy, False)
             seen.dropout_calls.clear()
             evaluated = _outputs(model_copy, inputs, SEEDS[0])
@@ -102,15 +103,27 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
     elif active and diff > tolerance:
         status, message = "failed", (f"two forwards of the same batch in {mode} mode differ by {diff:.3g}: dropout "
                                      "is active; call model.eval() (and torch.no_grad()) before evaluating")
-    elif batch_diff is not None and batch_diff > tolerance:
+    elif batch_diff is not None and batch_diff > tolerance and statistics:
         status, message = "failed", (f"outputs of the same samples change by {batch_diff:.3g} with the rest of the "
                                      f"batch in {mode} mode: batch-norm uses batch statistics; call model.eval()")
+    elif batch_diff is not None and batch_diff > tolerance:
+        status, message = "failed", (f"outputs of the same samples change by {batch_diff:.3g} with the rest of the "
+                                     f"batch in {mode} mode, with no batch statistics in the forward: it mixes samples "
+                                     "(a sort, a sum or a view across the batch axis), whatever the mode")
     else:
         status, message = "passed", (f"outputs in {mode} mode are reproducible and independent of the batch "
                                      f"(within the rounding tolerance {tolerance:.3g})")
     return EvalModeResult(status=status, message=message + sampling, training=training, has_dropout=dropout,
                           has_batchnorm=batchnorm, max_abs_diff=diff, batch_dependence_diff=batch_diff,
-                          eval_abs_diff=eval_diff, ignores_eval=ignores_eval, tolerance=tolerance)  # fmt: skip
+                          eval_abs_diff=eval_diff, ignores_eval=ignores_eval, tolerance=tolerance,
+                          batch_statistics=statistics)  # fmt: skip
+
+
+def _batch_statistics(model: nn.Module) -> bool:
+    """Whether a batch-norm module normalises with the batch's statistics in the current
+    mode: in train mode, or always when it keeps no running statistics."""
+    return any(isinstance(m, BATCHNORM_TYPES) and (m.training or not m.track_running_stats)
+               for m in nn.Module.modules(model))  # fmt: skip
 
 
 def _dropout_active(seen: ForwardObserver) -> bool:
