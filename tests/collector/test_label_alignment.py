@@ -198,3 +198,17 @@ def test_a_recommenders_user_and_item_ids_are_read_column_by_column():
     x, y = np.array(rows), np.array(labels, dtype=np.float32)
     assert label_alignment(x, y).status == "passed"
     assert label_alignment(x, rng.permutation(y)).status == "failed"
+
+
+def test_categorical_fields_are_read_as_fields_before_labels_are_called_misaligned():
+    """DeepFM's click log: ten categorical fields, each with ids from 0, the click driven by
+    per-field effects. One bag of ids loses which field an id came from (field 3's id 5 is
+    field 7's id 5), and the healthy labels 'did not belong to their inputs'."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 10, (3000, 10))
+    weight = rng.normal(scale=1.0, size=10)
+    logit = sum((-1) ** j * weight[x[:, j]] for j in range(10))  # id 5 counts for in one field, against in the next
+    y = (rng.random(3000) < 1 / (1 + np.exp(-(logit - logit.mean())))).astype(np.int64)
+    aligned = label_alignment(torch.from_numpy(x), torch.from_numpy(y), steps=STEPS)
+    assert aligned.status == "passed", aligned.message
+    assert label_alignment(x, rng.permutation(y), steps=STEPS).status == "failed"

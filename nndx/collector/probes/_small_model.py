@@ -112,7 +112,7 @@ SHORT_ROW = 4  # rows of at most this many ids are read column by column (see to
 
 
 def token_data(x: Any, y: Any, *, min_samples: int, max_samples: int, min_per_class: int,
-               seed: int) -> ClassData | str:  # fmt: skip
+               seed: int, by_column: bool = False) -> ClassData | str:  # fmt: skip
     """Integer token sequences ``x`` [N, T] and their class targets as :class:`ClassData`,
     or why they cannot be read so. Token ids are identities: the most frequent ids each
     get a one-hot column, rarer ids share one.
@@ -127,7 +127,8 @@ def token_data(x: Any, y: Any, *, min_samples: int, max_samples: int, min_per_cl
       bag of ids (richer features, adjacent pairs or positions, made the small model's
       held-out losses too noisy to bound a weak signal). Rows of at most ``SHORT_ROW`` ids
       are columns more than a text (an n-gram's context words, a recommender's user and
-      item): each position gets its own one-hot code, so that user 5 is not item 5.
+      item): each position gets its own one-hot code, so that user 5 is not item 5; so do
+      longer rows with ``by_column`` (categorical fields).
 
     Whole sequences are taken in a seeded random order, at most ``max_samples`` rows."""
     xa, _ = _as_array(x, "inputs")
@@ -141,7 +142,7 @@ def token_data(x: Any, y: Any, *, min_samples: int, max_samples: int, min_per_cl
     if ids.shape[0] < MIN_SEQUENCES:
         return f"only {ids.shape[0]} sequences; need {MIN_SEQUENCES}"
     current = np.eye(width + 1)[ids]
-    if not per_position and xa.shape[1] <= SHORT_ROW:
+    if not per_position and (xa.shape[1] <= SHORT_ROW or by_column):
         columns = [_frequent_ids(column, TOKEN_IDS) for column in xa[order].astype(np.int64).T]
         bag = np.concatenate([np.eye(size + 1)[codes] for codes, size in columns], axis=1)
     else:

@@ -72,6 +72,8 @@ PERMUTATIONS = 3
 Z_ALIGNED = 3.0  # the real labels beat the permuted ones by this many standard errors: aligned
 Z_BOUND = 1.64  # one-sided 95% upper bound of the gain
 MIN_EFFECT = 0.02  # of the prior's entropy: the least gain aligned labels give a model that learns at all
+# a second reading of a row of ids as fields, one one-hot code per column, up to this many features
+MAX_FIELD_FEATURES = 4096
 MIN_REGRESSION_EFFECT = 0.05  # of the targets' variance: the same for real-valued targets (an R² of 5%)
 
 
@@ -104,6 +106,23 @@ def label_alignment(
         return _regression(data, steps=steps, seed=seed, hidden=hidden, lr=lr, holdout_fraction=holdout_fraction)
     if not isinstance(data, ClassData):
         return LabelAlignmentResult(status="skipped", message=data, steps=0)
+    result = _classification(data, steps=steps, seed=seed, hidden=hidden, lr=lr, holdout_fraction=holdout_fraction)
+    if result.status == "failed" and "one row per sequence" in data.note:
+        # a row of ids may be fields (DeepFM's categories, each column its own vocabulary) rather than a
+        # text: read so, a bag of ids loses which field an id came from; a signal either reading finds is one
+        fields = token_data(x, y, min_samples=MIN_SAMPLES, max_samples=max_samples, min_per_class=MIN_PER_CLASS,
+                            seed=seed, by_column=True)  # fmt: skip
+        if isinstance(fields, ClassData) and fields.features.shape[1] <= MAX_FIELD_FEATURES:
+            again = _classification(fields, steps=steps, seed=seed, hidden=hidden, lr=lr,
+                                    holdout_fraction=holdout_fraction)  # fmt: skip
+            if again.status == "passed":
+                again.message = f"read column by column (the ids as fields, not a text): {again.message}"
+                return again
+    return result
+
+
+def _classification(data: ClassData, *, steps: int, seed: int, hidden: int, lr: float,
+                    holdout_fraction: float) -> LabelAlignmentResult:  # fmt: skip
     features, targets, num_classes, note, groups = data
     # a sample is a row, or a whole sequence for rows cut from sequences
     groups = np.arange(targets.size) if groups is None else groups
