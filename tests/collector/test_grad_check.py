@@ -278,6 +278,29 @@ def test_a_backward_that_draws_its_own_randomness_is_not_called_broken():
     assert result.status == "skipped" and "randomness of its own" in result.message
 
 
+class Saturated(nn.Module):
+    """A logit summed over the batch (DeepFM's FM term without its dim) drives every
+    sigmoid to within 1e-13 of 1, where BCELoss's backward clamps p(1 - p) at 1e-12."""
+
+    def __init__(self, bug=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(8, 4), CustomLinear(4, 1, bug)
+
+    def forward(self, x):
+        z = self.b(torch.tanh(self.a(x))).squeeze(1)
+        return torch.sigmoid(z + 6 * z.mean() + 30)
+
+
+def test_a_torch_loss_clamped_at_saturated_outputs_is_no_broken_backward():
+    x, y = torch.randn(64, 8), (torch.rand(64) < 0.3).float()
+    healthy = grad_check(Saturated(), (x, y), nn.BCELoss())
+    assert healthy.status == "skipped" and "BCELoss's own gradient" in healthy.message
+    # away from saturation, the stand-in still finds a broken backward under torch's own loss
+    broken = grad_check(nn.Sequential(CustomLinear(8, 1, "scaled"), nn.Sigmoid(), nn.Flatten(0)), (x, y), nn.BCELoss())
+    assert broken.status == "failed" and "0.weight" in broken.message
+
+
 class MaxOverTime(nn.Module):
     """A per-step Linear max-reduced over time (a temporal CNN's pooling), written as amax."""
 
