@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import functools
 import inspect
 import math
 import random
@@ -158,6 +159,37 @@ def working_copy(model: nn.Module) -> nn.Module:
     except Exception as exc:  # a model holding an open file, a lock, a generator...
         raise TypeError(f"cannot deep-copy the model to probe it safely ({type(exc).__name__}: {exc})") from exc
     return reset_state_each_forward(detach_watchers(model_copy))
+
+
+def loss_on_copies(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` with the stateful modules it holds replaced by working copies: a GAN
+    generator's loss that runs the discriminator (SRGAN's ``criterion(discriminator(fake),
+    valid)``, the discriminator in the function's closure) would run the user's own in
+    every probe, moving its batch-norm statistics and counting in its Monitor. Modules held
+    by a closure, a bound method's ``self``, a ``functools.partial``, or the loss itself."""
+    if isinstance(loss_fn, nn.Module):
+        return working_copy(loss_fn) if _stateful(loss_fn) else loss_fn
+    if isinstance(loss_fn, types.MethodType) and isinstance(loss_fn.__self__, nn.Module) and _stateful(
+            loss_fn.__self__):  # fmt: skip
+        return types.MethodType(loss_fn.__func__, working_copy(loss_fn.__self__))
+    if isinstance(loss_fn, functools.partial):
+        args = [working_copy(a) if isinstance(a, nn.Module) and _stateful(a) else a for a in loss_fn.args]
+        keywords = {k: working_copy(v) if isinstance(v, nn.Module) and _stateful(v) else v
+                    for k, v in loss_fn.keywords.items()}  # fmt: skip
+        return functools.partial(loss_on_copies(loss_fn.func), *args, **keywords)
+    if isinstance(loss_fn, types.FunctionType) and loss_fn.__closure__:
+        memo: dict[int, Any] = {}
+        for cell in loss_fn.__closure__:
+            contents = _contents(cell)
+            if isinstance(contents, nn.Module) and _stateful(contents):
+                memo[id(contents)] = working_copy(contents)
+        if memo:
+            return _with_cells(loss_fn, tuple(_cell_copy(cell, memo) for cell in loss_fn.__closure__))
+    return loss_fn
+
+
+def _stateful(module: nn.Module) -> bool:
+    return any(True for _ in nn.Module.parameters(module)) or any(True for _ in nn.Module.buffers(module))
 
 
 def dense_gradients(model_copy: nn.Module) -> nn.Module:
@@ -320,20 +352,29 @@ def _rebound(copied: Any, model: nn.Module, memo: dict[int, Any]) -> Any:
             if name not in _MODULE_DICTS and isinstance(value, types.FunctionType) and value.__closure__:
                 cells = tuple(_cell_copy(cell, memo) for cell in value.__closure__)
                 if any(new is not old for new, old in zip(cells, value.__closure__)):
-                    function = types.FunctionType(value.__code__, value.__globals__, value.__name__,
-                                                  value.__defaults__, cells)  # fmt: skip
-                    function.__kwdefaults__, function.__qualname__ = value.__kwdefaults__, value.__qualname__
-                    function.__dict__.update(value.__dict__)
-                    vars(module)[name] = function
+                    vars(module)[name] = _with_cells(value, cells)
     return copied
 
 
-def _cell_copy(cell: types.CellType, memo: dict[int, Any]) -> types.CellType:
+def _with_cells(function: types.FunctionType, cells: tuple[types.CellType, ...]) -> types.FunctionType:
+    """``function`` closing over ``cells`` instead of its own."""
+    rebuilt = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                                 cells)  # fmt: skip
+    rebuilt.__kwdefaults__, rebuilt.__qualname__ = function.__kwdefaults__, function.__qualname__
+    rebuilt.__dict__.update(function.__dict__)
+    return rebuilt
+
+
+def _contents(cell: types.CellType) -> Any:
     try:
-        contents = cell.cell_contents
+        return cell.cell_contents
     except ValueError:  # an empty cell
-        return cell
-    twin = memo.get(id(contents))
+        return None
+
+
+def _cell_copy(cell: types.CellType, memo: dict[int, Any]) -> types.CellType:
+    contents = _contents(cell)
+    twin = memo.get(id(contents)) if contents is not None else None
     return types.CellType(twin) if twin is not None and twin is not contents else cell
 
 

@@ -67,6 +67,7 @@ from nndx.collector._common import (
     iter_tensors,
     loader_generators,
     loss_name,
+    loss_on_copies,
     map_tensors,
     num_classes,
     optimizer_coverage,
@@ -214,6 +215,10 @@ class _Setup:
         if loss_fn is not None and not callable(loss_fn):
             raise UsageError(f"loss_fn must be callable (or None when the model returns .loss), got {type(loss_fn).__name__}")
         notes: list[str] = []
+        try:
+            loss_fn = loss_on_copies(loss_fn)  # a discriminator inside the loss: the probes run a copy of it
+        except TypeError as exc:
+            notes.append(f"the loss's own modules run as they are: {exc}")
         batch, note = _first_batch(batch)
         if note:
             notes.append(note)

@@ -1039,3 +1039,25 @@ def test_a_copy_runs_its_own_modules_behind_a_lambda():
     assert report.probes.overfit_one_batch.status == "passed"
     assert_untouched(before, model)
     assert all(p.grad is None for p in model.parameters())  # no probe's backward reached the user's weights
+
+
+def test_a_discriminator_inside_the_generators_loss_is_probed_on_a_copy():
+    """SRGAN's generator loss runs the discriminator (held in the function's closure): the
+    probes must run a copy of it, or they move its batch-norm statistics and count in its
+    Monitor as no-grad forwards in train mode (an EVAL_MODE_FORGOTTEN false alarm)."""
+    torch.manual_seed(0)
+    generator = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 8))
+    discriminator = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer_d = torch.optim.Adam(discriminator.parameters())
+    criterion = nn.BCEWithLogitsLoss()
+
+    def generator_loss(fake, real):
+        return criterion(discriminator(fake), torch.ones(fake.shape[0], 1)) + nn.functional.mse_loss(fake, real)
+
+    z, real = torch.randn(32, 4), torch.randn(32, 8)
+    before = snapshot(discriminator)
+    with nndx.Monitor(discriminator, optimizer_d) as mon_d:
+        nndx.probe(generator, (z, real), generator_loss, progress=False)
+        forwards = mon_d.report().loop.forward_calls
+    assert forwards == 0
+    assert_untouched(before, discriminator)
