@@ -273,7 +273,8 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
     detects="Frozen parameters while nothing trainable remains (error); frozen weights of which at least "
     "half still hold a standard initialisation — PyTorch's default uniform, a He/Xavier/LeCun normal, a "
     "norm layer's ones (warning); or "
-    "frozen parameters while the train loss is not moving (warning). A frozen trained backbone whose "
+    "frozen parameters, at least 1% of the model's, while the train loss is not moving (warning; DINO's fixed "
+    "weight-norm gain is 0.2% and cannot be why nothing learns). A frozen trained backbone whose "
     "trainable head lowers the loss, or whose loss starts under half an uninformed prediction's, is "
     "reported as info. Frozen parameters that follow trained ones are left alone: a module whose frozen weight "
     "matrices mostly equal trainable ones of the same shape (the copy MoCo, BYOL, a DQN target or a mean teacher "
@@ -309,17 +310,21 @@ def frozen(report: DiagnosticReport) -> Hit | None:
             evidence=evidence,
             score=2.5,
         )
-    if curve.n >= 10 and curve.progress < 0.05 and not starts_fitted(report):
+    total = report.model.param_count if report.model is not None else 0
+    tiny = bool(total) and trainable is not None and 0 < total - trainable < 0.01 * total
+    if curve.n >= 10 and curve.progress < 0.05 and not starts_fitted(report) and not tiny:
         return Hit(
             symptom=f"{len(loop.frozen_params)} parameters frozen and the loss is not moving",
             evidence=evidence,
             score=2.0,
         )
     return Hit(
-        symptom=f"{len(loop.frozen_params)} parameters frozen; the rest trains",
+        symptom=f"{len(loop.frozen_params)} parameters frozen; the rest trains"
+        + (" (under 1% of the model's: not why the loss is not moving)" if tiny else ""),
         evidence=evidence,
         severity="info",
         score=0.5,
+        refuted=tiny,  # too small a part to explain a stalled loss
     )
 
 

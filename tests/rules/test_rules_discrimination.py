@@ -427,6 +427,11 @@ def test_a_frozen_pretrained_backbone_whose_loss_starts_fitted_is_context_not_st
     assert set(alarms(level=0.15, noise=0.3).values()) <= {"info"}  # 0.15 against ln(10) = 2.3
     at_chance = alarms(level=2.3026, noise=0.005)
     assert at_chance.get("NNDX103") in ("warning", "error") and at_chance.get("NNDX305") == "warning"
+    # DINO fixes its head's weight-norm gain (requires_grad False): 0.2% of the model cannot be why it is stuck
+    gain = frozen.model_copy(update={"model": mlp_model(param_count=55050 + 100, trainable_param_count=55050),
+                                     "loss_history": {"train": points(flat(4, level=2.3026, noise=0.005))}})
+    assert {f.rule_id: f.severity for f in diagnose(with_loop(gain, frozen_params=["head.weight_g"])).findings
+            }.get("NNDX305", "info") == "info"  # fmt: skip
 
 
 def test_a_head_on_a_frozen_backbone_that_stays_fitted_is_context_and_one_that_climbs_past_chance_is_not():
