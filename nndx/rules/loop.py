@@ -574,6 +574,28 @@ def zero_batches(report: DiagnosticReport) -> Hit | None:
 
 
 @rule(
+    "NNDX325",
+    C.SILENT_DATA_LOSS,
+    "error",
+    "Validation ran, training never did",
+    detects="A Monitor that saw no optimizer step, no backward pass and no logged train loss while at least two "
+    "validation losses were logged: epochs went by over a training loader that yielded no batch.",
+    why="A DataLoader with drop_last=True and a batch larger than the split (TabNet's fit default of 1024 on a "
+    "smaller table), an empty split after filtering, or a sampler over zero indices yields nothing; the loop "
+    "runs its epochs, validates the untrained model and prints a loss.",
+    fix="Check len(train_loader) > 0 before training: lower the batch size below the split's size or set "
+    "drop_last=False, and check the split and sampler are not empty.",
+)
+def no_training_step(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    validated = train_curve(report, "val")
+    if loop is None or loop.steps or loop.backward_calls or train_curve(report) or len(validated) < 2:
+        return None
+    return Hit(symptom=f"{len(validated)} validation losses logged and not one training step",
+               evidence={"val_points": len(validated), "steps": 0, "backward_calls": 0}, score=3.0)
+
+
+@rule(
     "NNDX310",
     C.DDP_DESYNC,
     "error",

@@ -303,6 +303,8 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX307": per_batch_step_lr,
     "NNDX308": tight_clip,
     "NNDX309": zero_batches,
+    "NNDX325": lambda: with_loop(BASE, steps=0, backward_calls=0, zero_grad_calls=0).model_copy(
+        update={"loss_history": {"val": points(flat(4, level=0.7))}}),
     "NNDX310": desync,
     "NNDX311": tiny_batch,
     "NNDX323": trained_in_eval_mode,
