@@ -598,6 +598,11 @@ class LossCall(Schema):
     target_std: Float | None = Field(None, description="standard deviation of floating-point targets")
     target_min: Float | None = Field(None, description="smallest floating-point target seen")
     target_max: Float | None = Field(None, description="largest floating-point target seen")
+    ignore_index: int | None = Field(None, description="the class index the loss was told to skip (when >= 0)")
+    ignored_target_fraction: Fraction | None = Field(
+        None, description="largest share of a call's targets equal to ignore_index")
+    scored_classes: Count | None = Field(
+        None, description="most distinct target classes a call still scored beside ignore_index")
     calls: Count = 1
     measured_batches: Count = Field(0, description="calls whose targets (2 or more values) were measured")
     single_target_batches: Count = Field(

@@ -81,7 +81,8 @@ class LossCallLog:
         self._entries: dict[tuple, dict[str, Any]] = {}
 
     def add(self, loss_type: str, output: Any, target: Any, measure: bool = False,
-            defer: Callable[[Pending, Callable[[Any], None]], None] | None = None) -> dict[str, Any] | None:
+            defer: Callable[[Pending, Callable[[Any], None]], None] | None = None,
+            ignore_index: int | None = None) -> dict[str, Any] | None:
         """Count a call of ``loss_type`` on ``output`` and ``target`` (anything that is not
         a tensor output is not evidence of its kind, and is left out). ``defer``: hand the
         evidence's values to this instead of fetching them now (the Monitor's Deferred).
@@ -108,6 +109,8 @@ class LossCallLog:
                 "target_dtype": _dtype(target_t),
                 "calls": 1,
             }
+        if ignore_index is not None and ignore_index >= 0 and target_t is not None and not target_t.is_floating_point():
+            _note_ignored(entry, target_t, int(ignore_index))
         if output.is_floating_point() and output.numel() > 0:
             pending = pending_evidence(output, target_t)
             if defer is None:
@@ -146,6 +149,17 @@ class LossCallLog:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _note_ignored(entry: dict[str, Any], target: torch.Tensor, ignore_index: int) -> None:
+    """A loss told to ignore a class index (``ignore_index`` >= 0): the share of targets it
+    skips and how many classes it still scores, over the calls seen."""
+    with torch.no_grad():
+        ignored = target == ignore_index
+        scored = torch.unique(target[~ignored & (target >= 0)]).numel()
+    entry["ignore_index"] = ignore_index
+    entry["ignored_target_fraction"] = max(entry.get("ignored_target_fraction", 0.0), float(ignored.float().mean()))
+    entry["scored_classes"] = max(entry.get("scored_classes", 0), int(scored))
 
 
 class InnerLossCalls(TorchFunctionMode):
@@ -189,7 +203,7 @@ class InnerLossCalls(TorchFunctionMode):
             output = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if self.log is not None:
-                self.log.add(kind.name, output, target)
+                self.log.add(kind.name, output, target, ignore_index=kwargs.get("ignore_index"))
             self.last = (kind.name, output, target)
         result = func(*args, **kwargs)
         if name in _ELEMENTWISE and self.broadcast_shape is None and len(args) == 2:

@@ -499,7 +499,9 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
             output = forward(model_copy, inputs)
         calls = LossCallLog()
         predicted = prediction(output)
-        outer = calls.add(loss_name(setup.loss_fn), predicted, targets) if setup.loss_fn is not None else None
+        outer = (calls.add(loss_name(setup.loss_fn), predicted, targets,
+                           ignore_index=getattr(setup.loss_fn, "ignore_index", None))
+                 if setup.loss_fn is not None else None)  # fmt: skip
         # a loss of the user's own: what reaches torch's loss inside it, and any softmax it applies itself
         own_loss = setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None
         inner = InnerLossCalls(calls, output=predicted, target=targets) if own_loss else None

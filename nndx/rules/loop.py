@@ -870,6 +870,35 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
     return None
 
 
+@rule(
+    "NNDX326",
+    C.WRONG_LOSS,
+    "error",
+    "The loss ignores a class its targets use, leaving one class to score",
+    detects="A loss call with ignore_index set to a class index (>= 0) that some of its targets hold, after which "
+    "at most one class is left to score (a two-class target with one class ignored). A padding index ignored "
+    "beside a vocabulary (a masked language model's labels) leaves many classes and does not fire.",
+    why="ignore_index drops every target equal to it from the loss: a shared criterion built for masked tokens "
+    "(NLLLoss(ignore_index=0), BERT-pytorch's) also drops the next-sentence task's class 0, so the model only "
+    "ever learns to say 'is next', and accuracy stays at chance.",
+    fix="Give each task its own criterion: ignore_index only where the index marks no target (padding, "
+    "unlabelled samples), never a real class.",
+)
+def ignored_real_class(report: DiagnosticReport) -> Hit | None:
+    for call in loss_calls(report):
+        if (call.ignore_index is not None and call.ignored_target_fraction and call.scored_classes is not None
+                and call.scored_classes <= 1):  # fmt: skip
+            return Hit(
+                symptom=f"{call.loss_type} ignores class {call.ignore_index}, "
+                f"{call.ignored_target_fraction:.0%} of its targets, and scores {call.scored_classes} class",
+                evidence={"loss_type": call.loss_type, "ignore_index": call.ignore_index,
+                          "ignored_target_fraction": call.ignored_target_fraction,
+                          "scored_classes": call.scored_classes, "output_shape": call.output_shape},  # fmt: skip
+                score=3.0,
+            )
+    return None
+
+
 LOG_ROWS_TOLERANCE = 0.1  # |log of the probability mass| of a row: 10% off one is no rounding
 
 

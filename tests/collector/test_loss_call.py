@@ -1,6 +1,7 @@
 """What reaches torch's loss is evidence whoever wraps it: a loss function of the user's
 own (a plain ``def``) shows the call of torch's loss inside it."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -161,3 +162,25 @@ def test_bce_on_minus_one_plus_one_labels_is_named_as_the_labels_encoding():
         found[name] = [f for f in nndx.diagnose(report).findings if f.severity != "info"]
     assert found["plus_minus"][0].code.value == "LABEL_DTYPE"
     assert found["zero_one"] == []
+
+
+def _ignored_findings(targets: torch.Tensor, classes: int, direct: bool) -> list:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, classes), nn.LogSoftmax(dim=1))
+    criterion = nn.NLLLoss(ignore_index=0)
+
+    def own_loss(out, y):  # BERT-pytorch's trainer: one criterion for both of its tasks
+        return criterion(out, y)
+
+    report = nndx.probe(model, (torch.randn(len(targets), 8), targets), criterion if direct else own_loss,
+                        probes=["nan_origin"], progress=False)  # fmt: skip
+    return [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX326"]
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_an_ignore_index_that_leaves_one_class_to_score_is_a_wrong_loss(direct):
+    next_sentence = torch.arange(64) % 2  # is-next 1, not-next 0: the criterion made for padding drops half
+    (finding,) = _ignored_findings(next_sentence, 2, direct)
+    assert finding.evidence["ignore_index"] == 0 and finding.evidence["scored_classes"] == 1
+    masked_tokens = torch.where(torch.arange(64) % 4 == 0, torch.arange(64) % 19 + 1, 0)  # 0: not masked
+    assert _ignored_findings(masked_tokens, 20, direct) == []

@@ -303,6 +303,8 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX307": per_batch_step_lr,
     "NNDX308": tight_clip,
     "NNDX309": zero_batches,
+    "NNDX326": lambda: calls(loss_call(loss_type="NLLLoss", output_shape=[64, 2], target_shape=[64],
+                                       ignore_index=0, ignored_target_fraction=0.5, scored_classes=1)),
     "NNDX325": lambda: with_loop(BASE, steps=0, backward_calls=0, zero_grad_calls=0).model_copy(
         update={"loss_history": {"val": points(flat(4, level=0.7))}}),
     "NNDX310": desync,
