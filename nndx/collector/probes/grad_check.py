@@ -216,10 +216,11 @@ def grad_check(
                                   elements_per_tensor, eps, seed, project=True)  # fmt: skip
                 if again.status != "failed":  # but through saturated outputs, agreeing says little: not a pass
                     again.status = "skipped"
-                    again.message = (f"{loss_name(loss_fn)}'s own gradient disagrees with its differences at these "
-                                     "outputs (at the edge of its domain: a clamp in saturation); the model's backward, "
-                                     "checked through a random projection of its outputs instead, does not, which "
-                                     "at saturated outputs proves little: " + (again.message or ""))  # fmt: skip
+                    again.message = (f"{loss_name(loss_fn)}'s own gradient disagrees with its differences at "
+                                     "these outputs (at the edge of its domain: a clamp in saturation); the model's "
+                                     "backward, checked through a random projection of its outputs instead, does "
+                                     "not, which at saturated outputs proves little: "
+                                     + (again.message or ""))  # fmt: skip
                     return again
             return result
         except RuntimeError as exc:
