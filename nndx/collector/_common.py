@@ -347,7 +347,7 @@ def _rebound(copied: Any, model: nn.Module, memo: dict[int, Any]) -> Any:
     the user's own modules: the copy's eval() left their dropout on, and a probe's
     backward wrote into the user's gradients."""
     twin = memo.get(id(model))
-    for module in twin.modules() if isinstance(twin, nn.Module) else ():
+    for module in nn.Module.modules(twin) if isinstance(twin, nn.Module) else ():  # not a model's override
         for name, value in list(vars(module).items()):
             if name not in _MODULE_DICTS and isinstance(value, types.FunctionType) and value.__closure__:
                 cells = tuple(_cell_copy(cell, memo) for cell in value.__closure__)
