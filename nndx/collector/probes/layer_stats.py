@@ -76,7 +76,10 @@ def hook_statistics(
             loss = compute_loss(loss_fn, output, targets)
         loss.backward()
         layers = _in_forward_order(recorder.finish_step() + seen.layer_records(step), seen.timeline)
-        unused = _unused_modules(model_copy, inputs, targets, loss_fn)
+        try:
+            unused = _unused_modules(model_copy, inputs, targets, loss_fn)
+        except Exception:  # noqa: BLE001 - an extra forward the model cannot take: no claim, the statistics stand
+            unused = []
         before = snapshot_parameters(model_copy)
         optimizer_step(opt, lambda: compute_loss(loss_fn, forward(model_copy, inputs), targets))
         parameters = parameter_stats(model_copy, before, step)
