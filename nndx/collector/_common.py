@@ -168,28 +168,24 @@ def loss_on_copies(loss_fn: LossFn) -> LossFn:
     every probe, moving its batch-norm statistics and counting in its Monitor. Modules held
     by a closure, a bound method's ``self``, a ``functools.partial``, or the loss itself."""
     if isinstance(loss_fn, nn.Module):
-        return working_copy(loss_fn) if _stateful(loss_fn) else loss_fn
-    if isinstance(loss_fn, types.MethodType) and isinstance(loss_fn.__self__, nn.Module) and _stateful(
-            loss_fn.__self__):  # fmt: skip
-        return types.MethodType(loss_fn.__func__, working_copy(loss_fn.__self__))
+        return _copied(loss_fn)
+    if isinstance(loss_fn, types.MethodType) and (owner := _copied(loss_fn.__self__)) is not loss_fn.__self__:
+        return types.MethodType(loss_fn.__func__, owner)
     if isinstance(loss_fn, functools.partial):
-        args = [working_copy(a) if isinstance(a, nn.Module) and _stateful(a) else a for a in loss_fn.args]
-        keywords = {k: working_copy(v) if isinstance(v, nn.Module) and _stateful(v) else v
-                    for k, v in loss_fn.keywords.items()}  # fmt: skip
-        return functools.partial(loss_on_copies(loss_fn.func), *args, **keywords)
+        return functools.partial(loss_on_copies(loss_fn.func), *map(_copied, loss_fn.args),
+                                 **{k: _copied(v) for k, v in loss_fn.keywords.items()})  # fmt: skip
     if isinstance(loss_fn, types.FunctionType) and loss_fn.__closure__:
-        memo: dict[int, Any] = {}
-        for cell in loss_fn.__closure__:
-            contents = _contents(cell)
-            if isinstance(contents, nn.Module) and _stateful(contents):
-                memo[id(contents)] = working_copy(contents)
+        memo = {id(c): copied for c in map(_contents, loss_fn.__closure__) if (copied := _copied(c)) is not c}
         if memo:
             return _with_cells(loss_fn, tuple(_cell_copy(cell, memo) for cell in loss_fn.__closure__))
     return loss_fn
 
 
-def _stateful(module: nn.Module) -> bool:
-    return any(True for _ in nn.Module.parameters(module)) or any(True for _ in nn.Module.buffers(module))
+def _copied(value: Any) -> Any:
+    """A working copy of a module with parameters or buffers; anything else as it is."""
+    stateful = isinstance(value, nn.Module) and (any(True for _ in nn.Module.parameters(value))
+                                                 or any(True for _ in nn.Module.buffers(value)))  # fmt: skip
+    return working_copy(value) if stateful else value
 
 
 def dense_gradients(model_copy: nn.Module) -> nn.Module:
@@ -218,7 +214,8 @@ def _is_nndx(fn: object) -> bool:
     return _defined_in(fn).startswith("nndx.")
 
 
-def _is_torch(fn: object) -> bool:
+def is_torch_code(fn: object) -> bool:
+    """Whether ``fn`` (a function, bound method, partial or callable) is defined in torch."""
     module = _defined_in(fn)
     return module == "torch" or module.startswith("torch.")
 
@@ -250,7 +247,7 @@ def detach_watchers(obj: nn.Module | torch.optim.Optimizer) -> nn.Module | torch
         for attr, value in list(vars(owner).items()):
             if attr.endswith("hooks") and isinstance(value, dict):
                 foreign = [k for k, fn in value.items() if _is_nndx(fn) or (
-                    attr in _CALL_HOOKS and not _is_torch(fn) and id(getattr(fn, "__self__", None)) not in own)]
+                    attr in _CALL_HOOKS and not is_torch_code(fn) and id(getattr(fn, "__self__", None)) not in own)]
                 for key in foreign:
                     del value[key]
                     for flags in ("_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
@@ -747,7 +744,8 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, tuple):
-        return tuple(map_tensors(o, fn) for o in obj)
+        mapped = [map_tensors(o, fn) for o in obj]
+        return type(obj)(*mapped) if hasattr(obj, "_fields") else tuple(mapped)  # a namedtuple keeps its type
     if isinstance(obj, list):
         return [map_tensors(o, fn) for o in obj]
     if isinstance(obj, dict):

@@ -27,6 +27,7 @@ from nndx.collector._common import (
     compute_loss,
     copy_with_optimizer,
     forward,
+    map_tensors,
     optimizer_step,
     preserved_rng,
     seed_all,
@@ -144,18 +145,13 @@ def _loss_with(model: nn.Module, inputs: object, targets: object, loss_fn: LossF
 
 
 def _perturbed(output: object, generators: dict[torch.device, torch.Generator]) -> object:
-    if isinstance(output, torch.Tensor):
-        if not output.is_floating_point() or output.numel() == 0:
-            return output
-        g = generators.setdefault(output.device, torch.Generator(device=output.device).manual_seed(0))
-        noise = torch.randn(output.shape, generator=g, device=output.device, dtype=output.dtype)
-        return output + noise * (output.detach().abs().mean() + 1)
-    if isinstance(output, tuple):
-        return type(output)(*(_perturbed(o, generators) for o in output)) if hasattr(output, "_fields") \
-            else tuple(_perturbed(o, generators) for o in output)
-    if isinstance(output, list):
-        return [_perturbed(o, generators) for o in output]
-    return output
+    def noisy(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point() or t.numel() == 0:
+            return t
+        g = generators.setdefault(t.device, torch.Generator(device=t.device).manual_seed(0))
+        return t + torch.randn(t.shape, generator=g, device=t.device, dtype=t.dtype) * (t.detach().abs().mean() + 1)
+
+    return map_tensors(output, noisy)
 
 
 def _in_forward_order(layers: list[LayerStats], timeline: list[str]) -> list[LayerStats]:
