@@ -566,16 +566,18 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     "NNDX613",
     C.LABELS_MISALIGNED,
     "error",
-    "Language-model targets are not shifted: each position predicts the token it is given",
+    "Each position is asked to predict the token it is given: targets not shifted, or not masked",
     detects="The causality probe: at (nearly) every position the loss scores, the target the loss pulls the "
     "output towards is the input token at that same position (copy_fraction >= 0.9), and far more often than "
     "it is the next input token. Which target goes with which output is read from the loss's gradient, so a "
-    "loss that shifts internally (labels = input_ids) is not flagged.",
-    why="A next-token model must predict inputs[t + 1] from inputs[..t]. With targets = inputs the answer is "
-    "in the input: the loss falls to almost zero, and the model learns to copy, not to predict. Nothing "
-    "crashes, and the falling loss looks like success.",
-    fix="Shift by one: inputs = tokens[:, :-1], targets = tokens[:, 1:] (or logits[:, :-1] against "
-    "labels[:, 1:] in the loss).",
+    "loss that shifts internally (labels = input_ids) is not flagged; with several targets and outputs (BERT's "
+    "next-sentence and masked-token heads), the per-token ones are read.",
+    why="A next-token model must predict inputs[t + 1] from inputs[..t]; a masked language model must "
+    "recover tokens hidden from it. With the answer in the input the loss falls to almost zero, and the model "
+    "learns to copy, not to predict. Nothing crashes, and the falling loss looks like success.",
+    fix="Next-token model: shift by one, inputs = tokens[:, :-1], targets = tokens[:, 1:] (or logits[:, :-1] "
+    "against labels[:, 1:] in the loss). Masked language model: replace the scored positions' input tokens "
+    "(80% by the mask id, 10% by random ids, 10% kept) before the forward.",
 )
 def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "causality")

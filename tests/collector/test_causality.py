@@ -325,3 +325,44 @@ def test_targets_handed_to_a_model_that_computes_its_own_loss_are_not_its_tokens
     y[:, -2:] = -1  # padding after the word ends (ignore_index): more distinct values than the tokens
     result = causality(OwnLossGPT(), ((x, y), y), lambda output, _targets: output[1])
     assert result.status == "passed" and not result.unshifted and result.next_fraction == 1.0
+
+
+class TwoHeadBERT(nn.Module):
+    """BERT-pytorch's shape: (next-sentence log-probs per sample, masked-LM log-probs per
+    token); a bidirectional encoder, as a masked language model is meant to be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(VOCAB + 1, 12)
+        self.lstm = nn.LSTM(12, 16, batch_first=True, bidirectional=True)
+        self.nsp, self.mlm = nn.Linear(32, 2), nn.Linear(32, VOCAB + 1)
+
+    def forward(self, idx):
+        h = self.lstm(self.emb(idx))[0]
+        return F.log_softmax(self.nsp(h[:, 0]), dim=-1), F.log_softmax(self.mlm(h), dim=-1)
+
+
+def bert_loss(output, targets):
+    nsp_out, mlm_out = output
+    is_next, mlm_labels = targets
+    return F.nll_loss(nsp_out, is_next) + F.nll_loss(mlm_out.transpose(1, 2), mlm_labels, ignore_index=0)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_a_masked_language_model_shown_its_targets_is_caught_among_several_outputs(masked):
+    """BERT-pytorch's bug report: the masked tokens left in the input. The loss's per-token
+    targets are the second of two targets, the per-token output the second of two outputs."""
+    mask_id = VOCAB
+    tokens = text()[:, :-1] % (VOCAB - 1) + 1  # ids 1..VOCAB-1: 0 is the ignored label
+    chosen = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(1)) < 0.3
+    labels = torch.where(chosen, tokens, torch.zeros_like(tokens))
+    inputs = torch.where(chosen, torch.full_like(tokens, mask_id), tokens) if masked else tokens
+    is_next = torch.randint(0, 2, (len(tokens),), generator=torch.Generator().manual_seed(2))
+    result = causality(TwoHeadBERT(), (inputs, (is_next, labels)), bert_loss)
+    assert result.scored_positions == int(chosen.sum())
+    if masked:
+        assert result.status == "skipped" and result.copy_fraction < 0.5 and "not next-token" in result.message
+    else:
+        assert result.status == "failed" and result.unshifted and result.copy_fraction == 1.0
+        assert codes(TwoHeadBERT(), (inputs, (is_next, labels)), bert_loss)[:1] == ["LABELS_MISALIGNED"]

@@ -10,12 +10,15 @@ A language model whose loss falls to almost zero has often been shown the answer
 of two ways, neither of which crashes:
 
 - **targets not shifted**: the loss asks position ``t`` to predict ``inputs[t]``, the
-  token it is given, instead of ``inputs[t + 1]`` (LABELS_MISALIGNED);
+  token it is given, instead of ``inputs[t + 1]`` (LABELS_MISALIGNED) — or, in a masked
+  language model, the tokens it must recover were never masked in its input;
 - **the future is visible**: the output at ``t`` depends on tokens after ``t`` — a
   missing or wrong causal mask, a bidirectional LSTM used as a language model, a
   convolution padded on both sides (DATA_LEAKAGE).
 
-Which target the loss pairs with each output position is read from the loss itself,
+A model trained on several objectives (BERT's next-sentence label per sample beside its
+masked-token labels) is read through the target and the output that have an entry per
+token. Which target the loss pairs with each output position is read from the loss itself,
 not from the batch: one backward of the loss on an eval-mode copy, and the token whose
 logit the gradient at position ``t`` pushes up is that position's target (a loss that
 shifts internally, as a Hugging Face model computing its own ``.loss`` from
@@ -88,7 +91,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     found = _token_inputs(inputs, targets)
     if isinstance(found, str):
         return CausalityResult(status="skipped", message=found)
-    tokens = found
+    tokens, _target = found
     # what depends on which token does not depend on the dtype, and float32 resolves it: a
     # half-precision model (or autocast) is compared on a float32 copy
     with preserved_rng(), forwards_under_autocast(None):
@@ -96,9 +99,10 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         if any(p.dtype in LOW_PRECISION for p in nn.Module.parameters(model_copy)):
             model_copy.float()
             inputs = map_tensors(inputs, lambda t: t.float() if t.dtype in LOW_PRECISION else t)
-        aimed = _loss_targets(model_copy, inputs, targets, loss_fn, tokens)
-        if isinstance(aimed, str):
-            return CausalityResult(status="skipped", message=aimed)
+        read = _loss_targets(model_copy, inputs, targets, loss_fn, tokens)
+        if isinstance(read, str):
+            return CausalityResult(status="skipped", message=read)
+        aimed, which_output = read
         scored = aimed >= 0
         n_scored = int(scored.sum())
         if n_scored == 0:
@@ -115,8 +119,9 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         if unshifted:
             return CausalityResult(status="failed", unshifted=True, **common, message=(
                 f"the loss asks {copy:.0%} of the scored positions to predict the input token at that same position "
-                f"(the next token only {next_share:.0%}): the targets are not shifted — use inputs[:, :-1] as inputs "
-                "and inputs[:, 1:] as targets"))  # fmt: skip
+                f"(the next token only {next_share:.0%}): the model is shown what it must predict — targets not "
+                "shifted (use inputs[:, :-1] as inputs and inputs[:, 1:] as targets), or a masked language model's "
+                "scored tokens not masked in its input"))  # fmt: skip
         if time_axis is None:
             return CausalityResult(status="skipped", unshifted=False, **common, message=(
                 f"the loss's targets are the next input token at only {next_share:.0%} of the scored positions (the "
@@ -128,8 +133,8 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
                                    message="every input token is the same id: nothing to change")  # fmt: skip
         changed_inputs, cut = _with_tokens(inputs, tokens, changed), changed[1]
         with torch.no_grad(), ForwardObserver(model_copy) as seen:
-            before = _per_position(_outputs(model_copy, inputs), tokens.shape, time_axis)
-            after = _per_position(_outputs(model_copy, changed_inputs), tokens.shape, time_axis)
+            before = _per_position(_outputs(model_copy, inputs, which_output), tokens.shape, time_axis)
+            after = _per_position(_outputs(model_copy, changed_inputs, which_output), tokens.shape, time_axis)
         tolerance = roundoff_tolerance(model_copy, [before], seen.lowest_precision)
     change = (after[:, : cut + 1] - before[:, : cut + 1]).abs().amax(dim=(0, 2))  # per earlier position
     moved = int((change > tolerance).sum())
@@ -146,12 +151,18 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         f"position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
 
 
-def _token_inputs(inputs: object, targets: object) -> torch.Tensor | str:
-    """The integer token tensor of the inputs with the targets' 2-D shape (or as many
-    entries as flattened targets), or why none."""
-    target = next(iter_tensors(targets), None) if targets is not None else None
-    if target is None:
+def _token_inputs(inputs: object, targets: object) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """The integer token tensor of the inputs that a target tensor is laid out over, with
+    that target, or why none. Every target is tried in turn: a model trained on several
+    objectives (BERT's next-sentence label per sample and masked-token labels per token)
+    has its per-token targets anywhere among them."""
+    found = [_tokens_for(inputs, t) for t in iter_tensors(targets)] if targets is not None else []
+    if not found:
         return "no targets: nothing says what each position must predict"
+    return next((f for f in found if not isinstance(f, str)), found[0])
+
+
+def _tokens_for(inputs: object, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | str:
     if target.dim() not in (1, 2) or target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         return (f"targets of shape {list(target.shape)} and dtype {target.dtype}: the probe needs integer tokens "
                 "per position (batch, time) of a next-token model")  # fmt: skip
@@ -175,30 +186,48 @@ def _token_inputs(inputs: object, targets: object) -> torch.Tensor | str:
     if min(shape) < 1 or max(shape) < MIN_POSITIONS:
         return f"inputs of shape {list(shape)}: need {MIN_POSITIONS} positions"
     # the token ids, not an attention mask of the same shape
-    return max(candidates, key=lambda t: torch.unique(t).numel())
+    return max(candidates, key=lambda t: torch.unique(t).numel()), target
 
 
 def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn,
-                  tokens: torch.Tensor) -> torch.Tensor | str:  # fmt: skip
+                  tokens: torch.Tensor) -> tuple[torch.Tensor, int] | str:  # fmt: skip
     """For each position of ``tokens``, the token the loss pushes that position's output
-    towards (its most negative gradient), or -1 where the loss ignores the position."""
+    towards (its most negative gradient), or -1 where the loss ignores the position; and
+    which of the model's outputs (:func:`_float_outputs`) has an entry per position."""
     seed_all(SEED)
     with torch.enable_grad():
         output = forward(model, inputs)
-        logits = next(iter_tensors(prediction(output)), None)
-        if logits is None or not logits.is_floating_point():
+        outputs = _float_outputs(output)
+        if not outputs:
             return "the model returned no floating-point tensor"
-        if not logits.requires_grad:
-            logits.requires_grad_()  # frozen or no-grad model: the gradient w.r.t. the outputs still says it
-        logits.retain_grad()
+        for out in outputs:
+            if not out.requires_grad:
+                out.requires_grad_()  # frozen or no-grad model: the gradient w.r.t. the outputs still says it
+            out.retain_grad()
         compute_loss(loss_fn, output, targets).backward()
-    if logits.grad is None:
-        return "the loss does not depend on the model's first output: no way to tell what each position predicts"
-    grad = _per_position(logits.grad.detach().float(), tokens.shape, None)
-    if isinstance(grad, str):
-        return grad
-    aimed = grad.argmin(dim=-1)
-    return torch.where(grad.abs().amax(dim=-1) > 0, aimed, torch.full_like(aimed, -1)).to(tokens.device)
+    reasons = []
+    for index, out in enumerate(outputs):
+        if out.grad is None or not bool(out.grad.any()):
+            continue
+        grad = _per_position(out.grad.detach().float(), tokens.shape, None)
+        if isinstance(grad, str):
+            reasons.append(grad)
+            continue
+        aimed = grad.argmin(dim=-1)
+        return torch.where(grad.abs().amax(dim=-1) > 0, aimed, torch.full_like(aimed, -1)).to(tokens.device), index
+    if reasons:
+        return reasons[0]
+    return "the loss does not depend on the model's outputs: no way to tell what each position predicts"
+
+
+def _float_outputs(output: object) -> list[torch.Tensor]:
+    """The model's floating-point outputs, what a loss reads first (:func:`prediction`)
+    ahead of the rest (BERT's masked-token log-probs after its next-sentence ones)."""
+    found: list[torch.Tensor] = []
+    for t in (*iter_tensors(prediction(output)), *iter_tensors(output)):
+        if t.is_floating_point() and t.dim() >= 2 and not any(t is f for f in found):
+            found.append(t)
+    return found
 
 
 def _per_position(out: torch.Tensor, shape: torch.Size, time_axis: int | None):
@@ -282,12 +311,12 @@ def _with_tokens(inputs: object, tokens: torch.Tensor, changed: tuple[torch.Tens
     return map_tensors(inputs, lambda t: changed[0] if t is tokens else t)
 
 
-def _outputs(model: nn.Module, inputs: object) -> torch.Tensor:
+def _outputs(model: nn.Module, inputs: object, which: int) -> torch.Tensor:
     seed_all(SEED)  # the same random draws in both forwards: only the changed tokens differ
-    out = next(iter_tensors(prediction(forward(model, inputs))), None)
-    if out is None:
-        raise ValueError("the model returned no tensor")
-    return out.detach().float()
+    outputs = _float_outputs(forward(model, inputs))
+    if len(outputs) <= which:
+        raise ValueError("the model returned fewer floating-point tensors than in the first forward")
+    return outputs[which].detach().float()
 
 
 SPEC = ProbeSpec(name="causality", title=CausalityResult.title, function=causality, result=CausalityResult,
