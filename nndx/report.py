@@ -375,6 +375,8 @@ class SampleIndependenceResult(ProbeResult):
     changed_samples: Count = Field(0, description="samples not replaced whose outputs moved beyond the tolerance")
     max_change: Float | None = Field(None, description="largest change of such a sample's output")
     tolerance: Float | None = None
+    reordered: bool | None = Field(None, description="the samples moved because the model returns them in an "
+                                   "order of its own (the reversed batch gave the same outputs, not reversed)")
 
     def summary(self, num: NumberFormat = str) -> str:
         others = max(self.samples - self.replaced_samples, 0)

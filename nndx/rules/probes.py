@@ -488,7 +488,7 @@ def labels_misaligned(report: DiagnosticReport) -> Hit | None:
 )
 def samples_mixed(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "sample_independence")
-    if result is None or result.status != "failed" or not result.changed_samples:
+    if result is None or result.status != "failed" or not result.changed_samples or result.reordered:
         return None
     return Hit(
         symptom=f"replacing {result.replaced_samples} samples moved the outputs of {result.changed_samples} of "
@@ -501,6 +501,35 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
             "batch_axis": result.batch_axis,
         },
         score=3.0,
+    )
+
+
+@rule(
+    "NNDX617",
+    C.LABELS_MISALIGNED,
+    "error",
+    "The model returns its samples in an order of its own",
+    detects="The sample-independence probe: replacing half of the batch moved the other samples' eval-mode "
+    "outputs, and the reversed batch gave the very same output rows in another order than reversed. Each "
+    "sample is computed on its own, then returned sorted (by length, say). A model that returns the ordering "
+    "beside its outputs (a sort_ind for the loss) is not flagged.",
+    why="Sorting a batch by length for pack_padded_sequence(enforce_sorted=True) and returning the "
+    "predictions in that order pairs prediction i with another sample's label i. Nothing crashes: the loss "
+    "sits near chance, or the model learns what the sorted order happens to correlate with.",
+    fix="Undo the sort before returning (outputs[unsort_idx], with unsort_idx = sort_idx.argsort()), or pack "
+    "with enforce_sorted=False, which sorts and unsorts for you.",
+)
+def samples_reordered(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "sample_independence")
+    if result is None or result.status != "failed" or not result.reordered:
+        return None
+    return Hit(
+        symptom=f"the reversed batch's outputs are the batch's own outputs in another order than reversed "
+        f"({result.changed_samples} of {result.samples - result.replaced_samples} samples moved when half the "
+        "batch was replaced)",
+        evidence={"samples": result.samples, "changed_samples": result.changed_samples,
+                  "batch_axis": result.batch_axis, "tolerance": result.tolerance},
+        score=3.5,
     )
 
 

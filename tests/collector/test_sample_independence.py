@@ -95,7 +95,6 @@ def test_ambiguous_batch_axis_is_skipped_not_guessed():
     lm = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
     result = sample_independence(lm, (tokens, tokens))  # per-position targets: time or batch?
     assert result.status == "skipped" and "per position" in result.message
-    assert sample_independence(mlp(), (torch.randn(8, 8), torch.randint(0, 3, (8,)))).status == "skipped"  # 2 axes of 8
     # one unbatched sentence of token ids with a tag each: positions, not samples
     tagger = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 5))
     result = sample_independence(tagger, (torch.randint(0, 50, (9,)), torch.randint(0, 5, (9,))))
@@ -216,3 +215,56 @@ def test_functional_batch_statistics_are_not_read_as_a_reshape():
     x, y = torch.randn(12, 4), torch.randint(0, 3, (12,))
     result = sample_independence(FunctionalLearner(), (x, y))
     assert result.status == "skipped" and result.changed_samples > 0 and "batch_norm" in result.message
+
+
+class LengthSortedClassifier(nn.Module):
+    """bentrevett's sentiment RNN in the pre-1.1 recipe: the batch sorted by length for
+    pack_padded_sequence(enforce_sorted=True); ``unsort=False`` (the bug) returns the
+    predictions in that sorted order; ``return_order`` returns the order beside them (the
+    image-captioning decoders' sort_ind, which their loss applies to the targets)."""
+
+    def __init__(self, unsort: bool, return_order: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.unsort, self.return_order = unsort, return_order
+        self.emb, self.rnn, self.head = nn.Embedding(20, 8), nn.GRU(8, 8, batch_first=True), nn.Linear(8, 1)
+
+    def forward(self, text, lengths):
+        lengths, order = lengths.sort(descending=True)
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(text[order]), lengths, batch_first=True)
+        out = self.head(self.rnn(packed)[1][-1])
+        if self.return_order:
+            return out, order
+        return out[order.argsort()] if self.unsort else out
+
+
+def reviews(n=16, steps=16):
+    """As many reviews as tokens per review: either axis could hold the samples."""
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.randint(3, steps + 1, (n,), generator=g)
+    text = torch.randint(1, 20, (n, steps), generator=g) * (torch.arange(steps)[None, :] < lengths[:, None])
+    return (text, lengths), torch.randint(0, 2, (n,), generator=g).float()
+
+
+def test_a_batch_sorted_and_never_unsorted_is_misaligned_and_a_square_batch_is_read_along_either_axis():
+    result = sample_independence(LengthSortedClassifier(unsort=False), reviews())
+    assert result.status == "failed" and result.reordered and result.batch_axis == 0
+    report = nndx.probe(LengthSortedClassifier(unsort=False), reviews(), nn.BCEWithLogitsLoss(),
+                        probes=["sample_independence"])  # fmt: skip
+    assert [f.code.value for f in nndx.diagnose(report).findings][:1] == ["LABELS_MISALIGNED"]
+    healthy = sample_independence(LengthSortedClassifier(unsort=True), reviews())
+    assert healthy.status == "passed" and healthy.batch_axis == 0
+    with_order = sample_independence(LengthSortedClassifier(unsort=False, return_order=True), reviews())
+    assert with_order.status == "skipped" and "sort_ind" in with_order.message
+    # mixing is not reordering: an LSTM over the batch axis moves rows to values no sample had
+    mixed = sample_independence(SequenceClassifier(batch_first=False), sequences())
+    assert mixed.status == "failed" and mixed.reordered is False
+    # 8 samples of 8 features: the per-sample axis passes; one that mixes fails along both
+    assert sample_independence(mlp(), (torch.randn(8, 8), torch.randint(0, 3, (8,)))).status == "passed"
+    centred = nn.Sequential(mlp(), Centre())
+    assert sample_independence(centred, (torch.randn(8, 8), torch.randint(0, 3, (8,)))).status == "failed"
+
+
+class Centre(nn.Module):
+    def forward(self, x):
+        return x - x.mean(0)

@@ -17,14 +17,23 @@ tolerance is evidence of WRONG_RESHAPE (samples mixed). Half, not one: a statist
 the batch (a softmax over the batch axis, a batch mean) dilutes one sample's change by
 1/N, which on a thousand samples stayed under the rounding tolerance.
 
+A model that returns its samples in an order of its own — it sorts the batch by length
+for ``pack_padded_sequence`` and never undoes the sort — moves the other samples too, but
+differently: the reversed batch gives the same output rows in another order than
+reversed. Then the outputs are paired with other samples' targets (LABELS_MISALIGNED),
+unless the model returns the ordering beside them (a ``sort_ind`` for the loss to apply
+to the targets, as image-captioning decoders do): that is skipped.
+
 Which axis holds the samples: the inputs' axis whose length is the number of targets
 (one target per sample: class indices, regression values, one-hot rows). A time-major
-batch ``(time, batch, features)`` with targets ``(batch,)`` is read right. When that is
-ambiguous — targets per position (a language model's ``(batch, time)`` labels look the
-same as time-major ones; a 1-D run of token ids with a target each is one unbatched
-sentence as much as a batch of tokens), no targets, or two axes of that length — the probe says
-``skipped``: a recurrent model over time is as causal along time as a bug is along the
-batch, so guessing would raise false alarms.
+batch ``(time, batch, features)`` with targets ``(batch,)`` is read right. Two axes of
+that length (64 reviews of 64 tokens) are both tried: the batch passes when either keeps
+the other samples in place, and fails only when both move them (whichever holds the
+samples, they mix); a recurrent model is as causal along time as a bug is along the
+batch, so one moving axis alone proves nothing. Targets per position (a language model's
+``(batch, time)`` labels look the same as time-major ones; a 1-D run of token ids with a
+target each is one unbatched sentence as much as a batch of tokens) or no targets: the
+probe says ``skipped``.
 """
 
 from __future__ import annotations
@@ -57,11 +66,34 @@ SEED = 0
 
 def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceResult:
     """Replace the first half of the batch by the last half; count the samples not replaced
-    whose eval-mode outputs move."""
+    whose eval-mode outputs move. When the samples moved, reverse the batch: outputs that
+    come back as the same rows in another order than the reversal were reordered."""
     inputs, targets = split_batch(batch)
-    axis, why = _batch_axis(inputs, targets)
-    if axis is None:
+    axes, why = _batch_axes(inputs, targets)
+    if not axes:
         return SampleIndependenceResult(status="skipped", message=why)
+    with preserved_rng(), torch.no_grad():
+        model_copy = set_mode(working_copy(model), False)
+        trials = []
+        for axis in axes:
+            trial = _trial(model_copy, inputs, axis)
+            if trial.status == "passed":
+                if len(axes) > 1:
+                    trial.message += f" (of the axes {axes} with as many entries as samples, the one that holds them)"
+                return trial
+            trials.append(trial)
+    if len(axes) == 1 or all(t.status == "failed" for t in trials):
+        # with several candidate axes, along each of them other samples moved: whichever holds
+        # the samples, they mix
+        reordered = next((t for t in trials if t.reordered), None)
+        return reordered or trials[0]
+    return SampleIndependenceResult(status="skipped", message=(
+        f"{len(axes)} axes of the inputs have the samples' count {list(axes)}, and none kept the other samples' "
+        f"outputs in place: {trials[0].message}"))  # fmt: skip
+
+
+def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceResult:
+    """The probe with ``axis`` as the samples' axis, on the eval-mode copy."""
     first = next(iter_tensors(inputs))
     samples = int(first.shape[axis])
     replaced = samples // 2
@@ -69,16 +101,14 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
     if all(torch.equal(a, b) for a, b in zip(iter_tensors(inputs), iter_tensors(changed_inputs))):
         return SampleIndependenceResult(status="skipped", batch_axis=axis, samples=samples,
                                         message="the batch's two halves hold the same samples: nothing to change")  # fmt: skip
-    with preserved_rng(), torch.no_grad():
-        model_copy = set_mode(working_copy(model), False)
-        with ForwardObserver(model_copy) as seen:
-            before, draws = _prediction(model_copy, inputs)
-            after, _ = _prediction(model_copy, changed_inputs)
+    with ForwardObserver(model) as seen:
+        (before, order), draws = _prediction(model, inputs)
+        (after, _), _ = _prediction(model, changed_inputs)
     out_axis = _output_axis(before, samples, axis)
     if out_axis is None or after.shape != before.shape:
         return SampleIndependenceResult(status="skipped", batch_axis=axis, samples=samples, message=(
             f"the output {list(before.shape)} has no axis of the batch's {samples} samples to compare"))
-    tolerance = roundoff_tolerance(model_copy, [before], seen.lowest_precision)
+    tolerance = roundoff_tolerance(model, [before], seen.lowest_precision)
     change = (after - before).abs().movedim(out_axis, 0).reshape(samples, -1).amax(dim=1)[replaced:]
     moved = int((change > tolerance).sum())
     largest = float(change.max())
@@ -95,8 +125,19 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
             f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward draws "
             "from Python's or numpy's random stream (sampling a graph's neighbours, say): other samples' draws shift "
             "with the replaced ones, so this cannot tell mixing from sampling"))  # fmt: skip
+    if moved and order is not None:
+        return SampleIndependenceResult(status="skipped", **common, message=(
+            f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, and the model returns "
+            "an ordering of its samples (a sort_ind, as models that sort a batch by length do): its outputs are "
+            "in that order, which the loss must apply to the targets"))  # fmt: skip
+    if moved and _reordered(model, inputs, axis, before, out_axis, tolerance):
+        return SampleIndependenceResult(status="failed", reordered=True, **common, message=(
+            f"{what} moved the eval-mode outputs of {moved} of the other {samples - replaced} samples, and the "
+            "reversed batch gave the same outputs in another order than reversed: the model returns its samples "
+            "in an order of its own (a sort by length never undone), so output i is paired with another "
+            "sample's target"))  # fmt: skip
     if moved:
-        return SampleIndependenceResult(status="failed", **common, message=(
+        return SampleIndependenceResult(status="failed", reordered=False, **common, message=(
             f"{what} moved the eval-mode outputs of {moved} of the other {samples - replaced} samples (by up to "
             f"{largest:.3g}, tolerance {tolerance:.3g}): the model mixes samples along the batch axis — a recurrent "
             "layer run over the batch (batch_first), a view/reshape where permute was meant, or statistics over "
@@ -105,32 +146,52 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
         f"{what} left the other {samples - replaced} samples' outputs unchanged (within {tolerance:.3g})"))
 
 
-def _batch_axis(inputs: object, targets: object) -> tuple[int | None, str]:
+def _reordered(model: nn.Module, inputs: object, axis: int, before: torch.Tensor, out_axis: int,
+               tolerance: float) -> bool:  # fmt: skip
+    """Whether the reversed batch's outputs are the batch's outputs, row for row, in an
+    order other than reversed: each sample computed on its own, returned in the model's
+    own order (sorted by length, say). Mixing gives rows that match none."""
+    samples = int(before.shape[out_axis])
+    reversed_inputs = map_tensors(inputs, lambda t: t.flip(axis) if t.dim() > axis and t.shape[axis] == samples else t)
+    (flipped, _), _ = _prediction(model, reversed_inputs)
+    if flipped.shape != before.shape:
+        return False
+    rows, flipped_rows = (t.movedim(out_axis, 0).reshape(samples, -1) for t in (before, flipped))
+    distance = (flipped_rows[:, None, :] - rows[None, :, :]).abs().amax(dim=2)
+    nearest = distance.argmin(dim=1)
+    matched = bool((distance.gather(1, nearest[:, None]) <= tolerance).all())
+    is_permutation = torch.unique(nearest).numel() == samples
+    return matched and is_permutation and not torch.equal(nearest, torch.arange(samples - 1, -1, -1))
+
+
+def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
+    """The inputs' axes with as many entries as there are targets (any of them may hold the
+    samples: 64 reviews of 64 tokens), or why none can be told."""
     first = next(iter_tensors(inputs), None)
     target = next(iter_tensors(targets), None) if targets is not None else None
     if first is None or first.dim() == 0:
-        return None, "the inputs hold no batched tensor"
+        return [], "the inputs hold no batched tensor"
     if any(t.layout != torch.strided for t in iter_tensors(inputs)):
-        return None, "a sparse input (a graph's adjacency, say): its rows are not samples the probe can swap"
+        return [], "a sparse input (a graph's adjacency, say): its rows are not samples the probe can swap"
     if target is None or target.dim() == 0:
-        return None, "no targets to tell which axis of the inputs holds the samples"
+        return [], "no targets to tell which axis of the inputs holds the samples"
     # a trailing axis of one (a regression's (N, 1) targets for (N, 1) inputs) is no time axis
     if target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()]) and max(target.shape[1:]) > 1:
-        return None, (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
+        return [], (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
                       "the batch axis cannot be told from a time axis")  # fmt: skip
     if first.dim() == 1 and not first.is_floating_point() and tuple(target.shape) == tuple(first.shape):
-        return None, (f"token ids {list(first.shape)} with a target each: one unbatched sequence (an LSTM tagger "
+        return [], (f"token ids {list(first.shape)} with a target each: one unbatched sequence (an LSTM tagger "
                       "fed a sentence at a time) cannot be told from a batch of single tokens")  # fmt: skip
     samples = int(target.shape[0])
     axes = [a for a in range(first.dim()) if first.shape[a] == samples]
-    if len(axes) != 1:
-        return None, f"{len(axes)} axes of the inputs {list(first.shape)} have the {samples} samples of the targets"
+    if not axes:
+        return [], f"no axis of the inputs {list(first.shape)} has the {samples} samples of the targets"
     if samples < MIN_SAMPLES:
-        return None, f"only {samples} samples; need {MIN_SAMPLES}"
+        return [], f"only {samples} samples; need {MIN_SAMPLES}"
     if relates_samples(inputs, samples):
-        return None, (f"an input is a {samples} x {samples} matrix over the samples (a graph's adjacency): they "
-                      "depend on each other by design")  # fmt: skip
-    return axes[0], ""
+        return [], (f"an input is a {samples} x {samples} matrix over the samples (a graph's adjacency): they "
+                    "depend on each other by design")  # fmt: skip
+    return axes, ""
 
 
 def _replace_first(t: torch.Tensor, axis: int, samples: int, count: int) -> torch.Tensor:
@@ -142,14 +203,24 @@ def _replace_first(t: torch.Tensor, axis: int, samples: int, count: int) -> torc
     return changed
 
 
-def _prediction(model: nn.Module, inputs: object) -> tuple[torch.Tensor, bool]:
-    """The eval-mode prediction, and whether the forward drew from Python's or numpy's stream."""
+def _prediction(model: nn.Module, inputs: object) -> tuple[tuple[torch.Tensor, torch.Tensor | None], bool]:
+    """The eval-mode prediction with the ordering of the samples the model returned beside
+    it (an integer tensor holding a permutation of their indices), and whether the forward
+    drew from Python's or numpy's stream."""
     seed_all(SEED)  # the same random draws in both forwards: only the changed sample differs
     start = global_draws()
-    out = next(iter_tensors(prediction(forward(model, inputs))), None)
+    output = forward(model, inputs)
+    out = next(iter_tensors(prediction(output)), None)
     if out is None:
         raise ValueError("the model returned no tensor")
-    return out.detach().float(), global_draws() != start
+    order = next((t for t in iter_tensors(output) if _is_permutation(t)), None)
+    return (out.detach().float(), order), global_draws() != start
+
+
+def _is_permutation(t: torch.Tensor) -> bool:
+    if t.dim() != 1 or t.numel() < MIN_SAMPLES or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        return False
+    return torch.equal(t.sort().values.cpu(), torch.arange(t.numel()))
 
 
 def _output_axis(out: torch.Tensor, samples: int, input_axis: int) -> int | None:
