@@ -132,8 +132,9 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 
 def has_dropout(model: nn.Module) -> bool:
-    """Whether train mode makes the forward random."""
-    return any(isinstance(m, DROPOUT_TYPES) for m in model.modules())
+    """Whether train mode makes the forward random: a dropout module with ``p > 0``
+    (DeepCTR-Torch builds ``nn.Dropout(0)`` by default; it drops nothing in either mode)."""
+    return any(isinstance(m, DROPOUT_TYPES) and getattr(m, "p", 1.0) > 0 for m in model.modules())
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

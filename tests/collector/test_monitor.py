@@ -388,6 +388,13 @@ def test_evaluation_in_eval_mode_or_without_dropout_is_not_counted():
     loop = mon.report().loop
     mon.close()
     assert loop.no_grad_forwards_in_train_mode == 0 and not loop.has_dropout
+    # DeepCTR-Torch's default nn.Dropout(0) drops nothing: train mode does not matter either
+    model, opt, mon = monitored(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.0), nn.Linear(16, 3)))
+    train(model, opt, mon, steps=2)
+    evaluate(model, mon, torch.no_grad)
+    loop = mon.report().loop
+    mon.close()
+    assert loop.no_grad_forwards_in_train_mode == 0 and not loop.has_dropout
 
 
 def test_training_after_eval_without_train_is_counted_from_its_first_step():
