@@ -402,6 +402,9 @@ class CausalityResult(ProbeResult):
         None, description="scored positions whose target is the input token at that same position")
     next_fraction: Fraction | None = Field(None, description="scored positions whose target is the next input token")
     unshifted: bool | None = Field(None, description="the targets are the inputs: the shift by one is missing")
+    target_offset: int | None = Field(
+        None, description="how far ahead in the inputs each scored position's target sits, where one offset holds "
+        "at >= 0.9 of them and it is not 0 or 1 (2: shifted twice; -1: the previous token)")
     cut: Count | None = Field(None, description="the last position kept; every later token was changed")
     changed_positions: Count = Field(0, description="positions <= cut whose outputs moved beyond the tolerance")
     max_change: Float | None = Field(None, description="largest change of an output at a position <= cut")

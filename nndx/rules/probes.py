@@ -595,34 +595,41 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     "NNDX613",
     C.LABELS_MISALIGNED,
     "error",
-    "Each position is asked to predict the token it is given: targets not shifted, or not masked",
+    "Each position is asked to predict the token it is given (not shifted, not masked) or one further off",
     detects="The causality probe: at (nearly) every position the loss scores, the target the loss pulls the "
-    "output towards is the input token at that same position (copy_fraction >= 0.9), and far more often than "
-    "it is the next input token. Which target goes with which output is read from the loss's gradient, so a "
+    "output towards is the input token at that same position (copy_fraction >= 0.9), or the token 2 or 3 "
+    "positions ahead or the one before (target_offset), and far more often than it is the next input token. "
+    "Which target goes with which output is read from the loss's gradient, so a "
     "loss that shifts internally (labels = input_ids) is not flagged; with several targets and outputs (BERT's "
     "next-sentence and masked-token heads), the per-token ones are read.",
     why="A next-token model must predict inputs[t + 1] from inputs[..t]; a masked language model must "
     "recover tokens hidden from it. With the answer in the input the loss falls to almost zero, and the model "
-    "learns to copy, not to predict. Nothing crashes, and the falling loss looks like success.",
-    fix="Next-token model: shift by one, inputs = tokens[:, :-1], targets = tokens[:, 1:] (or logits[:, :-1] "
-    "against labels[:, 1:] in the loss). Masked language model: replace the scored positions' input tokens "
+    "learns to copy, not to predict. Shifted twice (labels shifted by hand for a Hugging Face model that "
+    "shifts them again), it learns the token after next: the loss plateaus well above a right run's. Nothing "
+    "crashes, and the falling loss looks like success.",
+    fix="Next-token model: shift by one, and once: inputs = tokens[:, :-1], targets = tokens[:, 1:] (or "
+    "logits[:, :-1] against labels[:, 1:] in the loss; a Hugging Face model wants labels = input_ids). "
+    "Masked language model: replace the scored positions' input tokens "
     "(80% by the mask id, 10% by random ids, 10% kept) before the forward.",
 )
 def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "causality")
-    if result is None or result.status != "failed" or not result.unshifted:
+    if result is None or result.status != "failed" or not (result.unshifted or result.target_offset is not None):
         return None
-    return Hit(
-        symptom=f"{result.copy_fraction:.0%} of the scored positions' targets are their own input token "
-        f"(the next token: {result.next_fraction:.0%})",
-        evidence={
-            "copy_fraction": result.copy_fraction,
-            "next_fraction": result.next_fraction,
-            "scored_positions": result.scored_positions,
-            "time_axis": result.time_axis,
-        },
-        score=4.0,
-    )
+    evidence = {
+        "copy_fraction": result.copy_fraction,
+        "next_fraction": result.next_fraction,
+        "scored_positions": result.scored_positions,
+        "time_axis": result.time_axis,
+    }
+    if result.unshifted:
+        symptom = (f"{result.copy_fraction:.0%} of the scored positions' targets are their own input token (the next "
+                   f"token: {result.next_fraction:.0%})")  # fmt: skip
+    else:
+        evidence["target_offset"] = result.target_offset
+        symptom = (f"the scored positions' targets are the input token {result.target_offset} positions ahead (the "
+                   f"next token: {result.next_fraction:.0%})")  # fmt: skip
+    return Hit(symptom=symptom, evidence=evidence, score=4.0)
 
 
 @rule(

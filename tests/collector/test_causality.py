@@ -366,3 +366,20 @@ def test_a_masked_language_model_shown_its_targets_is_caught_among_several_outpu
     else:
         assert result.status == "failed" and result.unshifted and result.copy_fraction == 1.0
         assert codes(TwoHeadBERT(), (inputs, (is_next, labels)), bert_loss)[:1] == ["LABELS_MISALIGNED"]
+
+
+def test_labels_shifted_twice_for_a_model_that_shifts_them_itself_are_misaligned():
+    """run_clm's bug: labels = input_ids[1:] handed to a model whose loss shifts them again."""
+
+    def shifting_loss(logits, y):
+        return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), y[:, 1:].reshape(-1))
+
+    windows = text()
+    x, pre_shifted = windows[:, :-1], windows[:, 1:]
+    result = causality(TinyGPT(), (x, pre_shifted), shifting_loss)
+    assert result.status == "failed" and result.target_offset == 2 and not result.unshifted
+    assert result.next_fraction < 0.5 and result.time_axis == 1
+    assert codes(TinyGPT(), (x, pre_shifted), shifting_loss)[:1] == ["LABELS_MISALIGNED"]
+    # shifted once, by either side: right, and nothing about offsets
+    assert causality(TinyGPT(), (x, x.clone()), shifting_loss).target_offset is None
+    assert causality(TinyGPT(), lm_batch(), flat_cross_entropy).target_offset is None

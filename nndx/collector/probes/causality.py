@@ -11,7 +11,9 @@ of two ways, neither of which crashes:
 
 - **targets not shifted**: the loss asks position ``t`` to predict ``inputs[t]``, the
   token it is given, instead of ``inputs[t + 1]`` (LABELS_MISALIGNED) — or, in a masked
-  language model, the tokens it must recover were never masked in its input;
+  language model, the tokens it must recover were never masked in its input; shifted
+  twice (``inputs[t + 2]``: labels shifted by hand for a Hugging Face model that shifts
+  them itself) or backwards is misaligned too, though nothing is copied;
 - **the future is visible**: the output at ``t`` depends on tokens after ``t`` — a
   missing or wrong causal mask, a bidirectional LSTM used as a language model, a
   convolution padded on both sides (DATA_LEAKAGE).
@@ -79,6 +81,9 @@ NEXT_TOKEN_SHARE = 0.9
 COPY_SHARE = 0.9
 COPY_MARGIN = 0.5
 SEED = 0
+# targets this far ahead of their position (2: labels shifted by hand for a model that shifts
+# them again) or behind it are misaligned
+MISPLACED_OFFSETS = (2, 3, -1)
 # padding ends at least this share of the target sequences (padded to the longest one)
 PADDED_ROWS = 0.25
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -122,6 +127,15 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
                 f"(the next token only {next_share:.0%}): the model is shown what it must predict — targets not "
                 "shifted (use inputs[:, :-1] as inputs and inputs[:, 1:] as targets), or a masked language model's "
                 "scored tokens not masked in its input"))  # fmt: skip
+        offset = _misplaced_offset(aimed, tokens, next_share)
+        if offset is not None:
+            (offset, axis, share) = offset
+            common.update(time_axis=axis, samples=int(tokens.shape[1 - axis]), positions=int(tokens.shape[axis]))
+            where = f"{offset} positions ahead" if offset > 0 else f"{-offset} position back"
+            return CausalityResult(status="failed", unshifted=False, target_offset=offset, **common, message=(
+                f"the loss asks {share:.0%} of the scored positions to predict the input token {where} (the next "
+                f"token only {next_share:.0%}): the targets are misaligned — shifted twice, say, by hand for a model "
+                "that shifts its labels itself; next-token targets are inputs[:, 1:] for inputs[:, :-1]"))  # fmt: skip
         if time_axis is None:
             return CausalityResult(status="skipped", unshifted=False, **common, message=(
                 f"the loss's targets are the next input token at only {next_share:.0%} of the scored positions (the "
@@ -254,19 +268,39 @@ def _per_position(out: torch.Tensor, shape: torch.Size, time_axis: int | None):
 def _time_axis(aimed: torch.Tensor, tokens: torch.Tensor) -> tuple[int | None, float]:
     """The axis along which the targets are the next inputs, and the share of scored
     positions where they are (None when neither axis reaches ``NEXT_TOKEN_SHARE``)."""
-    shares = {}
-    for axis in (1, 0):
-        if tokens.shape[axis] < 2:
-            continue
-        length = tokens.shape[axis]
-        current, following = aimed.narrow(axis, 0, length - 1), tokens.narrow(axis, 1, length - 1)
-        scored = current >= 0
-        if scored.any():
-            shares[axis] = float((current[scored] == following[scored]).float().mean())
+    shares = _offset_shares(aimed, tokens, 1)
     if not shares:
         return None, 0.0
     best = max(shares, key=lambda a: shares[a])
     return (best if shares[best] >= NEXT_TOKEN_SHARE else None), shares[best]
+
+
+def _offset_shares(aimed: torch.Tensor, tokens: torch.Tensor, offset: int) -> dict[int, float]:
+    """Per axis, the share of scored positions ``t`` whose target is ``tokens[t + offset]``."""
+    shares = {}
+    for axis in (1, 0):
+        length = tokens.shape[axis]
+        if length <= abs(offset) + 1:
+            continue
+        start = max(0, -offset)
+        current = aimed.narrow(axis, start, length - abs(offset))
+        ahead = tokens.narrow(axis, start + offset, length - abs(offset))
+        scored = current >= 0
+        if scored.any():
+            shares[axis] = float((current[scored] == ahead[scored]).float().mean())
+    return shares
+
+
+def _misplaced_offset(aimed: torch.Tensor, tokens: torch.Tensor, next_share: float) -> tuple[int, int, float] | None:
+    """(offset, axis, share) when the targets are the inputs at one offset other than 0
+    (unshifted, judged apart) and 1 (right) at ``NEXT_TOKEN_SHARE`` of the scored
+    positions, far more often than the next token: labels shifted twice, or by -1."""
+    for offset in MISPLACED_OFFSETS:
+        shares = _offset_shares(aimed, tokens, offset)
+        axis = max(shares, key=lambda a: shares[a], default=None)
+        if axis is not None and shares[axis] >= NEXT_TOKEN_SHARE and shares[axis] - next_share >= COPY_MARGIN:
+            return offset, axis, shares[axis]
+    return None
 
 
 def _scored_padding(aimed: torch.Tensor, time_axis: int) -> dict[str, object]:
