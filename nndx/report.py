@@ -721,6 +721,9 @@ class SplitStats(Schema):
     feature_scale_ratio: Float | None = Field(None, description="largest / smallest non-zero feature std")
     constant_features: list[Count] = Field(default_factory=list)
     raw_range: str | None = Field(None, description="e.g. '0-255' when inputs look like raw pixels")
+    index_features: list[Count] = Field(
+        default_factory=list, description="float columns the model reads as indices (embedding lookups): left out of "
+        "the scale statistics above")
     input_nan_count: Count = 0
     input_inf_count: Count = 0
     label_nan_count: Count = 0

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -83,10 +84,15 @@ def check_data(
     max_samples: int = DEFAULT_MAX_SAMPLES,
     seed: int = 0,
     progress: bool | None = None,
+    index_features: Sequence[int] = (),
 ) -> DataStats:
     """Measure a training split (and optionally a test/validation split) for the data
     bugs that crash nothing: NaNs, unnormalised inputs, float or one-hot labels, class
     imbalance, duplicates, train/test leakage, class-sorted order.
+
+    ``index_features``: columns of a 2-D float ``x`` that the model reads as indices
+    (label-encoded categories looked up in an embedding); they are left out of the input
+    scale statistics (``nndx.probe`` finds them in the model's forward).
 
     ``task`` ("classification"/"regression") is inferred from the labels when None.
     ``num_classes`` is the number of classes the model predicts; classes in
@@ -115,10 +121,14 @@ def check_data(
         )
     hash_dtype = train.x.dtype if test is None else np.result_type(train.x.dtype, test.x.dtype)
 
-    train_result = _check_split(train, hash_dtype, task, progress)
+    index_features = sorted({int(c) for c in index_features})
+    if index_features and (train.x.ndim != 2 or not 0 <= index_features[0] <= index_features[-1] < train.x.shape[1]):
+        raise ValueError(f"index_features {index_features} are not columns of samples of shape "
+                         f"{list(train.x.shape[1:])}")  # fmt: skip
+    train_result = _check_split(train, hash_dtype, task, progress, index_features)
     if task is None:
         task = train_result.labels.task if train_result.labels is not None else None
-    test_result = _check_split(test, hash_dtype, task, progress) if test is not None else None
+    test_result = _check_split(test, hash_dtype, task, progress, index_features) if test is not None else None
 
     # Classes seen in one split are expected in the other; num_classes in both.
     results = [r for r in (train_result, test_result) if r is not None]
@@ -358,7 +368,8 @@ class _SplitResult:
         )
 
 
-def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progress: bool | None) -> _SplitResult:
+def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progress: bool | None,
+                 index_features: list[int]) -> _SplitResult:  # fmt: skip
     x = split.x
     n = x.shape[0]
     # features: channels (axis 1) for N×C×..., else the flattened sample
@@ -395,7 +406,9 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
                 inf_count += int(block.size - finite.sum()) - nans
         moments.update(block, finite)
         if integral:
-            values = block if finite is None else block[finite]
+            scaled = np.delete(block, index_features, axis=1) if index_features else block
+            kept = finite if finite is None or not index_features else np.delete(finite, index_features, axis=1)
+            values = scaled if kept is None else scaled[kept]
             integral = bool(np.array_equal(values, np.floor(values)))
         # any() counts NaN as non-zero, so a NaN row is never a "zero sample"
         zero_rows += int(np.count_nonzero(~x2d[start:stop].any(axis=1)))
@@ -405,7 +418,8 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
 
     rows = _Rows(x2d, hash_dtype, hashes)
     duplicates = _count_duplicates(rows)
-    inputs = moments.summary()
+    inputs = moments.summary(exclude=index_features)
+    inputs["index_features"] = index_features
     lo, hi = inputs["input_min"], inputs["input_max"]
     raw_ok = x.dtype.kind == "f" or x.dtype == np.uint8
     if raw_ok and integral and lo is not None and lo >= 0 and hi >= RAW_RANGE_MIN_MAX:
@@ -458,14 +472,17 @@ class _Moments:
         self.min = np.minimum(self.min, block_min)
         self.max = np.maximum(self.max, block_max)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, exclude: Sequence[int] = ()) -> dict[str, Any]:
+        """The moments over every feature but ``exclude`` (index columns: listed as NaN)."""
         seen = self.count > 0
+        seen[list(exclude)] = False
         if not seen.any():
             return {"input_mean": None, "input_std": None, "input_min": None, "input_max": None}
         stds = np.sqrt(self.m2 / np.maximum(self.count, 1))
-        n = self.count.sum()
-        overall_mean = float((self.count * self.mean).sum() / n)
-        overall_m2 = float(self.m2.sum() + (self.count * (self.mean - overall_mean) ** 2).sum())
+        count = np.where(seen, self.count, 0)
+        n = count.sum()
+        overall_mean = float((count * self.mean).sum() / n)
+        overall_m2 = float(np.where(seen, self.m2, 0).sum() + (count * (self.mean - overall_mean) ** 2).sum())
         constant = np.flatnonzero(seen & (self.min == self.max))
         varying = stds[seen & (self.min != self.max)]
         ratio = float(varying.max() / varying.min()) if varying.size >= 2 else None

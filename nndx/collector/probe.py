@@ -81,7 +81,7 @@ from nndx.collector.data import check_data
 from nndx.collector.loss_call import InnerLossCalls, LossCallLog
 from nndx.collector.merge import merge_monitor
 from nndx.collector.probes import ProbeSpec, specs
-from nndx.collector.probes._observe import ForwardObserver, observed_summary
+from nndx.collector.probes._observe import ForwardObserver, IndexColumns, observed_summary
 from nndx.collector.progress import progress_bar
 from nndx.collector.stats import frozen_at_init, has_batchnorm, has_dropout, summarize_model, tracking_copies
 from nndx.errors import UsageError
@@ -182,7 +182,9 @@ def probe(
         if data_error is not None:
             guard.error("data", data_error)
         else:
-            ok, checked = guard.attempt("data", lambda: _check_data(data, report))
+            ok, found = guard.attempt("data", lambda: _index_features(setup, data))
+            index_features = found if ok else []
+            ok, checked = guard.attempt("data", lambda: _check_data(data, report, index_features))
             if ok:
                 report.data = checked
     report.run.finished_at = datetime.now(timezone.utc)
@@ -516,6 +518,20 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
     report.loop.loss_calls = calls.records()
 
 
-def _check_data(data: Sequence[Any], report: DiagnosticReport) -> Any:
+def _check_data(data: Sequence[Any], report: DiagnosticReport, index_features: Sequence[int]) -> Any:
     x_val, y_val = (data[2], data[3]) if len(data) == 4 else (None, None)
-    return check_data(data[0], data[1], x_test=x_val, y_test=y_val, task=report.task, num_classes=report.num_classes)
+    return check_data(data[0], data[1], x_test=x_val, y_test=y_val, task=report.task, num_classes=report.num_classes,
+                      index_features=index_features)  # fmt: skip
+
+
+def _index_features(setup: _Setup, data: Sequence[Any]) -> list[int]:
+    """Columns of the batch's float feature matrix that one eval-mode forward (on a copy)
+    reads as embedding indices, when the training data has the same columns."""
+    features = next(iter_tensors(setup.batch[0]), None)
+    shape = getattr(data[0], "shape", None)
+    if features is None or features.dim() != 2 or not features.is_floating_point() or shape is None or (
+            tuple(shape[1:]) != tuple(features.shape[1:])):
+        return []
+    with preserved_rng(), torch.no_grad(), IndexColumns(features) as reads:
+        forward(set_mode(working_copy(setup.model), False), setup.batch[0])
+    return sorted(reads.columns)

