@@ -732,6 +732,8 @@ class SplitStats(Schema):
     label_kind: Literal["class_index", "one_hot", "float_continuous", "float_integral", "other"] | None = None
     target_mean: Float | None = None
     target_std: Float | None = None
+    target_min: Float | None = Field(None, description="smallest regression target")
+    target_max: Float | None = Field(None, description="largest regression target")
     class_counts: dict[str, Count] = Field(default_factory=dict)
     imbalance_ratio: Float | None = None
     duplicate_count: Count = Field(0, description="rows that repeat an earlier row exactly")

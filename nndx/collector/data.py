@@ -575,6 +575,8 @@ class _Labels:
     inf_count: int = 0
     target_mean: float | None = None
     target_std: float | None = None
+    target_min: float | None = None
+    target_max: float | None = None
     runs_fraction: float | None = None
     order_correlation: float | None = None
     classes: set[str] | None = None  # classes seen; None when the labels are not classes
@@ -613,6 +615,7 @@ class _Labels:
             if task == "regression" and values.size:
                 labels.target_mean = float(values.mean(dtype=np.float64))
                 labels.target_std = float(values.std(dtype=np.float64))
+                labels.target_min, labels.target_max = float(values.min()), float(values.max())
                 if y.ndim == 1 and values.size >= 10:
                     labels.order_correlation = _rank_correlation_with_position(values)
         labels.nan_count, labels.inf_count = nan_count, inf_count
@@ -663,6 +666,8 @@ class _Labels:
             "label_inf_count": self.inf_count,
             "target_mean": self.target_mean,
             "target_std": self.target_std,
+            "target_min": self.target_min,
+            "target_max": self.target_max,
             "class_counts": dict(self.counts),
             "imbalance_ratio": imbalance,
             "label_runs_fraction": self.runs_fraction,

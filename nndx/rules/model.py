@@ -101,6 +101,10 @@ def _ends_in_linear(model: ModelSummary | None) -> bool:
             and model.last_layer in vocab.LINEAR_LAYER_NAMES)  # fmt: skip
 
 
+# targets this far (relative to their scale) past an output activation's bound are outside it
+RANGE_SLACK = 1e-3
+
+
 @rule(
     "NNDX402",
     C.WRONG_OUTPUT_ACTIVATION,
@@ -109,7 +113,9 @@ def _ends_in_linear(model: ModelSummary | None) -> bool:
     detects="CrossEntropyLoss over a single output unit (the loss is always 0); a model ending in "
     "ReLU or Sigmoid trained with CrossEntropyLoss (logits clipped to >= 0 or squashed to [0, 1]: from the "
     "observed forward, or from the values reaching the loss when no forward was observed); a "
-    "model ending in ReLU/Sigmoid/Tanh regressing targets outside that activation's range.",
+    "model ending in ReLU/Sigmoid/Tanh regressing targets outside that activation's range (mean ± std beyond "
+    "it, and, where the data checks measured them, the smallest or largest target too: images in [-1, 1], mostly "
+    "background at -1, fit a Tanh however lopsided their spread).",
     why="The output layer then cannot express what the loss asks for: the loss is constant or stalls "
     "above its minimum.",
     fix="End classifiers with a plain Linear producing C >= 2 logits (or 1 logit with BCEWithLogitsLoss); "
@@ -158,12 +164,16 @@ def wrong_output_activation(report: DiagnosticReport) -> Hit | None:
         low, high = bounds[output_activation]
         mean, std = train.target_mean, train.target_std
         if mean is not None and std is not None:
-            below = low is not None and mean - std < low
-            above = high is not None and mean + std > high
+            # the extremes, where measured, say whether any target lies outside at all
+            slack = RANGE_SLACK * max(1.0, abs(mean) + std)
+            below = low is not None and mean - std < low and (train.target_min is None or train.target_min < low - slack)
+            above = high is not None and mean + std > high and (
+                train.target_max is None or train.target_max > high + slack)
             if below or above:
                 return Hit(
                     symptom=f"targets of mean {mean:.3g} ± {std:.3g} through a final {output_activation}",
-                    evidence={"output_activation": output_activation, "target_mean": mean, "target_std": std},
+                    evidence={"output_activation": output_activation, "target_mean": mean, "target_std": std,
+                              "target_min": train.target_min, "target_max": train.target_max},
                     score=2.0,
                 )
     return None

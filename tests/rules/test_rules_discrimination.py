@@ -1147,3 +1147,21 @@ def test_an_optimizer_over_this_model_and_another_vs_one_over_another_model_only
     names = [p.name for p in BASE.parameters]
     elsewhere = with_loop(BASE, params_not_in_optimizer=names, optimizer_params_not_in_model=6)
     assert _found(elsewhere)["NNDX303"].severity == "error"
+
+
+def test_an_output_activation_is_judged_against_the_targets_extremes_not_only_their_spread():
+    """pix2pix: Tanh images in [-1, 1], mostly background at -1 (mean - std < -1 though no
+    target lies below -1): healthy. Pixels in [0, 255] through a Sigmoid cannot be reached."""
+
+    def fired(activation: str, **target) -> bool:
+        split = healthy_split(label_kind="float_continuous", class_counts={}, label_runs_fraction=None, **target)
+        report = with_loop(BASE, loss_calls=[]).model_copy(update={
+            "task": "regression", "model": mlp_model(output_activation=activation),
+            "data": healthy_data(train=split, test=None)})  # fmt: skip
+        return "NNDX402" in _found(report)
+
+    assert not fired("Tanh", target_mean=-0.39, target_std=0.637, target_min=-1.0, target_max=1.0)
+    assert fired("Tanh", target_mean=-0.39, target_std=0.637, target_min=-1.6, target_max=1.0)
+    assert fired("Tanh", target_mean=-0.39, target_std=0.637)  # extremes not measured: the spread decides
+    assert fired("Sigmoid", target_mean=120.0, target_std=60.0, target_min=0.0, target_max=255.0)
+    assert not fired("Sigmoid", target_mean=0.2, target_std=0.3, target_min=0.0, target_max=1.0)
