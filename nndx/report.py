@@ -292,6 +292,9 @@ class GradCheckResult(ProbeResult):
     max_relative_error: Float | None = None
     forward_passes: Count = 0
     parameters: list[GradCheckParam] = Field(default_factory=list)
+    stop_gradients: Count | None = Field(
+        None, description="detach() calls in the forward and loss; set on a pass that needed them letting gradients "
+        "through (the backward agrees then: the stop-gradients were the difference)")
 
     def summary(self, num: NumberFormat = str) -> str:
         bad = [p for p in self.parameters if p.status != "ok"]

@@ -534,6 +534,33 @@ def samples_reordered(report: DiagnosticReport) -> Hit | None:
 
 
 @rule(
+    "NNDX618",
+    C.DETACHED_GRAPH,
+    "info",
+    "The forward stops gradients the loss depends on",
+    detects="The gradient check disagreed with finite differences, and agreed once the forward's detach() calls "
+    "let gradients through: every parameter still gets a gradient, but not along the detached paths. Info: the "
+    "same holds for stop-gradients on purpose (SimSiam's and BYOL's target branch, a VQ-VAE's straight-through "
+    "estimator); a tensor left with no gradient at all is NNDX615.",
+    why="A detach() on a tensor the loss needs through the parameters (a recurrent or ODE state detached inside "
+    "each step, a feature detached before a head that should train the body) trains on part of the gradient. "
+    "Nothing crashes; the loss falls more slowly or to a worse value.",
+    fix="Remove the detach() (or .data) where the gradient should flow; keep it only on targets and "
+    "straight-through estimators, where stopping the gradient is the method.",
+)
+def stop_gradients(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "grad_check")
+    if result is None or result.status != "passed" or not result.stop_gradients:
+        return None
+    return Hit(
+        symptom=f"the backward agrees with finite differences only with the forward's {result.stop_gradients} "
+        "detach() calls letting gradients through",
+        evidence={"stop_gradients": result.stop_gradients, "max_relative_error": result.max_relative_error},
+        score=1.0,
+    )
+
+
+@rule(
     "NNDX612",
     C.LABEL_NOISE,
     "warning",

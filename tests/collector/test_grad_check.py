@@ -457,3 +457,58 @@ def test_a_frozen_layer_is_no_state_the_forward_writes():
         p.requires_grad = False
     result = grad_check(model, (torch.randn(16, 8), torch.randint(0, 3, (16,))), nn.CrossEntropyLoss())
     assert result.status == "passed", result.message
+
+
+class _SimSiam(nn.Module):
+    """SimSiam's builder: the projection z and the prediction p of one encoder, z returned
+    detached as the other view's target (a stop-gradient on purpose)."""
+
+    def __init__(self, body: nn.Module | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = body or nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.predictor = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 3))
+
+    def forward(self, x):
+        z1, z2 = self.encoder(x), self.encoder(x.flip(0))
+        return self.predictor(z1), self.predictor(z2), z1.detach(), z2.detach()
+
+
+def _negative_cosine(outputs, _targets):
+    p1, p2, z1, z2 = outputs
+    cos = nn.functional.cosine_similarity
+    return -(cos(p1, z2).mean() + cos(p2, z1).mean()) / 2
+
+
+class _DetachedState(nn.Module):
+    """torchdiffeq's ode_demo with the state detached inside the dynamics (a reported bug):
+    the gradient through the state's earlier steps is cut, through the last step kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = x
+        for _ in range(3):
+            y = y + 0.5 * self.net(y.detach() ** 3)
+        return self.head(y)
+
+
+def test_stop_gradients_in_the_forward_are_named_not_called_a_broken_backward():
+    import nndx
+    from nndx.report import DiagnosticReport, Probes
+
+    for model, loss in ((_SimSiam(), _negative_cosine), (_DetachedState(), nn.CrossEntropyLoss())):
+        result = grad_check(model, batch(), loss)
+        assert result.status == "passed" and result.stop_gradients >= 2, result.message
+        assert "detach" in result.message
+        findings = nndx.diagnose(DiagnosticReport(probes=Probes(grad_check=result))).findings
+        assert [(f.rule_id, f.code.value, f.severity) for f in findings] == [("NNDX618", "DETACHED_GRAPH", "info")]
+    # a wrong backward behind a stop-gradient is still a wrong backward
+    broken = grad_check(_SimSiam(custom_backward_mlp("transposed")), batch(), _negative_cosine)
+    assert broken.status == "failed" and "detach" not in broken.message
+    top = nndx.diagnose(DiagnosticReport(probes=Probes(grad_check=broken))).top()
+    assert top.code.value == "BROKEN_BACKWARD"

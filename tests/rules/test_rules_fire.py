@@ -44,6 +44,6 @@ def test_healthy_run_has_no_warning(name):
 
 def test_broken_reports_are_not_healthy():
     healthy = {rule_id for rule_id, build in BROKEN.items() if diagnose(build()).healthy}
-    # only the context rules (plateau, underfitting, a probe that could not run) describe a
-    # broken report as info
-    assert healthy == {"NNDX002", "NNDX105", "NNDX108"}
+    # only the context rules (plateau, underfitting, a probe that could not run, stop-gradients that
+    # are often the method) describe a broken report as info
+    assert healthy == {"NNDX002", "NNDX105", "NNDX108", "NNDX618"}

@@ -252,6 +252,10 @@ def grad_check(
                                      "not, which at saturated outputs proves little: "
                                      + (again.message or ""))  # fmt: skip
                     return again
+            if result.status == "failed" and result.stop_gradients:
+                return _through_stop_gradients(result, lambda through: _check_in(
+                    torch.float64, model, inputs, targets, loss_fn, mode, directions, elements_per_tensor, eps, seed,
+                    through=through))  # fmt: skip
             return result
         except RuntimeError as exc:
             if "dtype" not in str(exc).lower() and "double" not in str(exc).lower():
@@ -278,6 +282,49 @@ class _LowestPrecision(TorchFunctionMode):
         return out
 
 
+class StopGradients(TorchFunctionMode):
+    """Counts the ``detach()`` calls made while active; with ``let_through``, each returns
+    its input instead, so gradients flow where the forward meant to stop them."""
+
+    def __init__(self, let_through: bool = False) -> None:
+        super().__init__()
+        self.let_through = let_through
+        self.calls = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if getattr(func, "__name__", "") in ("detach", "detach_") and args and isinstance(args[0], torch.Tensor):
+            self.calls += 1
+            if self.let_through:
+                return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def _through_stop_gradients(failed: GradCheckResult,
+                            check: Callable[[StopGradients], GradCheckResult]) -> GradCheckResult:  # fmt: skip
+    """A check that failed where the forward detaches, rerun with the detaches letting
+    gradients through. Agreement then says the backward is right and the disagreement was
+    the stop-gradients: on purpose in SimSiam's targets and straight-through estimators, a
+    bug where they cut a path the loss needs (torchdiffeq's state detached inside the
+    dynamics). A tensor with no autograd gradient at all is NNDX615's, and stays failed."""
+    if any(p.autograd_zero for p in failed.parameters if p.status == "bug"):
+        return failed
+    try:
+        again = check(StopGradients(let_through=True))
+    except Exception:  # noqa: BLE001 - a forward that needs its detach (x.detach().numpy()) keeps the verdict
+        return failed
+    if again.status == "failed":
+        return failed
+    again.stop_gradients = failed.stop_gradients
+    again.forward_passes += failed.forward_passes
+    again.message = (f"the backward differs from finite differences (max relative error "
+                     f"{failed.max_relative_error:.3g}) only through the forward's {failed.stop_gradients} detach() "
+                     "calls: with them letting gradients "
+                     "through, it agrees. Those stop-gradients are the difference — on purpose for a target branch "
+                     "(SimSiam, BYOL) or a straight-through estimator; a bug where they cut a path the loss needs "
+                     "(a recurrent or ODE state detached inside the step); " + (again.message or ""))  # fmt: skip
+    return again
+
+
 def _no_autocast(model: nn.Module) -> contextlib.AbstractContextManager:
     """Autocast off: the check is of the backward's math, in float64, whatever the
     training's precision."""
@@ -291,7 +338,7 @@ def _no_autocast(model: nn.Module) -> contextlib.AbstractContextManager:
 
 def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, mode: Mode,
               directions: int, elements_per_tensor: int, eps: float, seed: int,
-              project: bool = False) -> GradCheckResult:  # fmt: skip
+              project: bool = False, through: StopGradients | None = None) -> GradCheckResult:  # fmt: skip
     model_copy = dense_gradients(working_copy(model)).to(dtype)
     inputs, targets = (map_tensors(t, lambda x: x.to(dtype) if x.is_floating_point() else x)
                        for t in (inputs, targets))  # fmt: skip
@@ -307,13 +354,15 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
         loss_fn, targets = stops
 
     in_loss = _LowestPrecision()
+    detaches = through or StopGradients()
 
     def loss_now() -> torch.Tensor:
         seed_all(seed)  # the same dropout mask at every evaluation
         seen.kink_pattern = pattern  # functional kinks (F.relu, clamp, max-pool, comparisons) join the modules'
-        output = forward(model_copy, inputs)
-        with in_loss:
-            return compute_loss(loss_fn, output, targets)
+        with detaches:
+            output = forward(model_copy, inputs)
+            with in_loss:
+                return compute_loss(loss_fn, output, targets)
 
     pattern: Pattern = []
     handles = _record_kinks(model_copy, pattern)
@@ -321,6 +370,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
         with ForwardObserver(model_copy, kinks=True) as seen:
             nn.Module.zero_grad(model_copy, set_to_none=True)  # not an override: MAML's takes no set_to_none
             base = loss_now()
+            detach_calls = detaches.calls  # in one forward and loss
             base.backward()
             base_pattern = list(pattern)
             # the least precise dtype the forward or the loss computed in (an explicit .float()
@@ -364,6 +414,8 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     finally:
         for h in handles:
             h.remove()
+    if result.status == "failed" and through is None:
+        result.stop_gradients = detach_calls
     if checked_loss:
         result.forward_passes += 1  # the forward whose outputs the loss's own gradient was checked on
     if stops is not None and not project:
