@@ -80,6 +80,9 @@ class LayerInfo(Schema):
         None, description="how many layers and functional ops read this layer's output (through reshapes, dropout "
         "and normalisation) in an observed forward: 2 or more is a stream several paths branch from, such as a "
         "ResNet stem that a block's shortcut projection and its residual branch both read")
+    residual_end: bool | None = Field(
+        None, description="this layer's output was added to another tensor of its shape in an observed forward: "
+        "the end of a residual branch, which may start at zero on purpose (zero_init_residual, ReZero, LoRA)")
 
 
 class ModelSummary(Schema):

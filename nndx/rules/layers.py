@@ -434,7 +434,9 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Initialisation breaks learning",
     detects="At the first recorded step: a hidden layer whose outputs have zero spread across the batch "
-    "(constant or symmetric weights), a non-final weight matrix of norm 0, activations whose std "
+    "(constant or symmetric weights), a non-final weight matrix of norm 0 (neither where the layer ends a residual "
+    "branch, whose output is added to the stream: ResNet's zero_init_residual starts each block as the identity), "
+    "activations whose std "
     "grows over 1000x from the first recorded layer to a later one, or a Linear/Conv weight whose gain "
     "(rms x sqrt(fan_in)) is over 5 (He init: 1.41; N(0, 1) init gives sqrt(fan_in)), from the norm before "
     "the recorded update; not when that update was half the weights' size or more (a far too high LR).",
@@ -445,6 +447,8 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
 )
 def bad_init(report: DiagnosticReport) -> list[Hit]:
     hits = []
+    layers = report.model.layers if report.model is not None else []
+    residual_ends = {layer.name for layer in layers if layer.residual_end}
     steps = layer_steps(report)
     if steps:
         first = [s for s in steps[0] if s.activation is not None and math.isfinite(s.activation.std)]
@@ -454,7 +458,8 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                 act = layer.activation
                 if act.dead_unit_fraction >= 0.9 and layer.type in RELU_TYPES:
                     upstream_dead = True
-                if act.std == 0.0 and act.unit_count >= 2 and layer.type not in RELU_TYPES and not upstream_dead:
+                if act.std == 0.0 and act.unit_count >= 2 and layer.type not in RELU_TYPES and not upstream_dead and (
+                        layer.name not in residual_ends):  # a branch that starts at zero adds nothing: the identity
                     hits.append(
                         Hit(
                             symptom=f"{layer.name} outputs the same value for every sample and unit",
@@ -484,7 +489,8 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
         first_step = min((p.step or 0) for p in weights)
         at_start = [p for p in weights if (p.step or 0) == first_step]
         for param in at_start[:-1]:  # a zero-initialised final layer is a deliberate, harmless choice
-            if param.weight_norm == 0.0:
+            # as is a residual branch's last layer (zero_init_residual: each block starts as the identity)
+            if param.weight_norm == 0.0 and param.name.rpartition(".")[0] not in residual_ends:
                 hits.append(
                     Hit(
                         symptom=f"weight {param.name} is all zeros",

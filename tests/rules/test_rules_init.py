@@ -78,3 +78,30 @@ def test_weights_blown_up_by_the_first_step_of_a_far_too_high_lr_are_no_bad_init
                         probes=["hooks"], progress=False)  # fmt: skip
     assert max(p.update_ratio for p in report.parameters if p.update_ratio is not None) > 1  # the step did it
     assert not [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX207"]
+
+
+class Block(nn.Module):
+    """torchvision's BasicBlock on features: the branch's last norm zero-initialised
+    (``zero_init_residual=True``, Goyal et al.) so each block starts as the identity; or,
+    with ``residual=False``, the same zero norm with nothing added to it (a dead layer)."""
+
+    def __init__(self, residual: bool) -> None:
+        super().__init__()
+        self.residual = residual
+        self.fc1, self.bn1 = nn.Linear(32, 32), nn.BatchNorm1d(32)
+        self.fc2, self.bn2 = nn.Linear(32, 32), nn.BatchNorm1d(32)
+        nn.init.zeros_(self.bn2.weight)
+
+    def forward(self, x):
+        out = self.bn2(self.fc2(torch.relu(self.bn1(self.fc1(x)))))
+        if self.residual:
+            out += x
+        return torch.relu(out)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_zero_initialised_residual_branch_is_the_identity_not_a_bad_init(digits, residual):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), Block(residual), Block(residual), nn.Linear(32, 10))
+    findings = probe_findings(model, digits[0][:128], digits[1][:128])
+    assert bool(findings) == (not residual), [f.symptom for f in findings]

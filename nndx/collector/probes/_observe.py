@@ -54,6 +54,7 @@ from nndx.report import ActivationStats, LayerInfo, LayerStats, ModelSummary
 OP_ALIASES = {"__truediv__": "div", "__rtruediv__": "div", "__rdiv__": "div", "__itruediv__": "div",
               "__div__": "div", "true_divide": "div", "divide": "div", "div_": "div", "reciprocal": "div",
               "rsqrt": "div", "log_": "log", "exp_": "exp", "__pow__": "pow", "pow_": "pow"}  # fmt: skip
+RESIDUAL_ADDS = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
 DROPOUT_OPS = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
                          "feature_alpha_dropout", "feature_dropout"})  # fmt: skip
 # ops that only move, view or cast values: an activation's output stays that activation's
@@ -142,6 +143,9 @@ class ForwardObserver(TorchFunctionMode):
         self._input_from: dict[int, str | None] = {}  # id(module) -> maker of its latest input
         self.input_from: dict[str, str | None] = {}  # layer name -> maker of its first input
         self.readers: Counter[str] = Counter()  # layer name -> layers and ops that read its output
+        # leaf modules whose own output is added to another tensor of its shape: a residual branch's end
+        self.residual_ends: set[str] = set()
+        self._leaf_output: dict[int, tuple[weakref.ref, str]] = {}  # tensor id -> the leaf module that returned it
         self._stats: list[tuple[Call, ActivationStats, list[torch.Tensor]]] = []
         # views/reshapes in the model's own code that move an axis (see moved_axis), in words
         self.moved_axes: list[str] = []
@@ -211,11 +215,26 @@ class ForwardObserver(TorchFunctionMode):
                 self._made(output, self._input_from.get(id(module)))
             else:
                 self._made(output, name)
+            for t in iter_tensors(output):
+                self._leaf_output[id(t)] = (weakref.ref(t), name)
             kind = vocab.activation_kind(type(module).__name__)
             for t in iter_tensors(output):
                 self._remember(t, kind.name if kind is not None else None)
         if self.watch_nonfinite and self.first_nonfinite is None and has_nonfinite(output):
             self.first_nonfinite = (name or type(module).__name__, type(module).__name__, None)
+
+    def _residual_add(self, args: tuple) -> None:
+        """``out += identity``: the layers whose own outputs meet another tensor of their
+        shape in an addition end a residual branch (ResNet's last norm, LoRA's B)."""
+        operands = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+        if len(operands) != 2 or operands[0].shape != operands[1].shape:
+            return
+        for t in operands:
+            made = self._leaf_output.get(id(t))
+            if made is not None and made[0]() is t:
+                self.residual_ends.add(made[1])
+            if (maker := self._maker(t)) is not None:
+                self.residual_ends.add(maker)
 
     # -- every torch call
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -250,6 +269,8 @@ class ForwardObserver(TorchFunctionMode):
             for t in {id(t): t for t in iter_tensors(args)}.values():
                 if (maker := self._maker(t)) is not None:
                     self.readers[maker] += 1
+        if op in RESIDUAL_ADDS:
+            self._residual_add(args)
         if first is not None and _in_place(op) and op not in SHAPE_OPS and op not in DROPOUT_OPS and out is first:
             # ``q += residual``: the tensor now holds more than its maker's output (a post-norm
             # Transformer's residual, added in place before the LayerNorm), so it no longer
@@ -421,7 +442,8 @@ def _layers_as_run(layers: list[LayerInfo], seen: ForwardObserver) -> list[Layer
         if name in by_name:
             ordered.append(by_name.pop(name).model_copy(update={"input_from": seen.input_from.get(name),
                                                                 "output_shape": seen.output_shapes.get(name),
-                                                                "readers": seen.readers.get(name, 0)}))
+                                                                "readers": seen.readers.get(name, 0),
+                                                                "residual_end": name in seen.residual_ends}))
         elif name in kinds:
             ordered.append(LayerInfo(name=name, type=kinds[name], input_from=seen.input_from.get(name)))
     return ordered + list(by_name.values())
