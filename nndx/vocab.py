@@ -53,6 +53,8 @@ LOSSES: tuple[LossKind, ...] = (
     LossKind("HuberLoss", "huber_loss", "regression", "values"),
     LossKind("GaussianNLLLoss", "gaussian_nll_loss", "regression", "values"),
     LossKind("KLDivLoss", "kl_div", None, "log_probabilities"),
+    # (time, batch, classes) log-probabilities of a sequence labeller against label sequences
+    LossKind("CTCLoss", "ctc_loss", None, "log_probabilities"),
 )
 _LOSS_BY_NAME = {name: kind for kind in LOSSES for name in (kind.name, kind.functional)}
 

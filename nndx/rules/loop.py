@@ -900,6 +900,7 @@ def ignored_real_class(report: DiagnosticReport) -> Hit | None:
 
 
 LOG_ROWS_TOLERANCE = 0.1  # |log of the probability mass| of a row: 10% off one is no rounding
+LOG_PROB_MAX = 1e-3  # a log-probability is at most 0; above this is no rounding
 
 
 @rule(
@@ -941,11 +942,13 @@ def log_probabilities_off_class_axis(report: DiagnosticReport) -> Hit | None:
     "The loss does not fit the task or the outputs",
     detects="A regression loss (MSE/L1) on class-index targets, on labels the data checks found to be "
     "class indices or one-hot rows, or a multi-column output against one target per sample; a loss that takes "
-    "log-probabilities (NLLLoss, KLDivLoss) on non-negative outputs (probabilities, not log-probabilities; all "
-    "zero is log(1) too, left to NNDX324); a "
+    "log-probabilities (NLLLoss, KLDivLoss, CTCLoss) on non-negative outputs (probabilities, not log-probabilities; "
+    f"all zero is log(1) too, left to NNDX324) or on outputs above {LOG_PROB_MAX:g} (raw scores: a log-probability "
+    "is never above 0); a "
     "regression loss on a task the report marks as classification (warning).",
     why="MSE on class indices treats class 7 as 'closer' to 8 than to 1 and gives weak gradients; NLLLoss "
-    "on probabilities maximises p instead of log p; KLDivLoss on probabilities (a distillation loss given the "
+    "on probabilities maximises p instead of log p; NLLLoss or CTCLoss on raw scores pushes the right score up "
+    "without bound (the loss goes negative) instead of normalising against the others; KLDivLoss on probabilities (a distillation loss given the "
     "student's softmax) is negative and pulls the student's probabilities, not their logarithms, to the teacher's.",
     fix="Classification: CrossEntropyLoss on logits with long class indices. NLLLoss and KLDivLoss only after "
     "log_softmax.",
@@ -972,6 +975,13 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
             return Hit(
                 symptom=f"{call.loss_type} on non-negative outputs (probabilities, not log-probabilities)",
                 evidence=evidence | {"output_min": call.output_min},
+                score=3.0,
+            )
+        if takes_logs and call.output_max is not None and call.output_max > LOG_PROB_MAX:
+            return Hit(
+                symptom=f"{call.loss_type} on outputs up to {call.output_max:.3g}, above 0 where no log-probability "
+                "is: raw scores, with no log_softmax before the loss",
+                evidence=evidence | {"output_min": call.output_min, "output_max": call.output_max},
                 score=3.0,
             )
     types = {c.loss_type for c in loss_calls(report)}

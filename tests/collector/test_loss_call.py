@@ -184,3 +184,40 @@ def test_an_ignore_index_that_leaves_one_class_to_score_is_a_wrong_loss(direct):
     assert finding.evidence["ignore_index"] == 0 and finding.evidence["scored_classes"] == 1
     masked_tokens = torch.where(torch.arange(64) % 4 == 0, torch.arange(64) % 19 + 1, 0)  # 0: not masked
     assert _ignored_findings(masked_tokens, 20, direct) == []
+
+
+class LineReader(nn.Module):
+    """crnn.pytorch's head on features: (time, batch, classes) scores for CTCLoss;
+    ``log_softmax=False`` is the reported bug (raw scores given to the CTC loss)."""
+
+    def __init__(self, log_softmax: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.log_softmax = log_softmax
+        self.rnn, self.head = nn.LSTM(8, 16), nn.Linear(16, 6)
+
+    def forward(self, x):
+        scores = self.head(self.rnn(x)[0])
+        return scores.log_softmax(2) if self.log_softmax else scores
+
+
+def ctc(scores, targets):
+    labels, lengths = targets
+    sizes = torch.full((scores.shape[1],), scores.shape[0], dtype=torch.long)
+    return nn.CTCLoss(reduction="sum", zero_infinity=True)(scores, labels, sizes, lengths) / scores.shape[1]
+
+
+@pytest.mark.parametrize("log_softmax", [True, False])
+def test_a_loss_that_takes_log_probabilities_given_raw_scores_is_a_wrong_loss(log_softmax):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 16, 8, generator=g)
+    labels, lengths = torch.randint(1, 6, (16, 3), generator=g), torch.full((16,), 3, dtype=torch.long)
+    report = nndx.probe(LineReader(log_softmax), (x, (labels, lengths)), ctc, probes=["nan_origin"], progress=False)
+    found = {f.rule_id: f for f in nndx.diagnose(report).findings}
+    assert [c.loss_type for c in report.loop.loss_calls] == ["ctc", "CTCLoss"]
+    assert ("NNDX315" in found) == (not log_softmax)
+    if not log_softmax:
+        assert "above 0" in found["NNDX315"].symptom
+    # NLLLoss on logits: the same class
+    report = nndx.probe(model(), batch(), nn.NLLLoss(), probes=["nan_origin"], progress=False)
+    assert "NNDX315" in {f.rule_id for f in nndx.diagnose(report).findings}
