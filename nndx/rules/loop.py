@@ -948,7 +948,8 @@ def log_probabilities_off_class_axis(report: DiagnosticReport) -> Hit | None:
     "regression loss on a task the report marks as classification (warning).",
     why="MSE on class indices treats class 7 as 'closer' to 8 than to 1 and gives weak gradients; NLLLoss "
     "on probabilities maximises p instead of log p; NLLLoss or CTCLoss on raw scores pushes the right score up "
-    "without bound (the loss goes negative) instead of normalising against the others; KLDivLoss on probabilities (a distillation loss given the "
+    "without bound (the loss goes negative) instead of normalising against the others; KLDivLoss on "
+    "probabilities (a distillation loss given the "
     "student's softmax) is negative and pulls the student's probabilities, not their logarithms, to the teacher's.",
     fix="Classification: CrossEntropyLoss on logits with long class indices. NLLLoss and KLDivLoss only after "
     "log_softmax.",
