@@ -155,6 +155,10 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     )
 
 
+# a loss that fell this share from its very first value has learned: a later stall is no verdict on the LR
+LEARNED_DROP = 0.3
+
+
 @rule(
     "NNDX103",
     C.LR_TOO_LOW,
@@ -167,7 +171,9 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
     "ends under that half: the model already fits, as a pretrained one does. A loss that ends above twice its "
     "start (or 10x its very first value) climbed: that is NNDX104's divergence, not this. Info for a logged loss "
     "that runs through another trained network (a GAN's generator loss: it need not fall). At an LR within 3x of "
-    "the range the LR range test trains well in, the finding says so and ranks after other symptoms. Silent on a "
+    "the range the LR range test trains well in, the finding says so and ranks after other symptoms, and is info "
+    f"when the loss first fell by {LEARNED_DROP:.0%} or more from its very first value (it learned, then stalled). "
+    "Silent on a "
     "loss that hovers around zero (a fifth or more of its second half on each side): an objective with no floor, "
     "as a policy gradient's, makes no progress to measure.",
     why="A loss that does not move means no useful update reaches the weights: the LR is far too "
@@ -204,10 +210,15 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     # a fitted start's first value can be a batch it memorised: rising from there while staying
     # under half an uninformed prediction's loss is still a model that fits
     fitted = starts_fitted(report) and (from_initial >= -0.1 or stays_fitted(report))
+    # fell far from its first value, then stalled, at an LR the range test trains well at: the
+    # model learned, and what holds the logged loss up now (a term that grows by design, as a
+    # beta-VAE's capacity ramp) is no evidence against the LR
+    learned_first = lr_fine and from_initial >= LEARNED_DROP
     return Hit(
-        severity="info" if fitted or adversarial(report) else None,
+        severity="info" if fitted or learned_first or adversarial(report) else None,
         symptom=("train loss did not change at all" if frozen else "train loss is not decreasing")
         + (" from a level the model already fits to (under half an uninformed prediction's loss)" if fitted else "")
+        + (f" after falling {from_initial:.0%} from its first value" if learned_first else "")
         + (f" at lr {lr:.3g}, within 3x of the range the LR range test trains well in: not the LR" if lr_fine
            else ""),
         evidence={

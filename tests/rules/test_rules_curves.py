@@ -308,3 +308,25 @@ def test_a_loss_that_hovers_around_zero_has_no_floor_to_judge_progress_by():
     found = {f.rule_id: f for f in diagnose(DiagnosticReport(loss_history={"train": points(sign_error)},
                                                              probes=probe)).findings}  # fmt: skip
     assert found["NNDX111"].severity == "error"
+
+
+def test_a_loss_that_learned_then_stalled_at_an_lr_the_range_test_trains_well_at_is_context():
+    """Beta-VAE's objective B: gamma * |KL - C| with C ramping up; the loss falls from 300 to
+    ~130 in the first steps, then wanders (noise ~0.9 of its level) as C grows. At an LR the
+    range test trains well at, a stall after real learning says nothing against the LR."""
+    from nndx.report import LoopStats, LRPoint, LRRangeResult, Probes
+
+    sweep = LRRangeResult(status="passed", interval_low_lr=2e-4, interval_high_lr=2.4e-3, suggested_lr=6e-4)
+    rng = random.Random(0)
+    learned = [300.0, 200.0] + [abs(127 + 30 * i / 400 + rng.gauss(0, 60)) for i in range(400)]
+
+    def severity(values, lr):
+        report = DiagnosticReport(loss_history={"train": points(values)},
+                                  loop=LoopStats(steps=len(values), lr_history=[LRPoint(step=0, lrs=[lr])]),
+                                  probes=Probes(lr_range=sweep))  # fmt: skip
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX103"), None)
+
+    assert severity(learned, 5e-4) == "info"
+    assert severity(learned, 1e-7) == "warning"  # far below the range: the LR is the guess
+    stuck = [300.0 + rng.gauss(0, 3) for _ in range(400)]
+    assert severity(stuck, 5e-4) == "warning"  # never learned: an alarm whatever the LR
