@@ -110,3 +110,18 @@ def test_token_sequences_are_skipped():
     rng = np.random.default_rng(0)
     x = rng.integers(0, 10, (200, 16))
     assert label_noise(x, np.roll(x, -1, axis=1)).status == "skipped"
+
+
+def test_outcomes_drawn_at_random_are_not_label_noise_but_flips_of_a_two_class_task_are():
+    """Click-through data: a click is a Bernoulli draw whose rate the features set. The most confident predictions are all 'no click', and the clicks among them
+    are the outcome's own randomness, which no relabelling fixes: the probe cannot judge."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 6))
+    rate = 1 / (1 + np.exp(-(0.8 * x[:, 0] - 0.8)))  # 33% click; ~16% among the surest no-clicks
+    clicks = (rng.random(2000) < rate).astype(np.int64)
+    result = label_noise(x, clicks)
+    assert result.status == "skipped" and "one class" in result.message, result.message
+    # 30% of a balanced two-class task's labels flipped: confident predictions of both classes disagree
+    x, y = make_blobs(n_samples=1000, centers=2, cluster_std=1.0, random_state=0)
+    noisy = label_noise(x, flipped(y, 0.3))
+    assert noisy.status == "failed", noisy.message

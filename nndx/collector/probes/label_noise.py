@@ -23,6 +23,11 @@ So the estimate is the disagreement among the ``CONFIDENT_SHARE`` most confident
 predicted samples, and ``failed`` means its one-sided 95% lower bound exceeds
 ``NOISE_FLOOR``.
 
+When the confident predictions are nearly all of one class (click-through data: the surest
+predictions are all "no click"), the disagreement among them is how often the other
+classes occur where that one is likeliest: an outcome drawn at random (a click, a loan
+default) gives it as surely as wrong labels do, and the probe says ``skipped``.
+
 A task whose classes overlap *everywhere* to the same degree is indistinguishable from
 clean data with that much noise: the estimate then reads "at least this share of labels
 disagrees with the data", which is what the user needs to know either way. The probe
@@ -47,6 +52,8 @@ MIN_SAMPLES = 100
 FOLDS = 4
 CONFIDENT_SHARE = 0.25  # of the samples, the most confidently predicted, where disagreement is judged
 NOISE_FLOOR = 0.10  # a lower bound of the wrong-label share above this is evidence of noise
+# random flips hit every class: confident predictions of a second class at least this share, or no verdict
+MIN_CONFIDENT_CLASS_SHARE = 0.1
 Z_BOUND = 1.64  # one-sided 95%
 
 
@@ -79,7 +86,14 @@ def label_noise(
     facts = (f"{share:.1%} of the labels disagree with a confident out-of-sample prediction (the "
              f"{confident.size} most confident of {targets.size} samples; {float(disagree.mean()):.1%} of all "
              f"disagree; {FOLDS}-fold cross-validated MLP){note}")  # fmt: skip
-    if lower > NOISE_FLOOR:
+    counts = np.sort(np.bincount(predicted[confident], minlength=num_classes))[::-1]
+    one_class = counts.size < 2 or counts[1] < MIN_CONFIDENT_CLASS_SHARE * confident.size
+    if lower > NOISE_FLOOR and one_class:
+        status, message = "skipped", (
+            f"{facts}, but the confident predictions are nearly all of one class ({counts[0]} of {confident.size}): "
+            "the disagreement there is how often the other classes occur where that one is likeliest, which an "
+            "outcome drawn at random (a click, a default) gives as surely as wrong labels")  # fmt: skip
+    elif lower > NOISE_FLOOR:
         status, message = "failed", (f"{facts}: at least {lower:.0%} of the labels look wrong, more than "
                                      f"{NOISE_FLOOR:.0%}")  # fmt: skip
     else:
