@@ -113,7 +113,8 @@ def test_token_sequences_are_skipped():
 
 
 def test_outcomes_drawn_at_random_are_not_label_noise_but_flips_of_a_two_class_task_are():
-    """Click-through data: a click is a Bernoulli draw whose rate the features set. The most confident predictions are all 'no click', and the clicks among them
+    """Click-through data: a click is a Bernoulli draw whose rate the features set. The most
+    confident predictions are all 'no click', and the clicks among them
     are the outcome's own randomness, which no relabelling fixes: the probe cannot judge."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2000, 6))
