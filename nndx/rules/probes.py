@@ -9,7 +9,9 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, NanOriginResult
 from nndx.rules._series import (
     finite, frozen_untrained, generalizes, loss_calls, loss_is_moving, loss_learned, no_floor, num_classes, used_lr,
+    trains_well_up_to,
 )
+from nndx.rules.layers import units_died
 from nndx.rules.loss import NO_LEARNING_CAUSES
 from nndx.rules.engine import Hit, rule
 
@@ -118,13 +120,19 @@ def _lr_range(report: DiagnosticReport):
     return result
 
 
+# an LR this many times the top of the range test's interval that killed units overshot
+ABOVE_RANGE = 4.0
+
+
 @rule(
     "NNDX602",
     C.LR_TOO_HIGH,
     "warning",
     "The learning rate used is beyond the LR range test's usable range",
     detects="The peak LR of the user's optimizer is at or above the LR where the range "
-    "test's loss diverged, or over 30x the suggested LR (of a sweep whose loss clearly fell). Error when the "
+    "test's loss diverged, or over 30x the suggested LR (of a sweep whose loss clearly fell), or over "
+    f"{ABOVE_RANGE:g}x the top of the range where the sweep trains well while units died during training "
+    "(NNDX208 at warning or above: the harm an overshoot does that no divergence shows). Error when the "
     "loss also misbehaves; info when the train loss is decreasing anyway, or hovers around zero (a policy "
     "gradient's objective has no floor: its sweep reads no LR).",
     why="Beyond the divergence point each step overshoots the minimum.",
@@ -140,8 +148,20 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     suggestions = finite([v for v in readings if v is not None])
     diverged = result.diverged_at_lr is not None and math.isfinite(result.diverged_at_lr) and lr >= result.diverged_at_lr
     too_far = bool(suggestions) and lr > 30 * max(suggestions)
-    if not (diverged or too_far):
+    top = trains_well_up_to(report)
+    killed = [h for h in units_died(report) if h.severity != "info"] if top is not None and lr > ABOVE_RANGE * top \
+        else []  # fmt: skip
+    if not (diverged or too_far or killed):
         return None
+    if killed and not (diverged or too_far):
+        return Hit(
+            symptom=f"lr {lr:.3g} is {lr / top:.0f}x the top of the range where the LR range test trains well "
+            f"({top:.3g}), and units died during training ({killed[0].evidence['layer']})",
+            evidence={"used_lr": lr, "interval_high_lr": top, "suggested_lr": result.suggested_lr,
+                      "diverged_at_lr": result.diverged_at_lr, "dead_layer": killed[0].evidence["layer"],
+                      "dead_unit_fraction": killed[0].evidence["dead_unit_fraction"]},  # fmt: skip
+            score=1.5,
+        )
     moving = loss_is_moving(report)
     # a loss with no floor (a policy gradient's) falls without end on the sweep's batch: no
     # reading of that sweep is a verdict on the LR

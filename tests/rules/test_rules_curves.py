@@ -283,7 +283,9 @@ def test_a_climb_the_range_test_refutes_explains_no_other_finding():
     # units silent on one batch after training, at an LR the range test trains well at: sparse, not killed
     assert fine["NNDX208"].explained_by is None and fine["NNDX208"].severity == "info"
     high = found(1e-2)
-    assert not high["NNDX104"].refuted and high["NNDX208"].explained_by == "NNDX104"
+    # far above the range: the range test's verdict (NNDX602, with the units killed) roots the climb and them
+    assert not high["NNDX104"].refuted and high["NNDX104"].explained_by == "NNDX602"
+    assert high["NNDX208"].explained_by == "NNDX602" and high["NNDX602"].code.value == "LR_TOO_HIGH"
     assert high["NNDX104"].severity == "warning"
     dead = dead.model_copy(update={"activation": act(dead=0.95, zero=0.97, units=128)})
     assert found(1e-3)["NNDX208"].severity == "error"  # the whole layer: dead whatever the LR

@@ -1165,3 +1165,29 @@ def test_an_output_activation_is_judged_against_the_targets_extremes_not_only_th
     assert fired("Tanh", target_mean=-0.39, target_std=0.637)  # extremes not measured: the spread decides
     assert fired("Sigmoid", target_mean=120.0, target_std=60.0, target_min=0.0, target_max=255.0)
     assert not fired("Sigmoid", target_mean=0.2, target_std=0.3, target_min=0.0, target_max=1.0)
+
+
+def test_an_lr_several_times_above_the_range_where_the_sweep_trains_well_that_killed_units_is_the_root():
+    """crnn.pytorch with Adam at its default 1e-2: the range test trains well up to 1.2e-3,
+    diverges only at 0.74; in training half the units of a ReLU layer died (no update ratio
+    looked huge), and the loss stalled on CTC's blank plateau."""
+    from nndx.report import LRRangeResult, Probes
+
+    from .reports import mlp_params, points
+
+    sweep = LRRangeResult(status="passed", suggested_lr=5.8e-4, interval_low_lr=2.9e-4, interval_high_lr=1.2e-3,
+                          diverged_at_lr=0.74, min_over_10_lr=1.8e-3)  # fmt: skip
+    stalled = [24.0, 21.0, 10.0, 7.0] + [4.7 + 0.1 * ((-1) ** i) for i in range(97)]
+
+    def found(lr, dead_at_end):
+        report = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i in range(0, 101, 10)]).model_copy(
+            update={"layers": mlp_layers(steps=(0, 50), dead=0.0) + mlp_layers(steps=(100,), dead=dead_at_end),
+                    "parameters": mlp_params(ratio=0.01), "probes": Probes(lr_range=sweep),
+                    "loss_history": {"train": points(stalled)}})  # fmt: skip
+        return _found(report)
+
+    died = found(1e-2, 0.7)
+    assert died["NNDX602"].code.value == "LR_TOO_HIGH" and died["NNDX602"].severity == "warning"
+    assert died["NNDX208"].explained_by == "NNDX602"
+    assert "NNDX602" not in found(1e-2, 0.0)  # above the interval, but nothing was harmed
+    assert "NNDX602" not in found(1.5e-3, 0.7)  # within the range test's reading
