@@ -503,7 +503,8 @@ def test_stop_gradients_in_the_forward_are_named_not_called_a_broken_backward():
 
     for model, loss in ((_SimSiam(), _negative_cosine), (_DetachedState(), nn.CrossEntropyLoss())):
         result = grad_check(model, batch(), loss)
-        assert result.status == "passed" and result.stop_gradients >= 2, result.message
+        # SimSiam's two targets; the state's three steps (nndx's own detaches, recording kinks, do not count)
+        assert result.status == "passed" and result.stop_gradients in (2, 3), result.message
         assert "detach" in result.message
         findings = nndx.diagnose(DiagnosticReport(probes=Probes(grad_check=result))).findings
         assert [(f.rule_id, f.code.value, f.severity) for f in findings] == [("NNDX618", "DETACHED_GRAPH", "info")]
