@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np

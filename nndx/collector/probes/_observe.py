@@ -215,10 +215,9 @@ class ForwardObserver(TorchFunctionMode):
                 self._made(output, self._input_from.get(id(module)))
             else:
                 self._made(output, name)
-            for t in iter_tensors(output):
-                self._leaf_output[id(t)] = (weakref.ref(t), name)
             kind = vocab.activation_kind(type(module).__name__)
             for t in iter_tensors(output):
+                self._leaf_output[id(t)] = (weakref.ref(t), name)
                 self._remember(t, kind.name if kind is not None else None)
         if self.watch_nonfinite and self.first_nonfinite is None and has_nonfinite(output):
             self.first_nonfinite = (name or type(module).__name__, type(module).__name__, None)

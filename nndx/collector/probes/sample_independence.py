@@ -157,7 +157,7 @@ def _reordered(model: nn.Module, inputs: object, axis: int, before: torch.Tensor
     if flipped.shape != before.shape:
         return False
     rows, flipped_rows = (t.movedim(out_axis, 0).reshape(samples, -1) for t in (before, flipped))
-    distance = (flipped_rows[:, None, :] - rows[None, :, :]).abs().amax(dim=2)
+    distance = torch.cdist(flipped_rows.double(), rows.double(), p=float("inf"))  # no (B, B, outputs) tensor
     nearest = distance.argmin(dim=1)
     matched = bool((distance.gather(1, nearest[:, None]) <= tolerance).all())
     is_permutation = torch.unique(nearest).numel() == samples
