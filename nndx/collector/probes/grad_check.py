@@ -283,7 +283,7 @@ class _LowestPrecision(TorchFunctionMode):
         return out
 
 
-class StopGradients(TorchFunctionMode):
+class _StopGradients(TorchFunctionMode):
     """Counts the ``detach()`` calls made while active; with ``let_through``, each returns
     its input instead, so gradients flow where the forward meant to stop them."""
 
@@ -311,7 +311,7 @@ def _called_by_nndx() -> bool:
 
 
 def _through_stop_gradients(failed: GradCheckResult,
-                            check: Callable[[StopGradients], GradCheckResult]) -> GradCheckResult:  # fmt: skip
+                            check: Callable[[_StopGradients], GradCheckResult]) -> GradCheckResult:  # fmt: skip
     """A check that failed where the forward detaches, rerun with the detaches letting
     gradients through. Agreement then says the backward is right and the disagreement was
     the stop-gradients: on purpose in SimSiam's targets and straight-through estimators, a
@@ -320,19 +320,19 @@ def _through_stop_gradients(failed: GradCheckResult,
     if any(p.autograd_zero for p in failed.parameters if p.status == "bug"):
         return failed
     try:
-        again = check(StopGradients(let_through=True))
+        again = check(_StopGradients(let_through=True))
     except Exception:  # noqa: BLE001 - a forward that needs its detach (x.detach().numpy()) keeps the verdict
         return failed
     if again.status == "failed":
         return failed
     again.stop_gradients = failed.stop_gradients
     again.forward_passes += failed.forward_passes
-    again.message = (f"the backward differs from finite differences (max relative error "
-                     f"{failed.max_relative_error:.3g}) only through the forward's {failed.stop_gradients} detach() "
-                     "calls: with them letting gradients "
-                     "through, it agrees. Those stop-gradients are the difference — on purpose for a target branch "
-                     "(SimSiam, BYOL) or a straight-through estimator; a bug where they cut a path the loss needs "
-                     "(a recurrent or ODE state detached inside the step); " + (again.message or ""))  # fmt: skip
+    error = f" (max relative error {failed.max_relative_error:.3g})" if failed.max_relative_error is not None else ""
+    again.message = (f"the backward differs from finite differences{error} only through the forward's "
+                     f"{failed.stop_gradients} detach() calls: with them letting gradients through, it agrees. Those "
+                     "stop-gradients are the difference — on purpose for a target branch (SimSiam, BYOL) or a "
+                     "straight-through estimator; a bug where they cut a path the loss needs (a recurrent or ODE "
+                     "state detached inside the step); " + (again.message or ""))  # fmt: skip
     return again
 
 
@@ -349,7 +349,7 @@ def _no_autocast(model: nn.Module) -> contextlib.AbstractContextManager:
 
 def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, mode: Mode,
               directions: int, elements_per_tensor: int, eps: float, seed: int,
-              project: bool = False, through: StopGradients | None = None) -> GradCheckResult:  # fmt: skip
+              project: bool = False, through: _StopGradients | None = None) -> GradCheckResult:  # fmt: skip
     model_copy = dense_gradients(working_copy(model)).to(dtype)
     inputs, targets = (map_tensors(t, lambda x: x.to(dtype) if x.is_floating_point() else x)
                        for t in (inputs, targets))  # fmt: skip
@@ -365,7 +365,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
         loss_fn, targets = stops
 
     in_loss = _LowestPrecision()
-    detaches = through or StopGradients()
+    detaches = through or _StopGradients()
 
     def loss_now() -> torch.Tensor:
         seed_all(seed)  # the same dropout mask at every evaluation
