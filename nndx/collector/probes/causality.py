@@ -96,7 +96,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     found = _token_inputs(inputs, targets)
     if isinstance(found, str):
         return CausalityResult(status="skipped", message=found)
-    tokens, _target = found
+    tokens = found
     # what depends on which token does not depend on the dtype, and float32 resolves it: a
     # half-precision model (or autocast) is compared on a float32 copy
     with preserved_rng(), forwards_under_autocast(None):
@@ -165,9 +165,9 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         f"position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
 
 
-def _token_inputs(inputs: object, targets: object) -> tuple[torch.Tensor, torch.Tensor] | str:
-    """The integer token tensor of the inputs that a target tensor is laid out over, with
-    that target, or why none. Every target is tried in turn: a model trained on several
+def _token_inputs(inputs: object, targets: object) -> torch.Tensor | str:
+    """The integer token tensor of the inputs that a target tensor is laid out over, or
+    why none. Every target is tried in turn: a model trained on several
     objectives (BERT's next-sentence label per sample and masked-token labels per token)
     has its per-token targets anywhere among them."""
     found = [_tokens_for(inputs, t) for t in iter_tensors(targets)] if targets is not None else []
@@ -176,7 +176,7 @@ def _token_inputs(inputs: object, targets: object) -> tuple[torch.Tensor, torch.
     return next((f for f in found if not isinstance(f, str)), found[0])
 
 
-def _tokens_for(inputs: object, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | str:
+def _tokens_for(inputs: object, target: torch.Tensor) -> torch.Tensor | str:
     if target.dim() not in (1, 2) or target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         return (f"targets of shape {list(target.shape)} and dtype {target.dtype}: the probe needs integer tokens "
                 "per position (batch, time) of a next-token model")  # fmt: skip
@@ -200,7 +200,7 @@ def _tokens_for(inputs: object, target: torch.Tensor) -> tuple[torch.Tensor, tor
     if min(shape) < 1 or max(shape) < MIN_POSITIONS:
         return f"inputs of shape {list(shape)}: need {MIN_POSITIONS} positions"
     # the token ids, not an attention mask of the same shape
-    return max(candidates, key=lambda t: torch.unique(t).numel()), target
+    return max(candidates, key=lambda t: torch.unique(t).numel())
 
 
 def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn,
@@ -280,7 +280,7 @@ def _offset_shares(aimed: torch.Tensor, tokens: torch.Tensor, offset: int) -> di
     shares = {}
     for axis in (1, 0):
         length = tokens.shape[axis]
-        if length <= abs(offset) + 1:
+        if length <= abs(offset):
             continue
         start = max(0, -offset)
         current = aimed.narrow(axis, start, length - abs(offset))
