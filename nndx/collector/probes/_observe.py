@@ -504,9 +504,6 @@ def _pool_indices(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     return result[1] if isinstance(result, tuple) else None
 
 
-__all__ = ["Call", "ForwardObserver", "moved_axis", "observed_summary"]
-
-
 class IndexColumns(TorchFunctionMode):
     """Which columns of a float feature matrix the forward reads as indices.
 
@@ -545,3 +542,6 @@ class IndexColumns(TorchFunctionMode):
             offset = ids - values[:, None]
             if bool((offset == offset[:1]).all(dim=0).any()):
                 self.columns.add(column)
+
+
+__all__ = ["Call", "ForwardObserver", "IndexColumns", "moved_axis", "observed_summary"]

@@ -235,16 +235,19 @@ def grad_check(
     """Check the model's autograd gradients of ``loss_fn`` on ``batch`` in float64 (in
     float32 when the model cannot run in float64)."""
     inputs, targets = split_batch(batch)
+
+    def check(dtype: torch.dtype, **options: Any) -> GradCheckResult:
+        return _check_in(dtype, model, inputs, targets, loss_fn, mode, directions, elements_per_tensor, eps, seed,
+                         **options)  # fmt: skip
+
     with preserved_rng(), _no_autocast(model):
         try:
-            result = _check_in(torch.float64, model, inputs, targets, loss_fn, mode, directions, elements_per_tensor,
-                               eps, seed)  # fmt: skip
+            result = check(torch.float64)
             projected = STOP_GRADIENT_NOTE in (result.message or "")
             if result.status == "failed" and is_torch_code(loss_fn) and not projected:
                 # torch's own loss is tested code: outputs at the edge of its domain (BCELoss clamps
                 # p(1 - p) in its backward) make its gradient differ from its differences there
-                again = _check_in(torch.float64, model, inputs, targets, loss_fn, mode, directions,
-                                  elements_per_tensor, eps, seed, project=True)  # fmt: skip
+                again = check(torch.float64, project=True)
                 if again.status != "failed":  # but through saturated outputs, agreeing says little: not a pass
                     again.status = "skipped"
                     again.message = (f"{loss_name(loss_fn)}'s own gradient disagrees with its differences at "
@@ -254,15 +257,12 @@ def grad_check(
                                      + (again.message or ""))  # fmt: skip
                     return again
             if result.status == "failed" and result.stop_gradients:
-                return _through_stop_gradients(result, lambda through: _check_in(
-                    torch.float64, model, inputs, targets, loss_fn, mode, directions, elements_per_tensor, eps, seed,
-                    through=through))  # fmt: skip
+                return _through_stop_gradients(result, lambda through: check(torch.float64, through=through))
             return result
         except RuntimeError as exc:
             if "dtype" not in str(exc).lower() and "double" not in str(exc).lower():
                 raise
-            result = _check_in(torch.float32, model, inputs, targets, loss_fn, mode, directions,
-                               elements_per_tensor, eps, seed)  # fmt: skip
+            result = check(torch.float32)
             result.message = (f"checked in float32: the model does not run in float64 ({str(exc)[:120]}); "
                               + (result.message or ""))  # fmt: skip
             return result
