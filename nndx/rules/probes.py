@@ -42,7 +42,7 @@ def _probe(report: DiagnosticReport, name: str):
     "The model cannot overfit a single batch",
     detects="The overfit-one-batch probe failed: with its own correct loop and many steps on one batch "
     "the loss did not fall to a small share of its start above its floor (or accuracy did not reach "
-    "100%). A warning when the loss above its floor fell by less than half; info when it fell further "
+    "100%). A warning when the lowest loss above its floor is more than half its start; info when it fell further "
     "but not to 1% — a term the floor cannot see (a KL penalty, targets that identical inputs "
     "contradict) stops healthy models there too; info as well when it fell by a tenth and most parameters "
     "are frozen trained weights (a head on a pretrained body), or by a quarter on a loss nndx cannot name "
@@ -62,26 +62,30 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
     if result.initial_loss is not None and not math.isfinite(result.initial_loss):
         return None  # the model already produces NaN: the NaN rules say why, this adds nothing
     floor = result.loss_floor or 0.0
+    # the lowest loss reached, not the last: a loss that swings from step to step (a VQ-VAE's codebook
+    # assignments switching) ends on whatever sample the last step drew
+    best = min((v for v in result.losses if math.isfinite(v)), default=result.final_loss)
     ratio = None
-    if result.initial_loss is not None and result.final_loss is not None and result.initial_loss > floor:
-        ratio = (result.final_loss - floor) / (result.initial_loss - floor)
+    if result.initial_loss is not None and best is not None and result.initial_loss > floor:
+        ratio = (best - floor) / (result.initial_loss - floor)
     nearly = ratio is not None and ratio <= BARELY_LEARNS
     head_only = _head_on_trained_body(report) and ratio is not None and ratio <= HEAD_FALLS
     unnamed = (ratio is not None and ratio <= UNNAMED_FALLS and _loss_unnamed(report) and loss_learned(report)
                and not nearly)  # fmt: skip
     return Hit(
         symptom=f"overfit_one_batch failed after {result.steps} steps"
-        + (f" (the loss above its floor fell to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
+        + (f" (the loss above its floor fell at best to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
         + (": most parameters are frozen trained weights, and a head alone need not memorise a batch" if head_only else "")
-        + (f" (the loss fell to {ratio:.2g} of its start, not to 0.01): a loss nndx cannot name has no floor it "
+        + (f" (the loss fell at best to {ratio:.2g} of its start, not to 0.01): a loss nndx cannot name has no floor it "
            "knows, and the run's own loss learned" if unnamed and not head_only else ""),
         evidence={
             "steps": result.steps,
             "lr": result.lr,
             "initial_loss": result.initial_loss,
             "final_loss": result.final_loss,
+            "best_loss": best,
             "loss_floor": result.loss_floor,
-            "final_to_initial": ratio,
+            "best_to_initial": ratio,
             "final_accuracy": result.final_accuracy,
         },
         severity="info" if nearly or head_only or unnamed else None,

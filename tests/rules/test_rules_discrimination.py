@@ -412,6 +412,10 @@ def test_a_failed_overfit_warns_when_the_model_barely_learns_and_is_context_when
     # a VAE: 45 → 23 is half-way to zero, but a third of the way above its floor of 13.6 (the pixels' entropy)
     assert overfit(initial_loss=44.8, final_loss=23.2)["NNDX601"] == "warning"
     assert overfit(initial_loss=44.8, final_loss=23.2, loss_floor=13.6)["NNDX601"] == "info"
+    # a loss that swings from step to step (a VQ-VAE's codes switching) is judged by the lowest value it reached
+    swinging = [1.4, 1.9, 1.07, 0.85, 0.63, 0.56, 0.54, 1.75, 1.22, 0.52, 0.89, 1.84, 0.57, 0.92, 1.09, 1.16]
+    assert overfit(initial_loss=1.4, final_loss=1.16, losses=swinging)["NNDX601"] == "info"
+    assert overfit(initial_loss=1.4, final_loss=1.16, losses=[1.4, 1.3, 1.25, 1.2, 1.16])["NNDX601"] == "warning"
 
 
 def test_a_frozen_pretrained_backbone_whose_loss_starts_fitted_is_context_not_stuck():
