@@ -298,6 +298,9 @@ class GradCheckResult(ProbeResult):
     stop_gradients: Count | None = Field(
         None, description="detach() calls in the forward and loss; set on a pass that needed them letting gradients "
         "through (the backward agrees then: the stop-gradients were the difference)")
+    loss_projected: bool = Field(
+        False, description="the loss's own gradient is not the derivative of its value (a stop-gradient in it), so "
+        "the check differentiated a fixed random projection of the model's outputs instead")
 
     def summary(self, num: NumberFormat = str) -> str:
         bad = [p for p in self.parameters if p.status != "ok"]

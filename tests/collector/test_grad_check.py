@@ -422,12 +422,12 @@ def _rl_batch():
 def test_a_deliberate_stop_gradient_in_the_loss_is_no_broken_backward():
     result = grad_check(_ActorCritic(custom_backward_mlp(None)), _rl_batch(), _advantage_loss)
     assert result.status == "passed", result.message
-    assert "stop-gradient" in result.message
+    assert result.loss_projected and "stop-gradient" in result.message
 
 
 def test_behind_such_a_loss_a_wrong_backward_in_the_model_is_still_caught():
     result = grad_check(_ActorCritic(custom_backward_mlp("transposed")), _rl_batch(), _advantage_loss)
-    assert result.status == "failed"
+    assert result.status == "failed" and result.loss_projected
     assert {p.name: p.status for p in result.parameters}["body.2.weight"] == "bug"
 
 

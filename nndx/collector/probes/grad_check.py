@@ -243,8 +243,7 @@ def grad_check(
     with preserved_rng(), _no_autocast(model):
         try:
             result = check(torch.float64)
-            projected = STOP_GRADIENT_NOTE in (result.message or "")
-            if result.status == "failed" and is_torch_code(loss_fn) and not projected:
+            if result.status == "failed" and is_torch_code(loss_fn) and not result.loss_projected:
                 # torch's own loss is tested code: outputs at the edge of its domain (BCELoss clamps
                 # p(1 - p) in its backward) make its gradient differ from its differences there
                 again = check(torch.float64, project=True)
@@ -430,6 +429,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     if checked_loss:
         result.forward_passes += 1  # the forward whose outputs the loss's own gradient was checked on
     if stops is not None and not project:
+        result.loss_projected = True
         result.message = (STOP_GRADIENT_NOTE + "; " + (result.message or "")).rstrip("; ")
     if precision != torch.float64:
         result.message = (f"the forward or the loss computes in {str(precision).removeprefix('torch.')}: "
