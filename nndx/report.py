@@ -386,6 +386,10 @@ class SampleIndependenceResult(ProbeResult):
     tolerance: Float | None = None
     reordered: bool | None = Field(None, description="the samples moved because the model returns them in an "
                                    "order of its own (the reversed batch gave the same outputs, not reversed)")
+    batch_reduction: str | None = Field(
+        None, description="the samples moved through a reduction over every axis of a batched tensor (no dim=), "
+        "broadcast back onto every sample: the reversed batch gave the same outputs reversed, and the forward "
+        "computed this reduction")
 
     def summary(self, num: NumberFormat = str) -> str:
         others = max(self.samples - self.replaced_samples, 0)

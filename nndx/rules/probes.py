@@ -512,7 +512,8 @@ def labels_misaligned(report: DiagnosticReport) -> Hit | None:
 )
 def samples_mixed(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "sample_independence")
-    if result is None or result.status != "failed" or not result.changed_samples or result.reordered:
+    if result is None or result.status != "failed" or not result.changed_samples or result.reordered \
+            or result.batch_reduction:  # fmt: skip
         return None
     return Hit(
         symptom=f"replacing {result.replaced_samples} samples moved the outputs of {result.changed_samples} of "
@@ -524,6 +525,36 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
             "tolerance": result.tolerance,
             "batch_axis": result.batch_axis,
         },
+        score=3.0,
+    )
+
+
+@rule(
+    "NNDX619",
+    C.SHAPE_BROADCAST,
+    "error",
+    "A reduction over the whole batch is broadcast onto every sample",
+    detects="The sample-independence probe: replacing half of the batch moved the other samples' eval-mode "
+    "outputs, the reversed batch gave the same outputs reversed (the samples are coupled through a statistic "
+    "of the batch as a whole, not by position), and the forward reduces every axis of a batched tensor "
+    "(torch.sum(x), x.mean() with no dim=).",
+    why="A per-sample term written as torch.sum(ix) instead of torch.sum(ix, dim=1, keepdim=True) (a "
+    "factorisation machine's pairwise term, a norm, a mean) becomes one number for the whole batch, which "
+    "broadcasting adds to every sample's output without an error. Each prediction then depends on the other "
+    "samples; the loss still falls, to a worse model, and predictions change with the batch they are in.",
+    fix="Give the reduction the sample's own axes: x.sum(dim=1, keepdim=True) (or dim=-1), and check the "
+    "shape after it: it must keep the batch axis.",
+)
+def batch_reduction(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "sample_independence")
+    if result is None or result.status != "failed" or not result.batch_reduction:
+        return None
+    return Hit(
+        symptom=f"replacing {result.replaced_samples} samples moved the outputs of {result.changed_samples} of the "
+        f"other {result.samples - result.replaced_samples}, through a reduction of the whole batch "
+        f"({result.batch_reduction})",
+        evidence={"reduction": result.batch_reduction, "changed_samples": result.changed_samples,
+                  "samples": result.samples, "max_change": result.max_change, "batch_axis": result.batch_axis},
         score=3.0,
     )
 

@@ -268,3 +268,63 @@ def test_a_batch_sorted_and_never_unsorted_is_misaligned_and_a_square_batch_is_r
 class Centre(nn.Module):
     def forward(self, x):
         return x - x.mean(0)
+
+
+class FactorizationMachine(nn.Module):
+    """DeepFM's pairwise term; ``whole_batch`` reduces with torch.sum(ix) and no dim=, a
+    reported bug: one scalar over the whole batch is broadcast onto every sample's logit."""
+
+    def __init__(self, whole_batch: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.whole_batch = whole_batch
+        self.embedding = nn.Linear(6, 12)
+        self.linear = nn.Linear(6, 1)
+
+    def forward(self, x):
+        v = self.embedding(x).view(len(x), 3, 4)
+        ix = v.sum(dim=1) ** 2 - (v**2).sum(dim=1)
+        pairwise = torch.sum(ix) if self.whole_batch else torch.sum(ix, dim=1, keepdim=True)
+        return self.linear(x) + 0.5 * pairwise
+
+
+def test_a_reduction_that_forgot_its_dim_is_a_broadcast_not_a_reshape():
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(32, 6, generator=g), torch.randint(0, 2, (32, 1), generator=g).float()
+    result = sample_independence(FactorizationMachine(whole_batch=True), (x, y))
+    assert result.status == "failed" and result.batch_reduction and "sum" in result.batch_reduction
+    report = nndx.probe(FactorizationMachine(whole_batch=True), (x, y), nn.BCEWithLogitsLoss(),
+                        probes=["sample_independence"])  # fmt: skip
+    assert [f.code.value for f in nndx.diagnose(report).findings][:1] == ["SHAPE_BROADCAST"]
+    assert sample_independence(FactorizationMachine(whole_batch=False), (x, y)).status == "passed"
+    # sigmoids saturated at 1.0 match many rows at once: the reversed outputs are compared in place
+    saturating = torch.cat([x[:16] * 0 + 40, x[16:]])
+    saturated = sample_independence(SumShifted(), (saturating, y))
+    assert saturated.status == "failed" and saturated.batch_reduction
+    # a statistic along the batch axis that keeps it (a centring, a softmax over dim 0) is no dropped dim=
+    centred = sample_independence(nn.Sequential(mlp(), Centre()), (torch.randn(8, 8), torch.randint(0, 3, (8,))))
+    assert centred.status == "failed" and not centred.batch_reduction
+    # nor is a whole-tensor reduction of a model whose samples mix by position (an LSTM over the batch axis)
+    mixed = sample_independence(NormedSequenceClassifier(), sequences())
+    assert mixed.status == "failed" and not mixed.batch_reduction
+
+
+class NormedSequenceClassifier(SequenceClassifier):
+    """batch_first=False on (batch, time, features), and a whole-tensor norm that is no bug
+    in itself (a weight scale)."""
+
+    def __init__(self):
+        super().__init__(batch_first=False)
+
+    def forward(self, x):
+        return super().forward(x) / self.head.weight.norm()
+
+
+class SumShifted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.linear(x) + 0.01 * torch.sum(x))

@@ -57,6 +57,10 @@ OP_ALIASES = {"__truediv__": "div", "__rtruediv__": "div", "__rdiv__": "div", "_
 RESIDUAL_ADDS = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
 DROPOUT_OPS = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
                          "feature_alpha_dropout", "feature_dropout"})  # fmt: skip
+# reductions that, given no dim=, reduce every axis at once: over a batched tensor, every sample's
+# values end in one number
+WHOLE_REDUCTIONS = frozenset({"sum", "mean", "nansum", "nanmean", "norm", "std", "var", "prod", "amax", "amin",
+                              "max", "min", "logsumexp", "median"})  # fmt: skip
 # ops that only move, view or cast values: an activation's output stays that activation's
 SHAPE_OPS = frozenset({"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "permute",
                        "transpose", "t", "__getitem__", "select", "narrow", "expand", "expand_as", "clone",
@@ -100,6 +104,15 @@ def float_dtypes(values: Any) -> list[torch.dtype]:
 def _in_place(op: str) -> bool:
     """``add_``, ``__iadd__``: an op that writes its result into its first argument."""
     return (op.endswith("_") and not op.endswith("__")) or (op.startswith("__i") and op.endswith("__"))
+
+
+def _reduces_every_axis(op: str, args: tuple, kwargs: dict) -> bool:
+    """No dim= given: neither as a keyword nor as a positional int or sequence (norm's
+    second positional is its order p, its third the dim)."""
+    if "dim" in kwargs or "axis" in kwargs:
+        return False
+    rest = args[2:] if op == "norm" else args[1:]
+    return not any(isinstance(a, (int, tuple, list)) and not isinstance(a, bool) for a in rest)
 
 
 def _op_name(func: Any) -> str:
@@ -152,6 +165,9 @@ class ForwardObserver(TorchFunctionMode):
         # a batch_norm called as a function with training=True (MAML's functional learner): batch
         # statistics in any mode, which couple the samples whatever model.eval() says
         self.functional_batch_statistics = False
+        # reductions in the model's own code over every axis of a tensor (torch.sum(x), no dim=), as
+        # "<op> of a [shape] tensor in <module>"
+        self.whole_reductions: list[tuple[str, list[int]]] = []
         self.output_shapes: dict[str, list[int]] = {}  # leaf module -> its first call's output shape
         self._busy = False  # inside the observer's own hooks: their torch calls are not the model's
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -275,6 +291,10 @@ class ForwardObserver(TorchFunctionMode):
             # Transformer's residual, added in place before the LayerNorm), so it no longer
             # counts as that layer's output
             self._made(first, None)
+        whole = op in WHOLE_REDUCTIONS and first is not None and _reduces_every_axis(op, args, kwargs)
+        if whole and first.numel() > 1 and not isinstance(first, nn.Parameter) and len(self.whole_reductions) < 8:
+            where = f" in {module_name}" if module_name else ""
+            self.whole_reductions.append((f"{op} of a {list(first.shape)} tensor{where}", list(first.shape)))
         if op == "batch_norm" and (args[5] if len(args) > 5 else kwargs.get("training", False)):
             self.functional_batch_statistics = True
         if op in ("view", "reshape") and first is not None and len(self.moved_axes) < 8:

@@ -24,6 +24,12 @@ reversed. Then the outputs are paired with other samples' targets (LABELS_MISALI
 unless the model returns the ordering beside them (a ``sort_ind`` for the loss to apply
 to the targets, as image-captioning decoders do): that is skipped.
 
+Samples coupled only through a statistic of the whole batch come back *reversed* from the
+reversed batch, whatever their order. When the forward also reduces every axis of a batched
+tensor (``torch.sum(ix)`` where ``torch.sum(ix, dim=1)`` was meant), that reduction is named
+(``batch_reduction``): one number for the whole batch, broadcast onto every sample
+(SHAPE_BROADCAST), not a reshape.
+
 Which axis holds the samples: the inputs' axis whose length is the number of targets
 (one target per sample: class indices, regression values, one-hot rows). A time-major
 batch ``(time, batch, features)`` with targets ``(batch,)`` is read right. Two axes of
@@ -130,12 +136,21 @@ def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceRes
             f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, and the model returns "
             "an ordering of its samples (a sort_ind, as models that sort a batch by length do): its outputs are "
             "in that order, which the loss must apply to the targets"))  # fmt: skip
-    if moved and _reordered(model, inputs, axis, before, out_axis, tolerance):
+    reversal = _reversal(model, inputs, axis, before, out_axis, tolerance) if moved else None
+    reductions = [what for what, shape in seen.whole_reductions if samples in shape]
+    if reversal == "reordered":
         return SampleIndependenceResult(status="failed", reordered=True, **common, message=(
             f"{what} moved the eval-mode outputs of {moved} of the other {samples - replaced} samples, and the "
             "reversed batch gave the same outputs in another order than reversed: the model returns its samples "
             "in an order of its own (a sort by length never undone), so output i is paired with another "
             "sample's target"))  # fmt: skip
+    if moved and reversal == "reversed" and reductions:
+        return SampleIndependenceResult(status="failed", reordered=False, batch_reduction=reductions[0], **common,
+                                        message=(
+            f"{what} moved the eval-mode outputs of {moved} of the other {samples - replaced} samples (by up to "
+            f"{largest:.3g}), the reversed batch gave the same outputs reversed (a statistic of the batch as a whole, "
+            f"not of positions in it), and the forward reduces every axis of a batched tensor ({reductions[0]}): a "
+            "sum or mean without dim= folds every sample into one number that is broadcast back onto each"))
     if moved:
         return SampleIndependenceResult(status="failed", reordered=False, **common, message=(
             f"{what} moved the eval-mode outputs of {moved} of the other {samples - replaced} samples (by up to "
@@ -146,22 +161,27 @@ def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceRes
         f"{what} left the other {samples - replaced} samples' outputs unchanged (within {tolerance:.3g})"))
 
 
-def _reordered(model: nn.Module, inputs: object, axis: int, before: torch.Tensor, out_axis: int,
-               tolerance: float) -> bool:  # fmt: skip
-    """Whether the reversed batch's outputs are the batch's outputs, row for row, in an
-    order other than reversed: each sample computed on its own, returned in the model's
-    own order (sorted by length, say). Mixing gives rows that match none."""
+def _reversal(model: nn.Module, inputs: object, axis: int, before: torch.Tensor, out_axis: int,
+              tolerance: float) -> str | None:  # fmt: skip
+    """What the reversed batch gives: "reordered" when its outputs are the batch's outputs,
+    row for row, in an order other than reversed (each sample computed on its own, returned
+    in the model's own order: sorted by length, say); "reversed" when they are the batch's
+    outputs reversed (samples coupled only through a statistic of the whole batch, which
+    no order changes); None when rows match none (samples mixed by position)."""
     samples = int(before.shape[out_axis])
     reversed_inputs = map_tensors(inputs, lambda t: t.flip(axis) if t.dim() > axis and t.shape[axis] == samples else t)
     (flipped, _), _ = _prediction(model, reversed_inputs)
     if flipped.shape != before.shape:
-        return False
+        return None
+    # compared directly first: saturated outputs (sigmoids at 1.0) match many rows at once
+    if float((flipped.flip(out_axis) - before).abs().max()) <= tolerance:
+        return "reversed"
     rows, flipped_rows = (t.movedim(out_axis, 0).reshape(samples, -1) for t in (before, flipped))
     distance = torch.cdist(flipped_rows.double(), rows.double(), p=float("inf"))  # no (B, B, outputs) tensor
     nearest = distance.argmin(dim=1)
     matched = bool((distance.gather(1, nearest[:, None]) <= tolerance).all())
     is_permutation = torch.unique(nearest).numel() == samples
-    return matched and is_permutation and not torch.equal(nearest, torch.arange(samples - 1, -1, -1))
+    return "reordered" if matched and is_permutation else None
 
 
 def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
