@@ -434,8 +434,9 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Initialisation breaks learning",
     detects="At the first recorded step: a hidden layer whose outputs have zero spread across the batch "
-    "(constant or symmetric weights), a non-final weight matrix of norm 0 (neither where the layer ends a residual "
-    "branch, whose output is added to the stream: ResNet's zero_init_residual starts each block as the identity), "
+    "(constant or symmetric weights), a non-final weight matrix of norm 0 and no gradient to move it (not where the "
+    "layer ends a residual branch, whose output is added to the stream: ResNet's zero_init_residual starts each "
+    "block as the identity; nor a zero factor whose partner is random, as LoRA's B, which its gradient moves), "
     "activations whose std "
     "grows over 1000x from the first recorded layer to a later one, or a Linear/Conv weight whose gain "
     "(rms x sqrt(fan_in)) is over 5 (He init: 1.41; N(0, 1) init gives sqrt(fan_in)), from the norm before "
@@ -490,7 +491,9 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
         at_start = [p for p in weights if (p.step or 0) == first_step]
         for param in at_start[:-1]:  # a zero-initialised final layer is a deliberate, harmless choice
             # as is a residual branch's last layer (zero_init_residual: each block starts as the identity)
-            if param.weight_norm == 0.0 and param.name.rpartition(".")[0] not in residual_ends:
+            # and a zero weight with a gradient, which the first step moves off zero (LoRA's B beside a random A)
+            moves = param.grad_norm is not None and math.isfinite(param.grad_norm) and param.grad_norm > 0
+            if param.weight_norm == 0.0 and param.name.rpartition(".")[0] not in residual_ends and not moves:
                 hits.append(
                     Hit(
                         symptom=f"weight {param.name} is all zeros",

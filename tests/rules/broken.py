@@ -174,7 +174,8 @@ def tiny_updates() -> DiagnosticReport:
 
 
 def bad_init() -> DiagnosticReport:
-    params = [p.model_copy(update={"weight_norm": 0.0}) if p.name == "2.weight" else p for p in BASE.parameters]
+    # all zeros and no gradient to move it (the layer after it zero as well): it stays there
+    params = [p.model_copy(update={"weight_norm": 0.0, "grad_norm": 0.0}) if p.name == "2.weight" else p for p in BASE.parameters]
     return update(parameters=params)
 
 

@@ -105,3 +105,31 @@ def test_a_zero_initialised_residual_branch_is_the_identity_not_a_bad_init(digit
     model = nn.Sequential(nn.Linear(64, 32), Block(residual), Block(residual), nn.Linear(32, 10))
     findings = probe_findings(model, digits[0][:128], digits[1][:128])
     assert bool(findings) == (not residual), [f.symptom for f in findings]
+
+
+class LoRALinear(nn.Module):
+    """loralib's Linear: a frozen base plus scaling * B @ A, B zero-initialised so that the
+    adapter starts as nothing added (A random: B gets a gradient at the first step); with
+    ``zero_a`` A is zero as well (a reported bug: both stay zero forever)."""
+
+    def __init__(self, features: int, zero_a: bool, rank: int = 4) -> None:
+        super().__init__()
+        self.base = nn.Linear(features, features).requires_grad_(False)
+        self.lora_A = nn.Parameter(torch.zeros(rank, features) if zero_a else torch.randn(rank, features) * 0.1)
+        self.lora_B = nn.Parameter(torch.zeros(features, rank))
+
+    def forward(self, x):
+        return self.base(x) + x @ self.lora_A.t() @ self.lora_B.t() * 2.0
+
+
+@pytest.mark.parametrize("zero_a", [False, True])
+def test_a_zero_weight_that_its_gradient_moves_is_a_deliberate_start_one_without_is_stuck(digits, zero_a):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), LoRALinear(32, zero_a), nn.ReLU(), nn.Linear(32, 10))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    # a linear warm-up from 0 (Hugging Face's get_linear_schedule_with_warmup): the probe's step moves nothing
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step / 100)
+    report = nndx.probe(model, (digits[0][:128], digits[1][:128]), nn.CrossEntropyLoss(), optimizer=optimizer,
+                        probes=["hooks"], progress=False)  # fmt: skip
+    stuck = {f.evidence.get("parameter") for f in nndx.diagnose(report).findings if f.rule_id == "NNDX207"}
+    assert stuck == ({"2.lora_A", "2.lora_B"} if zero_a else set())
