@@ -204,3 +204,23 @@ def test_a_diverged_model_is_traced_from_its_initial_state():
     assert (result.forward_module, result.forward_op) == ("loss", "log"), result.message
     blind = nndx.probe(model, (x, y), bce_by_hand, probes=["nan_origin"], progress=False).probes.nan_origin
     assert blind.status == "skipped" and "non-finite" in blind.message
+
+
+class LastStateOnly(nn.Module):
+    """DeepAR's net: the LSTM's per-step outputs unused, its final hidden states read; their
+    gradient reaches the LSTM's backward as undefined (None in a tensor hook)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm = nn.LSTM(3, 8, num_layers=2)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        _, (hidden, _) = self.lstm(x)
+        return self.head(hidden.permute(1, 0, 2).reshape(x.shape[1], -1))
+
+
+def test_an_output_the_loss_never_reads_is_no_error():
+    result = nan_origin(LastStateOnly(), (torch.randn(5, 4, 3), torch.randn(4, 1)), nn.MSELoss())
+    assert result.status == "passed", result.message

@@ -70,8 +70,9 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
                     if t.requires_grad:
                         t.register_hook(on_grad)
 
-            def on_grad(grad: torch.Tensor) -> None:
-                if not backward_hit and not bool(torch.isfinite(grad).all()):
+            def on_grad(grad: torch.Tensor | None) -> None:
+                # None: an output the loss never reads (an LSTM's sequence when only its last state is used)
+                if grad is not None and not backward_hit and not bool(torch.isfinite(grad).all()):
                     backward_hit.append((name, type(module).__name__))
 
             return on_forward
