@@ -369,7 +369,7 @@ class ForwardObserver(TorchFunctionMode):
         act = activation_fields(values, x.numel(), x.shape[unit_axis]).model()
         grads: list[torch.Tensor] = []
         if t.requires_grad:
-            t.register_hook(lambda g: grads.append(g.detach().clone()) if not grads else None)
+            t.register_hook(lambda g: grads.append(g.detach().clone()) if g is not None and not grads else None)
         self._stats.append((call, act, grads))
 
     def layer_records(self, step: int | None = None) -> list[LayerStats]:
