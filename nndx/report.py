@@ -106,7 +106,7 @@ class ModelSummary(Schema):
         default_factory=list, description="modules whose trainable parameters got no gradient in the probe's "
         "backward and cannot move the loss: they never ran, or their output, perturbed, left the loss unchanged "
         "(computed and discarded, e.g. a classifier under a feature hook); a .detach() whose value reaches the "
-        "loss is not one")
+        "loss is not one. Also parameters (by name) that no torch call of the forward read")
     moved_axes: list[str] = Field(
         default_factory=list, description="views/reshapes in the model's own code that put an input axis's "
         "length where that axis cannot come from (elements interleaved), e.g. 'attn.forward: view [32, 16, 96] "
@@ -737,6 +737,9 @@ class SplitStats(Schema):
     index_features: list[Count] = Field(
         default_factory=list, description="float columns the model reads as indices (embedding lookups): left out of "
         "the scale statistics above")
+    scaled_features: list[Count] = Field(
+        default_factory=list, description="columns the model standardises itself in its forward (a stored mean and "
+        "std, a BatchNorm on the raw input): left out of the scale statistics above")
     input_nan_count: Count = 0
     input_inf_count: Count = 0
     label_nan_count: Count = 0

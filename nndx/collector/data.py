@@ -85,6 +85,7 @@ def check_data(
     seed: int = 0,
     progress: bool | None = None,
     index_features: Sequence[int] = (),
+    scaled_features: Sequence[int] = (),
 ) -> DataStats:
     """Measure a training split (and optionally a test/validation split) for the data
     bugs that crash nothing: NaNs, unnormalised inputs, float or one-hot labels, class
@@ -92,7 +93,9 @@ def check_data(
 
     ``index_features``: columns of a 2-D float ``x`` that the model reads as indices
     (label-encoded categories looked up in an embedding); they are left out of the input
-    scale statistics (``nndx.probe`` finds them in the model's forward).
+    scale statistics (``nndx.probe`` finds them in the model's forward). So are
+    ``scaled_features``, columns the model standardises itself (a stored mean and std
+    applied in ``forward``): their raw scale is no bug.
 
     ``task`` ("classification"/"regression") is inferred from the labels when None.
     ``num_classes`` is the number of classes the model predicts; classes in
@@ -121,14 +124,16 @@ def check_data(
         )
     hash_dtype = train.x.dtype if test is None else np.result_type(train.x.dtype, test.x.dtype)
 
-    index_features = sorted({int(c) for c in index_features})
-    if index_features and (train.x.ndim != 2 or not 0 <= index_features[0] <= index_features[-1] < train.x.shape[1]):
-        raise ValueError(f"index_features {index_features} are not columns of samples of shape "
-                         f"{list(train.x.shape[1:])}")  # fmt: skip
-    train_result = _check_split(train, hash_dtype, task, progress, index_features)
+    index_features = sorted({int(c) for c in index_features} | set(train.index_columns))
+    scaled_features = sorted({int(c) for c in scaled_features} - set(index_features))
+    for name, columns in (("index_features", index_features), ("scaled_features", scaled_features)):
+        if columns and (train.x.ndim != 2 or not 0 <= columns[0] <= columns[-1] < train.x.shape[1]):
+            raise ValueError(f"{name} {columns} are not columns of samples of shape {list(train.x.shape[1:])}")
+    train_result = _check_split(train, hash_dtype, task, progress, index_features, scaled_features)
     if task is None:
         task = train_result.labels.task if train_result.labels is not None else None
-    test_result = _check_split(test, hash_dtype, task, progress, index_features) if test is not None else None
+    test_result = (_check_split(test, hash_dtype, task, progress, index_features, scaled_features)
+                   if test is not None else None)  # fmt: skip
 
     # Classes seen in one split are expected in the other; num_classes in both.
     results = [r for r in (train_result, test_result) if r is not None]
@@ -188,6 +193,7 @@ class _Split:
     n_samples: int
     sampled: bool
     order: str = "storage"  # "loader": the order a DataLoader yields, the order training sees
+    index_columns: list[int] = field(default_factory=list)  # the id columns of a multi-input model's inputs
 
 
 def sample_arrays(source: Any, *, max_samples: int = DEFAULT_MAX_SAMPLES, seed: int = 0,
@@ -209,15 +215,57 @@ def _load_split(x: Any, y: Any, name: str, max_samples: int, seed: int, progress
         if y is not None:
             raise ValueError(f"{name}: pass labels inside the {kind} items, not as a separate argument")
         return _sample_torch_data(x, kind, name, max_samples, seed, progress)
-    xa, x_dtype = _as_array(x, f"{name} inputs")
+    ya, y_dtype = (None, None) if y is None else _as_array(y, f"{name} labels")
+    xa, x_dtype, ids = as_inputs(x, f"{name} inputs", ya.shape[0] if ya is not None and ya.ndim else None)
     if xa.ndim == 0 or xa.shape[0] == 0:
         raise ValueError(f"{name} inputs are empty (shape {list(xa.shape)})")
-    ya, y_dtype = (None, None) if y is None else _as_array(y, f"{name} labels")
     if ya is not None and (ya.ndim == 0 or ya.shape[0] != xa.shape[0]):
         raise ValueError(
             f"{name}: {xa.shape[0]} inputs but labels of shape {list(ya.shape)}; they must have one label per input"
         )
-    return _Split(name, xa, ya, x_dtype, y_dtype, xa.shape[0], False)
+    return _Split(name, xa, ya, x_dtype, y_dtype, xa.shape[0], False, index_columns=ids)
+
+
+def as_inputs(x: Any, what: str, samples: int | None = None) -> tuple[np.ndarray, str, list[int]]:
+    """The inputs as one array, its original dtype name, and the columns that hold ids.
+
+    A model of several inputs takes a tuple of tensors with one row each per sample
+    (TabTransformer's category ids and continuous columns, a wide-and-deep model's two
+    parts): they are read as one row per sample, each input flattened and their columns
+    side by side, and the columns of the signed integer inputs (category or token ids)
+    returned as index columns, which the scale statistics leave out. ``samples``: the
+    number of labels, which tells such a tuple from a list of per-sample rows."""
+    parts = _input_parts(x, samples)
+    if parts is None:
+        array, dtype_name = _as_array(x, what)
+        return array, dtype_name, []
+    arrays = [_as_array(part, f"{what} {i}") for i, part in enumerate(parts)]
+    rows = [array.reshape(array.shape[0], -1) for array, _ in arrays]
+    ids = [array.dtype.kind == "i" for array, _ in arrays]
+    floats = [name for (array, name), is_id in zip(arrays, ids) if not is_id]
+    dtype = np.float64 if any(array.dtype == np.float64 for array, _ in arrays) else np.float32
+    columns, start = [], 0
+    for row, is_id in zip(rows, ids):
+        if is_id:
+            columns += range(start, start + row.shape[1])
+        start += row.shape[1]
+    if not floats:  # ids only (a two-tower model's user and item): one integer row per sample
+        return np.concatenate(rows, axis=1), arrays[0][1], []
+    return np.concatenate([row.astype(dtype) for row in rows], axis=1), floats[0], columns
+
+
+def _input_parts(x: Any, samples: int | None) -> list[Any] | None:
+    """The inputs of a multi-input model, or None: a tuple or list of two or more arrays
+    or tensors of one length, which is the number of labels (or, without labels, a tuple)
+    and not the number of parts."""
+    torch = sys.modules.get("torch")
+    kinds = (np.ndarray,) + ((torch.Tensor,) if torch is not None else ())
+    if not isinstance(x, (tuple, list)) or len(x) < 2 or not all(isinstance(p, kinds) and p.ndim >= 1 for p in x):
+        return None
+    length = int(x[0].shape[0])
+    if any(int(p.shape[0]) != length for p in x) or length == len(x):
+        return None
+    return list(x) if (samples == length or (samples is None and isinstance(x, tuple))) else None
 
 
 def _as_array(value: Any, what: str) -> tuple[np.ndarray, str]:
@@ -265,6 +313,7 @@ def _sample_torch_data(
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
     x_dtype = y_dtype = None
+    index_columns: list[int] = []
     read = 0
     stopped_early = False
     # reading items (augmentations) or a shuffling DataLoader draws from the global RNGs:
@@ -287,9 +336,14 @@ def _sample_torch_data(
             batched = kind == "DataLoader" and source.batch_size is not None
         for item in items:
             xi, yi = _split_item(item, name)
-            xa, xd = _as_array(xi, f"{name} inputs")
+            one = not batched and _input_parts(tuple(_one_row(p) for p in xi), 1) is not None \
+                if isinstance(xi, (tuple, list)) else False  # fmt: skip
+            if one:  # one sample of a multi-input model: its parts as a batch of one
+                xi = tuple(_one_row(p) for p in xi)
+            labels = None if yi is None or batched is False else len(yi)
+            xa, xd, index_columns = as_inputs(xi, f"{name} inputs", 1 if one else labels)
             x_dtype = x_dtype or xd
-            if not batched:
+            if not batched and not one:
                 xa = xa[None]
             if yi is not None:
                 ya, yd = _as_array(yi, f"{name} labels")
@@ -314,7 +368,12 @@ def _sample_torch_data(
     checked = x_all.shape[0]
     n_samples = total if total is not None else checked
     return _Split(name, x_all, y_all, x_dtype or x_all.dtype.name, y_dtype, n_samples, checked < n_samples or stopped_early,
-                  "loader" if kind == "DataLoader" else "storage")
+                  "loader" if kind == "DataLoader" else "storage", index_columns)
+
+
+def _one_row(part: Any) -> Any:
+    """A part of one sample's inputs with a batch axis of one (numbers become arrays)."""
+    return part[None] if hasattr(part, "ndim") else np.asarray(part)[None]
 
 
 def _split_item(item: Any, name: str) -> tuple[Any, Any]:
@@ -369,8 +428,9 @@ class _SplitResult:
 
 
 def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progress: bool | None,
-                 index_features: list[int]) -> _SplitResult:  # fmt: skip
+                 index_features: list[int], scaled_features: list[int]) -> _SplitResult:  # fmt: skip
     x = split.x
+    excluded = sorted(set(index_features) | set(scaled_features))
     n = x.shape[0]
     # features: channels (axis 1) for N×C×..., else the flattened sample
     if x.ndim >= 3:
@@ -406,8 +466,8 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
                 inf_count += int(block.size - finite.sum()) - nans
         moments.update(block, finite)
         if integral:
-            scaled = np.delete(block, index_features, axis=1) if index_features else block
-            kept = finite if finite is None or not index_features else np.delete(finite, index_features, axis=1)
+            scaled = np.delete(block, excluded, axis=1) if excluded else block
+            kept = finite if finite is None or not excluded else np.delete(finite, excluded, axis=1)
             values = scaled if kept is None else scaled[kept]
             integral = bool(np.array_equal(values, np.floor(values)))
         # any() counts NaN as non-zero, so a NaN row is never a "zero sample"
@@ -418,8 +478,9 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
 
     rows = _Rows(x2d, hash_dtype, hashes)
     duplicates = _count_duplicates(rows)
-    inputs = moments.summary(exclude=index_features)
+    inputs = moments.summary(exclude=excluded)
     inputs["index_features"] = index_features
+    inputs["scaled_features"] = scaled_features
     lo, hi = inputs["input_min"], inputs["input_max"]
     raw_ok = x.dtype.kind == "f" or x.dtype == np.uint8
     if raw_ok and integral and lo is not None and lo >= 0 and hi >= RAW_RANGE_MIN_MAX:

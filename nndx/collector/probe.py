@@ -182,9 +182,9 @@ def probe(
         if data_error is not None:
             guard.error("data", data_error)
         else:
-            ok, found = guard.attempt("data", lambda: _index_features(setup, data))
-            index_features = found if ok else []
-            ok, checked = guard.attempt("data", lambda: _check_data(data, report, index_features))
+            ok, found = guard.attempt("data", lambda: _model_read_columns(setup, data))
+            columns = found if ok else ([], [])
+            ok, checked = guard.attempt("data", lambda: _check_data(data, report, columns))
             if ok:
                 report.data = checked
     report.run.finished_at = datetime.now(timezone.utc)
@@ -518,20 +518,29 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
     report.loop.loss_calls = calls.records()
 
 
-def _check_data(data: Sequence[Any], report: DiagnosticReport, index_features: Sequence[int]) -> Any:
+def _check_data(data: Sequence[Any], report: DiagnosticReport, columns: tuple[list[int], list[int]]) -> Any:
     x_val, y_val = (data[2], data[3]) if len(data) == 4 else (None, None)
     return check_data(data[0], data[1], x_test=x_val, y_test=y_val, task=report.task, num_classes=report.num_classes,
-                      index_features=index_features)  # fmt: skip
+                      index_features=columns[0], scaled_features=columns[1])  # fmt: skip
 
 
-def _index_features(setup: _Setup, data: Sequence[Any]) -> list[int]:
-    """Columns of the batch's float feature matrix that one eval-mode forward (on a copy)
-    reads as embedding indices, when the training data has the same columns."""
-    features = next(iter_tensors(setup.batch[0]), None)
-    shape = getattr(data[0], "shape", None)
-    if features is None or features.dim() != 2 or not features.is_floating_point() or shape is None or (
-            tuple(shape[1:]) != tuple(features.shape[1:])):
-        return []
-    with preserved_rng(), torch.no_grad(), IndexColumns(features) as reads:
+def _model_read_columns(setup: _Setup, data: Sequence[Any]) -> tuple[list[int], list[int]]:
+    """Columns of the training inputs, laid out as check_data lays them (a multi-input
+    model's inputs side by side), that one eval-mode forward (on a copy) reads as embedding
+    indices, and those of the inputs it scales itself (see IndexColumns); when the data has
+    the batch's shapes. Columns exist in rows of features, not in images."""
+    parts = list(iter_tensors(setup.batch[0]))
+    given = list(data[0]) if isinstance(data[0], (tuple, list)) and len(parts) > 1 else [data[0]]
+    if not parts or len(given) != len(parts) or (len(parts) == 1 and parts[0].dim() != 2):
+        return [], []
+    for part, x in zip(parts, given):
+        shape = getattr(x, "shape", None)
+        if part.dim() < 1 or shape is None or tuple(shape[1:]) != tuple(part.shape[1:]):
+            return [], []
+    with preserved_rng(), torch.no_grad(), IndexColumns(*parts) as reads:
         forward(set_mode(working_copy(setup.model), False), setup.batch[0])
-    return sorted(reads.columns)
+    widths = [math.prod(part.shape[1:]) for part in parts]
+    offsets = [sum(widths[:i]) for i in range(len(parts))]
+    index = sorted(offsets[part] + column for part, column in reads.columns)
+    scaled = sorted(c for part in reads.scaled for c in range(offsets[part], offsets[part] + widths[part]))
+    return index, scaled

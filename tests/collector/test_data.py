@@ -428,3 +428,71 @@ def test_category_ids_the_model_looks_up_are_not_unnormalised_inputs_and_raw_den
     assert check_data(x, y, index_features=[0, 1]).train.input_max <= 1
     with pytest.raises(ValueError, match="index_features"):
         check_data(x, y, index_features=[4])
+
+
+class TwoInputs(torch.nn.Module):
+    """TabTransformer's call: model(x_categ, x_cont), category ids and continuous columns;
+    given ``mean_std``, the model standardises the continuous columns itself from buffers
+    (its ``continuous_mean_std``), and their raw scale is no bug."""
+
+    def __init__(self, mean_std=None):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(10, 3)
+        self.head = torch.nn.Linear(2 * 3 + 2, 1)
+        self.register_buffer("mean_std", mean_std)
+
+    def forward(self, categories, continuous):
+        if self.mean_std is not None:
+            continuous = (continuous - self.mean_std[:, 0]) / self.mean_std[:, 1]
+        return self.head(torch.cat([self.embedding(categories).flatten(1), continuous], dim=1))
+
+
+def two_input_table(continuous_scale: float, n: int = 600):
+    g = torch.Generator().manual_seed(3)
+    categories = torch.randint(0, 10, (n, 2), generator=g)
+    continuous = torch.randn(n, 2, generator=g)
+    y = ((categories[:, 0] >= 5).float() + continuous[:, 0] > 0.5).float()[:, None]
+    return (categories, continuous * continuous_scale), y
+
+
+def test_a_model_of_two_inputs_has_its_data_checked_ids_apart():
+    import nndx
+
+    codes = {}
+    for scale in (1.0, 5e4):  # standardised continuous columns, and an income left raw
+        x, y = two_input_table(scale)
+        stats = check_data(x, y)
+        assert stats.train.index_features == [0, 1] and stats.train.input_max <= 5 * scale
+        batch = ((x[0][:64], x[1][:64]), y[:64])
+        report = nndx.probe(TwoInputs(), batch, torch.nn.BCEWithLogitsLoss(), data=(x, y), probes=["label_alignment"])
+        assert not report.errors, report.errors
+        assert report.probes.label_alignment.status == "passed", report.probes.label_alignment.message
+        codes[scale] = {f.code.value for f in nndx.diagnose(report).findings}
+    assert "UNNORMALIZED_INPUTS" not in codes[1.0] and "UNNORMALIZED_INPUTS" in codes[5e4]
+    # the same raw income, standardised by the model itself: the columns are left out of the scale statistics
+    (categories, continuous), y = two_input_table(5e4)
+    standardising = TwoInputs(torch.stack([continuous.mean(0), continuous.std(0)], dim=1))
+    report = nndx.probe(standardising, ((categories[:64], continuous[:64]), y[:64]), torch.nn.BCEWithLogitsLoss(),
+                        data=((categories, continuous), y), probes=[])  # fmt: skip
+    assert report.data.train.scaled_features == [2, 3] and report.data.train.input_max is None  # no column left
+    assert "UNNORMALIZED_INPUTS" not in {f.code.value for f in nndx.diagnose(report).findings}
+    # the labels of other rows: the small model finds nothing left to learn
+    (categories, continuous), y = two_input_table(1.0, n=2400)
+    shuffled = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(0))]
+    report = nndx.probe(TwoInputs(), ((categories[:64], continuous[:64]), shuffled[:64]), torch.nn.BCEWithLogitsLoss(),
+                        data=((categories, continuous), shuffled), probes=["label_alignment"])  # fmt: skip
+    assert report.probes.label_alignment.status == "failed", report.probes.label_alignment.message
+    # the same rows as a Dataset of ((ids, continuous), label) items
+    items = [((categories[i], continuous[i]), y[i]) for i in range(len(y))]
+    assert check_data(items_dataset(items)).train.index_features == [0, 1]
+
+
+def items_dataset(items):
+    class Items(Dataset):
+        def __len__(self):
+            return len(items)
+
+        def __getitem__(self, i):
+            return items[i]
+
+    return Items()

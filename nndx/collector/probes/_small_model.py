@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nndx.collector.data import _as_array
+from nndx.collector.data import _as_array, as_inputs
 
 Predict = Callable[[Any], list[torch.Tensor]]
 # Float labels with integral values and at most this many distinct values are classes.
@@ -48,8 +48,10 @@ def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int,
     """The usable rows of ``(x, y)`` as :class:`ClassData` (a seeded random subset of at
     most ``max_samples``), :class:`RegressionData` when the targets are real values, or why
     the labels cannot be judged."""
-    xa, _ = _as_array(x, "inputs")
     ya, _ = _as_array(y, "labels")
+    xa, _, ids = as_inputs(x, "inputs", ya.shape[0] if ya.ndim else None)
+    if ids:
+        xa = _ids_one_hot(xa, ids)
     if xa.ndim == 0 or ya.ndim == 0 or xa.shape[0] != ya.shape[0]:
         raise ValueError(f"inputs of shape {list(xa.shape)} and labels of shape {list(ya.shape)}: need one label per input")
     if xa.dtype.kind == "i" and xa.ndim >= 2 and np.unique(xa).size > 2:
@@ -69,6 +71,21 @@ def class_data(x: Any, y: Any, *, min_samples: int, max_samples: int,
     if targets.max() < 1:
         return f"only one class in the labels{note}"
     return ClassData(features, targets, int(targets.max()) + 1, note)
+
+
+# an id column of a multi-input model's inputs with at most this many distinct ids gets one-hot
+# columns for the small model; one with more (a user id) is left out: as a magnitude it means nothing
+MAX_ONE_HOT_IDS = 32
+
+
+def _ids_one_hot(xa: np.ndarray, ids: list[int]) -> np.ndarray:
+    """The float columns of a multi-input model's rows, with each id column one-hot."""
+    columns = [np.delete(xa, ids, axis=1)]
+    for column in ids:
+        values, codes = np.unique(xa[:, column], return_inverse=True)
+        if 1 < values.size <= MAX_ONE_HOT_IDS:
+            columns.append(np.eye(values.size, dtype=xa.dtype)[codes])
+    return np.concatenate(columns, axis=1)
 
 
 class RegressionData(NamedTuple):
