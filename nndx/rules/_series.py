@@ -182,6 +182,10 @@ def num_classes(report: DiagnosticReport) -> int | None:
     for call in loss_calls(report):
         if call.loss_type in vocab.SOFTMAX_LOSS_NAMES and len(call.output_shape) >= 2:
             return call.output_shape[1] if call.output_shape[1] >= 2 else None
+        kind = vocab.loss_kind(call.loss_type)
+        one_per_sample = len(call.output_shape) == 1 or (len(call.output_shape) >= 2 and call.output_shape[-1] == 1)
+        if kind is not None and kind.binary and one_per_sample:
+            return 2  # one logit (or probability) per sample: a binary classifier
     return None
 
 

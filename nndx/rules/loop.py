@@ -226,7 +226,8 @@ def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
     "when the first losses logged to the Monitor as tensors reach none of its model's trainable parameters "
     "(another loss's backward may still give them gradients: a GAN's generator stepped on a loss of "
     "detached fakes). Info when the probe found that every such parameter's module cannot move the loss "
-    "(its output, perturbed, leaves the loss unchanged, or it never ran): wasted compute, not a cut graph.",
+    "(its output, perturbed, leaves the loss unchanged, or it never ran), or that no torch call of the forward "
+    "read the parameter itself: wasted compute, not a cut graph.",
     why="The loss does not depend on them: a .detach(), a torch.no_grad() block, .item()/.numpy() in the "
     "forward, or a branch the forward never uses cuts them out of the graph.",
     fix="Remove the detach/no_grad/.item() between these parameters and the loss; delete unused modules "
@@ -244,7 +245,7 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
     share = _share(loop.params_grad_none, report)
     severe = share is None or share >= 0.5
     unused = set(report.model.unused_modules) if report.model is not None else set()
-    if not severe and all(name.rpartition(".")[0] in unused for name in loop.params_grad_none):
+    if not severe and all(name in unused or name.rpartition(".")[0] in unused for name in loop.params_grad_none):
         return Hit(
             symptom=f"{len(loop.params_grad_none)} trainable parameters got no gradient: their modules' outputs "
             "never reach the loss (computed and discarded, or never run)",

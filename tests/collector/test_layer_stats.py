@@ -71,6 +71,8 @@ class _Hooked(nn.Module):
         self.side, self.head, self.never = nn.Linear(8, 16), nn.Linear(16, 3), nn.Linear(3, 3)
         self.tapped: dict = {}
         self.trunk.register_forward_hook(self._tap)
+        self.eps = nn.Parameter(torch.zeros(1))  # GIN's with learn_eps off: never read
+        self.scale = nn.Parameter(torch.ones(1))  # read, then detached: a cut graph
 
     def _tap(self, _module: nn.Module, _args: object, output: torch.Tensor) -> None:
         self.tapped["features"] = output
@@ -78,7 +80,7 @@ class _Hooked(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.classifier(self.drop(torch.relu(self.trunk(x))))  # computed, never read
         features = self.tapped["features"] + self.side(x).detach()
-        return self.head(self.drop(torch.relu(features)))
+        return self.head(self.drop(torch.relu(features))) * self.scale.detach()
 
 
 def test_unused_modules_are_those_whose_output_cannot_move_the_loss():
@@ -86,7 +88,8 @@ def test_unused_modules_are_those_whose_output_cannot_move_the_loss():
     before = snapshot(model)
     stats = hook_statistics(model, batch(), nn.CrossEntropyLoss())
     # the detached side branch gets no gradient either, but its value reaches the loss: a cut graph
-    assert stats.model.unused_modules == ["classifier", "never"]
+    # a parameter no call of the forward read is named on its own; one read and detached is not
+    assert stats.model.unused_modules == ["classifier", "never", "eps"]
     assert_untouched(before, model)
 
 

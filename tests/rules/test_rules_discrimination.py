@@ -1115,6 +1115,23 @@ def test_a_stand_in_that_finds_no_signal_is_refuted_by_a_run_that_generalises(va
     assert noise.code.value == "LABELS_MISALIGNED" and noise.severity == ("info" if val_accuracy > 0.5 else "error")
 
 
+
+def test_a_binary_classifier_has_two_classes_from_its_loss_alone():
+    """TabTransformer with float 0/1 labels (no class counts in the data checks) and
+    BCEWithLogitsLoss on one logit per row: half the confident predictions disagreeing is
+    what labels drawn at random give two classes."""
+    from nndx.report import LabelNoiseResult, LossCall, LoopStats, Probes
+
+    noise = LabelNoiseResult(status="failed", noise_fraction=0.49, noise_lower_bound=0.46, disagreement_fraction=0.49,
+                             confident_samples=600, samples=2400)  # fmt: skip
+    calls = [LossCall(loss_type="BCEWithLogitsLoss", output_shape=[256], target_shape=[256],
+                      target_dtype="torch.float32")]  # fmt: skip
+    report = DiagnosticReport(probes=Probes(label_noise=noise), loop=LoopStats(loss_calls=calls))
+    assert next(f for f in diagnose(report).findings if f.rule_id == "NNDX612").code.value == "LABELS_MISALIGNED"
+    many = report.model_copy(update={"loop": LoopStats(loss_calls=[calls[0].model_copy(update={"output_shape": [256, 5]})])})
+    assert next(f for f in diagnose(many).findings if f.rule_id == "NNDX612").code.value == "LABEL_NOISE"
+
+
 def test_a_broadcast_that_adds_no_elements_is_harmless():
     """CycleGAN at its batch size of 1: the discriminator's [1, 1] against a [1] target. The
     shapes differ but each output meets its own target; at [32, 1] against [32] the loss
@@ -1142,6 +1159,9 @@ def test_parameters_without_gradient_in_a_discarded_head_vs_a_cut_graph():
     assert _found(discarded)["NNDX304"].severity == "info"
     partly = grad_none.model_copy(update={"model": mlp_model(unused_modules=["0"])})
     assert _found(partly)["NNDX304"].severity == "warning"
+    # a parameter the forward never read (GIN's eps with learn_eps off), named on its own
+    unread = with_loop(BASE, params_grad_none=["eps"]).model_copy(update={"model": mlp_model(unused_modules=["eps"])})
+    assert _found(unread)["NNDX304"].severity == "info"
 
 
 def test_an_optimizer_over_this_model_and_another_vs_one_over_another_model_only():

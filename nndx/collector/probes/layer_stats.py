@@ -78,7 +78,7 @@ def hook_statistics(
         loss.backward()
         layers = _in_forward_order(recorder.finish_step() + seen.layer_records(step), seen.timeline)
         try:
-            unused = _unused_modules(model_copy, inputs, targets, loss_fn)
+            unused = _unused_modules(model_copy, inputs, targets, loss_fn, seen.params_read)
         except Exception:  # noqa: BLE001 - an extra forward the model cannot take: no claim, the statistics stand
             unused = []
         before = snapshot_parameters(model_copy)
@@ -91,17 +91,22 @@ def hook_statistics(
     return HookStatistics(layers, parameters, summary, note)
 
 
-def _unused_modules(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, limit: int = 8) -> list[str]:
+def _unused_modules(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, params_read: set[int],
+                    limit: int = 8) -> list[str]:  # fmt: skip
     """Modules whose trainable parameters got no gradient in the backward just taken and
     that cannot move the loss: they never ran, or their output, perturbed, leaves the loss
     as it was (computed and thrown away: a backbone's classifier under a feature hook, a
     pooler no head reads). A graph cut by ``.detach()`` is told apart by the same forward:
-    the detached value still reaches the loss, so perturbing it moves the loss."""
+    the detached value still reaches the loss, so perturbing it moves the loss. Parameters
+    no torch call of the forward read (``params_read``), in a module that otherwise learns,
+    are named on their own (GIN's ``eps`` with learn_eps off): no forward reads them."""
+    unread = [name for name, p in nn.Module.named_parameters(model)
+              if p.requires_grad and p.grad is None and id(p) not in params_read]  # fmt: skip
     silent = [name for name, module in nn.Module.named_modules(model)  # not an override: MAML's learner has one
               if (own := [p for p in nn.Module.parameters(module, recurse=False) if p.requires_grad])
               and all(p.grad is None for p in own)]  # fmt: skip
     if not silent:
-        return []
+        return unread
     modules = dict(nn.Module.named_modules(model))
     ran: set[str] = set()
     reference = _loss_with(model, inputs, targets, loss_fn, {n: modules[n] for n in silent}, ran, perturb=False)
@@ -116,7 +121,8 @@ def _unused_modules(model: nn.Module, inputs: object, targets: object, loss_fn: 
         unused += ran_silent
     elif 1 < len(ran_silent) <= limit:
         unused += [n for n in ran_silent if not moves([n])]
-    return sorted(unused, key=silent.index)
+    unused = sorted(unused, key=silent.index)
+    return unused + [name for name in unread if name.rpartition(".")[0] not in unused]
 
 
 def _loss_with(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, modules: dict[str, nn.Module],
