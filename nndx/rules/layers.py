@@ -160,11 +160,16 @@ def _saturated_share(layer: LayerStats) -> float | None:
 
 
 def _saturated_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
+    # outputs that saturated while the loss learned did it no visible harm: a trained attention's
+    # tanh energies pin at ±1 as it grows sure (Bahdanau's, 58% in a healthy seq2seq)
+    learned = not from_start and _loss_healthy(report)
     return [
         Hit(
-            symptom=f"{now:.0%} of the outputs of {layer.name} are saturated" + _since(start, start_step, from_start),
+            symptom=f"{now:.0%} of the outputs of {layer.name} are saturated" + _since(start, start_step, from_start)
+            + (", while the train loss learned" if learned else ""),
             evidence={"layer": layer.name, "layer_type": layer.type, "saturated_fraction": now,
                       "saturated_fraction_at_start": start},  # fmt: skip
+            severity="info" if learned else None,
             score=now,
             step=layer.step,
         )
@@ -194,7 +199,8 @@ def saturated(report: DiagnosticReport) -> list[Hit]:
     "Sigmoid/tanh activations saturated during training",
     detects="A sigmoid/tanh layer with at least half of its outputs within 1e-3 of a bound at the last "
     "recorded step that was mostly unsaturated at the first, or found saturated in a trained model with no "
-    "record of its start (then any cause of saturation explains it).",
+    "record of its start (then any cause of saturation explains it). Info when the train loss fell by over 30% "
+    "and stayed finite: units that grew sure while the loss learned did it no visible harm.",
     why="Pre-activations grew until the units pinned at their bounds, where almost no gradient passes: "
     "updates far too large (a high LR, gradients summed over steps) push them there.",
     fix="Find what makes the updates large (the LR, a missing zero_grad, unscaled accumulation); then "

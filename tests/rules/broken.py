@@ -108,7 +108,9 @@ def saturated_in_training() -> DiagnosticReport:
                                                                       zero=0.0, dead=0.0,
                                                                       sat=0.8 if l.step != first else 0.01)})
               if l.type == "ReLU" else l for l in BASE.layers]  # fmt: skip
-    return update(layers=layers)
+    # the loss stops learning once they pin (a learning loss makes saturation context)
+    stalled = [2.3 - 0.002 * i for i in range(50)] + [2.2 + 0.001 * (i % 3) for i in range(150)]
+    return update(layers=layers, **train(stalled))
 
 
 def nan_after() -> DiagnosticReport:

@@ -882,6 +882,9 @@ def test_saturation_from_the_start_vs_during_training():
     assert "NNDX202" in start and "NNDX209" not in start
     assert "NNDX209" in later and "NNDX202" not in later and "from 1%" in later["NNDX209"].symptom
     assert _found(with_loop(BROKEN["NNDX209"](), zero_grad_calls=0))["NNDX209"].explained_by == "NNDX301"
+    # the same saturation while the loss fell from 2.3 to 0.3: units grown sure, context (a trained attention)
+    learning = BROKEN["NNDX209"]().model_copy(update={"loss_history": BASE.loss_history})
+    assert _found(learning)["NNDX209"].severity == "info" and "learned" in _found(learning)["NNDX209"].symptom
 
 
 def test_a_tiny_batch_whose_loss_fit_its_data_is_context():
