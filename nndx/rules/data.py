@@ -333,7 +333,7 @@ ORDERED_TARGETS = 0.9  # |rank correlation with position| above this: sorted (ra
 # random order gives a batch of one class with probability sum_c p_c^B; under this it is no accident
 ONE_CLASS_CHANCE = 0.05
 # a regression batch whose targets spread less than this share of the whole split's, or whose mean is
-# this many standard errors off the split's, is one slice of targets in order
+# this many standard errors off the split's with a narrower spread, is one slice of targets in order
 NARROW_BATCH = 0.25
 OFF_CENTRE = 8.0
 
@@ -347,7 +347,8 @@ OFF_CENTRE = 8.0
     "class, over twice as often as random order gives (sum_c p_c^B from the class counts) and with two or "
     "more classes among them or that chance under 5% (without class counts: batches of 8 or more, of two "
     "or more classes), or regression batches whose target std is under "
-    "a quarter of the split's or whose mean is over 8 standard errors off the split's. Without a batch "
+    "a quarter of the split's or whose mean is over 8 standard errors off the split's with a spread under the "
+    "split's (a slice of sorted targets is never wider than the split). Without a batch "
     "that tells, the data checks' order: consecutive samples sharing a label far more often than random "
     "order would (label_runs_fraction over 0.95, or closing "
     "80% of the gap from the random-order value to 1), or regression targets whose rank correlation with "
@@ -425,7 +426,9 @@ def _call_order(call, counts: list[int], train: SplitStats | None) -> Hit | bool
         spread = call.target_std / train.target_std
         # a batch drawn at random has its mean within a few standard errors of the split's
         off_centre = abs(call.target_mean - train.target_mean) / (train.target_std / math.sqrt(rows))
-        if spread < NARROW_BATCH or off_centre > OFF_CENTRE:
+        # a slice of sorted targets is never wider than the split: an off-centre batch that is (NeRF's rays from
+        # one image's centre crop, the pixels of one image alike) is a cluster, not an order
+        if spread < NARROW_BATCH or (off_centre > OFF_CENTRE and spread < 1.0):
             return Hit(symptom=f"a batch's targets are one slice of the train split's: their std is {spread:.2g} "
                        f"of the split's, their mean {off_centre:.1f} standard errors off its mean",
                        evidence={**evidence, "batch_to_split_target_std": spread, "batch_mean_standard_errors": off_centre},

@@ -764,6 +764,8 @@ def test_regression_batches_that_are_slices_of_sorted_targets_are_unshuffled():
     assert severity(mean=-1.9, std=0.41) == "warning"  # the lowest 64 targets of a sorted split: off-centre
     assert severity(mean=0.02, std=0.05) == "warning"  # a middle slice: narrow
     assert severity(mean=0.1, std=0.97) is None  # a random batch
+    # NeRF's rays of one image (the centre crop of its first steps): off-centre, but wider than the split
+    assert severity(mean=-1.9, std=1.21) is None
 
 
 def test_a_few_channels_pooled_into_a_head_are_a_bottleneck_a_language_models_width_is_not():
