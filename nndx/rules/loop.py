@@ -478,6 +478,53 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     )
 
 
+# a warm-up that kept the LR under this share of the LR its schedule scales (initial_lr) for the
+# whole run, rising only in plateaus of at least PLATEAU_RECORDS equal recorded steps, advances
+# once per epoch or iteration where it was sized in optimizer steps (NNDX327)
+UNREACHED_SHARE = 0.1
+PLATEAU_RECORDS = 3
+
+
+@rule(
+    "NNDX327",
+    C.LR_SCHEDULE_MISUSE,
+    "warning",
+    "A warm-up stepped too rarely never reaches its learning rate",
+    detects="The optimizer's LR rose during the run but stayed under a tenth of the LR its scheduler scales (the "
+    "param groups' initial_lr), and it rose in plateaus: the same LR over at least 3 recorded steps before each "
+    "rise. A warm-up stepped every optimizer step rises at every record; one cut short by a short run does not "
+    "plateau.",
+    why="A warm-up sized in optimizer steps (LambdaLR(lambda s: min(1, (s + 1) / warmup_steps)), Hugging Face's "
+    "get_linear_schedule_with_warmup) but stepped once per epoch or iteration advances a step at a time per "
+    "epoch: the whole run trains at a small fraction of the intended LR, learns slowly and ends underfitted. "
+    "Nothing crashes; the loss still falls.",
+    fix="Call scheduler.step() after every optimizer.step() for schedules sized in steps (or size the warm-up in "
+    "epochs for a per-epoch step).",
+)
+def warmup_stepped_rarely(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    scheduled = finite(loop.scheduled_lrs) if loop is not None else []
+    history = sorted(loop.lr_history, key=lambda p: p.step) if loop is not None else []
+    if not scheduled or max(scheduled) <= 0 or len(history) < 2 * PLATEAU_RECORDS:
+        return None
+    lrs = [max(finite(p.lrs) or [0.0]) for p in history]
+    base, peak = max(scheduled), max(lrs)
+    rises = [i for i in range(1, len(lrs)) if lrs[i] > lrs[i - 1] * (1 + 1e-9)]
+    if not rises or peak >= UNREACHED_SHARE * base or lrs[-1] <= lrs[0]:
+        return None
+    starts = [0] + rises
+    if any(b - a < PLATEAU_RECORDS for a, b in zip(starts, starts[1:])):
+        return None  # it rose between consecutive records somewhere: stepped as often as recorded
+    return Hit(
+        symptom=f"the LR rose from {lrs[0]:.3g} to {peak:.3g} in {len(rises)} jumps between plateaus and never "
+        f"reached a tenth of the {base:.3g} its scheduler scales: a warm-up stepped once per epoch or iteration",
+        evidence={"scheduled_lr": base, "lr_peak": peak, "lr_first": lrs[0], "rises": len(rises),
+                  "first_rise_step": history[rises[0]].step, "recorded_steps": len(lrs)},  # fmt: skip
+        score=1.5,
+        step=history[rises[0]].step,
+    )
+
+
 def _gradual_rises(lrs: list[float], peak: float) -> list[int]:
     """Indices where the LR reached 90% of ``peak`` from under 10% of it through at least
     one value between: a cosine run past its end. A warm restart jumps in one step."""

@@ -54,3 +54,28 @@ def test_lesson_bug_is_the_top_finding(options, expected):
     diagnosis = _train(**options)
     assert diagnosis.top().code is expected
     assert diagnosis.top().explained_by is None
+
+
+@pytest.mark.parametrize("step_every", [1, 20])
+def test_a_warm_up_stepped_once_per_epoch_never_reaches_its_lr(step_every):
+    """Decision Transformer's LambdaLR warm-up over 1,000 optimizer steps, stepped once per
+    iteration of 20 steps: 100 steps at a crawl. Stepped every step, the same 100 steps are
+    a warm-up cut short, which rises at every record and is left alone."""
+    torch.manual_seed(0)
+    x = torch.randn(320, 8)
+    y = x[:, :2].sum(1, keepdim=True)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 1000))
+    with nndx.Monitor(model, optimizer, every=5) as monitor:
+        for step in range(100):
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x[step % 10 * 32:][:32]), y[step % 10 * 32:][:32])
+            loss.backward()
+            optimizer.step()
+            if (step + 1) % step_every == 0:
+                scheduler.step()
+            monitor.log(loss)
+    found = {f.rule_id: f for f in nndx.diagnose(monitor.report()).findings}
+    assert monitor.report().loop.scheduled_lrs == [1e-3]
+    assert ("NNDX327" in found) == (step_every == 20)

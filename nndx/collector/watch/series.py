@@ -102,7 +102,9 @@ class LearningRate(Watcher):
             ctx.defer(self.history, LRRecord(ctx.step, tuple(self.current())))
 
     def report(self, window: int | None) -> dict[str, Any]:
-        return {"loop": {"lr_history": self.history.models(_lr_point, newest=window)}}
+        groups = [g for o in self.watched.optimizers for g in o.param_groups]
+        scheduled = [float(g["initial_lr"]) for g in groups] if groups and all("initial_lr" in g for g in groups) else []
+        return {"loop": {"lr_history": self.history.models(_lr_point, newest=window), "scheduled_lrs": scheduled}}
 
 
 def _lr_point(r: LRRecord) -> LRPoint:
