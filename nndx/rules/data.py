@@ -247,9 +247,10 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
     C.UNNORMALIZED_TARGETS,
     "warning",
     "Regression targets of a large scale",
-    detects="Continuous regression targets (from the data checks, or as they reached a regression loss) "
-    "whose mean or std exceeds 20 in absolute value; info when the loss's gradient is bounded (L1, "
-    "smooth L1, Huber).",
+    detects="Continuous regression targets (from the data checks, or as they reached a regression loss, or a "
+    "loss of the user's own comparing float outputs with float targets of their shape) whose mean or std exceeds "
+    "20 in absolute value; error when no output ever came within half of any target (sigmoid colours in [0, 1] "
+    "against pixels in 0..255); info when the loss's gradient is bounded (L1, smooth L1, Huber).",
     why="An output layer initialised near 0 needs huge weights to reach targets in the hundreds: the "
     "first gradients are enormous (MSE grows with the square of the scale) and training is unstable "
     "or slow. An L1-type loss caps each sample's gradient, so there the scale only slows the fit.",
@@ -259,7 +260,11 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
 def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
     if is_classification(report) is True:
         return None
-    calls = [c for c in loss_calls(report) if c.loss_type in vocab.REGRESSION_LOSS_NAMES]
+    # a regression loss nndx names, or one of the user's own (NeRF's img2mse lambda) comparing float outputs
+    # with float targets of their very shape
+    calls = [c for c in loss_calls(report) if c.loss_type in vocab.REGRESSION_LOSS_NAMES or (
+        vocab.loss_kind(c.loss_type) is None and c.output_shape and c.output_shape == c.target_shape
+        and (c.target_dtype or "").removeprefix("torch.").startswith(("float", "bfloat")))]  # fmt: skip
     train = report.data.train if report.data is not None else None
     if train is not None and train.label_kind == "float_continuous":
         mean, std = train.target_mean, train.target_std
@@ -272,14 +277,33 @@ def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
     if not math.isfinite(scale) or scale <= 20:
         return None
     bounded = bool(calls) and all(c.loss_type in vocab.BOUNDED_GRADIENT_LOSS_NAMES for c in calls)
+    unreached = _outputs_never_reach(calls)
     return Hit(
         symptom=(f"targets of mean {mean} and std {std}" if mean is None or std is None else
                  f"targets of mean {mean:.3g} and std {std:.3g}")
-        + (f" into {calls[0].loss_type}, whose gradient is bounded" if bounded else ""),
-        evidence={"target_mean": mean, "target_std": std, "loss_type": calls[0].loss_type if calls else None},
-        severity="info" if bounded else None,
-        score=min(5.0, math.log10(scale)) / (2 if bounded else 1),
+        + (f" into {calls[0].loss_type}, whose gradient is bounded" if bounded else "")
+        + (f"; no output reached any target (outputs {unreached[0]:.3g} to {unreached[1]:.3g}, targets "
+           f"{unreached[2]:.3g} to {unreached[3]:.3g})" if unreached else ""),
+        evidence={"target_mean": mean, "target_std": std, "loss_type": calls[0].loss_type if calls else None,
+                  "outputs_and_targets_range": list(unreached) if unreached else None},  # fmt: skip
+        severity="info" if bounded else "error" if unreached else None,
+        score=min(5.0, math.log10(scale)) / (2 if bounded else 1) + (1.0 if unreached else 0.0),
     )
+
+
+def _outputs_never_reach(calls: list) -> tuple[float, float, float, float] | None:
+    """(output min, output max, target min, target max) over the calls when every target lies
+    beyond twice the outputs' reach on one side: outputs squashed into [0, 1] against pixels in
+    0..255 never come near a target, whatever the LR."""
+    ranges = [(c.output_min, c.output_max, c.target_min, c.target_max) for c in calls]
+    ranges = [r for r in ranges if all(v is not None and math.isfinite(v) for v in r)]
+    if not ranges:
+        return None
+    lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    t_lo, t_hi = min(r[2] for r in ranges), max(r[3] for r in ranges)
+    reach = max(abs(lo), abs(hi))
+    beyond = (t_lo > 0 and t_lo > 2 * max(hi, 0.0) and t_lo > 2 * reach) or (t_hi < 0 and -t_hi > 2 * reach)
+    return (lo, hi, t_lo, t_hi) if beyond else None
 
 
 @rule(

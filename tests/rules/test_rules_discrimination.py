@@ -190,6 +190,28 @@ def test_huge_updates_from_targets_of_a_large_scale_fold_under_the_targets():
     assert diagnose(with_loop(killed, loss_calls=[unit])).top().rule_id == "NNDX205"
 
 
+def test_pixels_in_0_255_against_outputs_squashed_into_0_1_through_a_loss_of_the_users_own():
+    """NeRF's img2mse is a lambda: no loss nndx names. Its float outputs and targets of one shape
+    are a regression's; targets 9..255 that no output (sigmoid colours, 0.43..1) ever came near
+    are the root of a loss that climbs, not the LR."""
+    from nndx.report import LossCall
+
+    call = LossCall(loss_type="<lambda>", output_shape=[128, 3], target_shape=[128, 3], target_dtype="float32",
+                    output_min=0.43, output_max=1.0, target_mean=214.0, target_std=84.0, target_min=9.0,
+                    target_max=255.0, measured_batches=46)  # fmt: skip
+    regression = BASE.model_copy(update={"task": "regression", "data": None, "num_classes": None})
+    found = {f.rule_id: f for f in diagnose(with_loop(regression, loss_calls=[call])).findings}
+    assert found["NNDX506"].severity == "error" and "no output reached" in found["NNDX506"].symptom
+    scaled = call.model_copy(update={"target_mean": 0.84, "target_std": 0.33, "target_min": 0.035, "target_max": 1.0})
+    assert "NNDX506" not in _found(with_loop(regression, loss_calls=[scaled]))
+    # the same targets into outputs that reach them (a linear head): large targets, a warning
+    reaching = call.model_copy(update={"output_min": -3.0, "output_max": 240.0})
+    assert _found(with_loop(regression, loss_calls=[reaching]))["NNDX506"].severity == "warning"
+    # class ids into a loss of the user's own on logits of another shape are no regression targets
+    logits = call.model_copy(update={"output_shape": [128, 256], "target_shape": [128]})
+    assert "NNDX506" not in _found(with_loop(regression, loss_calls=[logits]))
+
+
 def test_large_update_ratios_with_a_falling_loss_are_context_not_an_alarm():
     diagnosis = diagnose(healthy_reports()["adam_large_ratio"])
     assert diagnosis.healthy
