@@ -344,6 +344,9 @@ def _limitations(watched: Watched) -> list[str]:
                    "the learning rate is unknown")  # fmt: skip
     if not watched.params:
         out.append("no trainable parameters: backward passes and updates cannot be seen")
+    for wrapper in watched.wrappers:
+        out.append(f"{wrapper} wraps the optimizer watched: the learning rate recorded is the inner optimizer's, "
+                   "which the wrapper may scale per parameter (LARC's trust ratio)")
     return out
 
 

@@ -963,3 +963,45 @@ def test_frozen_parameters_the_loop_moves_without_gradient_follow_the_trained_on
     loop = mon.report().loop
     assert loop.frozen_tracking == ["target.weight", "target.bias"]
     assert set(loop.frozen_params) - set(loop.frozen_tracking) == {"fixed.weight", "fixed.bias"}
+
+
+class LARC:
+    """apex's LARC as SwAV uses it: no torch Optimizer, but it holds one as ``.optim`` and
+    calls its step after scaling each parameter's gradient by a trust ratio."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, trust_coefficient: float = 0.001) -> None:
+        self.optim, self.trust_coefficient = optimizer, trust_coefficient
+
+    @property
+    def param_groups(self):
+        return self.optim.param_groups
+
+    def zero_grad(self) -> None:
+        self.optim.zero_grad()
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for group in self.optim.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None and p.grad.norm() > 0:
+                        p.grad.mul_(min(1.0, self.trust_coefficient * p.norm() / (p.grad.norm() * group["lr"])))
+        self.optim.step()
+
+
+def test_an_optimizer_wrapper_holding_a_torch_optimizer_is_watched_through_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = LARC(torch.optim.SGD(model.parameters(), lr=4.8, momentum=0.9))
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    with nndx.Monitor(model, optimizer, every=2) as monitor:
+        for _ in range(10):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            monitor.log(loss)
+    loop = monitor.report().loop
+    assert loop.steps == 10 and loop.lr_history and loop.lr_history[0].lrs == [4.8]
+    assert any("LARC wraps the optimizer" in note for note in loop.limitations)
+    with pytest.raises(TypeError, match="optimizer must be"):
+        nndx.Monitor(model, object())

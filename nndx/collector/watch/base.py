@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ class Watched:
     models: dict[str, nn.Module]
     optimizers: list[torch.optim.Optimizer]
     params: list[tuple[str, nn.Parameter]]
+    wrappers: list[str] = field(default_factory=list)  # optimizer wrappers whose inner optimizer is watched
 
     @property
     def manual(self) -> bool:
@@ -66,12 +67,30 @@ class Watched:
             root = nn.ModuleDict(models)
         else:
             raise TypeError(f"model must be a torch.nn.Module (or a dict of them), got {type(model).__name__}")
-        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [] if optimizer is None else [optimizer]
-        for opt in optimizers:
+        given = list(optimizer) if isinstance(optimizer, (list, tuple)) else [] if optimizer is None else [optimizer]
+        optimizers = [_unwrapped(opt) for opt in given]
+        for opt, original in zip(optimizers, given):
             if not isinstance(opt, torch.optim.Optimizer):
-                kind = type(opt).__name__
-                raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them, or None), got {kind}")
-        return cls(root, models, optimizers, [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad])
+                kind = type(original).__name__
+                raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them, or None), or a wrapper "
+                                f"holding one as .optim or .optimizer, got {kind}")  # fmt: skip
+        wrappers = [type(original).__name__ for opt, original in zip(optimizers, given) if opt is not original]
+        return cls(root, models, optimizers, [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad],
+                   wrappers)  # fmt: skip
+
+
+def _unwrapped(optimizer: Any) -> Any:
+    """The torch optimizer inside an optimizer wrapper that holds one and calls its step
+    (apex's LARC as ``.optim``, others as ``.optimizer``); anything else as it is."""
+    for _ in range(4):
+        if isinstance(optimizer, torch.optim.Optimizer):
+            return optimizer
+        inner = getattr(optimizer, "optim", None)
+        inner = inner if inner is not None else getattr(optimizer, "optimizer", None)
+        if inner is None:
+            return optimizer
+        optimizer = inner
+    return optimizer
 
 
 @dataclass
