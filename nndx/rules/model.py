@@ -267,15 +267,33 @@ def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
         return []
     shapes = _weight_shapes(report)
     weighted = [layer.name for layer in model.layers if len(shapes.get(layer.name, ())) >= 2]
+    feeding = _feeding_weighted(model.layers, set(weighted))
     found = []
     for layer in model.layers:
         source = layer.input_from
         if vocab.activation_kind(layer.type) is None or _heading(layer.type) or source not in shapes or (
-                source in weighted[-1:]):  # fmt: skip
+                source in weighted[-1:]) or source not in feeding:  # fmt: skip
             continue
         if len(shapes[source]) >= 2 and shapes[source][0] <= TINY_WIDTH:
             found.append((source, shapes[source][0], layer.type))
     return found
+
+
+def _feeding_weighted(layers: list, weighted: set[str]) -> set[str]:
+    """The weighted layers whose output another weighted layer reads, through activations and
+    other layers without weights: the hidden ones. A layer no weighted layer reads is a head
+    (DeepAR's sigma head of one unit, put through a softplus into the output)."""
+    made_by = {layer.name: layer.input_from for layer in layers}
+    feeding = set()
+    for layer in layers:
+        if layer.name not in weighted:
+            continue
+        source, hops = made_by.get(layer.name), 0
+        while source is not None and source not in weighted and hops < 16:
+            source, hops = made_by.get(source), hops + 1
+        if source is not None and source in weighted:
+            feeding.add(source)
+    return feeding
 
 
 @rule(
@@ -287,7 +305,8 @@ def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
     "(or a single unit): a hidden Linear layer's output, or the input of a Linear after the first layer "
     "(channels pooled into a head). In any model, a hidden Linear or convolution of at most 2 units or "
     "channels whose output an observed forward puts through an activation other than a softmax or a sigmoid "
-    "(there it is a head, attention scores or a gate). Warning while the train loss "
+    "(there it is a head, attention scores or a gate) and another weighted layer then reads (else it is an output "
+    "head: DeepAR's one-unit sigma through a softplus). Warning while the train loss "
     "kept over half its initial level or the model could not overfit one batch; info when training still "
     "progresses.",
     why="A bottleneck that narrow caps what the layers after it can separate: the model underfits "

@@ -242,6 +242,35 @@ def test_a_softmax_head_beside_the_last_layer_and_attention_scores_are_no_bottle
     assert "NNDX403" not in {f.rule_id for f in nndx.diagnose(report).findings}
 
 
+class GaussianHeads(nn.Module):
+    """DeepAR's net: an LSTM's last states into a mean head and a one-unit sigma head put through
+    a softplus, both returned: no layer reads the sigma head, so it is no hidden bottleneck."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 16, batch_first=True)
+        self.presigma, self.mu, self.sigma = nn.Linear(16, 1), nn.Linear(16, 1), nn.Softplus()
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        hidden = out[:, -1]
+        pre_sigma = self.presigma(hidden)  # in DeepAR's order: the sigma head runs before the mean head
+        mu = self.mu(hidden)
+        return torch.cat([mu, self.sigma(pre_sigma)], dim=1)
+
+
+def test_a_one_unit_head_through_a_softplus_into_the_output_is_no_bottleneck():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 6, 3), torch.randn(64)
+
+    def nll(output, target):
+        return nn.functional.gaussian_nll_loss(output[:, 0], target, output[:, 1] ** 2)
+
+    report = nndx.probe(GaussianHeads(), (x, y), nll, progress=False)
+    assert report.model.forward_observed
+    assert "NNDX403" not in {f.rule_id for f in nndx.diagnose(report).findings}
+
+
 class Heads(nn.Module):
     """Self-attention over (batch, time, width) that splits heads by view, as nanoGPT does,
     or (the bug) by a view to the permuted sizes."""
