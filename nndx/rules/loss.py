@@ -438,7 +438,9 @@ def overfitting(report: DiagnosticReport) -> Hit | None:
     rise = val.end - val_min
     if best >= val.n - window(val.n) or rise <= 0.1 * abs(val_min) or rise <= 2 * val.noise:
         return _memorised(train, val)
-    if train.second_half_progress() <= 0:
+    # falling at the end and over the run: a train loss that climbed (gradients summed over steps) and
+    # dipped late is no fit that validation failed to follow
+    if train.second_half_progress() <= 0 or train.end >= train.start:
         return None
     return Hit(
         symptom="validation loss rose after its minimum while train loss kept falling",

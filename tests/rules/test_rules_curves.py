@@ -132,6 +132,10 @@ def test_overfitting_needs_train_still_falling():
     healthy_val = [1.0, 0.8, 0.7, 0.65, 0.62, 0.6, 0.6, 0.59, 0.6, 0.59]
     fine = {"train": falling["train"], "val": points(healthy_val, every=10)}
     assert "NNDX107" not in {f.rule_id for f in diagnose(DiagnosticReport(loss_history=fine)).findings}
+    # gradients summed over steps (no zero_grad, DeepAR): the train loss climbed from 46 to 69, dipping late
+    climbing = [46 + 0.5 * i for i in range(60)] + [76 - 0.2 * i for i in range(40)]
+    risen = {"train": points(climbing), "val": points(val, every=10)}
+    assert "NNDX107" not in {f.rule_id for f in diagnose(DiagnosticReport(loss_history=risen)).findings}
 
 
 def test_a_memorised_train_set_is_overfitting_even_when_validation_never_rises():
