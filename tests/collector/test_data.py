@@ -496,3 +496,29 @@ def items_dataset(items):
             return items[i]
 
     return Items()
+
+
+class ScalesItsInput(torch.nn.Module):
+    """An MLP that divides raw 0..255 values by 255 in its own forward (or, unscaled, does not)."""
+
+    def __init__(self, scale: bool):
+        super().__init__()
+        self.scale = scale
+        self.layers = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+    def forward(self, x):
+        return self.layers(x / 255 if self.scale else x * 1.0)
+
+
+def test_raw_values_the_model_divides_itself_are_no_unnormalised_inputs():
+    import nndx
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (300, 16), generator=g).float(), torch.randint(0, 3, (300,), generator=g)
+    codes = {}
+    for scale in (True, False):
+        report = nndx.probe(ScalesItsInput(scale), (x[:64], y[:64]), torch.nn.CrossEntropyLoss(), data=(x, y),
+                            probes=[])  # fmt: skip
+        assert report.data.train.scaled_features == (list(range(16)) if scale else [])
+        codes[scale] = {f.code.value for f in nndx.diagnose(report).findings}
+    assert "UNNORMALIZED_INPUTS" not in codes[True] and "UNNORMALIZED_INPUTS" in codes[False]

@@ -568,8 +568,10 @@ class IndexColumns(TorchFunctionMode):
                 self._centred[id(out)] = (part, out)
             elif op in _SCALING and _constant(other):
                 centred = self._centred.get(id(first))
-                if part is not None or (centred is not None and centred[1] is first):
-                    self.scaled.add(part if part is not None else centred[0])
+                if centred is not None and centred[1] is first:  # (x - mean) / std
+                    self.scaled.add(centred[0])
+                elif part is not None and (op in _DIVISIONS or _shrinks(other)):  # x / 255, x * (1 / 255)
+                    self.scaled.add(part)
             elif part is not None and op == "batch_norm":
                 self.scaled.add(part)
         return out
@@ -590,7 +592,14 @@ class IndexColumns(TorchFunctionMode):
 
 
 _CENTRING = frozenset({"sub", "__sub__", "sub_", "__isub__"})
-_SCALING = frozenset({"div", "__truediv__", "true_divide", "div_", "__itruediv__", "mul", "__mul__", "mul_"})
+_DIVISIONS = frozenset({"div", "__truediv__", "true_divide", "div_", "__itruediv__"})
+_SCALING = _DIVISIONS | frozenset({"mul", "__mul__", "mul_"})
+
+
+def _shrinks(value: Any) -> bool:
+    """A number under 1 in size (not 0): a multiplication by it scales values down, as 1 / 255 does;
+    a mask or a gain of 1 does not."""
+    return isinstance(value, float) and 0 < abs(value) < 1
 
 
 def _constant(value: Any) -> bool:
