@@ -336,15 +336,13 @@ def _sample_torch_data(
             batched = kind == "DataLoader" and source.batch_size is not None
         for item in items:
             xi, yi = _split_item(item, name)
-            one = not batched and _input_parts(tuple(_one_row(p) for p in xi), 1) is not None \
-                if isinstance(xi, (tuple, list)) else False  # fmt: skip
-            if one:  # one sample of a multi-input model: its parts as a batch of one
-                xi = tuple(_one_row(p) for p in xi)
-            labels = None if yi is None or batched is False else len(yi)
-            xa, xd, index_columns = as_inputs(xi, f"{name} inputs", 1 if one else labels)
+            parts = None if batched else _one_sample_parts(xi)
+            if parts is not None:  # one sample of a multi-input model: its parts as a batch of one
+                xa, xd, index_columns = as_inputs(parts, f"{name} inputs", 1)
+            else:
+                xa, xd, index_columns = as_inputs(xi, f"{name} inputs", len(yi) if batched and yi is not None else None)
+                xa = xa if batched else xa[None]
             x_dtype = x_dtype or xd
-            if not batched and not one:
-                xa = xa[None]
             if yi is not None:
                 ya, yd = _as_array(yi, f"{name} labels")
                 y_dtype = y_dtype or yd
@@ -371,9 +369,13 @@ def _sample_torch_data(
                   "loader" if kind == "DataLoader" else "storage", index_columns)
 
 
-def _one_row(part: Any) -> Any:
-    """A part of one sample's inputs with a batch axis of one (numbers become arrays)."""
-    return part[None] if hasattr(part, "ndim") else np.asarray(part)[None]
+def _one_sample_parts(x: Any) -> tuple[Any, ...] | None:
+    """One Dataset item's inputs for a multi-input model (a tuple of arrays or tensors, one
+    per input), each with a batch axis of one; None for a single input."""
+    if not isinstance(x, (tuple, list)):
+        return None
+    parts = tuple(p[None] if hasattr(p, "ndim") else np.asarray(p)[None] for p in x)
+    return parts if _input_parts(parts, 1) is not None else None
 
 
 def _split_item(item: Any, name: str) -> tuple[Any, Any]:
