@@ -247,10 +247,10 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
     C.UNNORMALIZED_TARGETS,
     "warning",
     "Regression targets of a large scale",
-    detects="Continuous regression targets (from the data checks, or as they reached a regression loss, or a "
-    "loss of the user's own comparing float outputs with float targets of their shape) whose mean or std exceeds "
-    "20 in absolute value; error when no output ever came within half of any target (sigmoid colours in [0, 1] "
-    "against pixels in 0..255); info when the loss's gradient is bounded (L1, smooth L1, Huber).",
+    detects="Continuous regression targets (from the data checks, or as they reached a regression loss) whose "
+    "mean or std exceeds 20 in absolute value; error when no output ever came within half of any target (sigmoid "
+    "colours in [0, 1] against pixels in 0..255), which a loss of the user's own comparing float outputs with float "
+    "targets of their shape also shows; info when the loss's gradient is bounded (L1, smooth L1, Huber).",
     why="An output layer initialised near 0 needs huge weights to reach targets in the hundreds: the "
     "first gradients are enormous (MSE grows with the square of the scale) and training is unstable "
     "or slow. An L1-type loss caps each sample's gradient, so there the scale only slows the fit.",
@@ -260,11 +260,15 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
 def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
     if is_classification(report) is True:
         return None
-    # a regression loss nndx names, or one of the user's own (NeRF's img2mse lambda) comparing float outputs
-    # with float targets of their very shape
-    calls = [c for c in loss_calls(report) if c.loss_type in vocab.REGRESSION_LOSS_NAMES or (
-        vocab.loss_kind(c.loss_type) is None and c.output_shape and c.output_shape == c.target_shape
-        and (c.target_dtype or "").removeprefix("torch.").startswith(("float", "bfloat")))]  # fmt: skip
+    # a regression loss nndx names; or one of the user's own comparing float outputs with float targets of
+    # their very shape (NeRF's img2mse lambda), only where no output came near a target: such a loss may
+    # scale what it compares itself (fast neural style's images in 0..255 normalised inside the loss)
+    calls = [c for c in loss_calls(report) if c.loss_type in vocab.REGRESSION_LOSS_NAMES]
+    own = [c for c in loss_calls(report) if vocab.loss_kind(c.loss_type) is None and c.output_shape
+           and c.output_shape == c.target_shape
+           and (c.target_dtype or "").removeprefix("torch.").startswith(("float", "bfloat"))]  # fmt: skip
+    if not calls and own and _outputs_never_reach(own):
+        calls = own
     train = report.data.train if report.data is not None else None
     if train is not None and train.label_kind == "float_continuous":
         mean, std = train.target_mean, train.target_std
