@@ -428,6 +428,14 @@ class CausalityResult(ProbeResult):
     scored_padding_fraction: Fraction | None = Field(
         None, description="share of the scored positions that are padding after each run's first token")
 
+    @property
+    def offset_in_words(self) -> str | None:
+        """Where the misplaced targets sit in the inputs ("2 positions ahead", "1 position back")."""
+        offset = self.target_offset
+        if offset is None:
+            return None
+        return f"{abs(offset)} position{'' if abs(offset) == 1 else 's'} {'ahead' if offset > 0 else 'back'}"
+
     def summary(self, num: NumberFormat = str) -> str:
         return (f"targets = input at the same position {num(self.copy_fraction)}, = next input "
                 f"{num(self.next_fraction)} of {self.scored_positions} scored positions; changing tokens after "

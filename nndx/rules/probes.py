@@ -709,8 +709,8 @@ def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
                    f"token: {result.next_fraction:.0%})")  # fmt: skip
     else:
         evidence["target_offset"] = result.target_offset
-        symptom = (f"the scored positions' targets are the input token {result.target_offset} positions ahead (the "
-                   f"next token: {result.next_fraction:.0%})")  # fmt: skip
+        symptom = (f"the scored positions' targets are the input token {result.offset_in_words} (the next token: "
+                   f"{result.next_fraction:.0%})")  # fmt: skip
     return Hit(symptom=symptom, evidence=evidence, score=4.0)
 
 

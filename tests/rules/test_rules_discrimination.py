@@ -1245,3 +1245,15 @@ def test_an_lr_several_times_above_the_range_where_the_sweep_trains_well_that_ki
     assert died["NNDX208"].explained_by == "NNDX602"
     assert "NNDX602" not in found(1e-2, 0.0)  # above the interval, but nothing was harmed
     assert "NNDX602" not in found(1.5e-3, 0.7)  # within the range test's reading
+
+
+def test_misplaced_targets_say_where_they_sit():
+    from nndx.report import CausalityResult, Probes
+
+    def symptom(offset: int) -> str:
+        result = CausalityResult(status="failed", unshifted=False, target_offset=offset, next_fraction=0.02)
+        return next(f.symptom for f in diagnose(DiagnosticReport(probes=Probes(causality=result))).findings
+                    if f.rule_id == "NNDX613")  # fmt: skip
+
+    assert "input token 2 positions ahead" in symptom(2)
+    assert "input token 1 position back" in symptom(-1)

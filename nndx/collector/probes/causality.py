@@ -131,11 +131,13 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         if offset is not None:
             (offset, axis, share) = offset
             common.update(time_axis=axis, samples=int(tokens.shape[1 - axis]), positions=int(tokens.shape[axis]))
-            where = f"{offset} positions ahead" if offset > 0 else f"{-offset} position back"
-            return CausalityResult(status="failed", unshifted=False, target_offset=offset, **common, message=(
-                f"the loss asks {share:.0%} of the scored positions to predict the input token {where} (the next "
-                f"token only {next_share:.0%}): the targets are misaligned — shifted twice, say, by hand for a model "
-                "that shifts its labels itself; next-token targets are inputs[:, 1:] for inputs[:, :-1]"))  # fmt: skip
+            result = CausalityResult(status="failed", unshifted=False, target_offset=offset, **common)
+            result.message = (
+                f"the loss asks {share:.0%} of the scored positions to predict the input token "
+                f"{result.offset_in_words} (the next token only {next_share:.0%}): the targets are misaligned — "
+                "shifted twice, say, by hand for a model that shifts its labels itself; next-token targets are "
+                "inputs[:, 1:] for inputs[:, :-1]")  # fmt: skip
+            return result
         if time_axis is None:
             return CausalityResult(status="skipped", unshifted=False, **common, message=(
                 f"the loss's targets are the next input token at only {next_share:.0%} of the scored positions (the "
