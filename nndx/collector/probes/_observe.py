@@ -570,7 +570,7 @@ class IndexColumns(TorchFunctionMode):
                 centred = self._centred.get(id(first))
                 if centred is not None and centred[1] is first:  # (x - mean) / std
                     self.scaled.add(centred[0])
-                elif part is not None and (op in _DIVISIONS or _shrinks(other)):  # x / 255, x * (1 / 255)
+                elif part is not None and (op == "div" or _shrinks(other)):  # x / 255, x * (1 / 255)
                     self.scaled.add(part)
             elif part is not None and op == "batch_norm":
                 self.scaled.add(part)
@@ -592,8 +592,8 @@ class IndexColumns(TorchFunctionMode):
 
 
 _CENTRING = frozenset({"sub", "__sub__", "sub_", "__isub__"})
-_DIVISIONS = frozenset({"div", "__truediv__", "true_divide", "div_", "__itruediv__"})
-_SCALING = _DIVISIONS | frozenset({"mul", "__mul__", "mul_"})
+# _op_name has already folded /, true_divide and div_ into "div" (OP_ALIASES)
+_SCALING = frozenset({"div", "mul", "__mul__", "mul_"})
 
 
 def _shrinks(value: Any) -> bool:
