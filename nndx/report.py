@@ -412,12 +412,17 @@ class CausalityResult(ProbeResult):
     positions: Count = 0
     scored_positions: Count = Field(0, description="positions the loss scores (not ignored)")
     copy_fraction: Fraction | None = Field(
-        None, description="scored positions whose target is the input token at that same position")
-    next_fraction: Fraction | None = Field(None, description="scored positions whose target is the next input token")
+        None, description="scored positions whose target is the last input token the position reads (at that same "
+        "position, or input_shift back)")
+    next_fraction: Fraction | None = Field(
+        None, description="scored positions whose target is the token after the last one the position reads")
+    input_shift: Count | None = Field(
+        None, description="how far back the last token each position reads sits (1: a decoder handed its targets "
+        "reads trg[t - 1] for output t; 0: a language model)")
     unshifted: bool | None = Field(None, description="the targets are the inputs: the shift by one is missing")
     target_offset: int | None = Field(
-        None, description="how far ahead in the inputs each scored position's target sits, where one offset holds "
-        "at >= 0.9 of them and it is not 0 or 1 (2: shifted twice; -1: the previous token)")
+        None, description="how far ahead of the last input token each scored position reads its target sits, where "
+        "one offset holds at >= 0.9 of them and it is not 0 or 1 (2: shifted twice; -1: the previous token)")
     cut: Count | None = Field(None, description="the last position kept; every later token was changed")
     changed_positions: Count = Field(0, description="positions <= cut whose outputs moved beyond the tolerance")
     max_change: Float | None = Field(None, description="largest change of an output at a position <= cut")

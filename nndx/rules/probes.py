@@ -679,11 +679,13 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     "error",
     "Each position is asked to predict the token it is given (not shifted, not masked) or one further off",
     detects="The causality probe: at (nearly) every position the loss scores, the target the loss pulls the "
-    "output towards is the input token at that same position (copy_fraction >= 0.9), or the token 2 or 3 "
-    "positions ahead or the one before (target_offset), and far more often than it is the next input token. "
-    "Which target goes with which output is read from the loss's gradient, so a "
+    "output towards is the last input token that position reads (copy_fraction >= 0.9), or the token 2 or 3 "
+    "positions ahead of it or the one before (target_offset), and far more often than it is the next input "
+    "token. Which target goes with which output is read from the loss's gradient, so a "
     "loss that shifts internally (labels = input_ids) is not flagged; with several targets and outputs (BERT's "
-    "next-sentence and masked-token heads), the per-token ones are read.",
+    "next-sentence and masked-token heads), the per-token ones are read. What a position reads is measured: a "
+    "teacher-forced decoder handed its targets reads trg[t - 1] for output t, so output[:-1] against trg[1:] "
+    "asks two tokens ahead.",
     why="A next-token model must predict inputs[t + 1] from inputs[..t]; a masked language model must "
     "recover tokens hidden from it. With the answer in the input the loss falls to almost zero, and the model "
     "learns to copy, not to predict. Shifted twice (labels shifted by hand for a Hugging Face model that "
@@ -709,8 +711,8 @@ def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
                    f"token: {result.next_fraction:.0%})")  # fmt: skip
     else:
         evidence["target_offset"] = result.target_offset
-        symptom = (f"the scored positions' targets are the input token {result.offset_in_words} (the next token: "
-                   f"{result.next_fraction:.0%})")  # fmt: skip
+        symptom = (f"the scored positions' targets are the input token {result.offset_in_words} of the last one "
+                   f"each reads (the next token: {result.next_fraction:.0%})")  # fmt: skip
     return Hit(symptom=symptom, evidence=evidence, score=4.0)
 
 

@@ -383,3 +383,74 @@ def test_labels_shifted_twice_for_a_model_that_shifts_them_itself_are_misaligned
     # shifted once, by either side: right, and nothing about offsets
     assert causality(TinyGPT(), (x, x.clone()), shifting_loss).target_offset is None
     assert causality(TinyGPT(), lm_batch(), flat_cross_entropy).target_offset is None
+
+
+class TeacherForcedSeq2Seq(nn.Module):
+    """bentrevett's pytorch-seq2seq shape: time-major ``forward(src, trg, ratio)``; the
+    decoder reads ``trg[t - 1]`` (or, with probability ``1 - ratio``, its own argmax, drawn
+    from Python's ``random``) to give ``outputs[t]``; ``outputs[0]`` stays zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.src_emb, self.trg_emb = nn.Embedding(VOCAB, 12), nn.Embedding(VOCAB, 12)
+        self.encoder, self.decoder = nn.GRU(12, 16), nn.GRUCell(12, 16)
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, src, trg, ratio):
+        import random
+
+        hidden = self.encoder(self.src_emb(src))[1][0]
+        outputs = torch.zeros(trg.shape[0], trg.shape[1], VOCAB)
+        token = trg[0]
+        for t in range(1, trg.shape[0]):
+            hidden = self.decoder(self.trg_emb(token), hidden)
+            outputs[t] = self.head(hidden)
+            token = trg[t] if random.random() < ratio else outputs[t].argmax(1)
+        return outputs
+
+
+def seq2seq_loss(output, trg):
+    return F.cross_entropy(output[1:].reshape(-1, VOCAB), trg[1:].reshape(-1))
+
+
+def seq2seq_loss_off_by_one(output, trg):  # pytorch-seq2seq's reported bug: output[:-1] against trg[1:]
+    return F.cross_entropy(output[:-1].reshape(-1, VOCAB), trg[1:].reshape(-1))
+
+
+@pytest.mark.parametrize("same_tensor", [True, False])
+def test_a_decoder_fed_its_targets_is_read_by_what_each_position_reads(same_tensor):
+    """A teacher-forced decoder is handed the target tensor and shifts it itself: output t
+    reads trg[t - 1] and must predict trg[t]. Paired with the loss by position, its targets
+    look unshifted; what each position reads says they are right, and that the off-by-one
+    loss asks for trg[t + 1], two ahead of what it reads."""
+    windows = text(n=8).t()  # (time, batch)
+    src, trg = windows.flip(0), windows
+    batch = ((src, trg if same_tensor else trg.clone(), 0.5), trg)
+    healthy = causality(TeacherForcedSeq2Seq(), batch, seq2seq_loss)
+    assert healthy.status == "passed" and healthy.input_shift == 1 and healthy.time_axis == 0
+    assert healthy.copy_fraction < 0.5 and not healthy.unshifted and healthy.target_offset is None
+    broken = causality(TeacherForcedSeq2Seq(), batch, seq2seq_loss_off_by_one)
+    assert broken.status == "failed" and broken.target_offset == 2 and broken.input_shift == 1
+    assert codes(TeacherForcedSeq2Seq(), batch, seq2seq_loss_off_by_one)[:1] == ["LABELS_MISALIGNED"]
+
+
+class InputShiftingLM(nn.Module):
+    """PixelCNN/WaveNet-style: the model shifts its input right by one itself (a start
+    token in front), so ``targets = inputs`` is right for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = LSTMLM()
+
+    def forward(self, idx):
+        return self.lm(torch.cat([torch.zeros_like(idx[:, :1]), idx[:, :-1]], dim=1))
+
+
+def test_a_model_that_shifts_its_inputs_itself_is_not_unshifted():
+    x = text()[:, :-1]
+    result = causality(InputShiftingLM(), (x, x.clone()), flat_cross_entropy)
+    assert result.status == "passed" and result.input_shift == 1 and not result.unshifted
+    # the same targets for a model that does not shift: unshifted, as before
+    unshifted = causality(LSTMLM(), (x, x.clone()), flat_cross_entropy)
+    assert unshifted.status == "failed" and unshifted.unshifted and unshifted.input_shift == 0

@@ -30,6 +30,17 @@ scored positions whose target is the input token at that position, ``next_fracti
 the share whose target is the next input token; a correct language model has
 ``next_fraction`` ≈ 1, and ``copy_fraction`` only as high as the text repeats itself.
 
+What a position reads, not where it sits, is what its target is compared with. A
+teacher-forced decoder handed the target tensor (``model(src, trg)``, as
+pytorch-seq2seq's) reads ``trg[t - 1]`` to give output ``t``, and a model that puts a
+start token in front of its inputs reads ``x[t - 1]``: for them ``targets = trg`` is
+right, and pairing ``output[:-1]`` with ``trg[1:]`` asks two tokens ahead. So once the
+targets are read, one more forward with one token changed per sample (at a position that
+differs from sample to sample) finds how far back the last token each position reads sits
+(``input_shift``); the offsets are counted from there. The targets themselves are tried
+as the token input last, and only when the outputs move with them (a model computing its
+own loss is handed them without reading them).
+
 Which axis is time: the one along which targets are the next inputs; a time-major
 ``(time, batch)`` batch is read right. When targets are neither the next tokens nor the
 tokens themselves (a tagger's per-token labels, a masked language model), the objective
@@ -45,7 +56,7 @@ both batches run on the eval-mode copy under one seed; the outputs at positions
 reduction sizes: :func:`~nndx.collector._common.roundoff_tolerance`). Which output
 depends on which token does not depend on the dtype, so a float16/bfloat16 model, or
 one probed under ``amp``, is compared on a float32 copy without autocast, where the
-tolerance is tight. One backward and two forwards in all.
+tolerance is tight. One backward and three or four forwards in all.
 """
 
 from __future__ import annotations
@@ -96,7 +107,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     found = _token_inputs(inputs, targets)
     if isinstance(found, str):
         return CausalityResult(status="skipped", message=found)
-    tokens = found
+    candidates, tokens = found, found[0]
     # what depends on which token does not depend on the dtype, and float32 resolves it: a
     # half-precision model (or autocast) is compared on a float32 copy
     with preserved_rng(), forwards_under_autocast(None):
@@ -112,30 +123,49 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         n_scored = int(scored.sum())
         if n_scored == 0:
             return CausalityResult(status="skipped", message="the loss scores no position of the batch")
-        copy = float((aimed[scored] == tokens[scored]).float().mean())
-        time_axis, next_share = _time_axis(aimed, tokens)
+        with torch.no_grad(), ForwardObserver(model_copy) as seen:
+            before_raw = _outputs(model_copy, inputs, which_output)
+        tolerance = roundoff_tolerance(model_copy, [before_raw], seen.lowest_precision)
+        reading, shift = None, 0
+        for candidate in candidates:
+            found_reading = _reading(aimed, candidate)
+            if found_reading is None:
+                continue
+            # what each position reads, not where it sits: a decoder handed its targets reads trg[t - 1]
+            axes = (0, 1) if found_reading[1] == 0 else (found_reading[0],)
+            shifts = {a: _input_shift(model_copy, inputs, candidate, a, which_output, before_raw, tolerance)
+                      for a in axes}  # fmt: skip
+            axis = max(shifts, key=lambda a: shifts[a] if shifts[a] is not None else -1)
+            if shifts[axis] is None:
+                continue  # not read: the targets handed to a model that computes its own loss
+            shift = shifts[axis]
+            tokens, reading = candidate, (axis if shift else found_reading[0], found_reading[1] + shift, found_reading[2])
+            break
+        copy = _best_share(aimed, tokens, -shift)[1] if shift else float((aimed[scored] == tokens[scored]).float().mean())
+        time_axis = reading[0] if reading is not None and reading[1] == 1 else None
+        next_share = reading[2] if time_axis is not None else _best_share(aimed, tokens, 1 - shift)[1]
         common = {"samples": int(tokens.shape[1 - time_axis]) if time_axis is not None else 0,
                   "positions": int(tokens.shape[time_axis]) if time_axis is not None else 0,
                   "time_axis": time_axis, "scored_positions": n_scored, "copy_fraction": copy,
-                  "next_fraction": next_share}  # fmt: skip
+                  "next_fraction": next_share, "input_shift": shift if reading is not None else None}  # fmt: skip
         if time_axis is not None:
             common.update(_scored_padding(aimed, time_axis))
-        unshifted = copy >= COPY_SHARE and copy - next_share >= COPY_MARGIN
-        if unshifted:
+        reads = _shift_in_words(shift)
+        if reading is not None and reading[1] == 0:
             return CausalityResult(status="failed", unshifted=True, **common, message=(
-                f"the loss asks {copy:.0%} of the scored positions to predict the input token at that same position "
-                f"(the next token only {next_share:.0%}): the model is shown what it must predict — targets not "
-                "shifted (use inputs[:, :-1] as inputs and inputs[:, 1:] as targets), or a masked language model's "
-                "scored tokens not masked in its input"))  # fmt: skip
-        offset = _misplaced_offset(aimed, tokens, next_share)
-        if offset is not None:
-            (offset, axis, share) = offset
+                f"the loss asks {reading[2]:.0%} of the scored positions to predict the last input token they read"
+                f"{reads} (the next token only {next_share:.0%}): the model is shown what it must predict — targets "
+                "not shifted (use inputs[:, :-1] as inputs and inputs[:, 1:] as targets), or a masked language "
+                "model's scored tokens not masked in its input"))  # fmt: skip
+        if reading is not None and reading[1] != 1:
+            (axis, offset, share) = reading
             common.update(time_axis=axis, samples=int(tokens.shape[1 - axis]), positions=int(tokens.shape[axis]))
             result = CausalityResult(status="failed", unshifted=False, target_offset=offset, **common)
             result.message = (
                 f"the loss asks {share:.0%} of the scored positions to predict the input token "
-                f"{result.offset_in_words} (the next token only {next_share:.0%}): the targets are misaligned — "
-                "shifted twice, say, by hand for a model that shifts its labels itself; next-token targets are "
+                f"{result.offset_in_words} of the last one it reads{reads} (the next token only {next_share:.0%}): "
+                "the targets are misaligned — shifted twice, say, by hand for a model "
+                "that shifts its labels itself, or a decoder's output[:-1] paired with trg[1:]; next-token targets are "
                 "inputs[:, 1:] for inputs[:, :-1]")  # fmt: skip
             return result
         if time_axis is None:
@@ -148,10 +178,9 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
             return CausalityResult(status="skipped", unshifted=False, **common,
                                    message="every input token is the same id: nothing to change")  # fmt: skip
         changed_inputs, cut = _with_tokens(inputs, tokens, changed), changed[1]
-        with torch.no_grad(), ForwardObserver(model_copy) as seen:
-            before = _per_position(_outputs(model_copy, inputs, which_output), tokens.shape, time_axis)
+        with torch.no_grad():
+            before = _per_position(before_raw, tokens.shape, time_axis)
             after = _per_position(_outputs(model_copy, changed_inputs, which_output), tokens.shape, time_axis)
-        tolerance = roundoff_tolerance(model_copy, [before], seen.lowest_precision)
     change = (after[:, : cut + 1] - before[:, : cut + 1]).abs().amax(dim=(0, 2))  # per earlier position
     moved = int((change > tolerance).sum())
     largest = float(change.max())
@@ -163,13 +192,13 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
             "must predict — a missing or wrong causal mask, a bidirectional recurrent layer, a convolution "
             "not padded on the left only"))  # fmt: skip
     return CausalityResult(status="passed", future_visible=False, **common, message=(
-        f"targets are the next tokens at {next_share:.0%} of the scored positions, and changing the tokens after "
+        f"targets are the next tokens at {next_share:.0%} of the scored positions{reads}, and changing the tokens after "
         f"position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
 
 
-def _token_inputs(inputs: object, targets: object) -> torch.Tensor | str:
-    """The integer token tensor of the inputs that a target tensor is laid out over, or
-    why none. Every target is tried in turn: a model trained on several
+def _token_inputs(inputs: object, targets: object) -> list[torch.Tensor] | str:
+    """The integer token tensors of the inputs that a target tensor is laid out over, the
+    likeliest first, or why none. Every target is tried in turn: a model trained on several
     objectives (BERT's next-sentence label per sample and masked-token labels per token)
     has its per-token targets anywhere among them."""
     found = [_tokens_for(inputs, t) for t in iter_tensors(targets)] if targets is not None else []
@@ -178,7 +207,7 @@ def _token_inputs(inputs: object, targets: object) -> torch.Tensor | str:
     return next((f for f in found if not isinstance(f, str)), found[0])
 
 
-def _tokens_for(inputs: object, target: torch.Tensor) -> torch.Tensor | str:
+def _tokens_for(inputs: object, target: torch.Tensor) -> list[torch.Tensor] | str:
     if target.dim() not in (1, 2) or target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         return (f"targets of shape {list(target.shape)} and dtype {target.dtype}: the probe needs integer tokens "
                 "per position (batch, time) of a next-token model")  # fmt: skip
@@ -186,23 +215,23 @@ def _tokens_for(inputs: object, target: torch.Tensor) -> torch.Tensor | str:
     # go with the 2-D token tensor they flatten
     fits = (lambda t: t.dim() == 2 and t.numel() == target.numel()) if target.dim() == 1 else (
         lambda t: t.shape == target.shape)
-    candidates = [t for t in iter_tensors(inputs) if fits(t) and not t.is_floating_point()
-                  and not t.is_complex() and t.dtype != torch.bool and t is not target]  # fmt: skip
-    if len(candidates) > 1:
-        # a model that computes its own loss is handed the targets too (model(idx, targets)):
-        # they are not what it reads to predict
-        candidates = [t for t in candidates if not torch.equal(t, target)] or candidates
-    if not candidates and target.dim() == 1:
+    tokens = [t for t in iter_tensors(inputs) if fits(t) and not t.is_floating_point()
+              and not t.is_complex() and t.dtype != torch.bool]  # fmt: skip
+    if not tokens and target.dim() == 1:
         return (f"targets of shape {list(target.shape)}, and no integer input with as many entries: one target per "
                 "sample (a classifier over whole sequences), not one per position of the tokens")  # fmt: skip
-    if not candidates:
+    if not tokens:
         return (f"no integer input tensor of the targets' shape {list(target.shape)}: not a model fed the tokens "
                 "it predicts")  # fmt: skip
-    shape = candidates[0].shape
+    shape = tokens[0].shape
     if min(shape) < 1 or max(shape) < MIN_POSITIONS:
         return f"inputs of shape {list(shape)}: need {MIN_POSITIONS} positions"
-    # the token ids, not an attention mask of the same shape
-    return max(candidates, key=lambda t: torch.unique(t).numel())
+    # the token ids first, not an attention mask of the same shape; the targets themselves last: a
+    # model that computes its own loss is handed them and does not read them (model(idx, targets)),
+    # a teacher-forced decoder reads trg[t - 1] for output t
+    equal = [t for t in tokens if t.shape == target.shape and torch.equal(t, target)]
+    others = [t for t in tokens if not any(t is e for e in equal)]
+    return sorted(others, key=lambda t: -torch.unique(t).numel()) + equal
 
 
 def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn,
@@ -267,14 +296,23 @@ def _per_position(out: torch.Tensor, shape: torch.Size, time_axis: int | None):
     return aligned.transpose(0, 1) if time_axis == 0 else aligned
 
 
-def _time_axis(aimed: torch.Tensor, tokens: torch.Tensor) -> tuple[int | None, float]:
-    """The axis along which the targets are the next inputs, and the share of scored
-    positions where they are (None when neither axis reaches ``NEXT_TOKEN_SHARE``)."""
-    shares = _offset_shares(aimed, tokens, 1)
-    if not shares:
-        return None, 0.0
-    best = max(shares, key=lambda a: shares[a])
-    return (best if shares[best] >= NEXT_TOKEN_SHARE else None), shares[best]
+def _reading(aimed: torch.Tensor, tokens: torch.Tensor) -> tuple[int, int, float] | None:
+    """(axis, offset, share): the one offset ``k`` such that the targets are ``tokens[t + k]``
+    at ``NEXT_TOKEN_SHARE`` of the scored positions — 1 (next token) unless another offset
+    (0: unshifted; ``MISPLACED_OFFSETS``) holds far more often than it; None when none
+    holds (a tagger, a masked language model)."""
+    axis, next_share = _best_share(aimed, tokens, 1)
+    for offset in (0, *MISPLACED_OFFSETS):
+        other_axis, share = _best_share(aimed, tokens, offset)
+        if other_axis is not None and share >= NEXT_TOKEN_SHARE and share - next_share >= COPY_MARGIN:
+            return other_axis, offset, share
+    return (axis, 1, next_share) if axis is not None and next_share >= NEXT_TOKEN_SHARE else None
+
+
+def _best_share(aimed: torch.Tensor, tokens: torch.Tensor, offset: int) -> tuple[int | None, float]:
+    shares = _offset_shares(aimed, tokens, offset)
+    best = max(shares, key=lambda a: shares[a], default=None)
+    return best, shares.get(best, 0.0)
 
 
 def _offset_shares(aimed: torch.Tensor, tokens: torch.Tensor, offset: int) -> dict[int, float]:
@@ -293,16 +331,42 @@ def _offset_shares(aimed: torch.Tensor, tokens: torch.Tensor, offset: int) -> di
     return shares
 
 
-def _misplaced_offset(aimed: torch.Tensor, tokens: torch.Tensor, next_share: float) -> tuple[int, int, float] | None:
-    """(offset, axis, share) when the targets are the inputs at one offset other than 0
-    (unshifted, judged apart) and 1 (right) at ``NEXT_TOKEN_SHARE`` of the scored
-    positions, far more often than the next token: labels shifted twice, or by -1."""
-    for offset in MISPLACED_OFFSETS:
-        shares = _offset_shares(aimed, tokens, offset)
-        axis = max(shares, key=lambda a: shares[a], default=None)
-        if axis is not None and shares[axis] >= NEXT_TOKEN_SHARE and shares[axis] - next_share >= COPY_MARGIN:
-            return offset, axis, shares[axis]
-    return None
+def _shift_in_words(shift: int) -> str:
+    if not shift:
+        return ""
+    return (f" (each position reads up to the token {shift} position{'s' if shift > 1 else ''} back: the model "
+            "shifts its inputs itself, as a decoder handed its targets does)")
+
+
+def _input_shift(model: nn.Module, inputs: object, tokens: torch.Tensor, axis: int, which: int,
+                 before_raw: torch.Tensor, tolerance: float) -> int | None:  # fmt: skip
+    """How many positions back the last token each output position reads sits: 0 for a
+    language model (output t reads token t), 1 for a decoder handed its targets that reads
+    ``trg[t - 1]`` to give output t, or a model that prepends a start token itself. Each
+    sample gets one token changed, at a position that differs from sample to sample, in one
+    forward; the fewest positions from a changed token to the first output that moved is the
+    shift (a decoder that feeds back its own prediction at some steps reads the target at
+    the others). 0 when an output before the change moved (the future test judges that);
+    None when no output moved: the model does not read these tokens."""
+    length, samples = tokens.shape[axis], tokens.shape[1 - axis]
+    ids = torch.unique(tokens)
+    if length < 3 or ids.numel() < 2:
+        return 0
+    rows = tokens if axis == 1 else tokens.T
+    positions = 1 + torch.arange(samples, device=tokens.device) % (length - 2)
+    at = torch.zeros_like(rows, dtype=torch.bool)
+    at[torch.arange(samples, device=tokens.device), positions] = True
+    other = ids[(torch.searchsorted(ids, rows.contiguous()) + 1) % ids.numel()]
+    changed = torch.where(at, other, rows)
+    with torch.no_grad():
+        before = _per_position(before_raw, tokens.shape, axis)
+        after = _outputs(model, _with_tokens(inputs, tokens, (changed if axis == 1 else changed.T, 0)), which)
+        moved = (_per_position(after, tokens.shape, axis) - before).abs().amax(dim=-1) > tolerance
+    reached = moved.any(dim=1)
+    if not bool(reached.any()):
+        return None
+    first = moved.float().argmax(dim=1)
+    return max(0, int((first - positions)[reached].min()))
 
 
 def _scored_padding(aimed: torch.Tensor, time_axis: int) -> dict[str, object]:
