@@ -139,9 +139,11 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
             if shifts[axis] is None:
                 continue  # not read: the targets handed to a model that computes its own loss
             shift = shifts[axis]
-            tokens, reading = candidate, (axis if shift else found_reading[0], found_reading[1] + shift, found_reading[2])
+            tokens = candidate
+            reading = (axis if shift else found_reading[0], found_reading[1] + shift, found_reading[2])
             break
-        copy = _best_share(aimed, tokens, -shift)[1] if shift else float((aimed[scored] == tokens[scored]).float().mean())
+        copy = _best_share(aimed, tokens, -shift)[1] if shift else (
+            float((aimed[scored] == tokens[scored]).float().mean()))
         time_axis = reading[0] if reading is not None and reading[1] == 1 else None
         next_share = reading[2] if time_axis is not None else _best_share(aimed, tokens, 1 - shift)[1]
         common = {"samples": int(tokens.shape[1 - time_axis]) if time_axis is not None else 0,
@@ -192,8 +194,8 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
             "must predict — a missing or wrong causal mask, a bidirectional recurrent layer, a convolution "
             "not padded on the left only"))  # fmt: skip
     return CausalityResult(status="passed", future_visible=False, **common, message=(
-        f"targets are the next tokens at {next_share:.0%} of the scored positions{reads}, and changing the tokens after "
-        f"position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
+        f"targets are the next tokens at {next_share:.0%} of the scored positions{reads}, and changing the tokens "
+        f"after position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
 
 
 def _token_inputs(inputs: object, targets: object) -> list[torch.Tensor] | str:
