@@ -328,3 +328,44 @@ class SumShifted(nn.Module):
 
     def forward(self, x):
         return torch.sigmoid(self.linear(x) + 0.01 * torch.sum(x))
+
+
+class AttentionSeq2Seq(nn.Module):
+    """pytorch-seq2seq's notebook 3 in miniature: time-major ``forward(src, trg, ratio)``,
+    Bahdanau attention over the source positions (``softmax_dim=1``; the reported bug takes
+    it over the batch, 0), a teacher-forcing coin per step from Python's ``random``."""
+
+    def __init__(self, softmax_dim: int = 1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.softmax_dim = softmax_dim
+        self.src_emb, self.trg_emb = nn.Embedding(9, 8), nn.Embedding(9, 8)
+        self.encoder, self.decoder = nn.GRU(8, 12), nn.GRUCell(8 + 12, 12)
+        self.score, self.head = nn.Linear(24, 1), nn.Linear(12, 9)
+
+    def forward(self, src, trg, ratio):
+        import random
+
+        enc = self.encoder(self.src_emb(src))[0]  # (src len, batch, 12)
+        hidden, token = enc[-1], trg[0]
+        outputs = torch.zeros(trg.shape[0], trg.shape[1], 9)
+        for t in range(1, trg.shape[0]):
+            energy = self.score(torch.cat([hidden.expand(len(enc), -1, -1), enc], dim=2)).squeeze(2).t()
+            weights = torch.softmax(energy, dim=self.softmax_dim)  # (batch, src len)
+            context = (weights.t().unsqueeze(2) * enc).sum(0)
+            hidden = self.decoder(torch.cat([self.trg_emb(token), context], dim=1), hidden)
+            outputs[t] = self.head(hidden)
+            token = trg[t] if random.random() < ratio else outputs[t].argmax(1)
+        return outputs
+
+
+def test_a_decoders_targets_per_position_beside_a_longer_source_are_read_along_the_batch():
+    g = torch.Generator().manual_seed(0)
+    src, trg = torch.randint(0, 9, (7, 10), generator=g), torch.randint(0, 9, (5, 10), generator=g)
+    healthy = sample_independence(AttentionSeq2Seq(), ((src, trg, 0.5), trg))
+    assert healthy.status == "passed" and healthy.batch_axis == 1 and healthy.samples == 10
+    mixed = sample_independence(AttentionSeq2Seq(softmax_dim=0), ((src, trg, 0.5), trg))
+    assert mixed.status == "failed" and mixed.changed_samples > 0
+    # a language model's (batch, time) targets still cannot tell the batch from time
+    tokens = torch.randint(0, 9, (6, 8), generator=g)
+    assert sample_independence(AttentionSeq2Seq(), ((tokens, tokens, 0.5), tokens)).status == "skipped"

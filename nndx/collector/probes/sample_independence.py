@@ -39,7 +39,15 @@ samples, they mix); a recurrent model is as causal along time as a bug is along 
 batch, so one moving axis alone proves nothing. Targets per position (a language model's
 ``(batch, time)`` labels look the same as time-major ones; a 1-D run of token ids with a
 target each is one unbatched sentence as much as a batch of tokens) or no targets: the
-probe says ``skipped``.
+probe says ``skipped`` — unless one axis length is shared by every tensor of the batch: a
+decoder's ``(time, batch)`` targets beside a source of another length have the batch only
+in common.
+
+Randomness in the forward: both forwards start from one seed, so a draw that does not
+depend on the samples (pytorch-seq2seq's teacher-forcing coin per step) is the same in
+both. A forward that draws as many times as the samples say (GraphSAGE's neighbour
+sampling) ends the stream elsewhere for the changed batch; then moved outputs cannot tell
+mixing from sampling, and the probe says ``skipped``.
 """
 
 from __future__ import annotations
@@ -108,8 +116,11 @@ def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceRes
         return SampleIndependenceResult(status="skipped", batch_axis=axis, samples=samples,
                                         message="the batch's two halves hold the same samples: nothing to change")  # fmt: skip
     with ForwardObserver(model) as seen:
-        (before, order), draws = _prediction(model, inputs)
-        (after, _), _ = _prediction(model, changed_inputs)
+        (before, order), drawn = _prediction(model, inputs)
+        (after, _), drawn_after = _prediction(model, changed_inputs)
+    # both forwards start from one seed: the same draws in both (a teacher-forcing coin per
+    # step) leave the streams where each other left them; draws that follow the samples do not
+    draws = drawn != drawn_after
     out_axis = _output_axis(before, samples, axis)
     if out_axis is None or after.shape != before.shape:
         return SampleIndependenceResult(status="skipped", batch_axis=axis, samples=samples, message=(
@@ -129,8 +140,9 @@ def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceRes
     if moved and draws:
         return SampleIndependenceResult(status="skipped", **common, message=(
             f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward draws "
-            "from Python's or numpy's random stream (sampling a graph's neighbours, say): other samples' draws shift "
-            "with the replaced ones, so this cannot tell mixing from sampling"))  # fmt: skip
+            "from Python's or numpy's random stream as many times as the samples say (sampling a graph's "
+            "neighbours): other samples' draws shift with the replaced ones, so this cannot tell mixing from "
+            "sampling"))  # fmt: skip
     if moved and order is not None:
         return SampleIndependenceResult(status="skipped", **common, message=(
             f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, and the model returns "
@@ -195,14 +207,18 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
         return [], "a sparse input (a graph's adjacency, say): its rows are not samples the probe can swap"
     if target is None or target.dim() == 0:
         return [], "no targets to tell which axis of the inputs holds the samples"
+    shared = _shared_length(inputs, targets) if target.dim() >= 2 else None
     # a trailing axis of one (a regression's (N, 1) targets for (N, 1) inputs) is no time axis
-    if target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()]) and max(target.shape[1:]) > 1:
+    per_position = target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()])
+    if per_position and max(target.shape[1:]) > 1 and shared is None:
         return [], (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
                       "the batch axis cannot be told from a time axis")  # fmt: skip
     if first.dim() == 1 and not first.is_floating_point() and tuple(target.shape) == tuple(first.shape):
         return [], (f"token ids {list(first.shape)} with a target each: one unbatched sequence (an LSTM tagger "
                       "fed a sentence at a time) cannot be told from a batch of single tokens")  # fmt: skip
-    samples = int(target.shape[0])
+    # targets per position of a decoder (time, batch) beside a source of another length: the
+    # batch is the one length every tensor has
+    samples = shared if shared is not None else int(target.shape[0])
     axes = [a for a in range(first.dim()) if first.shape[a] == samples]
     if not axes:
         return [], f"no axis of the inputs {list(first.shape)} has the {samples} samples of the targets"
@@ -214,6 +230,13 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
     return axes, ""
 
 
+def _shared_length(inputs: object, targets: object) -> int | None:
+    """The one axis length (over 1) that every batched tensor of the batch has, if exactly one."""
+    tensors = [t for t in (*iter_tensors(inputs), *iter_tensors(targets)) if t.dim() >= 1]
+    common = set.intersection(*({int(n) for n in t.shape if n > 1} for t in tensors)) if tensors else set()
+    return common.pop() if len(common) == 1 else None
+
+
 def _replace_first(t: torch.Tensor, axis: int, samples: int, count: int) -> torch.Tensor:
     """``t`` with its first ``count`` samples along ``axis`` replaced by its last ``count``."""
     if t.dim() <= axis or t.shape[axis] != samples:
@@ -223,18 +246,17 @@ def _replace_first(t: torch.Tensor, axis: int, samples: int, count: int) -> torc
     return changed
 
 
-def _prediction(model: nn.Module, inputs: object) -> tuple[tuple[torch.Tensor, torch.Tensor | None], bool]:
+def _prediction(model: nn.Module, inputs: object) -> tuple[tuple[torch.Tensor, torch.Tensor | None], tuple]:
     """The eval-mode prediction with the ordering of the samples the model returned beside
-    it (an integer tensor holding a permutation of their indices), and whether the forward
-    drew from Python's or numpy's stream."""
+    it (an integer tensor holding a permutation of their indices), and where the forward
+    left Python's and numpy's streams (it starts them from one seed)."""
     seed_all(SEED)  # the same random draws in both forwards: only the changed sample differs
-    start = global_draws()
     output = forward(model, inputs)
     out = next(iter_tensors(prediction(output)), None)
     if out is None:
         raise ValueError("the model returned no tensor")
     order = next((t for t in iter_tensors(output) if _is_permutation(t)), None)
-    return (out.detach().float(), order), global_draws() != start
+    return (out.detach().float(), order), global_draws()
 
 
 def _is_permutation(t: torch.Tensor) -> bool:
