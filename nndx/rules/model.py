@@ -356,7 +356,8 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     detects="An observed forward (the probes' own) ran a view/reshape in the model's own code whose output "
     "has an axis that is neither a piece of one input axis nor whole input axes merged, but straddles the "
     "boundary between two, with the length of an input axis: x.view(T, B, F) for x.transpose(0, 1), "
-    "x.view(B, nh, T, hs) to split attention heads. torch's own modules are not read.",
+    "x.view(B, nh, T, hs) to split attention heads. torch's own modules are not read, nor a view of a tensor "
+    "just padded by cat or pad: relative attention's skew (Transformer-XL's _rel_shift) interleaves on purpose.",
     why="view and reshape only regroup memory in order: asking for the sizes of a permuted tensor gives the "
     "right shape with the elements interleaved across the two axes (time steps mixed with samples, or with "
     "channels). Nothing errors; the model learns from scrambled inputs, or mixes positions in attention.",

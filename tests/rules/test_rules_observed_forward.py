@@ -333,3 +333,41 @@ def test_splits_and_merges_of_axes_are_not_interleaving():
                   ([8, 784], [8, 1, 28, 28]), ([32, 16, 96], [32, 1536]), ([16, 16, 8], [16, 16, 8])]  # fmt: skip
     assert all(moved_axis(before, after) for before, after in interleaving)
     assert not any(moved_axis(before, after) for before, after in regrouping)
+
+
+class RelativeShiftAttention(nn.Module):
+    """Transformer-XL's relative attention: scores against relative positions, moved into
+    place by ``_rel_shift`` — pad a zero column, view the padded (q, k + 1) scores as
+    (k + 1, q), drop the first row, view back. The view interleaves on purpose: each row
+    slides by one. ``skew="view_of_unpadded"`` is the same regrouping without the padding (a bug)."""
+
+    def __init__(self, skew: str = "padded") -> None:
+        super().__init__()
+        self.embed, self.q, self.r = nn.Embedding(11, 16), nn.Linear(16, 16), nn.Parameter(torch.randn(16, 16))
+        self.out, self.skew = nn.Linear(16, 11), skew
+
+    def _rel_shift(self, x):  # x: (q, k, batch)
+        if self.skew == "view_of_unpadded":
+            return x.reshape(x.size(1), x.size(0), *x.size()[2:]).reshape_as(x)
+        zero_pad = torch.zeros((x.size(0), 1, *x.size()[2:]), dtype=x.dtype)
+        x_padded = torch.cat([zero_pad, x], dim=1)
+        x_padded = x_padded.view(x.size(1) + 1, x.size(0), *x.size()[2:])
+        return x_padded[1:].view_as(x)
+
+    def forward(self, idx):  # idx: (time, batch)
+        h = self.embed(idx)
+        keys = torch.cat([h[:4].detach(), h])  # a memory of 4 earlier positions in front
+        scores = self._rel_shift(torch.einsum("ibd,jd->ijb", self.q(h), self.r[: len(keys)]))
+        return self.out(torch.einsum("ijb,jbd->ibd", scores.softmax(1), keys))
+
+
+def test_transformer_xl_relative_shift_is_no_reshape_bug():
+    torch.manual_seed(0)
+    batch = (torch.randint(0, 11, (12, 4)), torch.randint(0, 11, (12, 4)))
+
+    def loss(out, y):
+        return F.cross_entropy(out.reshape(-1, 11), y.reshape(-1))
+
+    report = nndx.probe(RelativeShiftAttention(), batch, loss, probes=[])
+    assert report.model.moved_axes == [] and "NNDX404" not in {f.rule_id for f in nndx.diagnose(report).findings}
+    assert nndx.probe(RelativeShiftAttention("view_of_unpadded"), batch, loss, probes=[]).model.moved_axes

@@ -61,6 +61,8 @@ DROPOUT_OPS = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropo
 # values end in one number
 WHOLE_REDUCTIONS = frozenset({"sum", "mean", "nansum", "nanmean", "norm", "std", "var", "prod", "amax", "amin",
                               "max", "min", "logsumexp", "median"})  # fmt: skip
+# ops that pad a tensor on: what relative attention's skew trick views to slide rows by one
+PADDING_OPS = frozenset({"cat", "concat", "concatenate", "pad", "constant_pad_nd"})
 # ops that only move, view or cast values: an activation's output stays that activation's
 SHAPE_OPS = frozenset({"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "permute",
                        "transpose", "t", "__getitem__", "select", "narrow", "expand", "expand_as", "clone",
@@ -162,6 +164,7 @@ class ForwardObserver(TorchFunctionMode):
         self._stats: list[tuple[Call, ActivationStats, list[torch.Tensor]]] = []
         # views/reshapes in the model's own code that move an axis (see moved_axis), in words
         self.moved_axes: list[str] = []
+        self._padded: dict[int, weakref.ref] = {}  # outputs of cat/pad: what a skew trick views
         # a batch_norm called as a function with training=True (MAML's functional learner): batch
         # statistics in any mode, which couple the samples whatever model.eval() says
         self.functional_batch_statistics = False
@@ -299,6 +302,8 @@ class ForwardObserver(TorchFunctionMode):
             self.whole_reductions.append((f"{op} of a {list(first.shape)} tensor{where}", list(first.shape)))
         if op == "batch_norm" and (args[5] if len(args) > 5 else kwargs.get("training", False)):
             self.functional_batch_statistics = True
+        if op in PADDING_OPS and isinstance(out, torch.Tensor):
+            self._padded[id(out)] = weakref.ref(out)
         if op in ("view", "reshape") and first is not None and len(self.moved_axes) < 8:
             self._moved_axis(op, module_name, first, first_output(out))
         kind = vocab.activation_kind(op)
@@ -321,6 +326,11 @@ class ForwardObserver(TorchFunctionMode):
 
     def _moved_axis(self, op: str, module_name: str, first: torch.Tensor, out: torch.Tensor | None) -> None:
         before, after = list(first.shape), list(out.shape) if out is not None else []
+        padded = self._padded.get(id(first))
+        if padded is not None and padded() is first:
+            # relative attention's skew (Transformer-XL's _rel_shift, Music Transformer's): a zero
+            # column padded on, the (q, k + 1) scores viewed as (k + 1, q) so each row slides by one
+            return
         if out is not None and moved_axis(before, after):
             where = f"{module_name}.forward" if module_name else "forward"
             self.moved_axes.append(f"{where}: {op} {before} -> {after}")
