@@ -454,3 +454,25 @@ def test_a_model_that_shifts_its_inputs_itself_is_not_unshifted():
     # the same targets for a model that does not shift: unshifted, as before
     unshifted = causality(LSTMLM(), (x, x.clone()), flat_cross_entropy)
     assert unshifted.status == "failed" and unshifted.unshifted and unshifted.input_shift == 0
+
+
+class PerTokenLossLM(nn.Module):
+    """Transformer-XL's shape: ``forward(data, target)`` on time-major tokens returns
+    ``[per-token loss (time, batch)]``, no logits; its mask sees one token too far when
+    ``causal=False``."""
+
+    def __init__(self, causal: bool = True) -> None:
+        super().__init__()
+        self.gpt = TinyGPT(causal=causal)
+
+    def forward(self, data, target):
+        logits = self.gpt(data.t()).transpose(0, 1)  # (time, batch, vocab)
+        return [-F.log_softmax(logits, dim=-1).gather(2, target[..., None]).squeeze(2)]
+
+
+def test_a_model_that_returns_its_per_token_loss_is_read_from_its_targets():
+    x, y = lm_batch(time_major=True)
+    healthy = causality(PerTokenLossLM(), ((x, y), y), lambda output, _target: output[0].mean())
+    assert healthy.status == "passed" and healthy.time_axis == 0 and healthy.next_fraction == 1.0
+    leaky = causality(PerTokenLossLM(causal=False), ((x, y), y), lambda output, _target: output[0].mean())
+    assert leaky.status == "failed" and leaky.future_visible and leaky.changed_positions > 0

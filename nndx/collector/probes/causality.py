@@ -107,7 +107,8 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     found = _token_inputs(inputs, targets)
     if isinstance(found, str):
         return CausalityResult(status="skipped", message=found)
-    candidates, tokens = found, found[0]
+    target, candidates = found
+    tokens = candidates[0]
     # what depends on which token does not depend on the dtype, and float32 resolves it: a
     # half-precision model (or autocast) is compared on a float32 copy
     with preserved_rng(), forwards_under_autocast(None):
@@ -115,7 +116,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         if any(p.dtype in LOW_PRECISION for p in nn.Module.parameters(model_copy)):
             model_copy.float()
             inputs = map_tensors(inputs, lambda t: t.float() if t.dtype in LOW_PRECISION else t)
-        read = _loss_targets(model_copy, inputs, targets, loss_fn, tokens)
+        read = _loss_targets(model_copy, inputs, targets, loss_fn, tokens, target)
         if isinstance(read, str):
             return CausalityResult(status="skipped", message=read)
         aimed, which_output = read
@@ -198,15 +199,16 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         f"after position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
 
 
-def _token_inputs(inputs: object, targets: object) -> list[torch.Tensor] | str:
-    """The integer token tensors of the inputs that a target tensor is laid out over, the
-    likeliest first, or why none. Every target is tried in turn: a model trained on several
-    objectives (BERT's next-sentence label per sample and masked-token labels per token)
-    has its per-token targets anywhere among them."""
-    found = [_tokens_for(inputs, t) for t in iter_tensors(targets)] if targets is not None else []
+def _token_inputs(inputs: object, targets: object) -> tuple[torch.Tensor, list[torch.Tensor]] | str:
+    """A per-token target and the integer token tensors of the inputs it is laid out over,
+    the likeliest first, or why none. Every target is tried in turn: a model trained on
+    several objectives (BERT's next-sentence label per sample and masked-token labels per
+    token) has its per-token targets anywhere among them."""
+    targets = list(iter_tensors(targets)) if targets is not None else []
+    found = [_tokens_for(inputs, t) for t in targets]
     if not found:
         return "no targets: nothing says what each position must predict"
-    return next((f for f in found if not isinstance(f, str)), found[0])
+    return next(((t, f) for t, f in zip(targets, found) if not isinstance(f, str)), found[0])
 
 
 def _tokens_for(inputs: object, target: torch.Tensor) -> list[torch.Tensor] | str:
@@ -236,11 +238,14 @@ def _tokens_for(inputs: object, target: torch.Tensor) -> list[torch.Tensor] | st
     return sorted(others, key=lambda t: -torch.unique(t).numel()) + equal
 
 
-def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn,
-                  tokens: torch.Tensor) -> tuple[torch.Tensor, int] | str:  # fmt: skip
+def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, tokens: torch.Tensor,
+                  target: torch.Tensor) -> tuple[torch.Tensor, int] | str:  # fmt: skip
     """For each position of ``tokens``, the token the loss pushes that position's output
     towards (its most negative gradient), or -1 where the loss ignores the position; and
-    which of the model's outputs (:func:`_float_outputs`) has an entry per position."""
+    which of the model's outputs (:func:`_float_outputs`) has an entry per position. An
+    output of one value per position (a per-token loss the model computes itself, as
+    Transformer-XL's; a score per position, as SASRec's) has no token to read: there the
+    per-token ``target`` is what each position is asked for, where the loss reads it."""
     seed_all(SEED)
     with torch.enable_grad():
         output = forward(model, inputs)
@@ -260,7 +265,7 @@ def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: Lo
         if isinstance(grad, str):
             reasons.append(grad)
             continue
-        aimed = grad.argmin(dim=-1)
+        aimed = grad.argmin(dim=-1) if grad.shape[-1] > 1 else target.reshape(tokens.shape).to(grad.device)
         return torch.where(grad.abs().amax(dim=-1) > 0, aimed, torch.full_like(aimed, -1)).to(tokens.device), index
     if reasons:
         return reasons[0]
@@ -290,6 +295,9 @@ def _per_position(out: torch.Tensor, shape: torch.Size, time_axis: int | None):
         aligned = out.transpose(0, 1)
     elif out.dim() == 3 and out.shape[0] == a0 and out.shape[2] == a1:
         aligned = out.movedim(2, 1)  # (batch, classes, time), the layout cross_entropy takes
+    elif out.shape in ((a0, a1), (a1, a0)) or (out.dim() == 1 and out.numel() == a0 * a1):
+        # one value per position (a per-token loss or score), in the tokens' layout first
+        aligned = out.reshape(a0, a1, 1) if out.shape != (a1, a0) or a0 == a1 else out.transpose(0, 1)[..., None]
     else:
         message = f"the model's output {list(out.shape)} has no entry per input position {list(shape)}"
         if time_axis is None:
