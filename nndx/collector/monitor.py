@@ -196,9 +196,13 @@ class Monitor:
 
     def _attach(self) -> None:
         hooks, watched = self.hooks, self.watched
+        layer_forward = self._guard("forward", self.loop.layer_forward)
         for name, m in watched.models.items():
             hooks.add(f"model {name!r}", lambda m=m: [m.register_forward_pre_hook(self._event("on_forward"), with_kwargs=True),
                                                       m.register_forward_hook(partial(self._dispatch, "on_forward_end"))])
+            # model.forward(...) called directly skips the hooks above; its layers' still run
+            hooks.add(f"layers of model {name!r}", lambda m=m: [
+                c.register_forward_pre_hook(lambda _c, _args, m=m: layer_forward(m)) for c in m.children()])
         for i, o in enumerate(watched.optimizers):
             hooks.add(f"optimizer {i}", lambda o=o: [o.register_step_pre_hook(self._guard("step_pre", self._on_step_begin)),
                                                      o.register_step_post_hook(self._on_step_end)])  # fmt: skip

@@ -435,6 +435,35 @@ def test_training_in_train_mode_is_not_counted_whatever_runs_in_eval_mode():
     assert loop.backward_after_eval_forward == 0 and loop.backward_calls == 3
 
 
+def test_a_forward_called_directly_still_tells_the_mode():
+    """barlowtwins' main.py trains with ``loss = model.forward(y1, y2)``: the model's own hooks
+    never fire, its layers' do, and model.eval() without model.train() back is still seen."""
+    model, opt, mon = monitored(make_model(dropout=True))
+    x, y = batch()
+
+    def step():
+        opt.zero_grad()
+        nn.functional.cross_entropy(model.forward(x), y).backward()
+        opt.step()
+
+    step()
+    model.eval()
+    step()
+    step()
+    loop = mon.report().loop
+    mon.close()
+    assert loop.backward_after_eval_forward == 2 and loop.backward_calls == 3
+    # a layer frozen in eval mode inside a training model, called the same way: not counted
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    model[1].eval()
+    model, opt, mon = monitored(model)
+    step()
+    step()
+    assert mon.report().loop.backward_after_eval_forward == 0
+    mon.close()
+
+
 # ---------------------------------------------------------------- LR, clipping, inputs
 
 

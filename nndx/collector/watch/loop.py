@@ -18,7 +18,8 @@ Counting conventions (what the rules read):
 - ``backward_after_eval_forward`` counts the mirror image: backward passes whose last
   forward of the model ran in eval mode (``model.eval()`` for validation, and no
   ``model.train()`` back), in those same models; ``first_eval_backward_step`` is the
-  step of the first.
+  step of the first. A loop that calls ``model.forward(...)`` directly skips the model's
+  hooks; its layers' forwards tell the mode then.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class LoopCounts(Watcher):
         self.backward_after_eval_forward = 0
         self.first_eval_backward_step: int | None = None
         self._last_forward_in_eval = False
+        self._in_forward: set[int] = set()  # models inside their own forward (between its hooks)
         self._reset_since_backward = False
         self._never_grad = dict(watched.params)
         self._frozen_before = frozen_fingerprints(watched.root)  # frozen weights a momentum update moves
@@ -129,11 +131,22 @@ class LoopCounts(Watcher):
         self.steps_without_reset = {id(o): 0 for o in watched.optimizers}
 
     def on_forward(self, ctx: StepContext, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._in_forward.add(id(module))
         self.forward_calls += 1
         if not torch.is_grad_enabled() and module.training and self._mode_matters.get(id(module), False):
             self.no_grad_forwards_in_train_mode += 1
         if torch.is_grad_enabled():
             self._last_forward_in_eval = not module.training and self._mode_matters.get(id(module), False)
+
+    def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
+        self._in_forward.discard(id(module))
+
+    def layer_forward(self, model: nn.Module) -> None:
+        """A direct child of ``model`` ran outside ``model``'s own forward: the loop called
+        ``model.forward(...)`` itself (barlowtwins' ``loss = model.forward(y1, y2)``), which
+        skips the model's hooks. Its mode is still ``model.training``."""
+        if id(model) not in self._in_forward and torch.is_grad_enabled():
+            self._last_forward_in_eval = not model.training and self._mode_matters.get(id(model), False)
 
     def on_backward_start(self, ctx: StepContext) -> None:
         if not self._reset_since_backward and self._reference.happened():
