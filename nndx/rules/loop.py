@@ -482,6 +482,8 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
 # whole run, rising only in plateaus of at least PLATEAU_RECORDS equal recorded steps, advances
 # once per epoch or iteration where it was sized in optimizer steps (NNDX327)
 UNREACHED_SHARE = 0.1
+# still climbing at the end of the run and under half its LR: a warm-up that was never going to end
+CLIMBING_SHARE = 0.5
 PLATEAU_RECORDS = 3
 
 
@@ -491,8 +493,9 @@ PLATEAU_RECORDS = 3
     "warning",
     "A warm-up stepped too rarely never reaches its learning rate",
     detects="The optimizer's LR rose during the run but stayed under a tenth of the LR its scheduler scales (the "
-    "param groups' initial_lr), and it rose in plateaus: the same LR over at least 3 recorded steps before each "
-    "rise. A warm-up stepped every optimizer step rises at every record; one cut short by a short run does not "
+    "param groups' initial_lr) — or under half of it while still climbing at the run's end, after 3 rises or "
+    "more — and it rose in plateaus: the same LR over at least 3 recorded steps before each rise. A warm-up "
+    "stepped every optimizer step rises at every record; one cut short by a short run does not "
     "plateau.",
     why="A warm-up sized in optimizer steps (LambdaLR(lambda s: min(1, (s + 1) / warmup_steps)), Hugging Face's "
     "get_linear_schedule_with_warmup) but stepped once per epoch or iteration advances a step at a time per "
@@ -510,14 +513,16 @@ def warmup_stepped_rarely(report: DiagnosticReport) -> Hit | None:
     lrs = [max(finite(p.lrs) or [0.0]) for p in history]
     base, peak = max(scheduled), max(lrs)
     rises = [i for i in range(1, len(lrs)) if lrs[i] > lrs[i - 1] * (1 + 1e-9)]
-    if not rises or peak >= UNREACHED_SHARE * base or lrs[-1] <= lrs[0]:
+    climbing = lrs[-1] >= peak and peak < CLIMBING_SHARE * base and len(rises) >= 3
+    if not rises or (peak >= UNREACHED_SHARE * base and not climbing) or lrs[-1] <= lrs[0]:
         return None
     starts = [0] + rises
     if any(b - a < PLATEAU_RECORDS for a, b in zip(starts, starts[1:])):
         return None  # it rose between consecutive records somewhere: stepped as often as recorded
     return Hit(
         symptom=f"the LR rose from {lrs[0]:.3g} to {peak:.3g} in {len(rises)} jumps between plateaus and never "
-        f"reached a tenth of the {base:.3g} its scheduler scales: a warm-up stepped once per epoch or iteration",
+        f"reached {'half' if peak >= UNREACHED_SHARE * base else 'a tenth'} of the {base:.3g} its scheduler scales: "
+        "a warm-up stepped once per epoch or iteration",
         evidence={"scheduled_lr": base, "lr_peak": peak, "lr_first": lrs[0], "rises": len(rises),
                   "first_rise_step": history[rises[0]].step, "recorded_steps": len(lrs)},  # fmt: skip
         score=1.5,
