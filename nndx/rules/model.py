@@ -208,8 +208,11 @@ def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
     """(layer, output units) of the Linear layers in order: from the weight shapes
     ([out, in]) of the parameters, else from the recorded output shapes. A convolution's
     channels are no bottleneck (each is a whole feature map: 8 channels of 8x8 hold 512
-    features), so conv kernels are left out."""
-    seen = [(layer, shape[0]) for layer, shape in _weight_shapes(report).items() if len(shape) == 2]
+    features), so conv kernels are left out; so are embedding tables ([rows, features]: BERT's
+    token-type table of 2 rows gives 64 features, not 2)."""
+    tables = {layer.name for layer in report.model.layers if "Embedding" in layer.type} if report.model else set()
+    seen = [(layer, shape[0]) for layer, shape in _weight_shapes(report).items()
+            if len(shape) == 2 and layer not in tables]  # fmt: skip
     if seen:
         return seen
     model = report.model

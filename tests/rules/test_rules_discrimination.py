@@ -125,6 +125,19 @@ def test_bottleneck_width_comes_from_the_weight_shapes():
     ]
     convnet = BASE.model_copy(update={"num_classes": 10, "parameters": conv, "loss_history": stalled})
     assert "NNDX403" not in _found(convnet)
+    # BERT's token-type table has 2 rows of 64 features: its width is 64, not 2
+    from nndx.report import LayerInfo
+
+    tables = [
+        ParameterStats(name="embeddings.word.weight", shape=[30, 64], weight_norm=1.0),
+        ParameterStats(name="embeddings.token_type.weight", shape=[2, 64], weight_norm=1.0),
+        ParameterStats(name="head.weight", shape=[11, 64], weight_norm=1.0),
+    ]
+    layers = [LayerInfo(name="embeddings.word", type="Embedding"), LayerInfo(name="embeddings.token_type",
+              type="Embedding"), LayerInfo(name="head", type="Linear")]  # fmt: skip
+    bert = BASE.model_copy(update={"num_classes": 11, "parameters": tables, "loss_history": stalled,
+                                   "model": BASE.model.model_copy(update={"layers": layers})})  # fmt: skip
+    assert "NNDX403" not in _found(bert)
 
 
 def test_grad_check_small_bug_is_an_error_but_unresolved_kinks_are_not():
