@@ -321,7 +321,9 @@ def _lr_decays(report: DiagnosticReport) -> bool:
     if report.loop is None or len(report.loop.lr_history) < 2:
         return False
     firsts = [max(finite(p.lrs) or [0.0]) for p in sorted(report.loop.lr_history, key=lambda p: p.step)]
-    return min(firsts) < 0.5 * firsts[0]
+    # from its peak: a warm-up first (Hugging Face's linear schedule starts at 0) is no decay, nor is it constant
+    peak = max(range(len(firsts)), key=lambda i: firsts[i])
+    return min(firsts[peak:]) < 0.5 * firsts[peak]
 
 
 @rule(

@@ -102,6 +102,13 @@ def test_plateau_after_decrease_is_info_only():
     report = DiagnosticReport(loss_history={"train": points(values)})
     plateau = [f for f in diagnose(report).findings if f.rule_id == "NNDX105"]
     assert plateau and plateau[0].severity == "info"
+    # a learning rate that decays is no constant one, warm-up from 0 first (Hugging Face's linear schedule)
+    from nndx.report import LoopStats, LRPoint
+
+    for warmup in (0.0, 1e-4):
+        lrs = [warmup + (1e-3 - warmup) * i / 10 if i < 10 else 1e-3 * (100 - i) / 90 for i in range(0, 100, 2)]
+        decaying = LoopStats(steps=100, lr_history=[LRPoint(step=2 * i, lrs=[lr]) for i, lr in enumerate(lrs)])
+        assert "NNDX105" not in {f.rule_id for f in diagnose(report.model_copy(update={"loop": decaying})).findings}
 
 
 def test_a_constant_lr_noise_floor_is_a_plateau_a_quiet_converged_loss_is_not():
