@@ -86,6 +86,7 @@ def check_data(
     progress: bool | None = None,
     index_features: Sequence[int] = (),
     scaled_features: Sequence[int] = (),
+    label_positions: bool = False,
 ) -> DataStats:
     """Measure a training split (and optionally a test/validation split) for the data
     bugs that crash nothing: NaNs, unnormalised inputs, float or one-hot labels, class
@@ -96,6 +97,10 @@ def check_data(
     scale statistics (``nndx.probe`` finds them in the model's forward). So are
     ``scaled_features``, columns the model standardises itself (a stored mean and std
     applied in ``forward``): their raw scale is no bug.
+
+    ``label_positions``: the integer labels point at positions of each input sequence (an
+    extractive QA model's answer starts, a pointer network's targets; ``nndx.probe`` sees one
+    logit per input token): they are no classes, so no class counts and none missing.
 
     ``task`` ("classification"/"regression") is inferred from the labels when None.
     ``num_classes`` is the number of classes the model predicts; classes in
@@ -138,7 +143,10 @@ def check_data(
     # Classes seen in one split are expected in the other; num_classes in both.
     results = [r for r in (train_result, test_result) if r is not None]
     classification = [r.labels for r in results if r.labels is not None and r.labels.classes is not None]
-    if task == "classification" or (task is None and classification):
+    if label_positions:
+        for labels in classification:
+            labels.counts, labels.missing = {}, []
+    elif task == "classification" or (task is None and classification):
         all_seen = set().union(*(lab.classes for lab in classification)) if classification else set()
         for labels in classification:
             expected = set(all_seen)

@@ -184,7 +184,7 @@ def probe(
         else:
             ok, found = guard.attempt("data", lambda: _model_read_columns(setup, data))
             columns = found if ok else ([], [])
-            ok, checked = guard.attempt("data", lambda: _check_data(data, report, columns))
+            ok, checked = guard.attempt("data", lambda: _check_data(data, report, columns, setup))
             if ok:
                 report.data = checked
     report.run.finished_at = datetime.now(timezone.utc)
@@ -206,6 +206,9 @@ class _Setup:
     autocast: tuple[str, torch.dtype] | None
     notes: list[str] = field(default_factory=list)
     diverged: bool = False  # the current weights hold a NaN/Inf
+    # the prediction has one logit per input token (an extractive QA model's span starts, a pointer
+    # network): class-index targets then point at positions, they are no classes
+    position_logits: bool = False
 
     @classmethod
     def make(cls, model: nn.Module, batch: Batch, loss_fn: LossFn, optimizer: torch.optim.Optimizer | None,
@@ -512,16 +515,28 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         if inner is not None and outer is not None:
             outer.update({"applies": inner.applies, "broadcast_shape": inner.broadcast_shape})
     report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
+    setup.position_logits = _position_logits(inputs, predicted)
     if report.model is not None:
         report.model = observed_summary(report.model, seen, output)
     report.loop = report.loop or LoopStats()
     report.loop.loss_calls = calls.records()
 
 
-def _check_data(data: Sequence[Any], report: DiagnosticReport, columns: tuple[list[int], list[int]]) -> Any:
+def _position_logits(inputs: Any, predicted: Any) -> bool:
+    """Whether the prediction is one logit per token of an integer (batch, tokens) input."""
+    first = next(iter_tensors(predicted), None)
+    if first is None or not first.is_floating_point() or first.dim() != 2 or first.shape[1] < 4:
+        return False
+    return any(t.shape == first.shape and not t.is_floating_point() and t.dtype != torch.bool
+               for t in iter_tensors(inputs))  # fmt: skip
+
+
+def _check_data(data: Sequence[Any], report: DiagnosticReport, columns: tuple[list[int], list[int]],
+                setup: _Setup) -> Any:  # fmt: skip
     x_val, y_val = (data[2], data[3]) if len(data) == 4 else (None, None)
     return check_data(data[0], data[1], x_test=x_val, y_test=y_val, task=report.task, num_classes=report.num_classes,
-                      index_features=columns[0], scaled_features=columns[1])  # fmt: skip
+                      index_features=columns[0], scaled_features=columns[1],
+                      label_positions=setup.position_logits)  # fmt: skip
 
 
 def _model_read_columns(setup: _Setup, data: Sequence[Any]) -> tuple[list[int], list[int]]:

@@ -1061,3 +1061,36 @@ def test_a_discriminator_inside_the_generators_loss_is_probed_on_a_copy():
         forwards = mon_d.report().loop.forward_calls
     assert forwards == 0
     assert_untouched(before, discriminator)
+
+
+class SpanHead(nn.Module):
+    """run_qa's shape in miniature: a start and an end logit per input token."""
+
+    def __init__(self, positions: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(30, 8), nn.Linear(8, 2 if positions else 5)
+        self.positions = positions
+
+    def forward(self, ids):
+        h = self.head(self.embed(ids))  # (batch, tokens, 2)
+        return tuple(h.unbind(-1)) if self.positions else h.mean(1)
+
+
+def test_labels_that_point_at_input_positions_have_no_missing_classes():
+    """An extractive QA model's answer starts index the tokens: positions no answer starts
+    at (the question's) are no classes missing. A classifier's gap in its labels still is."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 30, (64, 20), generator=g)
+    starts = torch.tensor([6, 10, 11, 14, 15, 16])[torch.randint(0, 6, (64,), generator=g)]
+
+    def span_loss(output, y):
+        return nn.functional.cross_entropy(output[0], y)
+
+    report = nndx.probe(SpanHead(), (ids[:8], starts[:8]), span_loss, data=(ids, starts), probes=[])
+    assert report.data.train.missing_classes == [] and report.data.train.class_counts == {}
+    assert "NNDX507" not in {f.rule_id for f in nndx.diagnose(report).findings}
+    labels = torch.tensor([0, 1, 2, 4])[torch.randint(0, 4, (64,), generator=g)]
+    classifier = nndx.probe(SpanHead(False), (ids[:8], labels[:8]), nn.functional.cross_entropy,
+                            data=(ids, labels), probes=[])  # fmt: skip
+    assert classifier.data.train.missing_classes == ["3"]
