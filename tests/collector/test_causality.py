@@ -461,12 +461,14 @@ class PerTokenLossLM(nn.Module):
     ``[per-token loss (time, batch)]``, no logits; its mask sees one token too far when
     ``causal=False``."""
 
-    def __init__(self, causal: bool = True) -> None:
+    def __init__(self, causal: bool = True, dead: bool = False) -> None:
         super().__init__()
-        self.gpt = TinyGPT(causal=causal)
+        self.gpt, self.dead = TinyGPT(causal=causal), dead
 
     def forward(self, data, target):
         logits = self.gpt(data.t()).transpose(0, 1)  # (time, batch, vocab)
+        if self.dead:  # an LR far too high left one prediction for every input
+            logits = self.gpt.head.bias.expand_as(logits)
         return [-F.log_softmax(logits, dim=-1).gather(2, target[..., None]).squeeze(2)]
 
 
@@ -476,3 +478,6 @@ def test_a_model_that_returns_its_per_token_loss_is_read_from_its_targets():
     assert healthy.status == "passed" and healthy.time_axis == 0 and healthy.next_fraction == 1.0
     leaky = causality(PerTokenLossLM(causal=False), ((x, y), y), lambda output, _target: output[0].mean())
     assert leaky.status == "failed" and leaky.future_visible and leaky.changed_positions > 0
+    # its loss reads the targets, not the tokens: they are never taken for what the model reads
+    dead = causality(PerTokenLossLM(dead=True), ((x, y), y), lambda output, _target: output[0].mean())
+    assert dead.status == "skipped" and "depend" in dead.message

@@ -119,7 +119,10 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         read = _loss_targets(model_copy, inputs, targets, loss_fn, tokens, target)
         if isinstance(read, str):
             return CausalityResult(status="skipped", message=read)
-        aimed, which_output = read
+        aimed, which_output, read_off_target = read
+        if read_off_target:
+            # the targets were read off the batch: the target tensor compared with itself says nothing
+            candidates = [c for c in candidates if not (c.shape == target.shape and torch.equal(c, target))]
         scored = aimed >= 0
         n_scored = int(scored.sum())
         if n_scored == 0:
@@ -127,7 +130,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         with torch.no_grad(), ForwardObserver(model_copy) as seen:
             before_raw = _outputs(model_copy, inputs, which_output)
         tolerance = roundoff_tolerance(model_copy, [before_raw], seen.lowest_precision)
-        reading, shift = None, 0
+        reading, shift, unread = None, 0, False
         for candidate in candidates:
             found_reading = _reading(aimed, candidate)
             if found_reading is None:
@@ -138,6 +141,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
                       for a in axes}  # fmt: skip
             axis = max(shifts, key=lambda a: shifts[a] if shifts[a] is not None else -1)
             if shifts[axis] is None:
+                unread = True
                 continue  # not read: the targets handed to a model that computes its own loss
             shift = shifts[axis]
             tokens = candidate
@@ -171,6 +175,11 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
                 "that shifts its labels itself, or a decoder's output[:-1] paired with trg[1:]; next-token targets are "
                 "inputs[:, 1:] for inputs[:, :-1]")  # fmt: skip
             return result
+        if reading is None and unread:
+            return CausalityResult(status="skipped", unshifted=False, **common, message=(
+                "changing one token per sample moved no output: the outputs do not depend on the tokens the targets "
+                "follow (a network whose prediction no longer depends on its input, or tokens the model does not "
+                "read), so what each position sees cannot be told"))  # fmt: skip
         if time_axis is None:
             return CausalityResult(status="skipped", unshifted=False, **common, message=(
                 f"the loss's targets are the next input token at only {next_share:.0%} of the scored positions (the "
@@ -239,13 +248,14 @@ def _tokens_for(inputs: object, target: torch.Tensor) -> list[torch.Tensor] | st
 
 
 def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, tokens: torch.Tensor,
-                  target: torch.Tensor) -> tuple[torch.Tensor, int] | str:  # fmt: skip
+                  target: torch.Tensor) -> tuple[torch.Tensor, int, bool] | str:  # fmt: skip
     """For each position of ``tokens``, the token the loss pushes that position's output
     towards (its most negative gradient), or -1 where the loss ignores the position; and
     which of the model's outputs (:func:`_float_outputs`) has an entry per position. An
     output of one value per position (a per-token loss the model computes itself, as
     Transformer-XL's; a score per position, as SASRec's) has no token to read: there the
-    per-token ``target`` is what each position is asked for, where the loss reads it."""
+    per-token ``target`` is what each position is asked for, where the loss reads it (and
+    the last item says so)."""
     seed_all(SEED)
     with torch.enable_grad():
         output = forward(model, inputs)
@@ -265,8 +275,10 @@ def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: Lo
         if isinstance(grad, str):
             reasons.append(grad)
             continue
-        aimed = grad.argmin(dim=-1) if grad.shape[-1] > 1 else target.reshape(tokens.shape).to(grad.device)
-        return torch.where(grad.abs().amax(dim=-1) > 0, aimed, torch.full_like(aimed, -1)).to(tokens.device), index
+        one_value = grad.shape[-1] == 1
+        aimed = target.reshape(tokens.shape).to(grad.device) if one_value else grad.argmin(dim=-1)
+        aimed = torch.where(grad.abs().amax(dim=-1) > 0, aimed, torch.full_like(aimed, -1)).to(tokens.device)
+        return aimed, index, one_value
     if reasons:
         return reasons[0]
     return "the loss does not depend on the model's outputs: no way to tell what each position predicts"
