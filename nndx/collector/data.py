@@ -134,10 +134,10 @@ def check_data(
     for name, columns in (("index_features", index_features), ("scaled_features", scaled_features)):
         if columns and (train.x.ndim != 2 or not 0 <= columns[0] <= columns[-1] < train.x.shape[1]):
             raise ValueError(f"{name} {columns} are not columns of samples of shape {list(train.x.shape[1:])}")
-    train_result = _check_split(train, hash_dtype, task, progress, index_features, scaled_features)
+    train_result = _check_split(train, hash_dtype, task, progress, index_features, scaled_features, num_classes)
     if task is None:
         task = train_result.labels.task if train_result.labels is not None else None
-    test_result = (_check_split(test, hash_dtype, task, progress, index_features, scaled_features)
+    test_result = (_check_split(test, hash_dtype, task, progress, index_features, scaled_features, num_classes)
                    if test is not None else None)  # fmt: skip
 
     # Classes seen in one split are expected in the other; num_classes in both.
@@ -438,7 +438,8 @@ class _SplitResult:
 
 
 def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progress: bool | None,
-                 index_features: list[int], scaled_features: list[int]) -> _SplitResult:  # fmt: skip
+                 index_features: list[int], scaled_features: list[int],
+                 num_classes: int | None = None) -> _SplitResult:  # fmt: skip
     x = split.x
     excluded = sorted(set(index_features) | set(scaled_features))
     n = x.shape[0]
@@ -502,7 +503,7 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
         duplicate_fraction=duplicates / n,
         zero_sample_fraction=zero_rows / n,
     )
-    labels = _Labels.measure(split.y, split.y_dtype, task) if split.y is not None else None
+    labels = _Labels.measure(split.y, split.y_dtype, task, num_classes) if split.y is not None else None
     return _SplitResult(split, rows, inputs, labels)
 
 
@@ -656,8 +657,11 @@ class _Labels:
     ignored_count: int = 0
 
     @classmethod
-    def measure(cls, y: np.ndarray, dtype_name: str | None, task: Task | None) -> _Labels:
-        """Encoding, counts and order of labels ``y``; ``task`` None means infer it."""
+    def measure(cls, y: np.ndarray, dtype_name: str | None, task: Task | None,
+                num_classes: int | None = None) -> _Labels:  # fmt: skip
+        """Encoding, counts and order of labels ``y``; ``task`` None means infer it. A
+        class per pixel (segmentation masks, (N, H, W)) is counted per pixel against
+        ``num_classes``; values outside its range are the ignore index (255)."""
         dtype_name = dtype_name or y.dtype.name
         if y.ndim == 2 and y.shape[1] == 1:
             y = y[:, 0]
@@ -681,6 +685,8 @@ class _Labels:
         if task == "classification" and (one_hot or (y.ndim == 1 and integral)):
             class_values = y.argmax(axis=1) if one_hot else values.astype(np.int64)
             labels = cls._classes(class_values, kind, dtype_name)
+        elif task == "classification" and y.ndim >= 3 and y.dtype.kind in "biu" and num_classes:
+            labels = cls._pixel_classes(values.reshape(-1), dtype_name, num_classes)
         else:
             labels = cls(kind=kind, dtype=dtype_name, task=task)
             if task == "regression" and values.size:
@@ -690,6 +696,16 @@ class _Labels:
                 if y.ndim == 1 and values.size >= 10:
                     labels.order_correlation = _rank_correlation_with_position(values)
         labels.nan_count, labels.inf_count = nan_count, inf_count
+        return labels
+
+    @classmethod
+    def _pixel_classes(cls, values: np.ndarray, dtype_name: str, num_classes: int) -> _Labels:
+        inside = (values >= 0) & (values < num_classes)
+        uniques, counts = np.unique(values[inside], return_counts=True)
+        labels = cls(kind="other", dtype=dtype_name, task="classification", classes={str(int(u)) for u in uniques},
+                     counts={str(int(u)): int(c) for u, c in zip(uniques, counts)})  # fmt: skip
+        labels.ignored_count = int((~inside).sum())
+        labels.finish_classes({str(c) for c in range(num_classes)})
         return labels
 
     @classmethod

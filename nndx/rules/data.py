@@ -144,7 +144,8 @@ def duplicates(report: DiagnosticReport) -> list[Hit]:
     C.CLASS_IMBALANCE,
     "warning",
     "Classes imbalanced over 10:1",
-    detects="A train split whose largest class has more than 10 times the samples of its smallest.",
+    detects="A train split whose largest class has more than 10 times the samples of its smallest (classes "
+    "per sample; a segmentation mask's pixels are left alone: background outnumbers every object by nature).",
     why="The model can score high accuracy by predicting the majority class; minority classes get few "
     "gradient signals.",
     fix="Use class weights in the loss or a weighted sampler; report per-class metrics, not accuracy.",
@@ -154,6 +155,8 @@ def class_imbalance(report: DiagnosticReport) -> Hit | None:
     train = report.data.train if report.data is not None else None
     if train is None:
         return None
+    if train.label_kind == "other":
+        return None  # a class per pixel: background outnumbers every object, by nature
     ratio = train.imbalance_ratio
     present = [count for count in train.class_counts.values() if count > 0]
     if (ratio is None or not math.isfinite(ratio)) and len(present) >= 2:

@@ -1094,3 +1094,36 @@ def test_labels_that_point_at_input_positions_have_no_missing_classes():
     classifier = nndx.probe(SpanHead(False), (ids[:8], labels[:8]), nn.functional.cross_entropy,
                             data=(ids, labels), probes=[])  # fmt: skip
     assert classifier.data.train.missing_classes == ["3"]
+
+
+class TinyFCN(nn.Module):
+    """torchvision's segmentation shape: a class score per pixel, (N, C, H, W)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_segmentation_masks_are_counted_per_pixel_with_255_ignored():
+    """A mask through ToTensor (divided by 255, cast back) keeps classes 0 and 1 of 4 (the
+    255 border became 1): classes missing, as a per-sample label would say. A healthy mask's
+    255 border is the ignore index, no class."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 3, 8, 8, generator=g)
+    masks = torch.randint(0, 4, (32, 8, 8), generator=g)
+    masks[:, 0] = 255  # the ignored border
+    loss = nn.CrossEntropyLoss(ignore_index=255)
+
+    def found(y):
+        report = nndx.probe(TinyFCN(), (x[:8], y[:8]), loss, data=(x, y), probes=[])
+        return report, {f.rule_id for f in nndx.diagnose(report).findings}
+
+    healthy, healthy_rules = found(masks)
+    assert healthy.data.train.missing_classes == [] and set(healthy.data.train.class_counts) == {"0", "1", "2", "3"}
+    assert "NNDX507" not in healthy_rules and "NNDX504" not in healthy_rules
+    collapsed, rules = found((masks == 255).long())  # classes / 255 -> 0, the border 255 / 255 -> 1
+    assert collapsed.data.train.missing_classes == ["2", "3"] and "NNDX507" in rules
