@@ -1,3 +1,4 @@
+import pytest
 import torch
 from _probe_models import assert_untouched, batch, mlp, single_thread, snapshot  # noqa: F401
 from torch import nn
@@ -369,3 +370,34 @@ def test_a_decoders_targets_per_position_beside_a_longer_source_are_read_along_t
     # a language model's (batch, time) targets still cannot tell the batch from time
     tokens = torch.randint(0, 9, (6, 8), generator=g)
     assert sample_independence(AttentionSeq2Seq(), ((tokens, tokens, 0.5), tokens)).status == "skipped"
+
+
+class HeldGraph(nn.Module):
+    """DaehanKim/vgae_pytorch's shape: the normalised adjacency is an attribute of the model,
+    not an input; the forward propagates node features over it. ``decoder=True`` returns
+    VGAE's inner-product scores (N, N), otherwise per-node class scores."""
+
+    def __init__(self, adj: torch.Tensor | None, decoder: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.adj, self.decoder = adj, decoder
+        self.lin, self.head = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        h = h if self.adj is None else self.adj @ h
+        return torch.sigmoid(h @ h.t()) if self.decoder else self.head(h)
+
+
+@pytest.mark.parametrize("decoder", [True, False])
+def test_a_graph_the_model_holds_relates_its_nodes_by_design(decoder):
+    g = torch.Generator().manual_seed(0)
+    adj = (torch.rand(20, 20, generator=g) < 0.2).float()
+    adj = (adj + adj.t() + torch.eye(20)).clamp(max=1)
+    adj = adj / adj.sum(1, keepdim=True)
+    x = torch.randn(20, 6, generator=g)
+    targets = adj.gt(0).float() if decoder else torch.randint(0, 3, (20,), generator=g)
+    result = sample_independence(HeldGraph(adj, decoder), (x, targets))
+    assert result.status == "skipped" and "by design" in result.message
+    # the same layers with no graph, each node on its own: judged, and passed
+    assert sample_independence(HeldGraph(None, False), (x, torch.randint(0, 3, (20,)))).status == "passed"

@@ -43,6 +43,10 @@ probe says ``skipped`` — unless one axis length is shared by every tensor of t
 decoder's ``(time, batch)`` targets beside a source of another length have the batch only
 in common.
 
+Nodes of one graph are no batch: when an input, or a tensor the model keeps beside its
+parameters (vgae_pytorch's normalised adjacency is an attribute of its layers), is a matrix
+over the samples, they depend on each other by design and the probe says ``skipped``.
+
 Randomness in the forward: both forwards start from one seed, so a draw that does not
 depend on the samples (pytorch-seq2seq's teacher-forcing coin per step) is the same in
 both. A forward that draws as many times as the samples say (GraphSAGE's neighbour
@@ -84,6 +88,9 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
     come back as the same rows in another order than the reversal were reordered."""
     inputs, targets = split_batch(batch)
     axes, why = _batch_axes(inputs, targets)
+    if axes and (held := _held_matrix(model, int(next(iter_tensors(inputs)).shape[axes[0]]))):
+        axes, why = [], (f"the model holds {held}, a matrix over the samples (a graph's adjacency): they depend on "
+                         "each other by design")  # fmt: skip
     if not axes:
         return SampleIndependenceResult(status="skipped", message=why)
     with preserved_rng(), torch.no_grad():
@@ -228,6 +235,18 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
         return [], (f"an input is a {samples} x {samples} matrix over the samples (a graph's adjacency): they "
                     "depend on each other by design")  # fmt: skip
     return axes, ""
+
+
+def _held_matrix(model: nn.Module, samples: int) -> str | None:
+    """The name of a tensor the model keeps beside its parameters (a buffer, or a plain
+    attribute as graph models keep their normalised adjacency) with two axes of the batch's
+    ``samples``, if any: then the samples are nodes of one graph, not a batch."""
+    for module_name, module in model.named_modules():
+        for name, value in [*vars(module).items(), *module._buffers.items()]:
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.dim() >= 2 \
+                    and sum(1 for n in value.shape if n == samples) >= 2:
+                return f"{module_name + '.' if module_name else ''}{name} {list(value.shape)}"
+    return None
 
 
 def _shared_length(inputs: object, targets: object) -> int | None:
