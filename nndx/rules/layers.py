@@ -444,7 +444,8 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
     "layer ends a residual branch, whose output is added to the stream: ResNet's zero_init_residual starts each "
     "block as the identity; nor a zero factor whose partner is random, as LoRA's B, which its gradient moves), "
     "activations whose std "
-    "grows over 1000x from the first recorded layer to a later one, or a Linear/Conv weight whose gain "
+    "grows over 1000x from the first recorded layer to a later one (embedding lookups left out: their scale is "
+    "the table's init), or a Linear/Conv weight whose gain "
     "(rms x sqrt(fan_in)) is over 5 (He init: 1.41; N(0, 1) init gives sqrt(fan_in)), from the norm before "
     "the recorded update; not when that update was half the weights' size or more (a far too high LR).",
     why="Identical units receive identical gradients and never differentiate; zero weights pass no "
@@ -475,14 +476,16 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                             step=layer.step,
                         )
                     )
-            base = first[0].activation.std
-            worst = max(first, key=lambda s: s.activation.std)
-            if worst.activation.std > 1000 * base:
+            # an embedding's output is a table's init scale (DeepCTR's 1e-4), no gain through depth
+            scaled = [s for s in first if "Embedding" not in s.type] or first
+            base = scaled[0].activation.std
+            worst = max(scaled, key=lambda s: s.activation.std)
+            if base > 0 and worst.activation.std > 1000 * base:
                 hits.append(
                     Hit(
                         symptom=f"activation std grows {worst.activation.std / base:.0f}x by {worst.name}",
                         evidence={
-                            "first_layer": first[0].name,
+                            "first_layer": scaled[0].name,
                             "first_activation_std": base,
                             "layer": worst.name,
                             "activation_std": worst.activation.std,

@@ -282,6 +282,18 @@ def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
     return found
 
 
+def _read_by_weighted(report: DiagnosticReport) -> set[str] | None:
+    """The weighted layers another weighted layer reads in an observed forward (the hidden
+    ones: a branch's last Linear whose output is summed into the logit is a head); None
+    when no forward was observed."""
+    model = report.model
+    if model is None or not model.forward_observed:
+        return None
+    shapes = _weight_shapes(report)
+    weighted = {layer.name for layer in model.layers if len(shapes.get(layer.name, ())) >= 2}
+    return _feeding_weighted(model.layers, weighted)
+
+
 def _feeding_weighted(layers: list, weighted: set[str]) -> set[str]:
     """The weighted layers whose output another weighted layer reads, through activations and
     other layers without weights: the hidden ones. A layer no weighted layer reads is a head
@@ -305,7 +317,8 @@ def _feeding_weighted(layers: list, weighted: set[str]) -> set[str]:
     "warning",
     "A hidden layer narrower than the task needs",
     detects="A classifier with a hidden representation of at most 8 features and fewer than the classes "
-    "(or a single unit): a hidden Linear layer's output, or the input of a Linear after the first layer "
+    "(or a single unit): a hidden Linear layer's output (one another weighted layer reads, where a forward was "
+    "observed: a branch's last Linear summed into the logit is a head), or the input of a Linear after the first layer "
     "(channels pooled into a head). In any model, a hidden Linear or convolution of at most 2 units or "
     "channels whose output an observed forward puts through an activation other than a softmax or a sigmoid "
     "(there it is a head, attention scores or a gate) and another weighted layer then reads (else it is an output "
@@ -325,8 +338,9 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
         return None
     narrow = []
     if is_classification(report) is True and classes:
-        widths, heads = _layer_widths(report), _heads(report)
-        hidden = [(name, w, f"hidden layer {name} has {w} units") for name, w in widths[:-1] if name not in heads]
+        widths, heads, read = _layer_widths(report), _heads(report), _read_by_weighted(report)
+        hidden = [(name, w, f"hidden layer {name} has {w} units") for name, w in widths[:-1]
+                  if name not in heads and (read is None or name in read)]  # fmt: skip
         hidden += [(name, w, f"{name} is fed {w} features") for name, w in _hidden_inputs(report)]
         narrow = [entry for entry in hidden if entry[1] < max(2, classes) and entry[1] <= NARROW_FEATURES]
     narrow += [(name, w, f"{name} puts {w} units through {act}") for name, w, act in _tiny_non_linear(report)]

@@ -371,3 +371,40 @@ def test_transformer_xl_relative_shift_is_no_reshape_bug():
     report = nndx.probe(RelativeShiftAttention(), batch, loss, probes=[])
     assert report.model.moved_axes == [] and "NNDX404" not in {f.rule_id for f in nndx.diagnose(report).findings}
     assert nndx.probe(RelativeShiftAttention("view_of_unpadded"), batch, loss, probes=[]).model.moved_axes
+
+
+class FieldAttention(nn.Module):
+    """DeepCTR's AutoInt and DCN in miniature: field embeddings at DeepCTR's init_std 1e-4
+    (its default), attention over the fields, and a dense MLP over the dense features whose
+    one-unit output is summed into the logit (a head, not a hidden layer of 1 unit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(40, 8)
+        nn.init.normal_(self.embed.weight, std=1e-4)
+        self.query, self.dense = nn.Linear(8, 8), nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.out = nn.Linear(8 * 5, 1)
+
+    def forward(self, fields, dense):
+        e = self.embed(fields)  # (batch, 5 fields, 8)
+        attention = torch.softmax(self.query(e) @ e.transpose(1, 2), dim=-1)
+        return (self.out((attention @ e).flatten(1)) + self.dense(dense)).squeeze(1)
+
+
+def test_small_embedding_init_and_a_branch_summed_into_the_logit_are_no_bad_init_nor_bottleneck():
+    g = torch.Generator().manual_seed(0)
+    fields, dense = torch.randint(0, 40, (64, 5), generator=g), torch.randn(64, 3, generator=g)
+    clicks = (torch.rand(64, generator=g) < 0.3).float()
+    model = FieldAttention()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with nndx.Monitor(model, optimizer) as monitor:
+        for _ in range(20):
+            optimizer.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(model(fields, dense), clicks)
+            loss.backward()
+            optimizer.step()
+            monitor.log(loss)
+    report = nndx.probe(model, ((fields, dense), clicks), F.binary_cross_entropy_with_logits, monitor=monitor)
+    found = {f.rule_id for f in nndx.diagnose(report).findings}
+    assert "NNDX207" not in found and "NNDX403" not in found
