@@ -17,6 +17,7 @@ import inspect
 import math
 import random
 import types
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -161,31 +162,79 @@ def working_copy(model: nn.Module) -> nn.Module:
     return reset_state_each_forward(detach_watchers(model_copy))
 
 
-def loss_on_copies(loss_fn: LossFn) -> LossFn:
+def loss_on_copies(loss_fn: LossFn, model: nn.Module | None = None) -> LossFn:
     """``loss_fn`` with the stateful modules it holds replaced by working copies: a GAN
     generator's loss that runs the discriminator (SRGAN's ``criterion(discriminator(fake),
     valid)``, the discriminator in the function's closure) would run the user's own in
     every probe, moving its batch-norm statistics and counting in its Monitor. Modules held
-    by a closure, a bound method's ``self``, a ``functools.partial``, or the loss itself."""
+    by a closure, a bound method's ``self``, a ``functools.partial``, or the loss itself.
+    The probed ``model`` itself, held there, stands for the probe's copy that ran the last
+    forward (:class:`LatestCopy`): a VAE's loss reads the mean and log-std the forward
+    kept on the module, which only the copy that ran it has."""
+    copied = functools.partial(_copied, model=model)
     if isinstance(loss_fn, nn.Module):
-        return _copied(loss_fn)
-    if isinstance(loss_fn, types.MethodType) and (owner := _copied(loss_fn.__self__)) is not loss_fn.__self__:
+        return copied(loss_fn)
+    if isinstance(loss_fn, types.MethodType) and (owner := copied(loss_fn.__self__)) is not loss_fn.__self__:
         return types.MethodType(loss_fn.__func__, owner)
     if isinstance(loss_fn, functools.partial):
-        return functools.partial(loss_on_copies(loss_fn.func), *map(_copied, loss_fn.args),
-                                 **{k: _copied(v) for k, v in loss_fn.keywords.items()})  # fmt: skip
+        return functools.partial(loss_on_copies(loss_fn.func, model), *map(copied, loss_fn.args),
+                                 **{k: copied(v) for k, v in loss_fn.keywords.items()})  # fmt: skip
     if isinstance(loss_fn, types.FunctionType) and loss_fn.__closure__:
-        memo = {id(c): copied for c in map(_contents, loss_fn.__closure__) if (copied := _copied(c)) is not c}
+        memo = {id(c): twin for c in map(_contents, loss_fn.__closure__) if (twin := copied(c)) is not c}
         if memo:
             return _with_cells(loss_fn, tuple(_cell_copy(cell, memo) for cell in loss_fn.__closure__))
     return loss_fn
 
 
-def _copied(value: Any) -> Any:
-    """A working copy of a module with parameters or buffers; anything else as it is."""
+def _copied(value: Any, model: nn.Module | None = None) -> Any:
+    """A working copy of a module with parameters or buffers (the probed model: its latest
+    copy); anything else as it is."""
+    if model is not None and value is model:
+        return LatestCopy(model)
     stateful = isinstance(value, nn.Module) and (any(True for _ in nn.Module.parameters(value))
                                                  or any(True for _ in nn.Module.buffers(value)))  # fmt: skip
     return working_copy(value) if stateful else value
+
+
+_LATEST: dict[int, weakref.ref] = {}  # id of a probed model -> its copy that ran the last forward
+
+
+def follow_copies(model: nn.Module, model_copy: nn.Module) -> None:
+    """Make every copy of ``model_copy`` (each probe's, made from it) say when it runs a
+    forward, for :class:`LatestCopy`. The hook is kept on copies (``detach_watchers``)."""
+    model_copy.__dict__["_nndx_origin"] = id(model)
+    model_copy.register_forward_pre_hook(_ran_forward)
+
+
+def _ran_forward(module: nn.Module, _args: Any) -> None:
+    _LATEST[module.__dict__.get("_nndx_origin", id(module))] = weakref.ref(module)
+
+
+_ran_forward.nndx_keep = True  # type: ignore[attr-defined]
+
+
+class LatestCopy:
+    """Stands for the probed model inside the user's loss: every attribute read and call
+    goes to the probe's copy that ran the last forward (a working copy of the model until
+    one has)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model, self._fallback = model, None
+
+    def _target(self) -> nn.Module:
+        ref = _LATEST.get(id(self._model))
+        latest = ref() if ref is not None else None
+        if latest is not None:
+            return latest
+        if self._fallback is None:
+            self._fallback = working_copy(self._model)
+        return self._fallback
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target(), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._target()(*args, **kwargs)
 
 
 def dense_gradients(model_copy: nn.Module) -> nn.Module:
@@ -238,16 +287,16 @@ def detach_watchers(obj: nn.Module | torch.optim.Optimizer) -> nn.Module | torch
     as weight-norm and pruning pre-hooks, are part of the model and stay, as does a hook
     that is a method of one of the model's own modules: BYOL's wrapper reads its backbone's
     hidden layer through one, so it is part of the forward — deepcopy binds the copy's hook
-    to the copied module), nndx's hooks
-    of any kind are removed, and instance attributes that shadow a method of the class
-    with a plain function are dropped (the class method is the copy's own)."""
+    to the copied module), nndx's hooks of any kind are removed (but :func:`follow_copies`'
+    own, which copies of copies keep), and instance attributes that shadow a method of the
+    class with a plain function are dropped (the class method is the copy's own)."""
     owners = list(obj.modules()) if isinstance(obj, nn.Module) else [obj]
     own = {id(m) for m in owners}
     for owner in owners:
         for attr, value in list(vars(owner).items()):
             if attr.endswith("hooks") and isinstance(value, dict):
-                foreign = [k for k, fn in value.items() if _is_nndx(fn) or (
-                    attr in _CALL_HOOKS and not is_torch_code(fn) and id(getattr(fn, "__self__", None)) not in own)]
+                foreign = [k for k, fn in value.items() if not getattr(fn, "nndx_keep", False) and (_is_nndx(fn) or (
+                    attr in _CALL_HOOKS and not is_torch_code(fn) and id(getattr(fn, "__self__", None)) not in own))]
                 for key in foreign:
                     del value[key]
                     for flags in ("_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",

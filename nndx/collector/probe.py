@@ -67,6 +67,7 @@ from nndx.collector._common import (
     iter_tensors,
     loader_generators,
     loss_name,
+    follow_copies,
     loss_on_copies,
     map_tensors,
     num_classes,
@@ -221,7 +222,8 @@ class _Setup:
             raise UsageError(f"loss_fn must be callable (or None when the model returns .loss), got {type(loss_fn).__name__}")
         notes: list[str] = []
         try:
-            loss_fn = loss_on_copies(loss_fn)  # a discriminator inside the loss: the probes run a copy of it
+            # a discriminator inside the loss: the probes run a copy of it; the model itself there: the probe's copy
+            loss_fn = loss_on_copies(loss_fn, model)
         except TypeError as exc:
             notes.append(f"the loss's own modules run as they are: {exc}")
         batch, note = _first_batch(batch)
@@ -230,6 +232,7 @@ class _Setup:
         inputs, targets = _split(batch, loss_fn)
         shared: list[str] = []
         current, opt = copy_pair(model, optimizer, device, shared)
+        follow_copies(model, current)
         if shared:
             notes.append(f"the probes' copies share {', '.join(shared)} with the model: deepcopy refused "
                          f"{'it' if len(shared) == 1 else 'them'} (parameters and buffers were copied)")
@@ -237,6 +240,7 @@ class _Setup:
         diverged = bool(_nonfinite_parameters(current))
         if initial_state is not None:
             initial, initial_opt = copy_pair(model, optimizer, device)
+            follow_copies(model, initial)
             try:
                 initial.load_state_dict(initial_state)
             except Exception as exc:

@@ -1127,3 +1127,31 @@ def test_segmentation_masks_are_counted_per_pixel_with_255_ignored():
     assert "NNDX507" not in healthy_rules and "NNDX504" not in healthy_rules
     collapsed, rules = found((masks == 255).long())  # classes / 255 -> 0, the border 255 / 255 -> 1
     assert collapsed.data.train.missing_classes == ["2", "3"] and "NNDX507" in rules
+
+
+class AttributeVAE(nn.Module):
+    """vgae_pytorch's and many VAEs' shape: the forward keeps its mean and log-std on the
+    module, and the loss reads them from there (a closure over the model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.enc, self.mu, self.log_std, self.dec = nn.Linear(6, 8), nn.Linear(8, 2), nn.Linear(8, 2), nn.Linear(2, 6)
+
+    def forward(self, x):
+        h = torch.relu(self.enc(x))
+        self.mean, self.logstd = self.mu(h), self.log_std(h)
+        return self.dec(self.mean + torch.randn_like(self.mean) * self.logstd.exp())
+
+
+def test_a_loss_that_reads_what_the_forward_kept_on_the_model_reads_the_probes_copy():
+    model = AttributeVAE()
+    x = torch.randn(32, 6, generator=torch.Generator().manual_seed(0))
+
+    def vae_loss(out, target):
+        kl = -0.5 * (1 + 2 * model.logstd - model.mean**2 - (2 * model.logstd).exp()).sum(1).mean()
+        return nn.functional.mse_loss(out, target) + kl
+
+    report = nndx.probe(model, (x, x), vae_loss)  # before the model ever ran: nothing kept on it yet
+    assert report.errors == [], report.errors
+    assert not hasattr(model, "mean")  # the probes' forwards kept theirs on their copies
