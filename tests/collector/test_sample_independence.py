@@ -401,3 +401,23 @@ def test_a_graph_the_model_holds_relates_its_nodes_by_design(decoder):
     assert result.status == "skipped" and "by design" in result.message
     # the same layers with no graph, each node on its own: judged, and passed
     assert sample_independence(HeldGraph(None, False), (x, torch.randint(0, 3, (20,)))).status == "passed"
+
+
+class SortedPacker(nn.Module):
+    """deepspeech.pytorch's shape: ``pack_padded_sequence`` with its default
+    ``enforce_sorted=True``, so a batch must come sorted longest first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn, self.head = nn.GRU(4, 8, batch_first=True), nn.Linear(8, 3)
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
+        return self.head(self.rnn(packed)[1][0])
+
+
+def test_a_model_that_refuses_the_changed_batch_is_skipped_with_the_reason():
+    x, lengths = torch.randn(8, 6, 4), torch.tensor([6, 6, 5, 5, 4, 3, 2, 1])
+    result = sample_independence(SortedPacker(), ((x, lengths), torch.randint(0, 3, (8,))))
+    assert result.status == "skipped" and "sorted" in result.message

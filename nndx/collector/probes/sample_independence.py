@@ -124,7 +124,14 @@ def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceRes
                                         message="the batch's two halves hold the same samples: nothing to change")  # fmt: skip
     with ForwardObserver(model) as seen:
         (before, order), drawn = _prediction(model, inputs)
-        (after, _), drawn_after = _prediction(model, changed_inputs)
+        try:
+            (after, _), drawn_after = _prediction(model, changed_inputs)
+        except Exception as exc:  # noqa: BLE001 - the model's own verdict on a batch it cannot take
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            return SampleIndependenceResult(status="skipped", batch_axis=axis, samples=samples, message=(
+                f"the model refused the batch with its first {replaced} samples replaced by its last ones "
+                f"({type(exc).__name__}: {first_line}): it takes only batches in an order of its own (sorted by "
+                "length for pack_padded_sequence, say), so samples cannot be swapped to compare"))  # fmt: skip
     # both forwards start from one seed: the same draws in both (a teacher-forcing coin per
     # step) leave the streams where each other left them; draws that follow the samples do not
     draws = drawn != drawn_after
@@ -189,7 +196,10 @@ def _reversal(model: nn.Module, inputs: object, axis: int, before: torch.Tensor,
     no order changes); None when rows match none (samples mixed by position)."""
     samples = int(before.shape[out_axis])
     reversed_inputs = map_tensors(inputs, lambda t: t.flip(axis) if t.dim() > axis and t.shape[axis] == samples else t)
-    (flipped, _), _ = _prediction(model, reversed_inputs)
+    try:
+        (flipped, _), _ = _prediction(model, reversed_inputs)
+    except Exception:  # noqa: BLE001 - a model that takes its batches in one order only: no verdict
+        return None
     if flipped.shape != before.shape:
         return None
     # compared directly first: saturated outputs (sigmoids at 1.0) match many rows at once
