@@ -141,8 +141,10 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
                       for a in axes}  # fmt: skip
             axis = max(shifts, key=lambda a: shifts[a] if shifts[a] is not None else -1)
             if shifts[axis] is None:
-                unread = True
-                continue  # not read: the targets handed to a model that computes its own loss
+                # not read: the targets handed to a model that computes its own loss (expected), or tokens
+                unread = unread or not any(candidate.shape == t.shape and torch.equal(candidate, t)
+                                           for t in iter_tensors(targets))  # fmt: skip
+                continue
             shift = shifts[axis]
             tokens = candidate
             reading = (axis if shift else found_reading[0], found_reading[1] + shift, found_reading[2])
