@@ -210,6 +210,8 @@ class _Setup:
     # the prediction has one logit per input token (an extractive QA model's span starts, a pointer
     # network): class-index targets then point at positions, they are no classes
     position_logits: bool = False
+    # why no probe can call the model: its forward raises NotImplementedError (called through other methods)
+    no_forward: str | None = None
 
     @classmethod
     def make(cls, model: nn.Module, batch: Batch, loss_fn: LossFn, optimizer: torch.optim.Optimizer | None,
@@ -370,6 +372,8 @@ def _why_not(spec: ProbeSpec, setup: _Setup, have_data: bool, trained_steps: int
     """Why the probe cannot say anything useful here, or None."""
     if spec.needs == "data":
         return None if have_data else "needs the training data: pass data=(X_train, y_train)"
+    if setup.no_forward is not None:
+        return setup.no_forward
     if spec.trains and setup.initial is None and trained_steps > 0:
         return (f"the Monitor saw {trained_steps} optimizer steps and no initial state is known: on a trained "
                 f"model the {spec.title} measures the training already done (overfitting 'in 0 steps'); "
@@ -505,7 +509,14 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
     with preserved_rng(), torch.no_grad(), setup.amp():
         model_copy = working_copy(setup.model)
         with ForwardObserver(model_copy) as seen:
-            output = forward(model_copy, inputs)
+            try:
+                output = forward(model_copy, inputs)
+            except NotImplementedError as exc:
+                setup.no_forward = (
+                    f"the model's forward raises NotImplementedError ({str(exc) or 'no forward of its own'}): the "
+                    "loop calls other methods of it (an actor-critic's act and evaluate), and the probes call "
+                    "model(inputs); wrap what the loop calls in a module's forward to probe it")  # fmt: skip
+                raise
         calls = LossCallLog()
         predicted = prediction(output)
         outer = (calls.add(loss_name(setup.loss_fn), predicted, targets,

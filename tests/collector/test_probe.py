@@ -1155,3 +1155,27 @@ def test_a_loss_that_reads_what_the_forward_kept_on_the_model_reads_the_probes_c
     report = nndx.probe(model, (x, x), vae_loss)  # before the model ever ran: nothing kept on it yet
     assert report.errors == [], report.errors
     assert not hasattr(model, "mean")  # the probes' forwards kept theirs on their copies
+
+
+class ActorCritic(nn.Module):
+    """pytorch-a2c-ppo-acktr's Policy: ``forward`` raises NotImplementedError, the loop calls
+    ``act`` and ``evaluate_actions``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actor = nn.Linear(4, 2)
+
+    def forward(self, x):
+        raise NotImplementedError
+
+    def act(self, x):
+        return self.actor(x).softmax(-1)
+
+
+def test_a_model_without_a_forward_is_said_once_and_every_probe_skipped_with_the_reason():
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    report = nndx.probe(ActorCritic(), (x, y), nn.functional.cross_entropy)
+    assert [e.source for e in report.errors] == ["describe"]
+    statuses = {spec: getattr(report.probes, spec).status for spec in ("overfit_one_batch", "lr_range", "grad_check")}
+    assert set(statuses.values()) == {"skipped"}
+    assert "NotImplementedError" in report.probes.overfit_one_batch.message
