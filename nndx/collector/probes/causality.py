@@ -85,11 +85,10 @@ from nndx.collector.probes._observe import ForwardObserver
 from nndx.report import CausalityResult
 
 MIN_POSITIONS = 4
-# a correct language model's targets are the next inputs at (nearly) every scored position
+# a correct language model's targets are the next inputs at (nearly) every scored position;
+# so are an unshifted one's the inputs themselves, or a misaligned one's those at another offset
 NEXT_TOKEN_SHARE = 0.9
-# unshifted: the targets are the inputs at (nearly) every scored position, and far more
-# often than they are the next inputs (text that repeats one token cannot tell the two)
-COPY_SHARE = 0.9
+# ... and far more often than the next inputs (text that repeats one token cannot tell the two)
 COPY_MARGIN = 0.5
 SEED = 0
 # targets this far ahead of their position (2: labels shifted by hand for a model that shifts
