@@ -538,12 +538,11 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
 
 
 def _position_logits(inputs: Any, predicted: Any) -> bool:
-    """Whether the prediction is one logit per token of an integer (batch, tokens) input."""
-    first = next(iter_tensors(predicted), None)
-    if first is None or not first.is_floating_point() or first.dim() != 2 or first.shape[1] < 4:
-        return False
-    return any(t.shape == first.shape and not t.is_floating_point() and t.dtype != torch.bool
-               for t in iter_tensors(inputs))  # fmt: skip
+    """Whether the prediction is one logit per token of an integer (batch, tokens) input
+    (any of its tensors: a Hugging Face QA output holds its loss first, then start_logits)."""
+    tokens = [t.shape for t in iter_tensors(inputs) if not t.is_floating_point() and t.dtype != torch.bool]
+    return any(t.is_floating_point() and t.dim() == 2 and t.shape[1] >= 4 and t.shape in tokens
+               for t in iter_tensors(predicted))  # fmt: skip
 
 
 def _check_data(data: Sequence[Any], report: DiagnosticReport, columns: tuple[list[int], list[int]],

@@ -1094,6 +1094,16 @@ def test_labels_that_point_at_input_positions_have_no_missing_classes():
     classifier = nndx.probe(SpanHead(False), (ids[:8], labels[:8]), nn.functional.cross_entropy,
                             data=(ids, labels), probes=[])  # fmt: skip
     assert classifier.data.train.missing_classes == ["3"]
+    # a Hugging Face QA model's output: its loss first, then the start and end logits
+    report = nndx.probe(HFSpanHead(), {"input_ids": ids[:8], "start_positions": starts[:8]}, None,
+                        data=(ids, starts), probes=[])  # fmt: skip
+    assert report.data.train.missing_classes == [] and report.data.train.class_counts == {}
+
+
+class HFSpanHead(SpanHead):
+    def forward(self, input_ids, start_positions):
+        start, end = super().forward(input_ids)
+        return {"loss": nn.functional.cross_entropy(start, start_positions), "start_logits": start, "end_logits": end}
 
 
 class TinyFCN(nn.Module):
