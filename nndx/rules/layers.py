@@ -440,7 +440,8 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Initialisation breaks learning",
     detects="At the first recorded step: a hidden layer whose outputs have zero spread across the batch "
-    "(constant or symmetric weights), a non-final weight matrix of norm 0 and no gradient to move it (not where the "
+    "(constant or symmetric weights; not a softmax, uniform over equal scores at the start), a non-final weight "
+    "matrix of norm 0 and no gradient to move it (not where the "
     "layer ends a residual branch, whose output is added to the stream: ResNet's zero_init_residual starts each "
     "block as the identity; nor a zero factor whose partner is random, as LoRA's B, which its gradient moves), "
     "activations whose std "
@@ -466,8 +467,10 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                 act = layer.activation
                 if act.dead_unit_fraction >= 0.9 and layer.type in RELU_TYPES:
                     upstream_dead = True
+                # a softmax of equal scores is uniform at the start (attention before it learned anything)
+                uniform = (kind := vocab.activation_kind(layer.type)) is not None and kind.over_classes
                 if act.std == 0.0 and act.unit_count >= 2 and layer.type not in RELU_TYPES and not upstream_dead and (
-                        layer.name not in residual_ends):  # a branch that starts at zero adds nothing: the identity
+                        layer.name not in residual_ends) and not uniform:  # a zero branch adds nothing: the identity
                     hits.append(
                         Hit(
                             symptom=f"{layer.name} outputs the same value for every sample and unit",

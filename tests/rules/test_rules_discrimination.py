@@ -1270,3 +1270,22 @@ def test_misplaced_targets_say_where_they_sit():
 
     assert "input token 2 positions ahead" in symptom(2)
     assert "input token 1 position back" in symptom(-1)
+
+
+def test_a_uniform_softmax_at_the_first_step_is_no_dead_layer():
+    """AutoInt's attention over 8 fields at DeepCTR's init: scores near 0, so every weight is
+    exactly 1/8 at the first step, the same for every sample. Training moves it; a constant
+    Linear output is still bad init."""
+    from nndx.report import LayerStats
+
+    from .reports import act
+
+    def with_first(layer: LayerStats) -> DiagnosticReport:
+        layers = mlp_layers()
+        return BASE.model_copy(update={"layers": layers[:1] + [layer] + layers[1:]})
+
+    uniform = LayerStats(name="attention:softmax#0", type="Softmax", step=0,
+                         activation=act(mean=0.125, std=0.0, zero=0.0, dead=0.0, units=8))  # fmt: skip
+    assert "NNDX207" not in _found(with_first(uniform))
+    constant = uniform.model_copy(update={"name": "proj", "type": "Linear"})
+    assert "NNDX207" in _found(with_first(constant))
