@@ -390,12 +390,12 @@ class TeacherForcedSeq2Seq(nn.Module):
     decoder reads ``trg[t - 1]`` (or, with probability ``1 - ratio``, its own argmax, drawn
     from Python's ``random``) to give ``outputs[t]``; ``outputs[0]`` stays zero."""
 
-    def __init__(self) -> None:
+    def __init__(self, mix: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.src_emb, self.trg_emb = nn.Embedding(VOCAB, 12), nn.Embedding(VOCAB, 12)
         self.encoder, self.decoder = nn.GRU(12, 16), nn.GRUCell(12, 16)
-        self.head = nn.Linear(16, VOCAB)
+        self.head, self.mix = nn.Linear(16, VOCAB), mix
 
     def forward(self, src, trg, ratio):
         import random
@@ -405,6 +405,8 @@ class TeacherForcedSeq2Seq(nn.Module):
         token = trg[0]
         for t in range(1, trg.shape[0]):
             hidden = self.decoder(self.trg_emb(token), hidden)
+            if self.mix:  # attention's softmax taken over the batch, as in pytorch-seq2seq's reported bug
+                hidden = hidden * hidden.softmax(dim=0)
             outputs[t] = self.head(hidden)
             token = trg[t] if random.random() < ratio else outputs[t].argmax(1)
         return outputs
@@ -433,6 +435,8 @@ def test_a_decoder_fed_its_targets_is_read_by_what_each_position_reads(same_tens
     broken = causality(TeacherForcedSeq2Seq(), batch, seq2seq_loss_off_by_one)
     assert broken.status == "failed" and broken.target_offset == 2 and broken.input_shift == 1
     assert codes(TeacherForcedSeq2Seq(), batch, seq2seq_loss_off_by_one)[:1] == ["LABELS_MISALIGNED"]
+    # samples that mix leave no telling what each position reads: never "unshifted" then
+    assert causality(TeacherForcedSeq2Seq(mix=True), batch, seq2seq_loss).status != "failed"
 
 
 class InputShiftingLM(nn.Module):

@@ -138,12 +138,14 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
             axes = (0, 1) if found_reading[1] == 0 else (found_reading[0],)
             shifts = {a: _input_shift(model_copy, inputs, candidate, a, which_output, before_raw, tolerance)
                       for a in axes}  # fmt: skip
-            axis = max(shifts, key=lambda a: shifts[a] if shifts[a] is not None else -1)
+            axis = max(shifts, key=lambda a: (shifts[a] if shifts[a] is not None else -1, a == found_reading[0]))
+            is_target = any(candidate.shape == t.shape and torch.equal(candidate, t) for t in iter_tensors(targets))
             if shifts[axis] is None:
                 # not read: the targets handed to a model that computes its own loss (expected), or tokens
-                unread = unread or not any(candidate.shape == t.shape and torch.equal(candidate, t)
-                                           for t in iter_tensors(targets))  # fmt: skip
+                unread = unread or not is_target
                 continue
+            if is_target and _mixes_samples(model_copy, inputs, candidate, axis, which_output, before_raw, tolerance):
+                continue  # samples that mix (a softmax over the batch) say nothing of what each position reads
             shift = shifts[axis]
             tokens = candidate
             reading = (axis if shift else found_reading[0], found_reading[1] + shift, found_reading[2])
@@ -352,6 +354,20 @@ def _offset_shares(aimed: torch.Tensor, tokens: torch.Tensor, offset: int) -> di
         if scored.any():
             shares[axis] = float((current[scored] == ahead[scored]).float().mean())
     return shares
+
+
+def _mixes_samples(model: nn.Module, inputs: object, tokens: torch.Tensor, axis: int, which: int,
+                   before_raw: torch.Tensor, tolerance: float) -> bool:  # fmt: skip
+    """Whether changing the first sample's tokens moves another sample's outputs."""
+    ids = torch.unique(tokens)
+    if ids.numel() < 2 or tokens.shape[1 - axis] < 2:
+        return False
+    rows = (tokens if axis == 1 else tokens.T).clone()
+    rows[0] = ids[(torch.searchsorted(ids, rows[0].contiguous()) + 1) % ids.numel()]
+    with torch.no_grad():
+        after = _outputs(model, _with_tokens(inputs, tokens, (rows if axis == 1 else rows.T, 0)), which)
+        change = (_per_position(after, tokens.shape, axis) - _per_position(before_raw, tokens.shape, axis)).abs()
+    return bool((change[1:] > tolerance).any())
 
 
 def _shift_in_words(shift: int) -> str:
