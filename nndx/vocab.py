@@ -115,6 +115,12 @@ _ACTIVATION_BY_NAME = {name: kind for kind in ACTIVATIONS for name in (kind.name
 ACTIVATION_NAMES = frozenset(kind.name for kind in ACTIVATIONS)
 
 
+def is_embedding(name: str) -> bool:
+    """Whether a layer type is an embedding lookup (Embedding, EmbeddingBag, a model's own
+    AdaptiveEmbedding): its rows are a table, its output scale the table's init."""
+    return "Embedding" in name
+
+
 def activation_kind(name: str | None) -> ActivationKind | None:
     """The kind of an activation from its module name (``Sigmoid``) or function (``sigmoid``)."""
     return _ACTIVATION_BY_NAME.get(name) if name else None

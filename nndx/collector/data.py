@@ -705,8 +705,7 @@ class _Labels:
         labels = cls(kind="other", dtype=dtype_name, task="classification", classes={str(int(u)) for u in uniques},
                      counts={str(int(u)): int(c) for u, c in zip(uniques, counts)})  # fmt: skip
         labels.ignored_count = int((~inside).sum())
-        labels.finish_classes({str(c) for c in range(num_classes)})
-        return labels
+        return labels  # check_data adds the classes of range(num_classes) with no pixel, as for any labels
 
     @classmethod
     def _classes(cls, values: np.ndarray, kind: str, dtype_name: str) -> _Labels:

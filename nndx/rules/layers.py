@@ -480,7 +480,7 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                         )
                     )
             # an embedding's output is a table's init scale (DeepCTR's 1e-4), no gain through depth
-            scaled = [s for s in first if "Embedding" not in s.type] or first
+            scaled = [s for s in first if not vocab.is_embedding(s.type)] or first
             base = scaled[0].activation.std
             worst = max(scaled, key=lambda s: s.activation.std)
             if base > 0 and worst.activation.std > 1000 * base:

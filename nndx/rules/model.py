@@ -210,7 +210,7 @@ def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
     channels are no bottleneck (each is a whole feature map: 8 channels of 8x8 hold 512
     features), so conv kernels are left out; so are embedding tables ([rows, features]: BERT's
     token-type table of 2 rows gives 64 features, not 2)."""
-    tables = {layer.name for layer in report.model.layers if "Embedding" in layer.type} if report.model else set()
+    tables = {layer.name for layer in report.model.layers if vocab.is_embedding(layer.type)} if report.model else set()
     seen = [(layer, shape[0]) for layer, shape in _weight_shapes(report).items()
             if len(shape) == 2 and layer not in tables]  # fmt: skip
     if seen:
@@ -270,7 +270,7 @@ def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
         return []
     shapes = _weight_shapes(report)
     weighted = [layer.name for layer in model.layers if len(shapes.get(layer.name, ())) >= 2]
-    feeding = _feeding_weighted(model.layers, set(weighted))
+    feeding = _read_by_weighted(report) or set()
     found = []
     for layer in model.layers:
         source = layer.input_from

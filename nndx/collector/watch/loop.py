@@ -136,7 +136,7 @@ class LoopCounts(Watcher):
         if not torch.is_grad_enabled() and module.training and self._mode_matters.get(id(module), False):
             self.no_grad_forwards_in_train_mode += 1
         if torch.is_grad_enabled():
-            self._last_forward_in_eval = not module.training and self._mode_matters.get(id(module), False)
+            self._last_forward_in_eval = self._in_eval(module)
 
     def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
         self._in_forward.discard(id(module))
@@ -146,7 +146,11 @@ class LoopCounts(Watcher):
         ``model.forward(...)`` itself (barlowtwins' ``loss = model.forward(y1, y2)``), which
         skips the model's hooks. Its mode is still ``model.training``."""
         if id(model) not in self._in_forward and torch.is_grad_enabled():
-            self._last_forward_in_eval = not model.training and self._mode_matters.get(id(model), False)
+            self._last_forward_in_eval = self._in_eval(model)
+
+    def _in_eval(self, model: nn.Module) -> bool:
+        """In eval mode, and a model whose output the mode changes (dropout, batch-norm)."""
+        return not model.training and self._mode_matters.get(id(model), False)
 
     def on_backward_start(self, ctx: StepContext) -> None:
         if not self._reset_since_backward and self._reference.happened():
