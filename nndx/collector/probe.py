@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -553,12 +554,23 @@ def _check_data(data: Sequence[Any], report: DiagnosticReport, columns: tuple[li
                       label_positions=setup.position_logits)  # fmt: skip
 
 
+_ID_DTYPES = (torch.int64, torch.int32, torch.int16)
+
+
 def _model_read_columns(setup: _Setup, data: Sequence[Any]) -> tuple[list[int], list[int]]:
     """Columns of the training inputs, laid out as check_data lays them (a multi-input
     model's inputs side by side), that one eval-mode forward (on a copy) reads as embedding
     indices, and those of the inputs it scales itself (see IndexColumns); when the data has
-    the batch's shapes. Columns exist in rows of features, not in images."""
+    the batch's shapes. Columns exist in rows of features, not in images.
+
+    A model whose inputs are all integer ids (DKT's skills and responses, a language
+    model's tokens) reads no float feature at all: a float matrix given as its data holds
+    ids stored as floats (interaction ids, -1 padding), so every column is an index."""
     parts = list(iter_tensors(setup.batch[0]))
+    if parts and all(part.dtype in _ID_DTYPES for part in parts):
+        x = torch.as_tensor(data[0]) if isinstance(data[0], np.ndarray) else data[0]
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 2:
+            return list(range(x.shape[1])), []
     given = list(data[0]) if isinstance(data[0], (tuple, list)) and len(parts) > 1 else [data[0]]
     if not parts or len(given) != len(parts) or (len(parts) == 1 and parts[0].dim() != 2):
         return [], []

@@ -522,3 +522,41 @@ def test_raw_values_the_model_divides_itself_are_no_unnormalised_inputs():
         assert report.data.train.scaled_features == (list(range(16)) if scale else [])
         codes[scale] = {f.code.value for f in nndx.diagnose(report).findings}
     assert "UNNORMALIZED_INPUTS" not in codes[True] and "UNNORMALIZED_INPUTS" in codes[False]
+
+
+class KnowledgeTracer(torch.nn.Module):
+    """DKT's call: model(skills, responses), both integer, combined into one interaction id
+    and looked up; the data checks are given the interaction ids as one float matrix
+    (-1 padding), how the program stores them."""
+
+    def __init__(self, skills: int = 12):
+        super().__init__()
+        self.skills = skills
+        self.embedding = torch.nn.Embedding(2 * skills, 8)
+        self.rnn = torch.nn.GRU(8, 8, batch_first=True)
+        self.head = torch.nn.Linear(8, skills)
+
+    def forward(self, skill, response):
+        out, _ = self.rnn(self.embedding(skill + self.skills * response))
+        return self.head(out)
+
+
+def test_float_data_of_a_model_that_reads_only_integer_ids_is_not_called_unnormalised():
+    import nndx
+
+    g = torch.Generator().manual_seed(0)
+    skill, response = torch.randint(0, 12, (200, 10), generator=g), torch.randint(0, 2, (200, 10), generator=g)
+    x = (skill + 12 * response).float()  # 0..23, stored as floats
+    y = torch.randint(0, 2, (200, 10), generator=g).float()
+    loss = torch.nn.BCEWithLogitsLoss()
+
+    def tracer_loss(out, target):
+        return loss(out.gather(2, target[1].unsqueeze(2)).squeeze(2), target[0])
+
+    batch = ((skill[:32], response[:32]), (y[:32], skill[:32]))
+    report = nndx.probe(KnowledgeTracer(), batch, tracer_loss, data=(x.numpy(), y), probes=["hooks"])
+    assert report.data.train.input_mean is None, report.data.train
+    assert "UNNORMALIZED_INPUTS" not in {f.code.value for f in nndx.diagnose(report).findings}
+    # the same float matrix read as features by a model of float inputs is measured
+    report = nndx.probe(torch.nn.Linear(10, 10), (x[:32], y[:32]), loss, data=(x, y), probes=["hooks"])
+    assert report.data.train.input_max == 23
