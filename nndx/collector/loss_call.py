@@ -53,7 +53,9 @@ def pending_evidence(output: torch.Tensor, target: torch.Tensor | None) -> Pendi
     lo, hi = torch.aminmax(x)
     values = {"output_min": lo, "output_max": hi, "output_zero_fraction": (x == 0).float().mean()}
     if x.dim() >= 2 and x.shape[1] > 1:
-        values["rows_off_one"] = (x.sum(dim=1) - 1.0).abs().max()
+        # probabilities over dim 1 (a classifier's, CrossEntropyLoss's axis) or over the last axis
+        # (a sequence model's (batch, time, classes), whichever way the loss then lays it out)
+        values["rows_off_one"] = min((x.sum(dim=d) - 1.0).abs().max() for d in {1, x.dim() - 1})
         # log-probabilities over the classes (dim 1) have a logsumexp of 0 there
         values["log_rows_off_zero"] = x.logsumexp(dim=1).abs().max()
     if target is not None and target.is_floating_point() and target.numel() > 1:
@@ -196,7 +198,9 @@ class InnerLossCalls(TorchFunctionMode):
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             rank = len(self.output_shape)
             over_classes = dim in (1, -1, rank - 1)
-            if rank >= 2 and over_classes and isinstance(x, torch.Tensor) and tuple(x.shape) == self.output_shape:
+            # the output itself, or laid out anew first (CTC's time-major transpose(0, 1))
+            if (rank >= 2 and over_classes and isinstance(x, torch.Tensor)
+                    and sorted(x.shape) == sorted(self.output_shape)):  # fmt: skip
                 self.applies = name
         kind = vocab.loss_kind(name)
         if kind is not None:

@@ -221,3 +221,38 @@ def test_a_loss_that_takes_log_probabilities_given_raw_scores_is_a_wrong_loss(lo
     # NLLLoss on logits: the same class
     report = nndx.probe(model(), batch(), nn.NLLLoss(), probes=["nan_origin"], progress=False)
     assert "NNDX315" in {f.rule_id for f in nndx.diagnose(report).findings}
+
+
+class Transcriber(nn.Module):
+    """DeepSpeech's shape: (batch, time, characters) out of a recurrent layer; ``softmax``
+    puts its inference-time softmax in training too (deepspeech.pytorch's
+    InferenceBatchSoftmax without its training switch)."""
+
+    def __init__(self, softmax: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn = nn.GRU(6, 16, batch_first=True)
+        self.fc = nn.Linear(16, 5)
+        self.softmax = softmax
+
+    def forward(self, x):
+        out = self.fc(self.rnn(x)[0])
+        return out.softmax(-1) if self.softmax else out
+
+
+def transcription_loss(out, targets):
+    """training_step's loss: time-major log-probabilities for CTCLoss, log_softmax applied here."""
+    log_probs = out.transpose(0, 1).log_softmax(-1)
+    lengths = torch.full((out.shape[0],), out.shape[1], dtype=torch.long)
+    return F.ctc_loss(log_probs, targets, lengths, torch.full((out.shape[0],), targets.shape[1], dtype=torch.long))
+
+
+def test_a_softmax_before_a_time_major_ctc_loss_is_a_double_softmax():
+    g = torch.Generator().manual_seed(0)
+    x, targets = torch.randn(8, 12, 6, generator=g), torch.randint(1, 5, (8, 3), generator=g)
+    found = {}
+    for softmax in (False, True):
+        report = nndx.probe(Transcriber(softmax), (x, targets), transcription_loss, probes=["nan_origin"], progress=False)
+        found[softmax] = {f.rule_id: f for f in nndx.diagnose(report).findings}
+    assert "NNDX314" not in found[False]
+    assert "log_softmax itself" in found[True]["NNDX314"].symptom
