@@ -407,12 +407,17 @@ def train_mode_forgotten(report: DiagnosticReport) -> Hit | None:
     )
 
 
+ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every other
+
+
 @rule(
     "NNDX307",
     C.LR_SCHEDULE_MISUSE,
     "warning",
     "The learning-rate schedule collapses or cycles the LR",
-    detects="A learning rate below zero at any recorded step (error: every step then climbs the loss; a linear "
+    detects=f"An optimizer's learning rate of exactly 0 at every recorded step ({ZERO_LR_RECORDS} or more; error: "
+    "a warm-up never stepped, LARS built with lr=0 for an adjust_learning_rate the loop never calls); "
+    "a learning rate below zero at any recorded step (error: every step then climbs the loss; a linear "
     "decay stepped past its end, LambdaLR's 1 - epoch / n stepped per batch, goes there); a learning rate at or "
     "below 1e-3 of its maximum for more than a quarter of the recorded steps (in a loop "
     "without an optimizer: the step size measured as |update| / |gradient|); or an optimizer's LR that climbs "
@@ -431,9 +436,19 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     # without an optimizer the LR is in the user's code: its measured step size stands for it
     measured = loop is not None and not loop.lr_history
     history = sorted((loop.lr_history or loop.effective_lr_history) if loop else [], key=lambda p: p.step)
+    lrs = [max(finite(p.lrs) or [0.0]) for p in history]
+    if len(history) >= ZERO_LR_RECORDS and not measured and all(p.lrs and max(map(abs, p.lrs)) == 0 for p in history):
+        return Hit(
+            symptom=f"the learning rate was 0 at every one of {len(history)} recorded steps: no step can move the "
+            "weights (a warm-up or schedule never stepped, an LR set by a function the loop never calls)",
+            evidence={"lr_records": len(history), "lr_first_step": history[0].step, "lr_last_step": history[-1].step,
+                      "scheduled_lrs": finite(loop.scheduled_lrs)[:4]},  # fmt: skip
+            severity="error",
+            score=3.0,
+            step=history[0].step,
+        )
     if len(history) < 8:
         return None
-    lrs = [max(finite(p.lrs) or [0.0]) for p in history]
     peak = max(lrs)
     if peak <= 0:
         return None

@@ -1289,3 +1289,26 @@ def test_a_uniform_softmax_at_the_first_step_is_no_dead_layer():
     assert "NNDX207" not in _found(with_first(uniform))
     constant = uniform.model_copy(update={"name": "proj", "type": "Linear"})
     assert "NNDX207" in _found(with_first(constant))
+
+
+def test_a_learning_rate_of_zero_at_every_step_is_the_schedule_not_a_disconnected_optimizer():
+    """A warm-up never stepped (Hugging Face's LambdaLR at 0 / warmup until its first step) or
+    LARS built with lr=0 waiting for an adjust_learning_rate the loop dropped: every recorded LR
+    is 0, nothing moves. The zero LR is the cause; the unchanged parameters are its symptom. A
+    warm-up from 0 that does rise is healthy."""
+    from nndx.report import DiagnosticReport, LoopStats, LRPoint
+
+    from .reports import points
+
+    losses = [2.0 + 0.01 * math.sin(i) for i in range(60)]
+
+    def found(lrs):
+        loop = LoopStats(steps=60, lr_history=[LRPoint(step=5 * i, lrs=[lr]) for i, lr in enumerate(lrs)],
+                         params_never_changed=["fc.weight", "fc.bias"], scheduled_lrs=[1e-3])  # fmt: skip
+        return diagnose(DiagnosticReport(loss_history={"train": points(losses)}, loop=loop))
+
+    top = found([0.0] * 12).top()
+    assert (top.rule_id, top.code.value, top.severity) == ("NNDX307", "LR_SCHEDULE_MISUSE", "error")
+    assert "0 at every" in top.symptom and "NNDX322" in top.explains
+    warming = found([1e-3 * min(1.0, i / 4) for i in range(12)])
+    assert not [f for f in warming.findings if f.rule_id == "NNDX307"]
