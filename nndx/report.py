@@ -480,6 +480,7 @@ class LabelNoiseResult(ProbeResult):
     disagreement_fraction: Fraction | None = Field(None, description="disagreeing labels among all samples")
     confident_samples: Count = 0
     samples: Count = 0
+    classes: Count | None = Field(None, description="classes among the labels the probe read")
 
     def summary(self, num: NumberFormat = str) -> str:
         return (f"{num(self.noise_fraction)} of the {self.confident_samples} confidently predicted labels disagree "

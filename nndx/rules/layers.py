@@ -261,13 +261,17 @@ def vanishing(report: DiagnosticReport) -> Hit | None:
     )
 
 
+LEARNED_PROGRESS = 0.5  # a train loss that fell by half beside growing gradients: not an explosion
+
+
 @rule(
     "NNDX204",
     C.EXPLODING_GRADIENTS,
     "warning",
     "Exploding gradients",
     detects="Non-finite gradients in any layer or in the recorded global gradient norm, or a global "
-    "gradient norm (before clipping) whose last-tenth median is over 100x its first-tenth median.",
+    "gradient norm (before clipping) whose last-tenth median is over 100x its first-tenth median, unless the "
+    f"train loss fell by {LEARNED_PROGRESS:.0%} of its start meanwhile (and stayed at or above 0).",
     why="Growing gradients make every update larger until the weights overflow to Inf/NaN.",
     fix="Clip gradients (torch.nn.utils.clip_grad_norm_ at about the healthy-step norm, see "
     "nndx.fix.suggest_clip_norm), lower the LR, use normalisation layers and a scaled init.",
@@ -297,6 +301,11 @@ def exploding(report: DiagnosticReport) -> Hit | None:
     w = max(3, len(norms) // 10)
     start, end = median(norms[:w]), median(norms[-w:])
     if start <= 0 or end / start <= 100:
+        return None
+    curve = loss_curve(report)
+    if curve.n >= 10 and curve.start > 0 and curve.end >= 0 and curve.progress >= LEARNED_PROGRESS:
+        # growth from a start near zero (a pointer network's uniform scores at init) while the loss
+        # falls by half: learning breaking a symmetry, not updates blowing up
         return None
     return Hit(
         symptom=f"gradient norm grew {end / start:.0f}x",

@@ -637,7 +637,8 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "label_noise")
     if result is None or result.status != "failed" or result.noise_lower_bound is None:
         return None
-    classes = num_classes(report)
+    # the probe's own count where the run names none (labels beside a generative model's loss: a CVAE's)
+    classes = num_classes(report) or result.classes
     if classes and classes > 1 and result.noise_fraction >= CHANCE_DISAGREEMENT * (1 - 1 / classes):
         # as many disagree as if labels were drawn without looking at the inputs: not
         # noise on top of a signal but labels that do not belong to their inputs — unless the

@@ -1312,3 +1312,39 @@ def test_a_learning_rate_of_zero_at_every_step_is_the_schedule_not_a_disconnecte
     assert "0 at every" in top.symptom and "NNDX322" in top.explains
     warming = found([1e-3 * min(1.0, i / 4) for i in range(12)])
     assert not [f for f in warming.findings if f.rule_id == "NNDX307"]
+
+
+def test_labels_beside_a_generative_loss_are_counted_by_the_label_noise_probe_itself():
+    """A conditional VAE trained on a reconstruction loss: the run names no classes, but its
+    digit labels (the condition) went through the label-noise probe, which counted ten. 91% of
+    them disagreeing is what labels shuffled apart from their images give ten classes; 40% is
+    noise."""
+    from nndx.report import LabelNoiseResult, Probes
+
+    def found(fraction):
+        noise = LabelNoiseResult(status="failed", noise_fraction=fraction, noise_lower_bound=fraction - 0.03,
+                                 disagreement_fraction=fraction, confident_samples=359, samples=1437,
+                                 classes=10)  # fmt: skip
+        return next(f for f in diagnose(DiagnosticReport(probes=Probes(label_noise=noise))).findings
+                    if f.rule_id == "NNDX612")  # fmt: skip
+
+    assert found(0.91).code.value == "LABELS_MISALIGNED" and found(0.91).severity == "error"
+    assert found(0.4).code.value == "LABEL_NOISE"
+
+
+def test_gradients_growing_from_near_zero_while_the_loss_falls_are_learning_not_an_explosion():
+    """A pointer network's attention scores start uniform: its gradient norm is 2e-4 at init
+    and 1.1 once it learns (2,000x) while the loss falls from 2.0 to 0.5. The same growth
+    beside a loss that does not fall is an explosion."""
+    from nndx.report import LoopStats
+
+    from .reports import points
+
+    norms = [GradNormPoint(step=5 * i, before_clip=2e-4 * 1.2**i) for i in range(48)]
+
+    def found(losses):
+        loop = LoopStats(steps=240, grad_norm_history=norms)
+        return _found(DiagnosticReport(loss_history={"train": points(losses)}, loop=loop))
+
+    assert "NNDX204" not in found([2.0 * 0.25 ** (i / 239) for i in range(240)])
+    assert "NNDX204" in found([2.0 + 0.05 * math.sin(i) for i in range(240)])

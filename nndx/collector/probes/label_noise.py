@@ -100,7 +100,7 @@ def label_noise(
         status, message = "passed", f"{facts}: no evidence of more than {NOISE_FLOOR:.0%} wrong labels"
     return LabelNoiseResult(status=status, message=message, noise_fraction=share, noise_lower_bound=max(lower, 0.0),
                             disagreement_fraction=float(disagree.mean()), confident_samples=int(confident.size),
-                            samples=int(targets.size))  # fmt: skip
+                            samples=int(targets.size), classes=int(num_classes))  # fmt: skip
 
 
 def _out_of_sample(features: np.ndarray, targets: np.ndarray, num_classes: int, steps: int, seed: int, hidden: int,
