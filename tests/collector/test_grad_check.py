@@ -20,8 +20,9 @@ def test_healthy_model_passes_with_few_forwards_and_no_localisation():
     assert result.status == "passed" and result.mode == "directional"
     assert result.max_relative_error < 1e-5
     # the loss's own gradient checked on one forward's outputs, backward's forward, the determinism checks (two
-    # forwards, one more differentiated from another random state), the directions
-    assert result.forward_passes == 1 + 1 + 2 + 1 + 2 * 3
+    # forwards, one more differentiated from another random state), one at nudged parameters (entries the forward
+    # overwrites itself), the directions
+    assert result.forward_passes == 1 + 1 + 2 + 1 + 1 + 2 * 3
     assert result.parameters == []
 
 
@@ -68,7 +69,7 @@ def test_elementwise_mode_samples_across_the_tensor_and_reports_the_worst_index(
     assert len(weight.worst_index) == 2 and weight.worst_index[0] != weight.worst_index[1]  # off-diagonal
     # 6 tensors, up to 8 elements each, 2 forwards per element, plus the forward the loss's own gradient
     # was checked on, the backward's forward and the determinism check's two
-    assert broken.forward_passes == 1 + 1 + 2 + 1 + 2 * (8 + 8 + 8 + 8 + 8 + 3)
+    assert broken.forward_passes == 1 + 1 + 2 + 1 + 1 + 2 * (8 + 8 + 8 + 8 + 8 + 3)
 
 
 def test_dropout_made_deterministic_per_evaluation():
@@ -360,7 +361,7 @@ class MaskedInside(nn.Module):
 def test_a_float32_constant_built_in_the_forward_does_not_coarsen_the_check():
     result = grad_check(MaskedInside(), batch(), nn.CrossEntropyLoss())
     assert result.status == "passed" and "float32" not in result.message
-    assert result.forward_passes <= 11  # the joint check was clean: no per-tensor localisation
+    assert result.forward_passes <= 12  # the joint check was clean: no per-tensor localisation
 
 
 class OnlyFloat32(nn.Module):
@@ -513,3 +514,29 @@ def test_stop_gradients_in_the_forward_are_named_not_called_a_broken_backward():
     assert broken.status == "failed" and "detach" not in broken.message
     top = nndx.diagnose(DiagnosticReport(probes=Probes(grad_check=broken))).top()
     assert top.code.value == "BROKEN_BACKWARD"
+
+
+class MaskedLinear(nn.Linear):
+    """jzbontar/pixelcnn-pytorch's masked layer: the mask is applied to ``weight.data`` in place
+    at every forward, so whatever a step writes into the masked entries is wiped before it is
+    used. Autograd gives those entries a gradient that no forward ever sees."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__(n_in, n_out)
+        self.register_buffer("mask", (torch.rand(n_out, n_in, generator=torch.Generator().manual_seed(1)) > 0.5).float())
+
+    def forward(self, x):
+        self.weight.data *= self.mask
+        return super().forward(x)
+
+
+def test_weights_masked_in_place_by_the_forward_are_no_broken_backward():
+    torch.manual_seed(0)
+    model = nn.Sequential(MaskedLinear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    result = grad_check(model, batch(), nn.CrossEntropyLoss())
+    assert result.status == "passed", result.message
+    assert "overwrites" in result.message and "0.weight" in result.message
+    # a wrong backward behind the mask is still caught
+    torch.manual_seed(0)
+    broken = nn.Sequential(MaskedLinear(8, 16), nn.Tanh(), CustomLinear(16, 3, "scaled"))
+    assert grad_check(broken, batch(), nn.CrossEntropyLoss()).status == "failed"

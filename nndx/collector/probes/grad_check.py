@@ -410,6 +410,11 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
             if unstable is None:
                 problem.forward_passes += 1
                 unstable = _random_backward(loss_now, named, grads, seed)
+            overwritten = _overwritten(params, values, loss_now) if unstable is None else {}
+            pattern.clear()
+            problem.forward_passes += 1
+            for n, entries in overwritten.items():  # no forward reads what a step puts there: no gradient to check
+                grads[n] = grads[n].masked_fill(entries, 0.0)
             written = forward_writes(model_copy)
             if unstable is None and written:
                 unstable = (f"the forward writes the model's own untrained tensors ({', '.join(written[:3])}: "
@@ -428,6 +433,11 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
         result.stop_gradients = detach_calls
     if checked_loss:
         result.forward_passes += 1  # the forward whose outputs the loss's own gradient was checked on
+    if overwritten:
+        entries = sum(int(m.sum()) for m in overwritten.values())
+        result.message = (f"the forward overwrites {entries} entries of {', '.join(list(overwritten)[:3])} itself (a "
+                          "mask applied to weight.data in place): no forward reads what a step puts there, so their "
+                          "gradients were left out; " + (result.message or "")).rstrip("; ")  # fmt: skip
     if stops is not None and not project:
         result.loss_projected = True
         result.message = (STOP_GRADIENT_NOTE + "; " + (result.message or "")).rstrip("; ")
@@ -504,6 +514,26 @@ def _loss_stops_gradients(model_copy: nn.Module, inputs: object, targets: object
             weights = [torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device) for t in floats]
             return projected, None
     return None
+
+
+@torch.no_grad()
+def _overwritten(params: Mapping[str, nn.Parameter], values: Mapping[str, torch.Tensor],
+                 loss_now: Callable[[], torch.Tensor]) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Entries of the trainable parameters that the forward itself overwrites, as flat
+    masks: jzbontar/pixelcnn-pytorch masks its convolutions with ``weight.data *= mask`` at
+    every forward. Autograd gives the masked entries a gradient, but a value put there (one
+    forward after a nudge of every entry) never survives to be used, and finite differences
+    rightly see no effect."""
+    nudged = {n: v + (v.abs() + 1.0) * 1e-3 for n, v in values.items()}
+    for n, v in nudged.items():
+        params[n].copy_(v.reshape(params[n].shape))
+    try:
+        loss_now()
+        found = {n: params[n].detach().reshape(-1) != v for n, v in nudged.items()}
+    finally:
+        for n in nudged:
+            params[n].copy_(values[n].reshape(params[n].shape))
+    return {n: m for n, m in found.items() if bool(m.any())}
 
 
 def _not_a_function(problem: _Problem) -> str | None:
