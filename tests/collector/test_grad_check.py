@@ -523,7 +523,8 @@ class MaskedLinear(nn.Linear):
 
     def __init__(self, n_in: int, n_out: int) -> None:
         super().__init__(n_in, n_out)
-        self.register_buffer("mask", (torch.rand(n_out, n_in, generator=torch.Generator().manual_seed(1)) > 0.5).float())
+        g = torch.Generator().manual_seed(1)
+        self.register_buffer("mask", (torch.rand(n_out, n_in, generator=g) > 0.5).float())
 
     def forward(self, x):
         self.weight.data *= self.mask
