@@ -428,6 +428,9 @@ class CausalityResult(ProbeResult):
     max_change: Float | None = Field(None, description="largest change of an output at a position <= cut")
     tolerance: Float | None = None
     future_visible: bool | None = Field(None, description="outputs depend on later tokens")
+    autoregressive: bool | None = Field(
+        None, description="read as an autoregressive density model over float inputs (PixelCNN, MADE): positions "
+        "changed one at a time; changed_positions counts those whose own output moved with them")
     padding_id: int | None = Field(
         None, description="the id that ends the target sequences in runs of varying length (padding), if any")
     scored_padding_fraction: Fraction | None = Field(
@@ -442,6 +445,10 @@ class CausalityResult(ProbeResult):
         return f"{abs(offset)} position{'' if abs(offset) == 1 else 's'} {'ahead' if offset > 0 else 'back'}"
 
     def summary(self, num: NumberFormat = str) -> str:
+        if self.autoregressive:
+            return (f"autoregressive over its inputs: {self.changed_positions} of {self.scored_positions} positions' "
+                    f"own outputs moved with their own input (max change {num(self.max_change)}, tolerance "
+                    f"{num(self.tolerance)})")  # fmt: skip
         return (f"targets = input at the same position {num(self.copy_fraction)}, = next input "
                 f"{num(self.next_fraction)} of {self.scored_positions} scored positions; changing tokens after "
                 f"position {num(self.cut)} moved {self.changed_positions} earlier positions (max change "

@@ -724,7 +724,9 @@ def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
     "A next-token model sees the tokens it must predict",
     detects="The causality probe, on a model whose loss targets are the next input tokens: changing the "
     "tokens after a position moved the eval-mode outputs at that position or before beyond the rounding "
-    "tolerance.",
+    "tolerance. On an autoregressive density model over float inputs (targets the inputs themselves, or "
+    "quantised from them; outputs that read the other positions one way only: PixelCNN, MADE): changing a "
+    "position's input moved its own output.",
     why="The output at position t is trained to predict token t + 1; if it can see token t + 1 it copies it. "
     "The training loss falls towards zero while generation (which has no future tokens) fails. Typical "
     "causes: attention without the causal (tril) mask or with it transposed, a bidirectional LSTM/GRU used "
@@ -736,6 +738,14 @@ def lm_sees_future(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "causality")
     if result is None or result.status != "failed" or not result.future_visible:
         return None
+    if result.autoregressive:
+        return Hit(
+            symptom=f"an autoregressive model's outputs moved with their own input at {result.changed_positions} of "
+            f"{result.scored_positions} positions: each sees the value it must predict",
+            evidence={"own_input_positions": result.changed_positions, "positions_changed": result.scored_positions,
+                      "max_change": result.max_change, "tolerance": result.tolerance},  # fmt: skip
+            score=4.0,
+        )
     return Hit(
         symptom=f"changing the tokens after position {result.cut} moved the outputs at {result.changed_positions} "
         "earlier positions",

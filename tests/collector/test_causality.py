@@ -485,3 +485,96 @@ def test_a_model_that_returns_its_per_token_loss_is_read_from_its_targets():
     # its loss reads the targets, not the tokens: they are never taken for what the model reads
     dead = causality(PerTokenLossLM(dead=True), ((x, y), y), lambda output, _target: output[0].mean())
     assert dead.status == "skipped" and "depend" in dead.message
+
+
+class MaskedLinear(nn.Linear):
+    def __init__(self, n_in: int, n_out: int, mask: torch.Tensor) -> None:
+        super().__init__(n_in, n_out)
+        self.register_buffer("mask", mask.float())
+
+    def forward(self, x):
+        return F.linear(x, self.weight * self.mask, self.bias)
+
+
+class Made(nn.Module):
+    """karpathy/pytorch-made: connectivity numbers from a random order of the inputs; hidden
+    unit k reads input d when m(d) <= m(k), output d reads hidden unit k when m(k) < m(d) —
+    ``<=`` there (``strict=False``) hands each output its own input."""
+
+    def __init__(self, dims: int = 16, hidden: int = 48, strict: bool = True):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        order = torch.randperm(dims, generator=g)
+        m_hidden = torch.randint(int(order.min()), dims - 1, (hidden,), generator=g)
+        below = m_hidden[:, None] >= order[None, :]
+        above = (order[:, None] > m_hidden[None, :]) if strict else (order[:, None] >= m_hidden[None, :])
+        torch.manual_seed(0)
+        self.net = nn.Sequential(MaskedLinear(dims, hidden, below), nn.ReLU(), MaskedLinear(hidden, dims, above))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class PixelCNN(nn.Module):
+    """jzbontar/pixelcnn-pytorch in miniature: masked convolutions, type A first (the centre
+    pixel hidden), type B after; ``first="B"`` shows each pixel itself. 4 intensity classes."""
+
+    def __init__(self, first: str = "A", levels: int = 4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = nn.ModuleList([nn.Conv2d(1, 8, 5, padding=2), nn.Conv2d(8, 8, 3, padding=1)])
+        self.out = nn.Conv2d(8, levels, 1)
+        for conv, kind in zip(self.convs, (first, "B")):
+            mask = torch.ones_like(conv.weight)
+            k = conv.weight.shape[-1]
+            mask[:, :, k // 2, k // 2 + (kind == "B"):] = 0
+            mask[:, :, k // 2 + 1:] = 0
+            conv.register_buffer("mask", mask)
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = F.relu(F.conv2d(x, conv.weight * conv.mask, conv.bias, padding=conv.padding))
+        return self.out(x)
+
+
+def binary_digits(n: int = 32, dims: int = 16):
+    g = torch.Generator().manual_seed(0)
+    return (torch.rand(n, dims, generator=g) > 0.5).float()
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_made_whose_outputs_see_their_own_input_leaks(strict):
+    x = binary_digits()
+    result = causality(Made(strict=strict), (x, x), nn.BCEWithLogitsLoss())
+    assert result.autoregressive and result.status == ("passed" if strict else "failed"), result.message
+    assert (result.changed_positions > 0) != strict
+
+
+@pytest.mark.parametrize("first", ["A", "B"])
+def test_a_pixelcnn_with_a_first_mask_of_type_b_sees_each_pixel(first):
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 4, (16, 1, 8, 8), generator=g).float() / 3
+    targets = (images[:, 0] * 3).long()
+    result = causality(PixelCNN(first), (images, targets), nn.CrossEntropyLoss())
+    assert result.autoregressive and result.status == ("passed" if first == "A" else "failed"), result.message
+
+
+def test_autoencoders_and_next_step_regressors_are_no_autoregressive_density_models():
+    x = binary_digits()
+    autoencoder = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 16))
+    assert causality(autoencoder, (x, x), nn.BCEWithLogitsLoss()).status == "skipped"
+    # a causal next-step regressor reads its own position to predict the next value: targets are no coding of it
+    t = torch.linspace(0, 6, 17)
+    series = torch.stack([torch.sin(t + phase) for phase in torch.linspace(0, 3, 32)])
+    rnn = nn.GRU(1, 8, batch_first=True)
+
+    class NextStep(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = rnn, nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0])
+
+    result = causality(NextStep(), (series[:, :-1, None], series[:, 1:, None]), nn.MSELoss())
+    assert result.status == "skipped" and not result.autoregressive

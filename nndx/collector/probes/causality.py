@@ -61,6 +61,8 @@ tolerance is tight. One backward and three or four forwards in all.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -97,6 +99,10 @@ MISPLACED_OFFSETS = (2, 3, -1)
 # padding ends at least this share of the target sequences (padded to the longest one)
 PADDED_ROWS = 0.25
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+# positions of one sample changed one at a time to read an autoregressive density model's order
+DENSITY_POSITIONS = 256
+# pairs of positions that read each other, as a share of the one-way reads: above it, no one order
+MUTUAL_READS = 0.01
 
 
 def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResult:
@@ -105,7 +111,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     inputs, targets = split_batch(batch)
     found = _token_inputs(inputs, targets)
     if isinstance(found, str):
-        return CausalityResult(status="skipped", message=found)
+        return _density_model(model, inputs, targets) or CausalityResult(status="skipped", message=found)
     target, candidates = found
     tokens = candidates[0]
     # what depends on which token does not depend on the dtype, and float32 resolves it: a
@@ -209,6 +215,94 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     return CausalityResult(status="passed", future_visible=False, **common, message=(
         f"targets are the next tokens at {next_share:.0%} of the scored positions{reads}, and changing the tokens "
         f"after position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
+
+
+def _density_model(model: nn.Module, inputs: object, targets: object) -> CausalityResult | None:
+    """An autoregressive density model over float inputs (PixelCNN over pixels, MADE over
+    binary dimensions): the targets are the inputs themselves, position by position (or a
+    coding that keeps their order: intensities quantised to classes), and each output must
+    read only the positions before its own in some order. One sample's positions are
+    changed one at a time (up to ``DENSITY_POSITIONS`` of them) in one eval-mode batch: a
+    model that reads the others in one direction only (output i moves with input j, never j
+    with i) is autoregressive, and one whose outputs then move with their own input sees what
+    it must predict (a first layer masked as type B, a MADE output mask of <= where < is
+    due). Outputs that read each other both ways (an autoencoder) or no other position at
+    all are no such model: None, and the probe says why it skipped."""
+    target = next((t for t in iter_tensors(targets) if t.dim() >= 2 and not t.is_complex()), None)
+    if target is None:
+        return None
+    where = tuple(target.shape[1:])
+    n, positions = target.shape[0], math.prod(where)
+    def laid_out_like_targets(t: torch.Tensor) -> bool:  # (N, *where), or a few channels first: (N, C, *where)
+        return tuple(t.shape[1:]) == where or (tuple(t.shape[2:]) == where and t.shape[1] <= 4)
+
+    x = next((t for t in iter_tensors(inputs)
+              if t.is_floating_point() and t.dim() >= 2 and t.shape[0] == n and laid_out_like_targets(t)), None)
+    if x is None or positions < MIN_POSITIONS or not _codes_the_inputs(x.reshape(n, -1, positions).sum(1), target):
+        return None
+    with preserved_rng(), forwards_under_autocast(None), torch.no_grad():
+        model_copy = set_mode(working_copy(model), False)
+        changed = torch.linspace(0, positions - 1, min(positions, DENSITY_POSITIONS)).round().long().unique()
+        rows = changed.numel() + 1
+        sample = x[:1].reshape(1, -1, positions).repeat(rows, 1, 1)
+        sample[torch.arange(1, rows), :, changed] += 1.0
+        batch_inputs = map_tensors(inputs, lambda t: sample.reshape(rows, *x.shape[1:]) if t is x else (
+            t[:1].repeat(rows, *[1] * (t.dim() - 1)) if t.dim() and t.shape[0] == n else t))
+        with ForwardObserver(model_copy) as seen:
+            seed_all(SEED)
+            outputs = _float_outputs(forward(model_copy, batch_inputs))
+        laid_out = next((o for o in (_per_position_output(out, where) for out in outputs) if o is not None), None)
+        if laid_out is None:
+            return None
+        tolerance = roundoff_tolerance(model_copy, [laid_out], seen.lowest_precision)
+    moved = ((laid_out[1:] - laid_out[:1]).abs().amax(dim=2) > tolerance)  # [changed position k, output i]
+    reads = moved[:, changed]  # output changed[l] moved when changed[k] did
+    own = int(reads.diagonal().sum())
+    others = reads & ~torch.eye(changed.numel(), dtype=torch.bool)
+    both_ways = int((others & others.T).sum()) // 2
+    one_way = int(others.sum())
+    if one_way < changed.numel() // 2 or both_ways > MUTUAL_READS * one_way:
+        return None
+    common = {"samples": 1, "positions": positions, "scored_positions": int(changed.numel()),
+              "changed_positions": own, "max_change": float((laid_out[1:] - laid_out[:1]).abs().max()),
+              "tolerance": tolerance, "autoregressive": True}  # fmt: skip
+    if own:
+        return CausalityResult(status="failed", future_visible=True, **common, message=(
+            f"an autoregressive model over its own inputs (changing one of {changed.numel()} positions moves only "
+            f"outputs on one side of it: {one_way} reads one way, {both_ways} both ways), but {own} of those "
+            "positions' own outputs moved with their own input: each output sees the value it must predict — a "
+            "first masked convolution of type B where A is due, a MADE output mask of <= where < is, a mask "
+            "applied after the layer that needed it"))  # fmt: skip
+    return CausalityResult(status="passed", future_visible=False, **common, message=(
+        f"an autoregressive model over its own inputs: changing one of {changed.numel()} positions moved outputs on "
+        "one side of it only, and never its own output"))  # fmt: skip
+
+
+def _codes_the_inputs(values: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether the targets are the inputs, or a coding that keeps their order (quantised
+    intensities): sorted by input value, the targets never fall, equal inputs have equal
+    targets, and they take two values or more."""
+    v, t = values.reshape(-1).double(), target.reshape(-1).double()
+    if v.numel() != t.numel() or torch.unique(t).numel() < 2:
+        return False
+    order = torch.argsort(v * (1 + 4 * t.abs().max()) + t)  # by value, ties by target
+    v, t = v[order], t[order]
+    rising = bool((t[1:] >= t[:-1]).all())
+    same_input = v[1:] == v[:-1]
+    return rising and bool((t[1:][same_input] == t[:-1][same_input]).all())
+
+
+def _per_position_output(out: torch.Tensor, where: tuple[int, ...]) -> torch.Tensor | None:
+    """``out`` as (samples, positions, values per position): one value per position, or
+    classes at dim 1 (a convolution's (N, C, H, W)) or last."""
+    rows = out.shape[0]
+    if tuple(out.shape[1:]) == where:
+        return out.reshape(rows, -1, 1).float()
+    if out.dim() == len(where) + 2 and tuple(out.shape[2:]) == where:
+        return out.reshape(rows, out.shape[1], -1).transpose(1, 2).float()
+    if out.dim() == len(where) + 2 and tuple(out.shape[1:-1]) == where:
+        return out.reshape(rows, -1, out.shape[-1]).float()
+    return None
 
 
 def _token_inputs(inputs: object, targets: object) -> tuple[torch.Tensor, list[torch.Tensor]] | str:
