@@ -428,6 +428,9 @@ class CausalityResult(ProbeResult):
     max_change: Float | None = Field(None, description="largest change of an output at a position <= cut")
     tolerance: Float | None = None
     future_visible: bool | None = Field(None, description="outputs depend on later tokens")
+    target_input: Count | None = Field(
+        None, description="which input tensor holds the float targets verbatim (a forecaster's decoder input), if any")
+    target_start: Count | None = Field(None, description="where along its time axis the targets sit in that input")
     autoregressive: bool | None = Field(
         None, description="read as an autoregressive density model over float inputs (PixelCNN, MADE): positions "
         "changed one at a time; changed_positions counts those whose own output moved with them")
@@ -445,6 +448,10 @@ class CausalityResult(ProbeResult):
         return f"{abs(offset)} position{'' if abs(offset) == 1 else 's'} {'ahead' if offset > 0 else 'back'}"
 
     def summary(self, num: NumberFormat = str) -> str:
+        if self.target_input is not None:
+            return (f"input {self.target_input} holds the targets from position {self.target_start}; changing a "
+                    f"target's own value there moved its prediction at {self.changed_positions} of "
+                    f"{self.scored_positions} positions")  # fmt: skip
         if self.autoregressive:
             return (f"autoregressive over its inputs: {self.changed_positions} of {self.scored_positions} positions' "
                     f"own outputs moved with their own input (max change {num(self.max_change)}, tolerance "

@@ -726,7 +726,8 @@ def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
     "tokens after a position moved the eval-mode outputs at that position or before beyond the rounding "
     "tolerance. On an autoregressive density model over float inputs (targets the inputs themselves, or "
     "quantised from them; outputs that read the other positions one way only: PixelCNN, MADE): changing a "
-    "position's input moved its own output.",
+    "position's input moved its own output. On a model handed float targets verbatim inside a longer input (a "
+    "forecaster's decoder input): changing a target's own value there moved the prediction for it.",
     why="The output at position t is trained to predict token t + 1; if it can see token t + 1 it copies it. "
     "The training loss falls towards zero while generation (which has no future tokens) fails. Typical "
     "causes: attention without the causal (tril) mask or with it transposed, a bidirectional LSTM/GRU used "
@@ -738,6 +739,15 @@ def lm_sees_future(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "causality")
     if result is None or result.status != "failed" or not result.future_visible:
         return None
+    if result.target_input is not None:
+        return Hit(
+            symptom=f"input {result.target_input} holds the targets verbatim from position {result.target_start}, "
+            "and the prediction for a target moves with its own value there",
+            evidence={"target_input": result.target_input, "target_start": result.target_start,
+                      "moved_positions": result.changed_positions, "max_change": result.max_change,
+                      "tolerance": result.tolerance},  # fmt: skip
+            score=4.0,
+        )
     if result.autoregressive:
         return Hit(
             symptom=f"an autoregressive model's outputs moved with their own input at {result.changed_positions} of "

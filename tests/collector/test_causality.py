@@ -578,3 +578,53 @@ def test_autoencoders_and_next_step_regressors_are_no_autoregressive_density_mod
 
     result = causality(NextStep(), (series[:, :-1, None], series[:, 1:, None]), nn.MSELoss())
     assert result.status == "skipped" and not result.autoregressive
+
+
+class Forecaster(nn.Module):
+    """Informer's call in miniature: model(history, decoder_input), the decoder input the last
+    ``label`` known values followed by the horizon; a GRU over it, the horizon's outputs out."""
+
+    def __init__(self, horizon: int = 6):
+        super().__init__()
+        torch.manual_seed(0)
+        self.horizon = horizon
+        self.encoder, self.decoder = nn.GRU(2, 8, batch_first=True), nn.GRU(2, 8, batch_first=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, history, decoder_input):
+        _, h = self.encoder(history)
+        return self.head(self.decoder(decoder_input, h)[0])[:, -self.horizon :]
+
+
+def series(n: int = 16, length: int = 30):
+    t = torch.linspace(0, 6, length)
+    phases = torch.linspace(0, 3, n)[:, None]
+    return torch.stack([torch.sin(t + phases), torch.cos(0.5 * t + phases)], dim=2)
+
+
+@pytest.mark.parametrize("handed", [False, True])
+def test_a_forecaster_handed_its_horizon_in_the_decoder_input_sees_what_it_must_predict(handed):
+    y = series()
+    history, window, horizon = y[:, :18], y[:, 12:], y[:, -6:]
+    decoder_input = window if handed else torch.cat([window[:, :12], torch.zeros_like(horizon)], dim=1)
+    result = causality(Forecaster(), ((history, decoder_input), horizon), nn.MSELoss())
+    if handed:
+        assert result.status == "failed" and result.future_visible and result.target_input == 1, result.message
+    else:
+        assert result.status == "skipped", result.message
+
+
+def test_a_causal_model_handed_the_whole_series_reads_only_the_values_before_each_target():
+    y = series()
+
+    class NextStep(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.rnn, self.head = nn.GRU(2, 8, batch_first=True), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0])[:, :-1]
+
+    result = causality(NextStep(), (y, y[:, 1:]), nn.MSELoss())
+    assert result.status == "passed" and result.target_start == 1, result.message

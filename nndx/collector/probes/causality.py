@@ -111,7 +111,8 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     inputs, targets = split_batch(batch)
     found = _token_inputs(inputs, targets)
     if isinstance(found, str):
-        return _density_model(model, inputs, targets) or CausalityResult(status="skipped", message=found)
+        return (_density_model(model, inputs, targets) or _targets_in_inputs(model, inputs, targets)
+                or CausalityResult(status="skipped", message=found))
     target, candidates = found
     tokens = candidates[0]
     # what depends on which token does not depend on the dtype, and float32 resolves it: a
@@ -276,6 +277,63 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
     return CausalityResult(status="passed", future_visible=False, **common, message=(
         f"an autoregressive model over its own inputs: changing one of {changed.numel()} positions moved outputs on "
         "one side of it only, and never its own output"))  # fmt: skip
+
+
+def _targets_in_inputs(model: nn.Module, inputs: object, targets: object) -> CausalityResult | None:
+    """Float targets found verbatim inside a longer input along its time axis (Informer's
+    decoder input built from the whole ``batch_y``: the horizon it must forecast handed to
+    it), with an output laid out like the targets. Changing the input value at a target's
+    own position (the last one, and the middle one) must not move the prediction for it; a
+    causal model handed the whole series reads only the values before. None when no target
+    sits in an input."""
+    found = None
+    for target in (t for t in iter_tensors(targets) if t.is_floating_point() and t.dim() >= 2):
+        n, length = target.shape[0], target.shape[1]
+        for index, x in enumerate(iter_tensors(inputs)):
+            if (not x.is_floating_point() or x.dim() != target.dim() or x.shape[0] != n or x.shape[1] <= length
+                    or x.shape[2:] != target.shape[2:]):  # fmt: skip
+                continue
+            start = next((s for s in range(x.shape[1] - length + 1) if torch.equal(x[:, s : s + length], target)), None)
+            if start is not None:
+                found = (target, index, x, start)
+                break
+        if found is not None:
+            break
+    if found is None or found[0].shape[1] < MIN_POSITIONS or torch.unique(found[0]).numel() < 2:
+        return None
+    target, index, x, start = found
+    length = target.shape[1]
+    checked = sorted({length - 1, length // 2})
+    with preserved_rng(), forwards_under_autocast(None), torch.no_grad():
+        model_copy = set_mode(working_copy(model), False)
+        rows = len(checked) + 1
+        sample = x[:1].repeat(rows, *[1] * (x.dim() - 1))
+        for row, k in enumerate(checked, start=1):
+            sample[row, start + k] += 1.0 + sample[row, start + k].abs()
+        batch_inputs = map_tensors(inputs, lambda t: sample if t is x else (
+            t[:1].repeat(rows, *[1] * (t.dim() - 1)) if t.dim() and t.shape[0] == target.shape[0] else t))
+        with ForwardObserver(model_copy) as seen:
+            seed_all(SEED)
+            outputs = [o for o in _float_outputs(forward(model_copy, batch_inputs)) if o.shape[1:] == target.shape[1:]]
+        if not outputs:
+            return None
+        out = outputs[0].float()
+        tolerance = roundoff_tolerance(model_copy, [out], seen.lowest_precision)
+    change = [float((out[row, k] - out[0, k]).abs().max()) for row, k in enumerate(checked, start=1)]
+    moved = sum(c > tolerance for c in change)
+    common = {"samples": 1, "positions": length, "scored_positions": len(checked), "changed_positions": moved,
+              "max_change": max(change), "tolerance": tolerance, "target_input": index,
+              "target_start": start}  # fmt: skip
+    where = f"input {index} holds the targets verbatim at positions {start}..{start + length - 1}"
+    if moved:
+        return CausalityResult(status="failed", future_visible=True, **common, message=(
+            f"{where}, and changing the value at a target's own position moved the prediction for it ({moved} of "
+            f"{len(checked)} positions, by up to {max(change):.3g}, tolerance {tolerance:.3g}): the model is handed "
+            "what it must predict — a decoder input built from the whole target window instead of zeros (or the "
+            "last known values) over the horizon"))  # fmt: skip
+    return CausalityResult(status="passed", future_visible=False, **common, message=(
+        f"{where}, but changing the value at a target's own position left the prediction for it in place: the "
+        "model reads only the values before it"))  # fmt: skip
 
 
 def _codes_the_inputs(values: torch.Tensor, target: torch.Tensor) -> bool:
