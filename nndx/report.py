@@ -108,7 +108,8 @@ class ModelSummary(Schema):
         "(computed and discarded, e.g. a classifier under a feature hook); a .detach() whose value reaches the "
         "loss is not one. Also parameters (by name) that no torch call of the forward read")
     moved_axes: list[str] = Field(
-        default_factory=list, description="views/reshapes in the model's own code that put an input axis's "
+        default_factory=list, description="views/reshapes in the model's own code (or of its outputs in a loss of "
+        "the user's own, prefixed 'loss:') that put an input axis's "
         "length where that axis cannot come from (elements interleaved), e.g. 'attn.forward: view [32, 16, 96] "
         "-> [32, 4, 16, 24]'; at most 8")
 

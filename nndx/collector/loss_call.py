@@ -29,6 +29,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from nndx import vocab
+from nndx.collector.probes._observe import moved_axis
 from nndx.collector.stats import Pending
 from nndx.report import LossCall
 
@@ -189,6 +190,7 @@ class InnerLossCalls(TorchFunctionMode):
         self.target_shape = tuple(target.shape) if isinstance(target, torch.Tensor) else None
         self.applies: str | None = None
         self.broadcast_shape: list[int] | None = None
+        self.moved_axes: list[str] = []  # views of the outputs that interleave axes (classes viewed last)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -202,6 +204,8 @@ class InnerLossCalls(TorchFunctionMode):
             if (rank >= 2 and over_classes and isinstance(x, torch.Tensor)
                     and sorted(x.shape) == sorted(self.output_shape)):  # fmt: skip
                 self.applies = name
+        if name in ("view", "reshape") and self.output_shape and not self.moved_axes and args:
+            self._note_view(name, args[0], args[1:] or kwargs.get("shape", ()))
         kind = vocab.loss_kind(name)
         if kind is not None:
             output = args[0] if args else kwargs.get("input")
@@ -213,6 +217,18 @@ class InnerLossCalls(TorchFunctionMode):
         if name in _ELEMENTWISE and self.broadcast_shape is None and len(args) == 2:
             self._note_broadcast(args[0], args[1], result)
         return result
+
+    def _note_view(self, op: str, x: Any, shape: Any) -> None:
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != self.output_shape:
+            return
+        sizes = list(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else list(shape)
+        if not all(isinstance(d, int) for d in sizes) or sizes.count(-1) > 1:
+            return
+        if -1 in sizes:
+            known = math.prod(d for d in sizes if d != -1)
+            sizes[sizes.index(-1)] = x.numel() // known if known else 0
+        if moved_axis(list(x.shape), sizes):
+            self.moved_axes.append(f"loss: {op} {list(x.shape)} -> {sizes}")
 
     def _note_broadcast(self, a: Any, b: Any, result: Any) -> None:
         out, target = self.output_shape, self.target_shape

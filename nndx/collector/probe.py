@@ -534,6 +534,8 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
     setup.position_logits = _position_logits(inputs, predicted)
     if report.model is not None:
         report.model = observed_summary(report.model, seen, output)
+        if inner is not None and inner.moved_axes:  # a view in the user's loss: the same bug as in the forward
+            report.model.moved_axes = (report.model.moved_axes + inner.moved_axes)[:8]
     report.loop = report.loop or LoopStats()
     report.loop.loss_calls = calls.records()
 

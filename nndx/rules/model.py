@@ -373,7 +373,9 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     detects="An observed forward (the probes' own) ran a view/reshape in the model's own code whose output "
     "has an axis that is neither a piece of one input axis nor whole input axes merged, but straddles the "
     "boundary between two, with the length of an input axis: x.view(T, B, F) for x.transpose(0, 1), "
-    "x.view(B, nh, T, hs) to split attention heads. torch's own modules are not read, nor a view of a tensor "
+    "x.view(B, nh, T, hs) to split attention heads; and (N, C, *positions) viewed as (N * positions, C), in the "
+    "forward or in a loss of the user's own (per-pixel logits flattened without moving the classes last). "
+    "torch's own modules are not read, nor a view of a tensor "
     "just padded by cat or pad: relative attention's skew (Transformer-XL's _rel_shift) interleaves on purpose.",
     why="view and reshape only regroup memory in order: asking for the sizes of a permuted tensor gives the "
     "right shape with the elements interleaved across the two axes (time steps mixed with samples, or with "

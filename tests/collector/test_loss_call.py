@@ -256,3 +256,27 @@ def test_a_softmax_before_a_time_major_ctc_loss_is_a_double_softmax():
         found[softmax] = {f.rule_id: f for f in nndx.diagnose(report).findings}
     assert "NNDX314" not in found[False]
     assert "log_softmax itself" in found[True]["NNDX314"].symptom
+
+
+def test_per_pixel_logits_viewed_without_moving_the_classes_last_are_an_interleaving_view():
+    """jzbontar/pixelcnn-pytorch's loss written as cross_entropy(out.view(-1, C), target.view(-1))
+    on (N, C, H, W) logits: each row holds C neighbouring values of one map, not one pixel's
+    classes. With permute(0, 2, 3, 1) first, or cross-entropy on the (N, C, H, W) logits, it
+    is right."""
+    g = torch.Generator().manual_seed(0)
+    images, targets = torch.rand(8, 1, 6, 6, generator=g), torch.randint(0, 4, (8, 6, 6), generator=g)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
+
+    def viewed(out, y):
+        return F.cross_entropy(out.view(-1, 4), y.view(-1))
+
+    def permuted(out, y):
+        return F.cross_entropy(out.permute(0, 2, 3, 1).reshape(-1, 4), y.view(-1))
+
+    found = {}
+    for loss in (viewed, permuted):
+        report = nndx.probe(net, (images, targets), loss, probes=["nan_origin", "hooks"], progress=False)
+        found[loss.__name__] = {f.rule_id: f for f in nndx.diagnose(report).findings}
+    assert "NNDX404" not in found["permuted"]
+    assert "loss: view [8, 4, 6, 6] -> [288, 4]" in found["viewed"]["NNDX404"].symptom

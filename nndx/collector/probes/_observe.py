@@ -434,6 +434,8 @@ def moved_axis(before: list[int], after: list[int]) -> bool:
     does: the sizes asked for are right, the elements are interleaved."""
     if math.prod(before) != math.prod(after) or len(before) < 2 or 0 in before:
         return False
+    if classes_viewed_last(before, after):
+        return True
     edges = {math.prod(before[:i]) for i in range(len(before) + 1)}  # input axes' boundaries, in
     spans = [(math.prod(before[:i]), math.prod(before[: i + 1])) for i in range(len(before))]  # element strides
     for j, size in enumerate(after):
@@ -443,6 +445,17 @@ def moved_axis(before: list[int], after: list[int]) -> bool:
         if size in before:
             return True
     return False
+
+
+def classes_viewed_last(before: list[int], after: list[int]) -> bool:
+    """Whether a view/reshape takes (N, C, *positions) to (N * positions, C) or (N,
+    positions, C): a convolution's per-pixel class scores flattened with ``.view(-1, C)``
+    before cross-entropy, without the ``permute(0, 2, 3, 1)`` that puts C last. Each row
+    then holds C neighbouring values of one map, not one pixel's C classes."""
+    if len(before) < 3 or before[-1] == before[1]:
+        return False
+    n, classes, positions = before[0], before[1], math.prod(before[2:])
+    return positions > 1 and list(after) in ([n * positions, classes], [n, positions, classes])
 
 
 def observed_summary(summary: ModelSummary, seen: ForwardObserver, output: Any) -> ModelSummary:
