@@ -50,6 +50,15 @@ whole sequence). Targets flattened to one axis (``targets.reshape(-1)`` against
 ``output.view(-1, V)``, as PyTorch's language-model examples write it) are read in the
 layout of the token tensor they flatten.
 
+Two more readings cover models fed floats rather than tokens, when the targets are no
+integer tokens. An autoregressive density model (PixelCNN over pixels, MADE over binary
+dimensions) has the inputs themselves as targets, or intensities quantised from them: one
+sample's positions are changed one at a time in one eval-mode batch, and a model whose
+outputs read the other positions one way only is autoregressive; an output that moves with
+its own input sees what it must predict. A forecaster handed float targets verbatim inside a
+longer input (a decoder input built from the whole target window) has the value at a
+target's own position changed: the prediction for it must not move.
+
 Causality: the tokens after position ``cut`` are replaced by other ids of the batch and
 both batches run on the eval-mode copy under one seed; the outputs at positions
 ``<= cut`` must not move beyond the rounding tolerance (dtype eps × magnitude ×
@@ -62,6 +71,7 @@ tolerance is tight. One backward and three or four forwards in all.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -234,6 +244,7 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
         return None
     where = tuple(target.shape[1:])
     n, positions = target.shape[0], math.prod(where)
+
     def laid_out_like_targets(t: torch.Tensor) -> bool:  # (N, *where), or a few channels first: (N, C, *where)
         return tuple(t.shape[1:]) == where or (tuple(t.shape[2:]) == where and t.shape[1] <= 4)
 
@@ -241,21 +252,16 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
               if t.is_floating_point() and t.dim() >= 2 and t.shape[0] == n and laid_out_like_targets(t)), None)
     if x is None or positions < MIN_POSITIONS or not _codes_the_inputs(x.reshape(n, -1, positions).sum(1), target):
         return None
-    with preserved_rng(), forwards_under_autocast(None), torch.no_grad():
-        model_copy = set_mode(working_copy(model), False)
-        changed = torch.linspace(0, positions - 1, min(positions, DENSITY_POSITIONS)).round().long().unique()
-        rows = changed.numel() + 1
-        sample = x[:1].reshape(1, -1, positions).repeat(rows, 1, 1)
-        sample[torch.arange(1, rows), :, changed] += 1.0
-        batch_inputs = map_tensors(inputs, lambda t: sample.reshape(rows, *x.shape[1:]) if t is x else (
-            t[:1].repeat(rows, *[1] * (t.dim() - 1)) if t.dim() and t.shape[0] == n else t))
-        with ForwardObserver(model_copy) as seen:
-            seed_all(SEED)
-            outputs = _float_outputs(forward(model_copy, batch_inputs))
-        laid_out = next((o for o in (_per_position_output(out, where) for out in outputs) if o is not None), None)
-        if laid_out is None:
-            return None
-        tolerance = roundoff_tolerance(model_copy, [laid_out], seen.lowest_precision)
+    changed = torch.linspace(0, positions - 1, min(positions, DENSITY_POSITIONS)).round().long().unique()
+    rows = changed.numel() + 1
+    sample = x[:1].reshape(1, -1, positions).repeat(rows, 1, 1)
+    sample[torch.arange(1, rows), :, changed] += 1.0
+    ran = _edited_sample(model, inputs, x, sample.reshape(rows, *x.shape[1:]))
+    laid_out = next((o for o in (_per_position_output(out, where) for out in ran[0]) if o is not None),
+                    None) if ran else None  # fmt: skip
+    if laid_out is None:
+        return None
+    tolerance = ran[1](laid_out)
     moved = ((laid_out[1:] - laid_out[:1]).abs().amax(dim=2) > tolerance)  # [changed position k, output i]
     reads = moved[:, changed]  # output changed[l] moved when changed[k] did
     own = int(reads.diagonal().sum())
@@ -304,21 +310,15 @@ def _targets_in_inputs(model: nn.Module, inputs: object, targets: object) -> Cau
     target, index, x, start = found
     length = target.shape[1]
     checked = sorted({length - 1, length // 2})
-    with preserved_rng(), forwards_under_autocast(None), torch.no_grad():
-        model_copy = set_mode(working_copy(model), False)
-        rows = len(checked) + 1
-        sample = x[:1].repeat(rows, *[1] * (x.dim() - 1))
-        for row, k in enumerate(checked, start=1):
-            sample[row, start + k] += 1.0 + sample[row, start + k].abs()
-        batch_inputs = map_tensors(inputs, lambda t: sample if t is x else (
-            t[:1].repeat(rows, *[1] * (t.dim() - 1)) if t.dim() and t.shape[0] == target.shape[0] else t))
-        with ForwardObserver(model_copy) as seen:
-            seed_all(SEED)
-            outputs = [o for o in _float_outputs(forward(model_copy, batch_inputs)) if o.shape[1:] == target.shape[1:]]
-        if not outputs:
-            return None
-        out = outputs[0].float()
-        tolerance = roundoff_tolerance(model_copy, [out], seen.lowest_precision)
+    sample = x[:1].repeat(len(checked) + 1, *[1] * (x.dim() - 1))
+    for row, k in enumerate(checked, start=1):
+        sample[row, start + k] += 1.0 + sample[row, start + k].abs()
+    ran = _edited_sample(model, inputs, x, sample)
+    outputs = [o for o in ran[0] if o.shape[1:] == target.shape[1:]] if ran else []
+    if not outputs:
+        return None
+    out = outputs[0].float()
+    tolerance = ran[1](out)
     change = [float((out[row, k] - out[0, k]).abs().max()) for row, k in enumerate(checked, start=1)]
     moved = sum(c > tolerance for c in change)
     common = {"samples": 1, "positions": length, "scored_positions": len(checked), "changed_positions": moved,
@@ -334,6 +334,26 @@ def _targets_in_inputs(model: nn.Module, inputs: object, targets: object) -> Cau
     return CausalityResult(status="passed", future_visible=False, **common, message=(
         f"{where}, but changing the value at a target's own position left the prediction for it in place: the "
         "model reads only the values before it"))  # fmt: skip
+
+
+def _edited_sample(model: nn.Module, inputs: object, x: torch.Tensor, sample: torch.Tensor,
+                   ) -> tuple[list[torch.Tensor], Callable[[torch.Tensor], float]] | None:  # fmt: skip
+    """One eval-mode forward (on a copy, seeded) of ``sample`` — rows of one sample of ``x``,
+    edited — in place of ``x``, the other inputs' first sample repeated beside it: the
+    float outputs, and the rounding tolerance of an output. None when the model cannot take
+    such a batch (a hidden state sized to the batch): these readings are then not made."""
+    rows = sample.shape[0]
+    batch_inputs = map_tensors(inputs, lambda t: sample if t is x else (
+        t[:1].repeat(rows, *[1] * (t.dim() - 1)) if t.dim() and t.shape[0] == x.shape[0] else t))
+    with preserved_rng(), forwards_under_autocast(None), torch.no_grad():
+        model_copy = set_mode(working_copy(model), False)
+        try:
+            with ForwardObserver(model_copy) as seen:
+                seed_all(SEED)
+                outputs = _float_outputs(forward(model_copy, batch_inputs))
+        except Exception:  # noqa: BLE001 - a fallback reading: the probe says why it skipped instead
+            return None
+    return [o.detach() for o in outputs], lambda out: roundoff_tolerance(model_copy, [out], seen.lowest_precision)
 
 
 def _codes_the_inputs(values: torch.Tensor, target: torch.Tensor) -> bool:
