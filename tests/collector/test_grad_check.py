@@ -541,3 +541,22 @@ def test_weights_masked_in_place_by_the_forward_are_no_broken_backward():
     torch.manual_seed(0)
     broken = nn.Sequential(MaskedLinear(8, 16), nn.Tanh(), CustomLinear(16, 3, "scaled"))
     assert grad_check(broken, batch(), nn.CrossEntropyLoss()).status == "failed"
+
+
+class _CastsThenRecurs(nn.Module):
+    """HAN's word encoder: a lookup whose output the forward casts with ``.float()`` before a GRU,
+    so a float64 copy feeds float32 into float64 weights and the GRU raises a ValueError."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.rnn, self.head = nn.Linear(8, 6), nn.GRU(6, 5, batch_first=True), nn.Linear(5, 3)
+
+    def forward(self, x):
+        out, _ = self.rnn(self.embed(x).float().unsqueeze(1))
+        return self.head(out[:, -1])
+
+
+def test_a_forward_that_casts_to_float32_before_a_recurrent_layer_is_checked_in_float32():
+    result = grad_check(_CastsThenRecurs(), batch(), nn.CrossEntropyLoss())
+    assert result.status == "passed" and "checked in float32" in result.message, result.message
