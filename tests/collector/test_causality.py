@@ -628,3 +628,31 @@ def test_a_causal_model_handed_the_whole_series_reads_only_the_values_before_eac
 
     result = causality(NextStep(), (y, y[:, 1:]), nn.MSELoss())
     assert result.status == "passed" and result.target_start == 1, result.message
+
+
+class FramePredictor(nn.Module):
+    """A next-frame predictor in miniature (a ConvLSTM's shape): (N, T, 1, H, W) frames, a
+    convolution within each frame, a GRU over time at each pixel, a 1x1 head per frame."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.rnn, self.head = nn.Conv2d(1, 4, 3, padding=1), nn.GRU(4, 4, batch_first=True), nn.Linear(4, 1)
+
+    def forward(self, frames):
+        n, t, _, h, w = frames.shape
+        feats = self.conv(frames.reshape(n * t, 1, h, w)).reshape(n, t, 4, h * w).permute(0, 3, 1, 2)
+        out = self.head(self.rnn(feats.reshape(n * h * w, t, 4))[0])  # (n * pixels, t, 1)
+        return out.reshape(n, h * w, t).permute(0, 2, 1).reshape(n, t, 1, h, w)
+
+
+@pytest.mark.parametrize("shifted", [True, False])
+def test_a_next_frame_predictor_trained_to_reproduce_the_frame_it_sees_is_caught(shifted):
+    g = torch.Generator().manual_seed(0)
+    frames = torch.rand(8, 7, 1, 6, 6, generator=g)
+    inputs, targets = (frames[:, :-1], frames[:, 1:]) if shifted else (frames[:, :-1], frames[:, :-1])
+    result = causality(FramePredictor(), (inputs, targets), nn.MSELoss())
+    if shifted:
+        assert result.status == "skipped", result.message
+    else:
+        assert result.status == "failed" and result.autoregressive and result.positions == 6, result.message

@@ -252,37 +252,60 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
               if t.is_floating_point() and t.dim() >= 2 and t.shape[0] == n and laid_out_like_targets(t)), None)
     if x is None or positions < MIN_POSITIONS or not _codes_the_inputs(x.reshape(n, -1, positions).sum(1), target):
         return None
-    changed = torch.linspace(0, positions - 1, min(positions, DENSITY_POSITIONS)).round().long().unique()
-    rows = changed.numel() + 1
-    sample = x[:1].reshape(1, -1, positions).repeat(rows, 1, 1)
-    sample[torch.arange(1, rows), :, changed] += 1.0
-    ran = _edited_sample(model, inputs, x, sample.reshape(rows, *x.shape[1:]))
-    laid_out = next((o for o in (_per_position_output(out, where) for out in ran[0]) if o is not None),
-                    None) if ran else None  # fmt: skip
-    if laid_out is None:
+    order = _order(model, inputs, x, x[:1].reshape(1, -1, positions), lambda g: g.reshape(-1, *x.shape[1:]),
+                   lambda out: _per_position_output(out, where))  # fmt: skip
+    steps = where[0]
+    if order is None and len(where) >= 2 and tuple(x.shape[1:]) == where and steps >= MIN_POSITIONS:
+        # a sequence of frames or vectors (a ConvLSTM's (N, T, C, H, W)): values within a step read each
+        # other, so the order is read over the time axis, each step changed whole
+        order = _order(model, inputs, x, x[:1].reshape(1, steps, -1).transpose(1, 2),
+                       lambda g: g.transpose(1, 2).reshape(-1, *x.shape[1:]),
+                       lambda out: out.reshape(out.shape[0], steps, -1).float() if out.shape[1:2] == (steps,) else None)
+        positions = steps
+    if order is None:
         return None
-    tolerance = ran[1](laid_out)
-    moved = ((laid_out[1:] - laid_out[:1]).abs().amax(dim=2) > tolerance)  # [changed position k, output i]
-    reads = moved[:, changed]  # output changed[l] moved when changed[k] did
-    own = int(reads.diagonal().sum())
-    others = reads & ~torch.eye(changed.numel(), dtype=torch.bool)
-    both_ways = int((others & others.T).sum()) // 2
-    one_way = int(others.sum())
-    if one_way < changed.numel() // 2 or both_ways > MUTUAL_READS * one_way:
-        return None
-    common = {"samples": 1, "positions": positions, "scored_positions": int(changed.numel()),
-              "changed_positions": own, "max_change": float((laid_out[1:] - laid_out[:1]).abs().max()),
-              "tolerance": tolerance, "autoregressive": True}  # fmt: skip
+    changed, own, one_way, both_ways, max_change, tolerance = order
+    common = {"samples": 1, "positions": positions, "scored_positions": changed, "changed_positions": own,
+              "max_change": max_change, "tolerance": tolerance, "autoregressive": True}  # fmt: skip
     if own:
         return CausalityResult(status="failed", future_visible=True, **common, message=(
-            f"an autoregressive model over its own inputs (changing one of {changed.numel()} positions moves only "
+            f"an autoregressive model over its own inputs (changing one of {changed} positions moves only "
             f"outputs on one side of it: {one_way} reads one way, {both_ways} both ways), but {own} of those "
             "positions' own outputs moved with their own input: each output sees the value it must predict — a "
             "first masked convolution of type B where A is due, a MADE output mask of <= where < is, a mask "
             "applied after the layer that needed it"))  # fmt: skip
     return CausalityResult(status="passed", future_visible=False, **common, message=(
-        f"an autoregressive model over its own inputs: changing one of {changed.numel()} positions moved outputs on "
+        f"an autoregressive model over its own inputs: changing one of {changed} positions moved outputs on "
         "one side of it only, and never its own output"))  # fmt: skip
+
+
+def _order(model: nn.Module, inputs: object, x: torch.Tensor, grid: torch.Tensor,
+           as_x: Callable[[torch.Tensor], torch.Tensor], per_position: Callable[[torch.Tensor], torch.Tensor | None],
+           ) -> tuple[int, int, int, int, float, float] | None:  # fmt: skip
+    """Which positions each output reads: ``grid`` is one sample of ``x`` as (1, values,
+    positions), ``as_x`` lays rows of it out as ``x``; each of up to ``DENSITY_POSITIONS``
+    positions is changed whole in its own row of one eval-mode batch. Returns (positions
+    changed, outputs moved by their own input, one-way reads, both-way pairs, the largest
+    change, the tolerance) when the outputs read the other positions one way only (an order
+    exists), else None."""
+    positions = grid.shape[2]
+    changed = torch.linspace(0, positions - 1, min(positions, DENSITY_POSITIONS)).round().long().unique()
+    rows = changed.numel() + 1
+    sample = grid.repeat(rows, 1, 1)
+    sample[torch.arange(1, rows), :, changed] += 1.0
+    ran = _edited_sample(model, inputs, x, as_x(sample))
+    laid_out = next((o for o in map(per_position, ran[0]) if o is not None), None) if ran else None
+    if laid_out is None:
+        return None
+    tolerance = ran[1](laid_out)
+    moved = (laid_out[1:] - laid_out[:1]).abs().amax(dim=2) > tolerance  # [changed position k, output i]
+    reads = moved[:, changed]  # output changed[l] moved when changed[k] did
+    others = reads & ~torch.eye(changed.numel(), dtype=torch.bool)
+    one_way, both_ways = int(others.sum()), int((others & others.T).sum()) // 2
+    if one_way < changed.numel() // 2 or both_ways > MUTUAL_READS * one_way:
+        return None
+    max_change = float((laid_out[1:] - laid_out[:1]).abs().max())
+    return int(changed.numel()), int(reads.diagonal().sum()), one_way, both_ways, max_change, tolerance
 
 
 def _targets_in_inputs(model: nn.Module, inputs: object, targets: object) -> CausalityResult | None:
