@@ -163,18 +163,25 @@ def _saturated_layers(report: DiagnosticReport, from_start: bool) -> list[Hit]:
     # outputs that saturated while the loss learned did it no visible harm: a trained attention's
     # tanh energies pin at ±1 as it grows sure (Bahdanau's, 58% in a healthy seq2seq)
     learned = not from_start and _loss_healthy(report)
-    return [
-        Hit(
+    # the calls of one functional activation in one module (attn.forward:tanh#0, #1... of a decoder
+    # unrolled over time, a ConvLSTM cell's gates at every step) are one finding: the most saturated
+    calls: dict[str, list[tuple[LayerStats, float, float | None, int | None]]] = {}
+    for found in _gone_layers(report, from_start, _saturated_share, SATURATED_THRESHOLD):
+        calls.setdefault(found[0].name.split("#")[0], []).append(found)
+    hits = []
+    for group in calls.values():
+        layer, now, start, start_step = max(group, key=lambda found: found[1])
+        more = f" (and {len(group) - 1} more calls of it)" if len(group) > 1 else ""
+        hits.append(Hit(
             symptom=f"{now:.0%} of the outputs of {layer.name} are saturated" + _since(start, start_step, from_start)
-            + (", while the train loss learned" if learned else ""),
+            + (", while the train loss learned" if learned else "") + more,
             evidence={"layer": layer.name, "layer_type": layer.type, "saturated_fraction": now,
-                      "saturated_fraction_at_start": start},  # fmt: skip
+                      "saturated_fraction_at_start": start, "calls": len(group)},  # fmt: skip
             severity="info" if learned else None,
             score=now,
             step=layer.step,
-        )
-        for layer, now, start, start_step in _gone_layers(report, from_start, _saturated_share, SATURATED_THRESHOLD)
-    ]
+        ))
+    return hits
 
 
 @rule(
@@ -197,7 +204,8 @@ def saturated(report: DiagnosticReport) -> list[Hit]:
     C.SATURATED_ACTIVATIONS,
     "warning",
     "Sigmoid/tanh activations saturated during training",
-    detects="A sigmoid/tanh layer with at least half of its outputs within 1e-3 of a bound at the last "
+    detects="A sigmoid/tanh layer (the calls of one functional activation in one module, a decoder's per-step "
+    "tanh, counted as one) with at least half of its outputs within 1e-3 of a bound at the last "
     "recorded step that was mostly unsaturated at the first, or found saturated in a trained model with no "
     "record of its start (then any cause of saturation explains it). Info when the train loss fell by over 30% "
     "and stayed finite: units that grew sure while the loss learned did it no visible harm.",

@@ -1359,3 +1359,19 @@ def test_a_published_step_decay_whose_last_stages_sit_low_is_no_collapse():
 
     assert not fires([0.1 * 0.1 ** (i // 50) for i in range(250)])
     assert fires([0.1 * 0.1 ** (i // 5) for i in range(250)])
+
+
+def test_the_calls_of_one_functional_activation_saturated_together_are_one_finding():
+    """A decoder unrolled over 10 steps calls attn.forward's tanh 10 times (tanh#0 ... tanh#9):
+    one finding for the module's tanh, the most saturated call named, the others counted."""
+    from .broken import BROKEN
+
+    broken = BROKEN["NNDX209"]()
+    tanh = [layer for layer in broken.layers if layer.type == "Tanh"]
+    names = sorted({layer.name for layer in tanh})
+    calls = [layer.model_copy(update={"name": f"attn.forward:tanh#{k}", "activation": layer.activation.model_copy(
+        update={"saturated_fraction": min(1.0, layer.activation.saturated_fraction + 0.01 * k)})})
+        for k in range(10) for layer in tanh if layer.name == names[0]]  # fmt: skip
+    report = broken.model_copy(update={"layers": [layer for layer in broken.layers if layer.type != "Tanh"] + calls})
+    found = [f for f in diagnose(report).findings if f.rule_id == "NNDX209"]
+    assert len(found) == 1 and found[0].evidence["calls"] == 10 and "tanh#9" in found[0].symptom
