@@ -682,8 +682,9 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     detects="The causality probe: at (nearly) every position the loss scores, the target the loss pulls the "
     "output towards is the last input token that position reads (copy_fraction >= 0.9), or the token 2 or 3 "
     "positions ahead of it or the one before (target_offset), and far more often than it is the next input "
-    "token. Which target goes with which output is read from the loss's gradient, so a "
-    "loss that shifts internally (labels = input_ids) is not flagged; with several targets and outputs (BERT's "
+    "token; or, in a sequence model over float steps (frames, vectors) whose targets are its inputs, the output "
+    "at a step moves with that step's own input. Which target goes with which output is read from the loss's "
+    "gradient, so a loss that shifts internally (labels = input_ids) is not flagged; with several targets and outputs (BERT's "
     "next-sentence and masked-token heads), the per-token ones are read. What a position reads is measured: a "
     "teacher-forced decoder handed its targets reads trg[t - 1] for output t, so output[:-1] against trg[1:] "
     "asks two tokens ahead.",
@@ -707,7 +708,11 @@ def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
         "scored_positions": result.scored_positions,
         "time_axis": result.time_axis,
     }
-    if result.unshifted:
+    if result.unshifted and result.autoregressive:
+        evidence = {"own_input_steps": result.changed_positions, "steps_changed": result.scored_positions}
+        symptom = (f"the targets are the steps the model is given: at {result.changed_positions} of "
+                   f"{result.scored_positions} steps the output moved with its own input")  # fmt: skip
+    elif result.unshifted:
         symptom = (f"{result.copy_fraction:.0%} of the scored positions' targets are their own input token (the next "
                    f"token: {result.next_fraction:.0%})")  # fmt: skip
     else:

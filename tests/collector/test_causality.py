@@ -655,4 +655,7 @@ def test_a_next_frame_predictor_trained_to_reproduce_the_frame_it_sees_is_caught
     if shifted:
         assert result.status == "skipped", result.message
     else:
-        assert result.status == "failed" and result.autoregressive and result.positions == 6, result.message
+        assert result.status == "failed" and result.unshifted and result.positions == 6, result.message
+        found = {f.rule_id: f for f in nndx.diagnose(nndx.DiagnosticReport(probes=nndx.report.Probes(
+            causality=result))).findings}  # fmt: skip
+        assert found["NNDX613"].code.value == "LABELS_MISALIGNED" and "NNDX614" not in found

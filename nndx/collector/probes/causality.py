@@ -262,6 +262,16 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
                        lambda g: g.transpose(1, 2).reshape(-1, *x.shape[1:]),
                        lambda out: out.reshape(out.shape[0], steps, -1).float() if out.shape[1:2] == (steps,) else None)
         positions = steps
+        if order is not None and order[1]:
+            # a sequence model reads its current step by design: its target is that step, not the next
+            changed, own, *_, max_change, tolerance = order
+            return CausalityResult(
+                status="failed", unshifted=True, autoregressive=True, samples=1, positions=positions,
+                scored_positions=changed, changed_positions=own, max_change=max_change, tolerance=tolerance,
+                message=(f"a sequence model over its own inputs (each step's output reads that step and the ones "
+                         f"before), whose targets are the steps it is given: at {own} of {changed} steps the output "
+                         "moved with its own input, which is its target — targets not shifted (next-step targets "
+                         "are inputs[:, 1:] for inputs[:, :-1])"))  # fmt: skip
     if order is None:
         return None
     changed, own, one_way, both_ways, max_change, tolerance = order
