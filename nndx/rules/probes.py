@@ -684,7 +684,8 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     "positions ahead of it or the one before (target_offset), and far more often than it is the next input "
     "token; or, in a sequence model over float steps (frames, vectors) whose targets are its inputs, the output "
     "at a step moves with that step's own input. Which target goes with which output is read from the loss's "
-    "gradient, so a loss that shifts internally (labels = input_ids) is not flagged; with several targets and outputs (BERT's "
+    "gradient, so a loss that shifts internally (labels = input_ids) is not flagged; with several targets and "
+    "outputs (BERT's "
     "next-sentence and masked-token heads), the per-token ones are read. What a position reads is measured: a "
     "teacher-forced decoder handed its targets reads trg[t - 1] for output t, so output[:-1] against trg[1:] "
     "asks two tokens ahead.",
