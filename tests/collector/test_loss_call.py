@@ -252,7 +252,8 @@ def test_a_softmax_before_a_time_major_ctc_loss_is_a_double_softmax():
     x, targets = torch.randn(8, 12, 6, generator=g), torch.randint(1, 5, (8, 3), generator=g)
     found = {}
     for softmax in (False, True):
-        report = nndx.probe(Transcriber(softmax), (x, targets), transcription_loss, probes=["nan_origin"], progress=False)
+        report = nndx.probe(Transcriber(softmax), (x, targets), transcription_loss, probes=["nan_origin"],
+                            progress=False)  # fmt: skip
         found[softmax] = {f.rule_id: f for f in nndx.diagnose(report).findings}
     assert "NNDX314" not in found[False]
     assert "log_softmax itself" in found[True]["NNDX314"].symptom
