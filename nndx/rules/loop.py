@@ -407,10 +407,6 @@ def train_mode_forgotten(report: DiagnosticReport) -> Hit | None:
     )
 
 
-# an LR at or under 1e-3 of its peak for more than this share of the run collapsed (a step decay run
-# as published, four 10x cuts, spends up to ~40% there), or at exactly 0 for more than STOPPED_SHARE
-COLLAPSED_SHARE = 0.5
-STOPPED_SHARE = 0.25
 ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every other
 
 
@@ -423,8 +419,7 @@ ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every 
     "a warm-up never stepped, LARS built with lr=0 for an adjust_learning_rate the loop never calls); "
     "a learning rate below zero at any recorded step (error: every step then climbs the loss; a linear "
     "decay stepped past its end, LambdaLR's 1 - epoch / n stepped per batch, goes there); a learning rate at or "
-    "below 1e-3 of its maximum for more than half of the recorded steps (a published step decay's last stages "
-    "sit there for less), or at exactly 0 for more than a quarter (in a loop "
+    "below 1e-3 of its maximum for more than a quarter of the recorded steps (in a loop "
     "without an optimizer: the step size measured as |update| / |gradient|); or an optimizer's LR that climbs "
     "back, gradually (through at least one step between), from under 10% of its peak to 90% of it twice or more. "
     "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
@@ -472,8 +467,7 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     # at 1e-3 too, to float precision: ReduceLROnPlateau(eps=1e-8) from 1e-5 stops exactly there
     collapsed = [i for i, lr in enumerate(lrs) if lr <= 1e-3 * peak * (1 + 1e-6)]
     share = len(collapsed) / len(lrs)
-    stopped = sum(lr == 0 for lr in lrs) / len(lrs)  # no step at all: a decay stepped past its end, clamped
-    if share <= COLLAPSED_SHARE and stopped <= STOPPED_SHARE:
+    if share <= 0.25:
         rises = [] if measured else _gradual_rises(lrs, peak)
         if len(rises) < 2:
             return None

@@ -1350,17 +1350,6 @@ def test_gradients_growing_from_near_zero_while_the_loss_falls_are_learning_not_
     assert "NNDX204" in found([2.0 + 0.05 * math.sin(i) for i in range(240)])
 
 
-def test_a_published_step_decay_whose_last_stages_sit_low_is_no_collapse():
-    """arcface-pytorch's StepLR(lr_step, 0.1) over its run: four decays take 0.1 to 1e-5, the
-    last 40% of the steps at or under 1e-3 of the peak, as the authors meant. A per-epoch
-    StepLR stepped every batch is there from its first epoch."""
-    def fires(lrs):
-        return "NNDX307" in _found(with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]))
-
-    assert not fires([0.1 * 0.1 ** (i // 50) for i in range(250)])
-    assert fires([0.1 * 0.1 ** (i // 5) for i in range(250)])
-
-
 def test_the_calls_of_one_functional_activation_saturated_together_are_one_finding():
     """A decoder unrolled over 10 steps calls attn.forward's tanh 10 times (tanh#0 ... tanh#9):
     one finding for the module's tanh, the most saturated call named, the others counted."""
