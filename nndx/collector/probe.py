@@ -174,6 +174,8 @@ def probe(
             spec.store_status(report, "error", outcome)
             continue
         spec.store(report, outcome)
+    if setup.loss_views and report.model is not None:  # the layer statistics' summary replaced the first one
+        report.model.moved_axes = (report.model.moved_axes + setup.loss_views)[:8]
     if watched is not None:
         at_start: list = []
         if setup.initial is not None and trained_steps > 0 and any(spec.name == "hooks" for spec in selected):
@@ -213,6 +215,8 @@ class _Setup:
     position_logits: bool = False
     # why no probe can call the model: its forward raises NotImplementedError (called through other methods)
     no_forward: str | None = None
+    # views of the outputs inside the user's loss that interleave axes (NNDX404 reads them beside the forward's)
+    loss_views: list[str] = field(default_factory=list)
 
     @classmethod
     def make(cls, model: nn.Module, batch: Batch, loss_fn: LossFn, optimizer: torch.optim.Optimizer | None,
@@ -534,8 +538,7 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
     setup.position_logits = _position_logits(inputs, predicted)
     if report.model is not None:
         report.model = observed_summary(report.model, seen, output)
-        if inner is not None and inner.moved_axes:  # a view in the user's loss: the same bug as in the forward
-            report.model.moved_axes = (report.model.moved_axes + inner.moved_axes)[:8]
+    setup.loss_views = inner.moved_axes if inner is not None else []
     report.loop = report.loop or LoopStats()
     report.loop.loss_calls = calls.records()
 

@@ -166,11 +166,6 @@ def _in_forward_order(layers: list[LayerStats], timeline: list[str]) -> list[Lay
 
 
 def _record(report: DiagnosticReport, stats: HookStatistics) -> str:
-    # views the loss made of the outputs were seen where the loss was first called (probe's
-    # describe step), not in this forward: they stay
-    in_loss = [m for m in (report.model.moved_axes if report.model is not None else []) if m.startswith("loss:")]
-    if in_loss:
-        stats.model.moved_axes = (stats.model.moved_axes + in_loss)[:8]
     report.layers, report.parameters, report.model = stats.layers, stats.parameters, stats.model
     return "done"
 
