@@ -74,6 +74,18 @@ def test_a_clip_cutting_through_a_divergence_is_context():
     assert _found(blown)["NNDX308"].severity == "info"
 
 
+@pytest.mark.parametrize(("optimizers", "after", "severity"), [
+    (["AdamW"], 0.05, "info"), (["Adam", "RMSprop"], 0.05, "info"), (["SGD"], 0.05, "warning"),
+    (["Adam", "SGD"], 0.05, "warning"), (["Adam"], 1e-8, "warning"), (None, 0.05, "warning")])
+def test_a_clip_under_an_adaptive_optimizer_is_context(optimizers, after, severity):
+    """Adam divides the clipped gradient by its own running scale: the step keeps its size
+    (ELECTRA's clip at 1.0 under AdamW, a healthy run). SGD's step, or Adam's once the clipped
+    entries near eps, shrinks with the clip."""
+    tight = [GradNormPoint(step=i, before_clip=2.0, after_clip=after) for i in range(40)]
+    found = _found(with_loop(BASE, grad_norm_history=tight, optimizers=optimizers))["NNDX308"]
+    assert found.severity == severity
+
+
 def test_grad_check_on_a_nan_model_is_no_evidence_of_a_broken_backward():
     nan_check = GradCheckResult(status="failed", max_relative_error=math.inf, parameters=[GradCheckParam(name="0.weight", relative_error=math.nan, status="bug")])
     assert "NNDX604" not in _found(BASE.model_copy(update={"probes": healthy_probes(grad_check=nan_check)}))
