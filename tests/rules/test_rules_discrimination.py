@@ -1037,6 +1037,19 @@ def test_a_plateau_schedule_that_stops_at_exactly_1e_3_of_its_peak_collapsed_too
     assert "NNDX307" in _found(with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]))
 
 
+@pytest.mark.parametrize(("lrs", "severity"), [
+    ([0.1 * 0.1 ** ((i + 90) // 180) for i in range(720)], "info"),  # arcface-pytorch: /10 every 2 of 8 epochs
+    ([0.1 * 0.1 ** (i // 10) for i in range(60)], "warning"),  # StepLR(10) for epochs, stepped per batch: 50%
+    ([0.1 * 0.1 ** (i // 10) for i in range(200)], "warning"),
+    ([0.1] * 140 + [0.0] * 60, "warning"),  # a linear decay clamped at 0 after its end: 30% stopped
+])
+def test_a_step_decay_that_sits_low_for_under_half_the_run_is_context(lrs, severity):
+    """A published step decay spends its last stages at 1e-4 of the peak by design; an epoch
+    schedule stepped every batch spends most of the run there, and an LR of exactly 0 is no recipe."""
+    found = _found(with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]))
+    assert found["NNDX307"].severity == severity
+
+
 def test_a_line_searchs_rejected_trial_is_no_divergence_but_a_sustained_climb_is():
     """A PINN trained by one L-BFGS step(closure) of 200 evaluations, each logged: the
     strong-Wolfe line search tried a point 1000x worse once and rejected it. In a loop of
