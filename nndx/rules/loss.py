@@ -518,9 +518,12 @@ def underfitting(report: DiagnosticReport) -> Hit | None:
     C.LABELS_MISALIGNED,
     "warning",
     "Validation accuracy stays at chance",
-    detects="A validation accuracy within 0.05 (absolute) plus a quarter of the chance level of 1/C "
-    "at the end of training, over at least 5 recorded points, or at every one of 3 or 4 (an evaluation per "
-    "epoch) — with train accuracy at chance too, or rising well above it (memorisation).",
+    detects="A validation accuracy no more than 0.05 (absolute) plus a quarter of the chance level of 1/C "
+    "above chance at the end of training, over at least 5 recorded points, or at every one of 3 or 4 (an evaluation "
+    "per epoch) — with train accuracy at chance too, or rising well above it (memorisation). Below chance counts: "
+    "a model that learned anything predicts held-out samples no worse than a guess unless their labels mean "
+    "something else (a split of class-sorted rows, labels shuffled apart from their inputs, a label vocabulary "
+    "built per split); the farther below, the higher the score.",
     why="A model that never beats chance on held-out data learned nothing that transfers: labels that "
     "do not belong to their inputs, a model that does not learn at all, or one that memorised a training "
     "set too small to generalise from (then the overfitting seen directly ranks first).",
@@ -538,15 +541,16 @@ def val_at_chance(report: DiagnosticReport) -> Hit | None:
     tolerance = 0.05 + 0.25 * chance
     val_end = median(val[-window(len(val)) :])
     # an evaluation per epoch over a few epochs (a fine-tuning script's three): every one at chance
-    if abs(val_end - chance) > tolerance or (len(val) < 5 and max(abs(v - chance) for v in val) > tolerance):
+    if val_end - chance > tolerance or (len(val) < 5 and max(val) - chance > tolerance):
         return None
     train = accuracies(report, "train")
     train_end = median(train[-window(len(train)) :]) if len(train) >= 3 else None
+    below = max(0.0, chance - tolerance - val_end)  # worse than any guess: the labels disagree
     return Hit(
-        symptom="validation accuracy at chance"
+        symptom=("validation accuracy below chance" if below else "validation accuracy at chance")
         + ("" if train_end is None else f" while train accuracy is {train_end:.3f}"),
         evidence={"chance_accuracy": chance, "val_accuracy_end": val_end, "train_accuracy_end": train_end},
-        score=1.0 + (0.0 if train_end is None else max(0.0, train_end - chance)),
+        score=1.0 + (0.0 if train_end is None else max(0.0, train_end - chance)) + below / chance,
         next_probe="label_alignment",
     )
 

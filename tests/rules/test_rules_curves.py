@@ -208,6 +208,26 @@ def test_three_evaluations_all_at_chance_are_enough_one_that_learned_is_not():
     assert "NNDX109" not in found([0.5, 0.51])  # two points: too few to say
 
 
+def test_validation_accuracy_below_chance_is_the_symptom_too():
+    """A split of class-sorted rows whose labels were not shuffled with the texts (Kim's CNN,
+    labels left in file order): train learns a little, the dev tenth holds one class the model
+    rarely predicts — worse than a coin. The farther below chance, the stronger the evidence."""
+    from .reports import points
+
+    train = points([0.68 - 0.001 * i for i in range(60)], [0.55 + 0.002 * i for i in range(60)])
+
+    def found(val_accuracy):
+        val = points([0.8] * len(val_accuracy), val_accuracy, every=5)
+        return {f.rule_id: f for f in diagnose(DiagnosticReport(num_classes=2, loss_history={
+            "train": train, "val": val})).findings}  # fmt: skip
+
+    below = found([0.0] * 10 + [0.02, 0.05, 0.1])
+    assert below["NNDX109"].code.value == "LABELS_MISALIGNED" and "below chance" in below["NNDX109"].symptom
+    at = found([0.5] * 13)
+    assert "below" not in at["NNDX109"].symptom and below["NNDX109"].score > at["NNDX109"].score
+    assert "NNDX109" not in found([0.3] * 5 + [0.8] * 8)
+
+
 def test_a_generator_loss_that_rises_as_its_discriminator_improves_is_context():
     """A GAN's generator loss runs through the discriminator and rises as it improves; the
     same curve on a loss of the model alone is divergence."""
