@@ -410,9 +410,13 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
             if unstable is None:
                 problem.forward_passes += 1
                 unstable = _random_backward(loss_now, named, grads, seed)
-            overwritten = _overwritten(params, values, loss_now) if unstable is None else {}
+            overwritten, rewritten = _overwritten(params, values, loss_now) if unstable is None else ({}, [])
             pattern.clear()
-            problem.forward_passes += 1
+            problem.forward_passes += 2
+            if rewritten:
+                unstable = (f"the forward rewrites {', '.join(rewritten[:3])} in place from its own values (a "
+                            "renormalisation through weight.data): its loss depends on those parameters outside "
+                            "autograd, which finite differences see and the backward by design does not")  # fmt: skip
             for n, entries in overwritten.items():  # no forward reads what a step puts there: no gradient to check
                 grads[n] = grads[n].masked_fill(entries, 0.0)
             written = forward_writes(model_copy)
@@ -518,22 +522,30 @@ def _loss_stops_gradients(model_copy: nn.Module, inputs: object, targets: object
 
 @torch.no_grad()
 def _overwritten(params: Mapping[str, nn.Parameter], values: Mapping[str, torch.Tensor],
-                 loss_now: Callable[[], torch.Tensor]) -> dict[str, torch.Tensor]:  # fmt: skip
+                 loss_now: Callable[[], torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:  # fmt: skip
     """Entries of the trainable parameters that the forward itself overwrites, as flat
     masks: jzbontar/pixelcnn-pytorch masks its convolutions with ``weight.data *= mask`` at
     every forward. Autograd gives the masked entries a gradient, but a value put there (one
     forward after a nudge of every entry) never survives to be used, and finite differences
-    rightly see no effect."""
-    nudged = {n: v + (v.abs() + 1.0) * 1e-3 for n, v in values.items()}
-    for n, v in nudged.items():
-        params[n].copy_(v.reshape(params[n].shape))
-    try:
-        loss_now()
-        found = {n: params[n].detach().reshape(-1) != v for n, v in nudged.items()}
-    finally:
-        for n in nudged:
-            params[n].copy_(values[n].reshape(params[n].shape))
-    return {n: m for n, m in found.items() if bool(m.any())}
+    rightly see no effect. Entries it rewrites from their own values (TransE renormalises its
+    entity rows with ``weight.data.div_(norm)``) make the loss a function of the parameters
+    outside autograd: their names come back second, and no gradient of theirs can be checked."""
+    written = []
+    for size in (1e-3, 2e-3):  # a mask writes the same value whatever was there
+        nudged = {n: v + (v.abs() + 1.0) * size for n, v in values.items()}
+        for n, v in nudged.items():
+            params[n].copy_(v.reshape(params[n].shape))
+        try:
+            loss_now()
+            written.append({n: (params[n].detach().reshape(-1) != v, params[n].detach().reshape(-1).clone())
+                            for n, v in nudged.items()})  # fmt: skip
+        finally:
+            for n in nudged:
+                params[n].copy_(values[n].reshape(params[n].shape))
+    (first, second) = written
+    found = {n: m for n, (m, _) in first.items() if bool(m.any())}
+    rewritten = [n for n, m in found.items() if bool((first[n][1][m] != second[n][1][m]).any())]
+    return found, rewritten
 
 
 def _not_a_function(problem: _Problem) -> str | None:
