@@ -421,3 +421,30 @@ def test_a_model_that_refuses_the_changed_batch_is_skipped_with_the_reason():
     x, lengths = torch.randn(8, 6, 4), torch.tensor([6, 6, 5, 5, 4, 3, 2, 1])
     result = sample_independence(SortedPacker(), ((x, lengths), torch.randint(0, 3, (8,))))
     assert result.status == "skipped" and "sorted" in result.message
+
+
+class SortedSampler(nn.Module):
+    """timbmg/Sentence-VAE: the batch is sorted by length, z is drawn for the sorted batch
+    (in eval mode too) and the sort undone. Replacing samples changes the sort, so the others
+    get other rows of noise: no mixing. ``noise=False, mix=True``: a real mixing after a sort."""
+
+    def __init__(self, noise: bool = True, mix: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.noise, self.mix = nn.Linear(8, 3), noise, mix
+
+    def forward(self, x):
+        order = torch.argsort(x[:, 0], descending=True)
+        h = self.fc(x[order])
+        if self.noise:
+            h = h + torch.randn_like(h)
+        if self.mix:
+            h = h - h.mean(0)
+        return h[torch.argsort(order)]
+
+
+def test_noise_drawn_in_an_order_the_samples_decide_is_not_read_as_mixing():
+    skipped = sample_independence(SortedSampler(), batch())
+    assert skipped.status == "skipped" and "sorts" in skipped.message and skipped.changed_samples > 0
+    assert sample_independence(SortedSampler(noise=False), batch()).status == "passed"
+    assert sample_independence(SortedSampler(noise=False, mix=True), batch()).status == "failed"

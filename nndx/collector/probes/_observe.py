@@ -173,6 +173,9 @@ class ForwardObserver(TorchFunctionMode):
         # "<op> of a [shape] tensor in <module>"
         self.whole_reductions: list[tuple[str, list[int]]] = []
         self.output_shapes: dict[str, list[int]] = {}  # leaf module -> its first call's output shape
+        # lengths of the axes the model's own code sorted (a batch sorted by length for
+        # pack_padded_sequence): draws made after it follow the sorted order, not the batch's
+        self.sorted_lengths: set[int] = set()
         self._busy = False  # inside the observer's own hooks: their torch calls are not the model's
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._names = {id(m): n for n, m in model.named_modules()}
@@ -300,6 +303,9 @@ class ForwardObserver(TorchFunctionMode):
         if whole and first.numel() > 1 and not isinstance(first, nn.Parameter) and len(self.whole_reductions) < 8:
             where = f" in {module_name}" if module_name else ""
             self.whole_reductions.append((f"{op} of a {list(first.shape)} tensor{where}", list(first.shape)))
+        if op in ("sort", "argsort") and first is not None and first.dim() >= 1:
+            dim = kwargs.get("dim", args[1] if len(args) > 1 and isinstance(args[1], int) else -1)
+            self.sorted_lengths.add(int(first.shape[dim]))
         if op == "batch_norm" and (args[5] if len(args) > 5 else kwargs.get("training", False)):
             self.functional_batch_statistics = True
         if op in PADDING_OPS and isinstance(out, torch.Tensor):
