@@ -150,7 +150,7 @@ def probe(
         ok, watched = guard.attempt("monitor", monitor.report)
         watched = watched if ok else None
         if initial_state is None:
-            ok, snapshot = guard.attempt("monitor", lambda: _monitor_snapshot(monitor))
+            ok, snapshot = guard.attempt("monitor", lambda: _monitor_snapshot(monitor, model))
             initial_state = snapshot if ok else None
             from_monitor = initial_state is not None
     stand_in, note = (None, None) if optimizer is not None else _measured_sgd(model, watched)
@@ -367,10 +367,17 @@ def _peak_lrs(watched: DiagnosticReport | None) -> list[float] | None:
     return [max(values) for values in zip(*(p.lrs for p in history))]
 
 
-def _monitor_snapshot(monitor: Any) -> Mapping[str, Any] | None:
-    """The Monitor's snapshot of the initial parameters and buffers, if it keeps one."""
+def _monitor_snapshot(monitor: Any, model: nn.Module) -> Mapping[str, Any] | None:
+    """The Monitor's snapshot of the initial parameters and buffers, if it keeps one: of
+    ``model`` alone when it is one of several the Monitor watches (a GAN's discriminator
+    probed under a Monitor of {"G": ..., "D": ...})."""
     snapshot = getattr(monitor, "initial_state", None)
-    return snapshot() if callable(snapshot) else None
+    if not callable(snapshot):
+        return None
+    try:
+        return snapshot(model)
+    except KeyError:  # not one of the watched models: the whole snapshot, keyed as they are
+        return snapshot()
 
 
 def _why_not(spec: ProbeSpec, setup: _Setup, have_data: bool, trained_steps: int) -> str | None:

@@ -456,7 +456,7 @@ class SteppedMonitor(FakeMonitor):
     def report(self):
         return DiagnosticReport.model_validate({"loop": {"steps": self.steps}})
 
-    def initial_state(self):
+    def initial_state(self, model=None):
         return self.initial
 
 
@@ -481,6 +481,31 @@ def test_trainability_probes_run_from_the_initial_state():
         assert any("from the initial state" in note for note in report.run.notes)
     without = run(model, optimizer)  # no Monitor, no snapshot: nndx cannot know it trained
     assert without.probes.overfit_one_batch.initial_loss < 0.05
+
+
+def test_a_model_probed_under_a_monitor_of_several_starts_from_its_own_snapshot():
+    """InfoGAN's loop: one Monitor over {"G", "D"}, then the discriminator probed with
+    monitor=mon. Its own part of the snapshot is its initial state; the whole one is keyed
+    "G."/"D." and fits neither."""
+    x, y = batch()
+    generator, discriminator = mlp(), mlp()
+    fresh = {k: v.clone() for k, v in discriminator.state_dict().items()}
+    opt_g = torch.optim.SGD(generator.parameters(), lr=0.5)
+    opt_d = torch.optim.SGD(discriminator.parameters(), lr=0.5)
+    with nndx.Monitor({"G": generator, "D": discriminator}, [opt_g, opt_d], every=5) as mon:
+        for _ in range(60):
+            for model, opt in ((generator, opt_g), (discriminator, opt_d)):
+                opt.zero_grad()
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+            mon.log(loss)
+        report = nndx.probe(discriminator, (x, y), nn.CrossEntropyLoss(), optimizer=opt_d, monitor=mon,
+                            probes=["overfit_one_batch"], progress=False)  # fmt: skip
+    overfit = report.probes.overfit_one_batch
+    assert overfit.status == "passed" and overfit.steps > 0, overfit.message
+    assert any("from the initial state" in note for note in report.run.notes)
+    assert all(torch.equal(v, discriminator.state_dict()[k]) is False for k, v in fresh.items() if "weight" in k)
 
 
 def test_after_a_schedule_that_decayed_to_zero_the_initial_state_trains_at_the_peak_lr():
