@@ -231,14 +231,19 @@ NARROW_FEATURES = 8
 def _hidden_inputs(report: DiagnosticReport) -> list[tuple[str, int]]:
     """(layer, input features) of the Linear layers whose input is a hidden representation:
     every Linear after the model's first parameterised layer (in forward order when it was
-    observed), read off its weight's shape [out, in]."""
+    observed), read off its weight's shape [out, in] — where another layer's weight gives that
+    many features (a conv's channels pooled into a head). A width no layer gives is a slice of a
+    wider output: Mamba's dt_proj reads the first dt_rank = 2 of x_proj's 18 columns."""
     model = report.model
     if model is None:
         return []
     shapes = _weight_shapes(report)
+    tables = {layer.name for layer in model.layers if vocab.is_embedding(layer.type)}
+    given = [(name, shape[1] if name in tables and len(shape) == 2 else shape[0]) for name, shape in shapes.items()]
     layers = [layer for layer in model.layers if layer.param_count]
     return [(layer.name, shapes[layer.name][1]) for layer in layers[1:]
-            if layer.type in ("Linear", "LazyLinear") and len(shapes.get(layer.name, ())) == 2]  # fmt: skip
+            if layer.type in ("Linear", "LazyLinear") and len(shapes.get(layer.name, ())) == 2
+            and any(width == shapes[layer.name][1] for name, width in given if name != layer.name)]  # fmt: skip
 
 
 # a hidden layer of this few units (or channels) through a non-linearity holds a 2-d picture of its
@@ -319,7 +324,8 @@ def _feeding_weighted(layers: list, weighted: set[str]) -> set[str]:
     detects="A classifier with a hidden representation of at most 8 features and fewer than the classes "
     "(or a single unit): a hidden Linear layer's output (one another weighted layer reads, where a forward was "
     "observed: a branch's last Linear summed into the logit is a head), or the input of a Linear after the first layer "
-    "(channels pooled into a head). In any model, a hidden Linear or convolution of at most 2 units or "
+    "(channels pooled into a head; a width no other layer gives is a slice of a wider output, as Mamba's dt_rank). "
+    "In any model, a hidden Linear or convolution of at most 2 units or "
     "channels whose output an observed forward puts through an activation other than a softmax or a sigmoid "
     "(there it is a head, attention scores or a gate) and another weighted layer then reads (else it is an output "
     "head: DeepAR's one-unit sigma through a softplus). Warning while the train loss "

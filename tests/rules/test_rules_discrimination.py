@@ -842,6 +842,13 @@ def test_a_few_channels_pooled_into_a_head_are_a_bottleneck_a_language_models_wi
           ("lm_head", "Linear", [65, 24])]  # fmt: skip
     assert "NNDX403" not in found(lm, 65)
     assert "NNDX403" not in found([("0", "Linear", [16, 2]), ("2", "Linear", [3, 16])], 3)  # xor's 2 input features
+    # Mamba's dt_proj reads the first dt_rank = 2 of x_proj's 18 columns: a slice, no layer gives 2 features
+    mamba = [("tok", "Embedding", [16, 32]), ("in_proj", "Linear", [128, 32]), ("conv1d", "Conv1d", [64, 1, 4]),
+             ("x_proj", "Linear", [18, 64]), ("dt_proj", "Linear", [64, 2]), ("out_proj", "Linear", [32, 64]),
+             ("lm_head", "Linear", [16, 32])]  # fmt: skip
+    assert "NNDX403" not in found(mamba, 16)
+    squeezed = [*mamba[:3], ("x_proj", "Linear", [2, 64]), *mamba[4:]]  # the whole representation through 2 features
+    assert found(squeezed, 16)["NNDX403"].evidence["width"] == 2
 
 
 def test_batches_of_two_through_batchnorm_are_too_small_even_when_the_loss_looks_calm():
