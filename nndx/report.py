@@ -745,6 +745,11 @@ class LoopStats(Schema):
         0, description="of backward_calls, those run inside optimizer.step() (a closure, as L-BFGS evaluates "
         "the loss several times per step): not gradient accumulation"
     )
+    backward_since_reset_at_steps: Count | None = Field(
+        None, description="summed over the optimizer steps, the backward passes since the last gradient reset when "
+        "each step began: steps for a plain loop, k x steps for k accumulated micro-batches; an adversarial "
+        "attack's backward passes, reset before the training backward, add nothing. None without an optimizer"
+    )
 
 
 # --------------------------------------------------------------------------- data

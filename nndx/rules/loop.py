@@ -142,7 +142,8 @@ def _optimizer_never_reset(loop: LoopStats) -> Hit | None:
     detects="k > 1 backward passes per optimizer step and per zero_grad, with about one zero_grad per step "
     "(deliberate accumulation); backward passes a closure runs inside optimizer.step() (L-BFGS) count as one, "
     "and backward passes each preceded by a reset (a GAN's generator loss reaching the discriminator) "
-    "accumulate nothing. Info on its own; warning when the run also shows overshooting updates (NaN after "
+    "accumulate nothing; nor do passes reset before the step that follows (counted at each step: PGD's attack "
+    "backward passes, zeroed before the training backward). Info on its own; warning when the run also shows overshooting updates (NaN after "
     "finite steps, a loss above twice its start, median update/weight ratio over 0.1 beside a loss that did "
     "not learn), which is what "
     "an undivided accumulated loss — a k-times larger step — produces. Adam, RMSprop and the other "
@@ -166,6 +167,11 @@ def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
     # comes before its own backward
     backward_per_reset = (outside + min(loop.steps, loop.backward_calls_in_step)) / loop.zero_grad_calls
     if backward_per_step < 1.5 or backward_per_reset < 1.5 or loop.zero_grad_calls < 0.8 * loop.steps:
+        return None
+    # counted at each step: the passes since its last reset. An adversarial attack's backward
+    # passes (PGD's seven per batch) are reset before the training backward: none reach a step
+    at_steps = loop.backward_since_reset_at_steps
+    if at_steps is not None and at_steps < 1.5 * loop.steps:
         return None
     if loop.optimizers == [] and any(not math.isfinite(p.value) for p in train_curve(report)):
         # no optimizer: steps are updates seen in the parameters, and weights gone NaN no

@@ -243,6 +243,35 @@ def test_deliberate_accumulation_k4_is_told_apart():
     mon.close()
     assert loop.steps == 3 and loop.backward_calls == 12 and loop.zero_grad_calls == 3
     assert loop.backward_calls / loop.zero_grad_calls == 4
+    assert loop.backward_since_reset_at_steps == 12
+
+
+@pytest.mark.parametrize("reset", ["zero_grad", "set_to_none"])
+def test_an_attacks_backward_passes_reset_before_the_step_are_no_accumulation(reset):
+    """PGD adversarial training (locuslab/robust_overfitting): seven backward passes through
+    the model per batch find the perturbation, then the gradients are reset and the training
+    loss's one backward is the one the step applies."""
+    from nndx.rules import diagnose
+
+    model, opt, mon = monitored()
+    x, y = batch()
+    for _ in range(STEPS):
+        delta = torch.zeros_like(x, requires_grad=True)
+        for _ in range(7):
+            nn.functional.cross_entropy(model(x + delta), y).backward()
+            delta.data = (delta + 0.01 * delta.grad.sign()).clamp(-0.1, 0.1)
+            delta.grad.zero_()
+        if reset == "zero_grad":
+            opt.zero_grad()
+        else:
+            for p in model.parameters():
+                p.grad = None
+        nn.functional.cross_entropy(model(x + delta.detach()), y).backward()
+        opt.step()
+    report = mon.report()
+    mon.close()
+    assert report.loop.backward_calls == 8 * STEPS and report.loop.backward_since_reset_at_steps <= STEPS
+    assert "NNDX302" not in {f.rule_id for f in diagnose(report).findings}
 
 
 @pytest.mark.parametrize("reset", ["set_to_none", "zero_"])

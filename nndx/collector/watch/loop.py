@@ -108,6 +108,8 @@ class LoopCounts(Watcher):
         self._last_forward_in_eval = False
         self._in_forward: set[int] = set()  # models inside their own forward (between its hooks)
         self._reset_since_backward = False
+        self._backward_since_reset = 0
+        self.backward_since_reset_at_steps = 0
         self._never_grad = dict(watched.params)
         self._frozen_before = frozen_fingerprints(watched.root)  # frozen weights a momentum update moves
         # per model: does train mode change its output (dropout, batch-norm)?
@@ -155,12 +157,14 @@ class LoopCounts(Watcher):
     def on_backward_start(self, ctx: StepContext) -> None:
         if not self._reset_since_backward and self._reference.happened():
             self.zero_grad_calls += 1
+            self._backward_since_reset = 0
         for key, reset in self._resets.items():  # resets by hand: p.grad = None, p.grad.zero_()
             self._reset_before_step[key] = self._reset_before_step[key] or reset.happened()
 
     def on_backward_end(self, ctx: StepContext) -> None:
         self.backward_calls += 1
         self.backward_calls_in_step += ctx.optimizer is not None
+        self._backward_since_reset += 1
         if self._last_forward_in_eval:
             self.backward_after_eval_forward += 1
             if self.first_eval_backward_step is None:
@@ -177,12 +181,14 @@ class LoopCounts(Watcher):
         if not self._reset_since_backward:
             self.zero_grad_calls += 1
             self._reset_since_backward = True
+        self._backward_since_reset = 0
         # a reset through zero_grad() is known without reading a gradient (a host sync on a GPU)
         for key in self._resets_of.get(id(owner), []):
             self._reset_before_step[key] = True
 
     def on_step_begin(self, ctx: StepContext) -> None:
         key = id(ctx.optimizer)
+        self.backward_since_reset_at_steps += self._backward_since_reset
         if key in self.optimizer_steps:
             self.steps_without_reset[key] += self.optimizer_steps[key] > 0 and not self._reset_before_step[key]
             self.optimizer_steps[key] += 1
@@ -217,6 +223,7 @@ class LoopCounts(Watcher):
         loop: dict[str, Any] = {
             "backward_calls": self.backward_calls,
             "backward_calls_in_step": self.backward_calls_in_step,
+            "backward_since_reset_at_steps": None if self.watched.manual else self.backward_since_reset_at_steps,
             "zero_grad_calls": self.zero_grad_calls,
             "forward_calls": self.forward_calls,
             "no_grad_forwards_in_train_mode": self.no_grad_forwards_in_train_mode,
