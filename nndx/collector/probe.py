@@ -80,7 +80,7 @@ from nndx.collector._common import (
     working_copy,
 )
 from nndx.collector.data import check_data
-from nndx.collector.loss_call import InnerLossCalls, LossCallLog
+from nndx.collector.loss_call import InnerLossCalls, LossCallLog, merge_loss_calls
 from nndx.collector.merge import merge_monitor
 from nndx.collector.probes import ProbeSpec, specs
 from nndx.collector.probes._observe import ForwardObserver, IndexColumns, observed_summary
@@ -518,9 +518,10 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
     any probe runs."""
     inputs, targets = setup.batch
     report.task = infer_task(setup.loss_fn, targets)
+    in_forward = LossCallLog()  # a loss the model computes itself (ELECTRA's, a Hugging Face model's .loss)
     with preserved_rng(), torch.no_grad(), setup.amp():
         model_copy = working_copy(setup.model)
-        with ForwardObserver(model_copy) as seen:
+        with ForwardObserver(model_copy) as seen, InnerLossCalls(in_forward):
             try:
                 output = forward(model_copy, inputs)
             except NotImplementedError as exc:
@@ -547,7 +548,8 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         report.model = observed_summary(report.model, seen, output)
     setup.loss_views = inner.moved_axes if inner is not None else []
     report.loop = report.loop or LoopStats()
-    report.loop.loss_calls = calls.records()
+    # the loss the caller gave first: the class count and the uninformed loss are read off it
+    report.loop.loss_calls = merge_loss_calls(calls.records(), in_forward.records())
 
 
 def _position_logits(inputs: Any, predicted: Any) -> bool:

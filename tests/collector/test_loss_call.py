@@ -281,3 +281,27 @@ def test_per_pixel_logits_viewed_without_moving_the_classes_last_are_an_interlea
         found[loss.__name__] = {f.rule_id: f for f in nndx.diagnose(report).findings}
     assert "NNDX404" not in found["permuted"]
     assert "loss: view [8, 4, 6, 6] -> [288, 4]" in found["viewed"]["NNDX404"].symptom
+
+
+class LossInside(nn.Module):
+    """A model that computes its own loss in forward and returns it (ELECTRA's discriminator,
+    a Hugging Face model given labels): the probe's loss_fn is None and reads ``.loss``."""
+
+    def __init__(self, softmax: bool) -> None:
+        super().__init__()
+        self.body, self.softmax = model(), softmax
+
+    def forward(self, pixel_values, labels):
+        logits = self.body(pixel_values)
+        scores = logits.softmax(dim=-1) if self.softmax else logits
+        return {"loss": F.cross_entropy(scores, labels), "logits": logits}
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_a_loss_the_model_computes_in_its_forward_is_evidence_too(softmax):
+    x, y = batch()
+    report = nndx.probe(LossInside(softmax), {"pixel_values": x, "labels": y}, None, probes=["nan_origin"],
+                        progress=False)  # fmt: skip
+    call = next(c for c in report.loop.loss_calls if c.loss_type == "CrossEntropyLoss")
+    assert call.output_shape == list(y.shape) + [4] and bool(call.output_rows_sum_to_one) == softmax
+    assert ("NNDX314" in {f.rule_id for f in nndx.diagnose(report).findings}) == softmax
