@@ -641,6 +641,10 @@ class LossCall(Schema):
     broadcast_shape: list[Count] | None = Field(
         None, description="the shape an elementwise op inside a loss of the user's own broadcast an output-shaped "
         "and a target-shaped tensor to, larger than both ([N, 1] - [N] is [N, N])")
+    output_activation: str | None = Field(
+        None, description="for a loss the model computes in its own forward, the activation an observed forward saw "
+        "make the outputs it was given (through views and indexing): 'Sigmoid' before a loss on logits squashes "
+        "twice")
     target_mean: Float | None = Field(None, description="mean of floating-point targets")
     target_std: Float | None = Field(None, description="standard deviation of floating-point targets")
     target_min: Float | None = Field(None, description="smallest floating-point target seen")

@@ -85,7 +85,7 @@ class LossCallLog:
 
     def add(self, loss_type: str, output: Any, target: Any, measure: bool = False,
             defer: Callable[[Pending, Callable[[Any], None]], None] | None = None,
-            ignore_index: int | None = None) -> dict[str, Any] | None:
+            ignore_index: int | None = None, activation: str | None = None) -> dict[str, Any] | None:
         """Count a call of ``loss_type`` on ``output`` and ``target`` (anything that is not
         a tensor output is not evidence of its kind, and is left out). ``defer``: hand the
         evidence's values to this instead of fetching them now (the Monitor's Deferred).
@@ -112,6 +112,8 @@ class LossCallLog:
                 "target_dtype": _dtype(target_t),
                 "calls": 1,
             }
+        if activation is not None:
+            entry["output_activation"] = activation
         if ignore_index is not None and ignore_index >= 0 and target_t is not None and not target_t.is_floating_point():
             _note_ignored(entry, target_t, int(ignore_index))
         if output.is_floating_point() and output.numel() > 0:
@@ -181,9 +183,11 @@ class InnerLossCalls(TorchFunctionMode):
     ** 2)`` with [N] against [N, 1] compares every output with every target)."""
 
     def __init__(self, log: LossCallLog | None = None, output: torch.Tensor | None = None,
-                 target: Any = None) -> None:  # fmt: skip
+                 target: Any = None, observer: Any = None) -> None:  # fmt: skip
         super().__init__()
         self.log = log
+        # a ForwardObserver around the same forward: it tells which activation made a loss's input
+        self.observer = observer
         # the last call as (loss type, output, target): what accuracy reads off a loss of the user's own
         self.last: tuple[str, Any, Any] | None = None
         self.output_shape = tuple(output.shape) if isinstance(output, torch.Tensor) else None
@@ -211,7 +215,9 @@ class InnerLossCalls(TorchFunctionMode):
             output = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if self.log is not None:
-                self.log.add(kind.name, output, target, ignore_index=kwargs.get("ignore_index"))
+                known, made = self.observer.output_activation(output) if self.observer is not None else (False, None)
+                self.log.add(kind.name, output, target, ignore_index=kwargs.get("ignore_index"),
+                             activation=made if known else None)  # fmt: skip
             self.last = (kind.name, output, target)
         result = func(*args, **kwargs)
         if name in _ELEMENTWISE and self.broadcast_shape is None and len(args) == 2:

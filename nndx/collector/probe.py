@@ -521,7 +521,7 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
     in_forward = LossCallLog()  # a loss the model computes itself (ELECTRA's, a Hugging Face model's .loss)
     with preserved_rng(), torch.no_grad(), setup.amp():
         model_copy = working_copy(setup.model)
-        with ForwardObserver(model_copy) as seen, InnerLossCalls(in_forward):
+        with ForwardObserver(model_copy) as seen, InnerLossCalls(in_forward, observer=seen):
             try:
                 output = forward(model_copy, inputs)
             except NotImplementedError as exc:

@@ -906,8 +906,8 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
     "Softmax/sigmoid applied before a loss that applies its own",
     detects="CrossEntropyLoss, or a loss of the user's own seen applying softmax or log_softmax to the outputs "
     "itself, given outputs whose rows already sum to one, BCEWithLogitsLoss given "
-    "outputs all inside [0, 1] (from a model ending in Sigmoid, or 16 or more of them when no forward was "
-    "observed to show what made them), or a model whose "
+    "outputs all inside [0, 1] (from a model ending in Sigmoid, a loss the forward computes on a sigmoid's "
+    "output, or 16 or more of them when no forward was observed to show what made them), or a model whose "
     "last activation is Softmax trained with either.",
     why="CrossEntropyLoss applies log_softmax itself; a second softmax squashes the logits into [0, 1], "
     "so gradients shrink and the loss stalls far above its minimum.",
@@ -936,8 +936,9 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
         # the observed forward (functional ops included) shows what made the output: no activation
         # (small logits of a model that has not learned much yet) or one not bounded to [0, 1]
         # (a ReLU on the logits: WRONG_OUTPUT_ACTIVATION's, not a second sigmoid)
-        kind = vocab.activation_kind(output_activation)
-        squashed = kind is not None and kind.bounds == (0.0, 1.0)
+        # the model's last activation, or the one seen making a loss's input inside the forward
+        kinds = [vocab.activation_kind(a) for a in (output_activation, call.output_activation)]
+        squashed = any(kind is not None and kind.bounds == (0.0, 1.0) for kind in kinds)
         observed = report.model is not None and report.model.forward_observed
         many = (math.prod(call.output_shape) >= 16 if call.output_shape else False) and not observed
         if (
@@ -955,6 +956,7 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
                     "output_min": call.output_min,
                     "output_max": call.output_max,
                     "model_output_activation": output_activation,
+                    "loss_input_activation": call.output_activation,
                 },
                 score=3.0,
             )

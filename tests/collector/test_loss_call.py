@@ -305,3 +305,32 @@ def test_a_loss_the_model_computes_in_its_forward_is_evidence_too(softmax):
     call = next(c for c in report.loop.loss_calls if c.loss_type == "CrossEntropyLoss")
     assert call.output_shape == list(y.shape) + [4] and bool(call.output_rows_sum_to_one) == softmax
     assert ("NNDX314" in {f.rule_id for f in nndx.diagnose(report).findings}) == softmax
+
+
+class Discriminator(nn.Module):
+    """ELECTRA's discriminator loss, computed in forward on the non-padded tokens:
+    ``binary_cross_entropy_with_logits(logits[keep], labels[keep])`` — given sigmoid outputs
+    when the adapter squashes them first (electra-pytorch's first adapter ended in Sigmoid)."""
+
+    def __init__(self, squash: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head, self.squash = nn.Linear(8, 1), squash
+
+    def forward(self, tokens, labels):
+        logits = self.head(tokens).squeeze(-1)
+        logits = logits.sigmoid() if self.squash else logits
+        keep = labels >= 0
+        return {"loss": F.binary_cross_entropy_with_logits(logits[keep], labels[keep].float()), "logits": logits}
+
+
+@pytest.mark.parametrize("squash", [False, True])
+def test_a_sigmoid_before_a_loss_on_logits_inside_the_forward_is_a_double_softmax(squash):
+    g = torch.Generator().manual_seed(0)
+    tokens, labels = torch.randn(4, 12, 8, generator=g), torch.randint(0, 2, (4, 12), generator=g)
+    labels[:, -3:] = -1  # padding
+    report = nndx.probe(Discriminator(squash), {"tokens": tokens, "labels": labels}, None, probes=["nan_origin"],
+                        progress=False)  # fmt: skip
+    call = next(c for c in report.loop.loss_calls if c.loss_type == "BCEWithLogitsLoss")
+    assert call.output_activation == ("Sigmoid" if squash else None)
+    assert ("NNDX314" in {f.rule_id for f in nndx.diagnose(report).findings}) == squash
