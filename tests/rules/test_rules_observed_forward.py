@@ -330,7 +330,10 @@ def test_splits_and_merges_of_axes_are_not_interleaving():
     interleaving = [([32, 16, 96], [32, 4, 16, 24]), ([32, 12, 4], [12, 32, 4]), ([8, 3, 16, 16], [8, 16, 16, 3])]
     regrouping = [([32, 16, 96], [32, 16, 4, 24]), ([32, 16, 96], [512, 96]), ([16, 256], [16, 16, 16]),
                   ([32, 16, 96], [32, 192, 8]), ([64, 1, 28, 28], [64, 28, 28]), ([160, 50], [16, 10, 50]),
-                  ([8, 784], [8, 1, 28, 28]), ([32, 16, 96], [32, 1536]), ([16, 16, 8], [16, 16, 8])]  # fmt: skip
+                  ([8, 784], [8, 1, 28, 28]), ([32, 16, 96], [32, 1536]), ([16, 16, 8], [16, 16, 8]),
+                  ([16, 32, 2, 16], [16, 32, 32])]  # GPT-2's 2 heads of 16 merged back over 32 positions  # fmt: skip
+    # a class axis viewed last: pixelcnn's logits flattened without the permute (a 4-class head on 8 x 8)
+    interleaving += [([32, 4, 8, 8], [2048, 4]), ([32, 4, 8, 8], [32, 64, 4])]
     assert all(moved_axis(before, after) for before, after in interleaving)
     assert not any(moved_axis(before, after) for before, after in regrouping)
 

@@ -460,6 +460,11 @@ def classes_viewed_last(before: list[int], after: list[int]) -> bool:
     then holds C neighbouring values of one map, not one pixel's C classes."""
     if len(before) < 3 or before[-1] == before[1]:
         return False
+    # whole axes merged, in order, read the same numbers: GPT-2's heads merged back, (16, 32, 2, 16)
+    # -> (16, 32, 32), is no class axis moved, though 32 positions of 2 x 16 look like one
+    edges = {math.prod(before[:i]) for i in range(len(before) + 1)}
+    if all(math.prod(after[:j]) in edges for j in range(len(after) + 1)):
+        return False
     n, classes, positions = before[0], before[1], math.prod(before[2:])
     return positions > 1 and list(after) in ([n * positions, classes], [n, positions, classes])
 
