@@ -440,9 +440,13 @@ def moved_axis(before: list[int], after: list[int]) -> bool:
     does: the sizes asked for are right, the elements are interleaved."""
     if math.prod(before) != math.prod(after) or len(before) < 2 or 0 in before:
         return False
+    edges = {math.prod(before[:i]) for i in range(len(before) + 1)}  # input axes' boundaries, in
+    # whole axes merged, in order, read the same numbers: GPT-2's heads merged back, (16, 32, 2, 16)
+    # -> (16, 32, 32), is no class axis moved, though 32 positions of 2 x 16 look like one
+    if all(math.prod(after[:j]) in edges for j in range(len(after) + 1)):
+        return False
     if classes_viewed_last(before, after):
         return True
-    edges = {math.prod(before[:i]) for i in range(len(before) + 1)}  # input axes' boundaries, in
     spans = [(math.prod(before[:i]), math.prod(before[: i + 1])) for i in range(len(before))]  # element strides
     for j, size in enumerate(after):
         lo, hi = math.prod(after[:j]), math.prod(after[: j + 1])
@@ -459,11 +463,6 @@ def classes_viewed_last(before: list[int], after: list[int]) -> bool:
     before cross-entropy, without the ``permute(0, 2, 3, 1)`` that puts C last. Each row
     then holds C neighbouring values of one map, not one pixel's C classes."""
     if len(before) < 3 or before[-1] == before[1]:
-        return False
-    # whole axes merged, in order, read the same numbers: GPT-2's heads merged back, (16, 32, 2, 16)
-    # -> (16, 32, 32), is no class axis moved, though 32 positions of 2 x 16 look like one
-    edges = {math.prod(before[:i]) for i in range(len(before) + 1)}
-    if all(math.prod(after[:j]) in edges for j in range(len(after) + 1)):
         return False
     n, classes, positions = before[0], before[1], math.prod(before[2:])
     return positions > 1 and list(after) in ([n * positions, classes], [n, positions, classes])
