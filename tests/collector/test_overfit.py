@@ -87,6 +87,32 @@ def test_dropout_is_off_while_fitting_modules_and_functional_alike():
     assert not torch.equal(model(x), model(x))
 
 
+def test_a_forward_that_samples_fits_one_batch_with_the_same_draws_every_step():
+    """Stochastic depth written by hand, a VAE's z, word dropout: no dropout function to switch
+    off, but with the same draws at every step the batch is one function to fit."""
+
+    class StochasticDepth(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.inp, self.block, self.head = nn.Linear(8, 32), nn.Linear(32, 32), nn.Linear(32, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.inp(x))
+            keep = (0.5 + torch.rand(x.shape[0], 1)).floor()  # DINO's drop_path on a residual branch
+            h = h + torch.relu(self.block(h)) * keep / 0.5
+            return self.head(h) + torch.randn(x.shape[0], 1)  # and noise, as a sampled latent adds
+
+    x, _ = batch()
+    y = x[:, :1] * 2 - x[:, 1:2]
+    model = StochasticDepth()
+    state = torch.get_rng_state()
+    result = overfit_one_batch(model, (x, y), nn.MSELoss(), steps=300)
+    assert result.status == "passed", result.message
+    assert torch.equal(torch.get_rng_state(), state)  # the user's stream is where it was
+    assert not torch.equal(model(x), model(x))  # and the user's forward still samples
+
+
 def test_loss_floor_is_what_perfect_predictions_get():
     from nndx.collector.probes.overfit import loss_floor
 

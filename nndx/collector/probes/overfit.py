@@ -30,7 +30,9 @@ model kept in its current train/eval mode, with dropout off: the question is whe
 model *can* fit, and a regulariser that zeroes a random share of units at every step keeps
 a healthy model's loss on one batch far above 1% of its start (``nn.Dropout``,
 ``F.dropout`` and attention's ``dropout_p`` alike; an LSTM's internal dropout is out of
-reach). The user's RNG is restored afterwards. A
+reach). Every forward draws the same random numbers, so what a forward samples without a
+dropout function (stochastic depth, a VAE's z, word dropout) is one fixed function of the
+batch to fit. The user's RNG is restored afterwards. A
 float16 model trains as mixed precision does (float32 weights, float16 autocast).
 """
 
@@ -60,6 +62,7 @@ from nndx.collector._common import (
     loss_scaler,
     map_tensors,
     preserved_rng,
+    seed_all,
     split_batch,
     train_in_float32,
     working_copy,
@@ -120,6 +123,10 @@ def overfit_one_batch(
                          losses=losses)  # fmt: skip
 
 
+# every forward of the copy draws the same random numbers (seeded with this): one batch is then one
+# function to fit, whatever a forward samples (stochastic depth, a VAE's z, word dropout, noise)
+SAME_DRAWS = 0
+
 # a loss above OVERSHOOT times its start within the first OVERSHOOT_STEPS steps: the LR overshot
 OVERSHOOT, OVERSHOOT_STEPS = 1.5, 10
 
@@ -145,6 +152,7 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
         for step in range(steps + 1):  # measure after each of the ``steps`` updates
             optimizer.zero_grad(set_to_none=True)
             inner = InnerLossCalls()
+            seed_all(SAME_DRAWS)
             with precision:
                 output = forward(model_copy, inputs)
                 with inner if own_loss else contextlib.nullcontext():
