@@ -680,6 +680,9 @@ class LoopStats(Schema):
     trainable_param_count: Count = 0
     params_not_in_optimizer: list[str] = Field(default_factory=list)
     optimizer_params_not_in_model: Count = 0
+    unregistered_params: list[str] = Field(
+        default_factory=list, description="tensors a module holds outside its parameters (a layer in a Python list, "
+        "nn.Parameter(...).to(device) kept as an attribute) that received gradients and that no optimizer holds")
     params_grad_none: list[str] = Field(default_factory=list, description="trainable, but .grad stayed None")
     logged_loss_reaches_params: bool | None = Field(
         None, description="whether the first logged losses with an autograd graph (up to 3) reach any watched "

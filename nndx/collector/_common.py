@@ -18,7 +18,7 @@ import math
 import random
 import types
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -347,6 +347,59 @@ def _state_attributes(model: nn.Module) -> Iterator[tuple[nn.Module, str, Any]]:
             if name not in _MODULE_DICTS and isinstance(value, (torch.Tensor, tuple, list)) and any(
                     True for _ in iter_tensors(value)):  # fmt: skip
                 yield module, name, value
+
+
+def orphaned_trainables(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> list[str]:
+    """Tensors that a module of ``model`` holds outside its parameters, that received a
+    gradient and that no optimizer holds: nothing ever steps them. How they arise: a layer
+    kept in a Python list instead of ``nn.ModuleList``; ``self.w = nn.Parameter(t).to(device)``
+    or ``.clone()``, whose attribute is a copy with the Parameter behind it (pytorch#17484);
+    ``torch.tensor(..., requires_grad=True)`` set as an attribute. The gradient is the evidence
+    that the loss runs through them (a hidden EMA copy in a list, used without a graph, gets none).
+    Names are ``module.attribute`` (``experts[1].fc.weight`` for one in a list)."""
+    registered = {id(p) for p in nn.Module.parameters(model)}
+    held = {id(p) for o in optimizers for g in o.param_groups for p in g["params"]}
+    found: dict[int, str] = {}
+
+    def note(name: str, tensor: torch.Tensor) -> None:
+        for leaf in _graph_leaves(tensor):
+            if (leaf.requires_grad and leaf.grad is not None and id(leaf) not in registered
+                    and id(leaf) not in held):  # fmt: skip
+                found.setdefault(id(leaf), name)
+
+    for module_name, module in nn.Module.named_modules(model):
+        prefix = f"{module_name}." if module_name else ""
+        for name, value in vars(module).items():
+            if name in _MODULE_DICTS:
+                continue
+            items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(
+                value, (list, tuple)) else [(None, value)]  # fmt: skip
+            for key, item in items:
+                label = prefix + name + ("" if key is None else f"[{key}]")
+                if isinstance(item, torch.Tensor):
+                    note(label, item)
+                elif isinstance(item, nn.Module) and key is not None:
+                    for param_name, param in nn.Module.named_parameters(item):
+                        note(f"{label}.{param_name}", param)
+    return list(found.values())
+
+
+def _graph_leaves(tensor: torch.Tensor, limit: int = 64) -> list[torch.Tensor]:
+    """The tensor itself when it is a leaf; else the leaves its autograd graph reaches
+    (searched up to ``limit`` nodes: a copy of a Parameter is one node away)."""
+    if tensor.grad_fn is None:
+        return [tensor]
+    leaves, seen, todo = [], set(), [tensor.grad_fn]
+    while todo and len(seen) < limit:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaves.append(variable)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return leaves
 
 
 def model_deepcopy(obj: Any, model: nn.Module, memo: dict[int, Any] | None = None,

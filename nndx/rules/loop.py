@@ -199,24 +199,34 @@ def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
     "The optimizer does not hold the model's trainable parameters",
     detects="Trainable model parameters that are in no optimizer param group (an optimizer built over "
     "another model, a stale copy, or part of the model). Optimizer parameters that are not the model's are "
-    "evidence only beside these: one optimizer over two models (SAC's twin critics) holds every parameter of each.",
+    "evidence only beside these: one optimizer over two models (SAC's twin critics) holds every parameter of each. "
+    "Also tensors that a module holds outside its parameters, that receive gradients and that no optimizer "
+    "holds (the Monitor's final report): layers in a Python list instead of nn.ModuleList, "
+    "nn.Parameter(...).to(device) kept as an attribute (a copy, with the Parameter behind it).",
     why="optimizer.step() never updates those parameters: they keep their initial values however long "
     "training runs.",
     fix="Build the optimizer from the model you train, after any .to(device)/deepcopy/re-creation: "
-    "optimizer = torch.optim.Adam(model.parameters()).",
+    "optimizer = torch.optim.Adam(model.parameters()). Register what the model trains: nn.ModuleList / "
+    "nn.ModuleDict for layers in a list or dict, nn.Parameter(t.to(device)) (the move inside), never "
+    "nn.Parameter(t).to(device).",
 )
 def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    if loop is None or not loop.params_not_in_optimizer:
+    if loop is None or not (loop.params_not_in_optimizer or loop.unregistered_params):
         return None
-    share = _share(loop.params_not_in_optimizer, report)
+    share = _share(loop.params_not_in_optimizer, report) if loop.params_not_in_optimizer else None
+    symptom = (f"{len(loop.params_not_in_optimizer)} trainable parameters not in the optimizer, "
+               f"{loop.optimizer_params_not_in_model} optimizer parameters not in the model")
+    if loop.unregistered_params:
+        symptom = (f"{len(loop.unregistered_params)} tensors get gradients but are no registered parameter of the "
+                   "model and in no optimizer" + (f"; {symptom}" if loop.params_not_in_optimizer else ""))
     return Hit(
-        symptom=f"{len(loop.params_not_in_optimizer)} trainable parameters not in the optimizer, "
-        f"{loop.optimizer_params_not_in_model} optimizer parameters not in the model",
+        symptom=symptom,
         evidence={
             "params_not_in_optimizer": loop.params_not_in_optimizer[:20],
             "params_not_in_optimizer_count": len(loop.params_not_in_optimizer),
             "optimizer_params_not_in_model": loop.optimizer_params_not_in_model,
+            "unregistered_params": loop.unregistered_params[:20],
             "share_of_trainable": share,
         },
         score=2.0 + (share if share is not None else 1.0),

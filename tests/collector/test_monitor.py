@@ -383,6 +383,45 @@ def test_frozen_parameters_listed():
     assert loop.frozen_at_init == ["0.weight"]  # frozen straight after construction: never trained
 
 
+class Unregistered(nn.Module):
+    """Three ways a trained tensor escapes model.parameters(), and one that is meant to."""
+
+    def __init__(self, hide: bool):
+        super().__init__()
+        self.first = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 3)
+        self.blocks = [nn.Linear(16, 16)] if hide else nn.ModuleList([nn.Linear(16, 16)])
+        gate = nn.Parameter(torch.ones(16))
+        self.gate = gate.clone() if hide else gate  # nn.Parameter(...).to("cuda") keeps such a copy
+        self.ema = [nn.Linear(16, 16)]  # an EMA copy hidden on purpose: used without a graph
+
+    def forward(self, x):
+        h = torch.relu(self.first(x)) * self.gate
+        with torch.no_grad():
+            self.ema[0](h)
+        return self.head(torch.relu(self.blocks[0](h)))
+
+
+def test_tensors_that_get_gradients_outside_the_parameters_and_every_optimizer_are_named():
+    model = Unregistered(hide=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        loop = train(model, opt, mon).loop
+    assert sorted(loop.unregistered_params) == ["blocks[0].bias", "blocks[0].weight", "gate"]
+    assert loop.params_not_in_optimizer == []  # nothing registered is missing from the optimizer
+
+    registered = Unregistered(hide=False)
+    opt = torch.optim.SGD(registered.parameters(), lr=0.1)
+    with Monitor(registered, opt) as mon:
+        assert train(registered, opt, mon).loop.unregistered_params == []
+    # handed to the optimizer by hand: trained, so not named
+    hidden = Unregistered(hide=True)
+    extra = [p for block in hidden.blocks for p in block.parameters()] + [hidden.gate.grad_fn.next_functions[0][0].variable]
+    opt = torch.optim.SGD([*hidden.parameters(), *extra], lr=0.1)
+    with Monitor(hidden, opt) as mon:
+        assert train(hidden, opt, mon).loop.unregistered_params == []
+
+
 # ---------------------------------------------------------------- eval in train mode
 
 

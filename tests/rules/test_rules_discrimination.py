@@ -1248,6 +1248,16 @@ def test_an_optimizer_over_this_model_and_another_vs_one_over_another_model_only
     assert _found(elsewhere)["NNDX303"].severity == "error"
 
 
+def test_tensors_trained_by_no_optimizer_outside_the_parameters_are_not_connected():
+    """A Mixture-of-Experts gate kept as nn.Parameter(...).to(device): its copy is an attribute, the
+    Parameter behind it gets every gradient and no optimizer step."""
+    orphaned = with_loop(BASE, unregistered_params=["w_gate", "w_noise"])
+    finding = _found(orphaned)["NNDX303"]
+    assert finding.severity == "error" and finding.evidence["unregistered_params"] == ["w_gate", "w_noise"]
+    assert "no registered parameter" in finding.symptom
+    assert "NNDX303" not in _found(with_loop(BASE, unregistered_params=[]))
+
+
 def test_an_output_activation_is_judged_against_the_targets_extremes_not_only_their_spread():
     """pix2pix: Tanh images in [-1, 1], mostly background at -1 (mean - std < -1 though no
     target lies below -1): healthy. Pixels in [0, 255] through a Sigmoid cannot be reached."""

@@ -55,6 +55,33 @@ def test_an_embedding_table_initialised_n01_is_no_linear_layer():
     assert not probe_findings(model, tokens, torch.randint(0, 4, (32,)))
 
 
+class NoisyGate(nn.Module):
+    """A mixture of experts' router at init: the noise scale softplus(x @ w_noise) with w_noise
+    zero is the constant ln 2, whose std over the batch is float rounding (~1e-7), before a
+    healthy expert. The gain from that "first layer" to the expert is no init breaking learning."""
+
+    def __init__(self, w_noise):
+        super().__init__()
+        self.w_noise = nn.Parameter(w_noise)
+        self.softplus = nn.Softplus()
+        self.expert = mlp()
+
+    def forward(self, x):
+        noise_scale = self.softplus(x @ self.w_noise)
+        return self.expert(x) * noise_scale.mean(1, keepdim=True)
+
+
+def test_a_constant_up_to_rounding_is_no_base_for_the_growth_of_activations(digits):
+    torch.manual_seed(0)
+    x, y = digits[0][:128], digits[1][:128]
+    assert not probe_findings(NoisyGate(torch.zeros(64, 4)), x, y)
+    # the same shape with a weight blown up a million-fold after the gate still fires
+    blown = NoisyGate(torch.zeros(64, 4))
+    with torch.no_grad():
+        blown.expert[2].weight.mul_(1e6)
+    assert any("grows" in f.symptom or f.evidence.get("gain", 0) > 5 for f in probe_findings(blown, x, y))
+
+
 @pytest.mark.slow
 def test_a_model_trained_long_on_digits_is_silent(digits):
     torch.manual_seed(0)

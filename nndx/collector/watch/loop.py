@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nndx.collector._common import orphaned_trainables
 from nndx.collector.stats import frozen_at_init, frozen_fingerprints, has_batchnorm, has_dropout, tracking_copies
 from nndx.collector.watch.base import StepContext, Watched, Watcher
 
@@ -254,4 +255,6 @@ class LoopCounts(Watcher):
             in_model = {id(p) for _, p in named}
             loop["params_not_in_optimizer"] = [n for n, p in trainable if id(p) not in in_optimizer]
             loop["optimizer_params_not_in_model"] = len(in_optimizer - in_model)
+            if window is None:  # a walk over every module's attributes: the final report only
+                loop["unregistered_params"] = orphaned_trainables(self.watched.root, self.watched.optimizers)
         return {"loop": loop}
