@@ -324,6 +324,20 @@ def trainable_names(model: nn.Module) -> list[str]:
     return [n for n, p in nn.Module.named_parameters(model) if p.requires_grad]
 
 
+def torch_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer that ``optimizer`` is or wraps and steps (apex's LARC holds it as
+    ``.optim``; a warm-up ``ScheduledOptim``, Lightning's ``LightningOptimizer``, others as
+    ``.optimizer``); None stays None. Anything else is a TypeError that says what is accepted."""
+    inner = optimizer
+    for _ in range(4):
+        if (inner is optimizer and inner is None) or isinstance(inner, torch.optim.Optimizer):
+            return inner
+        held = getattr(inner, "optim", None)
+        inner = held if held is not None else getattr(inner, "optimizer", None)
+    raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them, or None), or a wrapper "
+                    f"holding one as .optim or .optimizer, got {type(optimizer).__name__}")  # fmt: skip
+
+
 def optimizer_coverage(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list[str], int]:
     """(trainable model parameters the optimizer does not hold, optimizer parameters that
     are not the model's). Both non-empty is the classic 'optimizer built over another

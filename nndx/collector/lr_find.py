@@ -32,7 +32,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from nndx.collector._common import Batch, LossFn, copy_pair, loader_generators, map_tensors, preserved_rng
+from nndx.collector._common import (
+    Batch,
+    LossFn,
+    copy_pair,
+    loader_generators,
+    map_tensors,
+    preserved_rng,
+    torch_optimizer,
+)
 from nndx.collector.probes.lr_range import lr_range_test, passes, to_csv
 from nndx.collector.progress import progress_bar
 from nndx.errors import MissingExtraError, UsageError
@@ -105,6 +113,7 @@ def lr_find(
     is). ``progress`` shows a bar (default: when stderr is a terminal or in a notebook).
     ``smooth`` and ``diverge_factor`` are those of
     :func:`nndx.collector.probes.lr_range.lr_range_test`."""
+    optimizer = torch_optimizer(optimizer)
     if not 0 < start_lr < end_lr:
         raise UsageError(f"need 0 < start_lr < end_lr, got {start_lr:g} and {end_lr:g}")
     if steps < 2 or not 0 < smooth <= 1 or diverge_factor <= 1:

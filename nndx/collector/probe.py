@@ -77,6 +77,7 @@ from nndx.collector._common import (
     preserved_rng,
     set_mode,
     split_batch,
+    torch_optimizer,
     working_copy,
 )
 from nndx.collector.data import check_data
@@ -133,6 +134,10 @@ def probe(
     the data probes (on the training split). ``progress`` shows a bar on stderr (default:
     when stderr is a terminal or in a notebook; see nndx.collector.progress).
     """
+    inner = torch_optimizer(optimizer)
+    wrapped = None if inner is optimizer else (f"{type(optimizer).__name__} wraps the optimizer: the probes copy "
+                                               f"the {type(inner).__name__} inside it")
+    optimizer = inner
     data_error = None
     from_monitor = False  # the initial state is the Monitor's snapshot, not one the caller passed
     if data is not None and (not isinstance(data, (tuple, list)) or len(data) not in (2, 4)):
@@ -156,7 +161,7 @@ def probe(
     stand_in, note = (None, None) if optimizer is not None else _measured_sgd(model, watched)
     setup = _Setup.make(model, batch, loss_fn, optimizer or stand_in, device, amp, initial_state, _peak_lrs(watched),
                         from_monitor)  # fmt: skip
-    report.run.notes = setup.notes + ([note] if note else [])
+    report.run.notes = setup.notes + [n for n in (wrapped, note) if n]
 
     guard.attempt("model", lambda: _describe_model(report, model, optimizer, watched))
     guard.attempt("describe", lambda: _describe_run(report, setup), warn=True, reraise=UsageError)

@@ -1005,3 +1005,36 @@ def test_an_optimizer_wrapper_holding_a_torch_optimizer_is_watched_through_it():
     assert any("LARC wraps the optimizer" in note for note in loop.limitations)
     with pytest.raises(TypeError, match="optimizer must be"):
         nndx.Monitor(model, object())
+
+
+class ScheduledOptim:
+    """CPC's warm-up wrapper (jefflai108): ``.optimizer`` inside, and no ``param_groups`` of its own."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer, self.n_steps = optimizer, 0
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def step(self) -> None:
+        self.n_steps += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = 1e-3 * min(1.0, self.n_steps / 5)
+        self.optimizer.step()
+
+
+def test_the_probes_take_the_same_wrappers_as_the_monitor_and_copy_the_optimizer_inside():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    inner = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = ScheduledOptim(inner)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=optimizer, probes=["hooks", "lr_range"],
+                        progress=False)
+    assert not report.errors
+    assert report.probes.lr_range.status == "passed"
+    assert any("ScheduledOptim wraps the optimizer" in note for note in report.run.notes)
+    assert optimizer.n_steps == 0 and not inner.state  # copied, never stepped
+    with pytest.raises(TypeError, match="optimizer must be"):
+        nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=object(), progress=False)
+    assert nndx.lr_find(model, optimizer, nn.CrossEntropyLoss(), (x, y), steps=10, progress=False).history["lr"]

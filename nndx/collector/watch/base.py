@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nndx.collector._common import torch_optimizer
 from nndx.collector.stats import Pending
 from nndx.report import ErrorRecord
 
@@ -68,29 +69,10 @@ class Watched:
         else:
             raise TypeError(f"model must be a torch.nn.Module (or a dict of them), got {type(model).__name__}")
         given = list(optimizer) if isinstance(optimizer, (list, tuple)) else [] if optimizer is None else [optimizer]
-        optimizers = [_unwrapped(opt) for opt in given]
-        for opt, original in zip(optimizers, given):
-            if not isinstance(opt, torch.optim.Optimizer):
-                kind = type(original).__name__
-                raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them, or None), or a wrapper "
-                                f"holding one as .optim or .optimizer, got {kind}")  # fmt: skip
+        optimizers = [torch_optimizer(opt) for opt in given]
         wrappers = [type(original).__name__ for opt, original in zip(optimizers, given) if opt is not original]
         return cls(root, models, optimizers, [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad],
                    wrappers)  # fmt: skip
-
-
-def _unwrapped(optimizer: Any) -> Any:
-    """The torch optimizer inside an optimizer wrapper that holds one and calls its step
-    (apex's LARC as ``.optim``, others as ``.optimizer``); anything else as it is."""
-    for _ in range(4):
-        if isinstance(optimizer, torch.optim.Optimizer):
-            return optimizer
-        inner = getattr(optimizer, "optim", None)
-        inner = inner if inner is not None else getattr(optimizer, "optimizer", None)
-        if inner is None:
-            return optimizer
-        optimizer = inner
-    return optimizer
 
 
 @dataclass
