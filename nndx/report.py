@@ -690,6 +690,10 @@ class LoopStats(Schema):
     logged_loss_through_other_models: bool | None = Field(
         None, description="whether those losses also run through trainable parameters the Monitor does not watch "
         "(a GAN's generator loss through the discriminator): an adversarial loss need not fall")
+    loss_targets_from_output: bool | None = Field(
+        None, description="whether the loss function computes the targets it compares with from the model's output "
+        "(self-training: DEC's target distribution, pseudo-labels), so its objective moves as the model does; None "
+        "when not checked (the probe checks a loss function of the user's own)")
     frozen_params: list[str] = Field(default_factory=list, description="requires_grad=False")
     frozen_at_init: list[str] | None = Field(
         None, description="frozen weights whose values still fit a standard initialisation (PyTorch's default, "

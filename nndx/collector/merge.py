@@ -178,6 +178,7 @@ def merge_monitor(report: DiagnosticReport, watched: DiagnosticReport, at_start:
             loop = loop.model_copy(update={
                 "params_not_in_optimizer": _union([loop.params_not_in_optimizer, report.loop.params_not_in_optimizer]),
                 "frozen_params": _union([loop.frozen_params, report.loop.frozen_params]),
+                "loss_targets_from_output": report.loop.loss_targets_from_output,
                 "frozen_tracking": _union([loop.frozen_tracking, report.loop.frozen_tracking]),
                 **({"frozen_at_init": report.loop.frozen_at_init, "frozen_checked": report.loop.frozen_checked}
                    if loop.frozen_at_init is None else {}),

@@ -75,6 +75,7 @@ from nndx.collector._common import (
     optimizer_coverage,
     prediction,
     preserved_rng,
+    seed_all,
     set_mode,
     split_batch,
     torch_optimizer,
@@ -544,17 +545,47 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         own_loss = setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None
         inner = InnerLossCalls(calls, output=predicted, target=targets) if own_loss else None
         with inner or contextlib.nullcontext():
+            seed_all(0)
             compute_loss(setup.loss_fn, output, targets)
         if inner is not None and outer is not None:
             outer.update({"applies": inner.applies, "broadcast_shape": inner.broadcast_shape})
+        from_output = _targets_from_output(setup.loss_fn, output, targets, inner) if inner is not None else None
     report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
     setup.position_logits = _position_logits(inputs, predicted)
     if report.model is not None:
         report.model = observed_summary(report.model, seen, output)
     setup.loss_views = inner.moved_axes if inner is not None else []
     report.loop = report.loop or LoopStats()
+    report.loop.loss_targets_from_output = from_output
     # the loss the caller gave first: the class count and the uninformed loss are read off it
     report.loop.loss_calls = merge_loss_calls(calls.records(), in_forward.records())
+
+
+def _targets_from_output(loss_fn: LossFn, output: Any, targets: Any, inner: InnerLossCalls) -> bool | None:
+    """Whether a loss function of the user's own compares the output with targets it computes
+    from that output (DEC's target distribution, pseudo-labels from the argmax): the loss is
+    computed again on the output with its samples reversed, with the same random draws, and
+    the target that reaches torch's loss is compared. Targets read from the batch stay as they
+    were; targets computed from the output follow it. None when no torch loss was seen or the
+    output has no batch axis to reverse."""
+    if inner.last is None or not isinstance(inner.last[2], torch.Tensor):
+        return None
+    first = inner.last[2]
+    tensors = [t for t in iter_tensors(output) if t.dim() >= 1]
+    size = tensors[0].shape[0] if tensors else 0
+    if size < 2 or any(t.shape[0] != size for t in tensors):
+        return None
+    again = InnerLossCalls()
+    try:
+        with again:
+            seed_all(0)
+            compute_loss(loss_fn, map_tensors(output, lambda t: t.flip(0) if t.dim() >= 1 else t), targets)
+    except Exception:  # noqa: BLE001 - a loss that cannot take its own output reordered: not checked
+        return None
+    second = again.last[2] if again.last is not None else None
+    if not isinstance(second, torch.Tensor) or second.shape != first.shape:
+        return None
+    return not torch.equal(first, second)
 
 
 def _position_logits(inputs: Any, predicted: Any) -> bool:

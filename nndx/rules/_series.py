@@ -223,6 +223,13 @@ def adversarial(report: DiagnosticReport) -> bool:
     return report.loop is not None and report.loop.logged_loss_through_other_models is True
 
 
+def self_targeted(report: DiagnosticReport) -> bool:
+    """Whether the loss computes its targets from the model's own output (DEC's target
+    distribution, pseudo-labels): its objective moves as the model does, so the run's loss need
+    not fall, and on one batch any larger step lowers it, a collapse included."""
+    return report.loop is not None and report.loop.loss_targets_from_output is True
+
+
 def line_search(report: DiagnosticReport) -> bool:
     """Whether the logged losses are a closure's evaluations inside ``optimizer.step()``,
     several per step (L-BFGS: its iterations and its line search's trial points, which it

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding, Severity
-from nndx.rules._series import clips_most_steps, gradient_cut_params, lr_varies, memoized
+from nndx.rules._series import clips_most_steps, gradient_cut_params, lr_varies, memoized, self_targeted
 
 Evidence = dict[str, Any]
 
@@ -222,8 +222,9 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     seen (``LOOP_ONLY``: nndx's remedy loop zeroes gradients, steps its optimizer, neither
     accumulates nor schedules), a confirmation is a lead: at most a warning."""
     results = report.interventions.results if report.interventions is not None else []
-    if lr_varies(report):
-        # LR remedies were tried at the LR of one moment of a schedule: no verdict on the LR
+    if lr_varies(report) or self_targeted(report):
+        # LR remedies were tried at the LR of one moment of a schedule, or on an objective that moves
+        # with the model (any larger step lowers a self-training loss, a collapse included): no verdict
         results = [r for r in results if r.cause not in (CauseCode.LR_TOO_LOW.value, CauseCode.LR_TOO_HIGH.value)]
     if clips_most_steps(report):
         # the user's clip bounds every step at LR x max_norm; nndx's remedy loop does not clip, so

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
-from nndx.rules._series import clips_most_steps, gradient_cut_params, loss_curve, lr_varies
+from nndx.rules._series import clips_most_steps, gradient_cut_params, loss_curve, lr_varies, self_targeted
 from nndx.rules.engine import CONFIRMED_BY_INTERVENTION, Hit, Rule, add_rule
 
 LR_CAUSES = (C.LR_TOO_LOW, C.LR_TOO_HIGH)
@@ -49,6 +49,8 @@ def _check(code: C):
         hits = []
         if code == C.LR_TOO_LOW and gradient_cut_params(report):
             return []  # a larger LR only speeds up what still trains (engine.confirm drops it too)
+        if code in LR_CAUSES and self_targeted(report):
+            return []  # an objective that moves with the model: any step size change may lower it (engine.confirm)
         for result in results:
             if result.status != "confirmed" or result.cause != code.value:
                 continue

@@ -16,7 +16,7 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
     Curve, accuracies, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range, no_floor, num_classes,
-    starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, used_lr, window,
+    self_targeted, starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -170,7 +170,8 @@ LEARNED_DROP = 0.3
     "ignores the inputs (ln C, or the targets' variance for MSE) and has not risen from its first value or still "
     "ends under that half: the model already fits, as a pretrained one does. A loss that ends above twice its "
     "start (or 10x its very first value) climbed: that is NNDX104's divergence, not this. Info for a logged loss "
-    "that runs through another trained network (a GAN's generator loss: it need not fall). At an LR within 3x of "
+    "that runs through another trained network (a GAN's generator loss: it need not fall), and for a loss that "
+    "computes its targets from the model's output (DEC's self-training: its objective moves with the model). At an LR within 3x of "
     "the range the LR range test trains well in, the finding says so and ranks after other symptoms, and is info "
     f"when the loss first fell by {LEARNED_DROP:.0%} or more from its very first value (it learned, then stalled). "
     "Silent on a "
@@ -215,7 +216,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     # beta-VAE's capacity ramp) is no evidence against the LR
     learned_first = lr_fine and from_initial >= LEARNED_DROP
     return Hit(
-        severity="info" if fitted or learned_first or adversarial(report) else None,
+        severity="info" if fitted or learned_first or adversarial(report) or self_targeted(report) else None,
         symptom=("train loss did not change at all" if frozen else "train loss is not decreasing")
         + (" from a level the model already fits to (under half an uninformed prediction's loss)" if fitted else "")
         + (f" after falling {from_initial:.0%} from its first value" if learned_first else "")

@@ -1214,3 +1214,32 @@ def test_a_model_without_a_forward_is_said_once_and_every_probe_skipped_with_the
     statuses = {spec: getattr(report.probes, spec).status for spec in ("overfit_one_batch", "lr_range", "grad_check")}
     assert set(statuses.values()) == {"skipped"}
     assert "NotImplementedError" in report.probes.overfit_one_batch.message
+
+
+def test_a_loss_that_computes_its_targets_from_the_output_is_told_from_one_that_reads_them():
+    """DEC's target distribution (q^2 / f, normalised) and pseudo-labels from the argmax follow the
+    output; targets read from the batch, or negatives drawn at random in the loss, do not."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.Softmax(dim=1))
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+
+    def dec(q, _):
+        p = q**2 / q.sum(0)
+        return nn.functional.kl_div(q.log(), (p / p.sum(1, keepdim=True)).detach(), reduction="batchmean")
+
+    def pseudo_labels(q, _):
+        return nn.functional.nll_loss(q.log(), q.argmax(1).detach())
+
+    def given(q, target):
+        return nn.functional.nll_loss(q.log(), target)
+
+    def random_negatives(q, target):
+        wrong = (target + torch.randint(1, 4, target.shape)) % 4
+        return nn.functional.nll_loss(q.log(), target) - 0.1 * nn.functional.nll_loss(q.log(), wrong)
+
+    def verdict(loss_fn, targets):
+        return nndx.probe(model, (x, targets), loss_fn, probes=[], progress=False).loop.loss_targets_from_output
+
+    assert verdict(dec, None) is True and verdict(pseudo_labels, None) is True
+    assert verdict(given, y) is False and verdict(random_negatives, y) is False
+    assert verdict(nn.NLLLoss(), y) is None  # torch's own loss: its targets are the batch's

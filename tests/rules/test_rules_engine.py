@@ -210,6 +210,26 @@ def test_a_faster_lr_is_no_verdict_when_part_of_the_model_gets_no_gradient():
     assert all(f.rule_id != "NNDX802" and f.confirmation is None for f in diagnosis.findings)
 
 
+def test_a_loss_that_computes_its_targets_from_the_output_gets_no_verdict_on_the_lr():
+    """DEC's KL(P || Q) with P recomputed from Q on every batch: its objective moves with the model,
+    so the run's loss rises as P sharpens, and on a copy any larger LR lowers it (to a collapse).
+    The same curve and confirmation on a loss with fixed targets stays an LR_TOO_LOW error."""
+    from nndx.report import InterventionResult, Interventions
+
+    from .reports import flat, healthy_mlp, points, with_loop
+
+    lr_up = InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 100", status="confirmed",
+                               steps=100, baseline_initial_loss=2.3, baseline_final_loss=2.25,
+                               remedied_initial_loss=2.3, remedied_final_loss=0.4)  # fmt: skip
+    stuck = healthy_mlp().model_copy(update={"interventions": Interventions(results=[lr_up]),
+                                             "loss_history": {"train": points(flat(3, level=2.3))}})  # fmt: skip
+    fixed = diagnose(with_loop(stuck, loss_targets_from_output=False))
+    assert (fixed.top().code.value, fixed.top().severity) == ("LR_TOO_LOW", "error")
+    moving = diagnose(with_loop(stuck, loss_targets_from_output=True)).findings
+    assert all(f.severity == "info" for f in moving if f.code.value == "LR_TOO_LOW")
+    assert all(f.rule_id != "NNDX802" and f.confirmation is None for f in moving)
+
+
 def test_a_remedy_that_only_speeds_up_a_twin_that_learned_is_context():
     """A third of an LSTM head's ReLUs silent at initialisation: re-initialising them makes a
     100-step probe learn much faster, but the untouched twin learned too (42% of its way
