@@ -43,11 +43,16 @@ def load(program: str) -> Any:
 
 
 def cases(selector: str = "") -> list[tuple[str, str]]:
-    """(program, variant) pairs whose "program/variant" contains ``selector``, plus the
-    healthy variant of each program selected (the buggy runs are measured against it)."""
+    """(program, variant) pairs that ``selector`` picks, plus the healthy variant of each
+    program selected (the buggy runs are measured against it). Without a "/", it picks the
+    pairs whose "program/variant" contains it; "program/variant" picks that program (named
+    whole: "vae/" is not gumbel_vae) and its variants containing "variant"."""
     chosen: list[tuple[str, str]] = []
+    named, slash, variant = selector.partition("/")
     for program in PROGRAMS:
-        names = [v for v in load(program).VARIANTS if selector in f"{program}/{v}"]
+        if slash and named and program != named:
+            continue
+        names = [v for v in load(program).VARIANTS if (variant in v if slash else selector in f"{program}/{v}")]
         if names and "healthy" not in names:
             names.insert(0, "healthy")
         chosen.extend((program, v) for v in names)
@@ -171,7 +176,8 @@ def details(outcomes: list[Outcome], verdicts: dict[tuple[str, str], bool | None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-k", default="", help='only "program/variant" names containing this (plus their healthy runs)')
+    parser.add_argument("-k", default="", help='only "program/variant" names containing this, or "program/variant" for that program '
+                        '(named whole) and its variants containing "variant" (plus their healthy runs)')
     parser.add_argument("--jobs", type=int, default=1, help="processes in parallel (default 1)")
     parser.add_argument("--json", type=Path, help="write every outcome to this file")
     parser.add_argument("--seed", type=int, default=0, help="offset added to each program's own seed (default 0)")
