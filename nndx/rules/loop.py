@@ -441,7 +441,9 @@ ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every 
     "below 1e-3 of its maximum for more than a quarter of the recorded steps (info under half of them, unless a "
     "quarter are exactly 0: a published step decay's last stages, four 10x cuts, sit there for up to ~40% of the "
     "run; in a loop "
-    "without an optimizer: the step size measured as |update| / |gradient|); or an optimizer's LR that climbs "
+    "without an optimizer: the step size measured as |update| / |gradient|; judged per param group too, of every "
+    "optimizer, for a group that ends collapsed beside another group's steady LR, as a center loss's own SGD beside "
+    "the model's schedule); or an optimizer's LR that climbs "
     "back, gradually (through at least one step between), from under 10% of its peak to 90% of it twice or more. "
     "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
     "most, so they do not fire; warm restarts jump back to the peak in one step, a cyclic LR stays above 10%.",
@@ -485,13 +487,20 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
             score=3.0,
             step=history[negative[0]].step,
         )
-    # at 1e-3 too, to float precision: ReduceLROnPlateau(eps=1e-8) from 1e-5 stops exactly there
-    collapsed = [i for i, lr in enumerate(lrs) if lr <= 1e-3 * peak * (1 + 1e-6)]
+    collapsed = _collapsed(lrs, peak)
     share = len(collapsed) / len(lrs)
+    group = None
     if share <= 0.25:
         rises = [] if measured else _gradual_rises(lrs, peak)
-        if len(rises) < 2:
+        # or one param group's LR collapsed behind another's steady one (center loss's own SGD at 0.5
+        # beside the model's StepLR stepped every batch): judged per group, when it ends collapsed
+        hidden = None if measured or len(rises) >= 2 else _collapsed_group(history)
+        if len(rises) < 2 and hidden is None:
             return None
+        if hidden is not None:
+            group, lrs, peak, collapsed = hidden
+            share = len(collapsed) / len(lrs)
+    if share <= 0.25:
         return Hit(
             symptom=f"the learning rate climbed back from under 10% of its peak to its peak {len(rises)} times: a "
             "schedule sized in epochs, stepped every batch, cycles",
@@ -501,8 +510,11 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
             step=history[rises[0]].step,
         )
     return Hit(
-        symptom=f"learning rate at or under 1e-3 of its peak for {share:.0%} of the recorded steps",
+        symptom=f"learning rate at or under 1e-3 of its peak for {share:.0%} of the recorded steps"
+        + (f" in param group {group} (of all optimizers, in order), while another group's LR held" if group is not None
+           else ""),
         evidence={
+            **({"param_group": group} if group is not None else {}),
             "lr_peak": peak,
             "lr_final": lrs[-1],
             "collapsed_share": share,
@@ -516,6 +528,31 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
         score=1.0 + share,
         step=history[collapsed[0]].step,
     )
+
+
+def _collapsed(lrs: list[float], peak: float) -> list[int]:
+    """Indices where the LR is at or under 1e-3 of its peak (to float precision:
+    ReduceLROnPlateau(eps=1e-8) from 1e-5 stops exactly there)."""
+    return [i for i, lr in enumerate(lrs) if lr <= 1e-3 * peak * (1 + 1e-6)]
+
+
+def _collapsed_group(history: list) -> tuple[int, list[float], float, list[int]] | None:
+    """(group index, its LRs, its peak, where it collapsed) of the param group (of every
+    optimizer, in order) whose LR ends collapsed after more than a quarter of the recorded
+    steps there, the longest such; None when no group does or the groups change in number.
+    One that ends at its peak (a body unfrozen late) is a schedule, not a collapse."""
+    widths = {len(p.lrs) for p in history}
+    if len(widths) != 1 or (width := widths.pop()) < 2:
+        return None
+    worst = None
+    for group in range(width):
+        lrs = [lr if math.isfinite(lr) else 0.0 for lr in (p.lrs[group] for p in history)]
+        peak = max(lrs)
+        collapsed = _collapsed(lrs, peak) if peak > 0 else []
+        if collapsed and collapsed[-1] == len(lrs) - 1 and len(collapsed) > 0.25 * len(lrs) and (
+                worst is None or len(collapsed) > len(worst[3])):  # fmt: skip
+            worst = (group, lrs, peak, collapsed)
+    return worst
 
 
 # a warm-up that kept the LR under this share of the LR its schedule scales (initial_lr) for the

@@ -46,6 +46,20 @@ def test_dead_units_use_dead_unit_fraction_not_zero_fraction():
     assert "NNDX201" not in _found(many_zeros)
 
 
+def test_one_groups_collapsed_schedule_is_not_hidden_by_another_groups_steady_lr():
+    """pytorch-center-loss: the model's SGD with StepLR stepped every batch beside the centers' own SGD at a
+    constant 0.5. The largest LR never moves; the model's is ~0 after a tenth of the run."""
+    per_batch = [LRPoint(step=i, lrs=[0.05 * 0.5 ** (i // 8), 0.5]) for i in range(200)]
+    finding = _found(with_loop(BASE, lr_history=per_batch))["NNDX307"]
+    assert finding.severity == "warning" and finding.evidence["param_group"] == 0
+    # a body unfrozen half-way (LR 0, then its schedule) ends at its peak: a schedule, not a collapse
+    unfrozen = [LRPoint(step=i, lrs=[0.0 if i < 100 else 1e-4, 1e-3]) for i in range(200)]
+    assert "NNDX307" not in _found(with_loop(BASE, lr_history=unfrozen))
+    # a cosine to 0 beside a steady group only gets low at the very end
+    cosine = [LRPoint(step=i, lrs=[0.1 * (1 + math.cos(math.pi * i / 199)) / 2, 0.01]) for i in range(200)]
+    assert "NNDX307" not in _found(with_loop(BASE, lr_history=cosine))
+
+
 def test_schedule_per_batch_collapse_vs_one_cycle():
     assert "NNDX307" not in _found(healthy_reports()["one_cycle"])
     cosine_to_zero = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[0.1 * (1 + math.cos(math.pi * i / 199)) / 2]) for i in range(200)])
