@@ -578,3 +578,33 @@ class _CastsThenRecurs(nn.Module):
 def test_a_forward_that_casts_to_float32_before_a_recurrent_layer_is_checked_in_float32():
     result = grad_check(_CastsThenRecurs(), batch(), nn.CrossEntropyLoss())
     assert result.status == "passed" and "checked in float32" in result.message, result.message
+
+
+class BagOfWords(nn.Module):
+    """MemN2N's sentence encoding: nn.Embedding(padding_idx=0) whose nil row is then refilled
+    with normal_ (the forward reads it; the backward never gives it a gradient), and, tied, the
+    same table as the answer's output matrix, through which the nil row gets a gradient again."""
+
+    def __init__(self, head: nn.Module | None):
+        super().__init__()
+        self.embed = nn.Embedding(12, 8, padding_idx=0)
+        self.embed.weight.data.normal_(0, 0.1)
+        self.head = head
+
+    def forward(self, words):
+        h = torch.tanh(self.embed(words).sum(1))
+        return self.head(h) if self.head is not None else h @ self.embed.weight[:3].T
+
+
+def test_an_embeddings_padding_row_is_checked_as_the_forwards_derivative():
+    words = torch.randint(0, 12, (16, 5), generator=torch.Generator().manual_seed(0))
+    words[:, -2:] = 0  # padded sentences
+    y = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(1))
+    for head in (nn.Linear(8, 3), None):
+        torch.manual_seed(0)
+        model = BagOfWords(head)
+        result = grad_check(model, (words, y), nn.CrossEntropyLoss())
+        assert result.status == "passed", result.message
+        assert model.embed.padding_idx == 0  # the user's model keeps it
+    torch.manual_seed(0)  # a wrong backward beside it is still caught
+    assert grad_check(BagOfWords(CustomLinear(8, 3, "scaled")), (words, y), nn.CrossEntropyLoss()).status == "failed"

@@ -48,6 +48,10 @@ float32) rounds at that precision: the round-off and the step ε are taken from 
 least precise dtype the forward computed in (ε at least eps^(1/3), which balances
 rounding against curvature), so float32 rounding is not called a wrong backward.
 
+An embedding's ``padding_idx`` only zeroes its row's gradient, by design (the row is never
+trained, though a forward may read it: MemN2N refills its nil rows with ``normal_``): the copy's
+embeddings drop it, so the backward checked is the forward's true derivative.
+
 Randomness and state: the loss must be the same function at every evaluation, so every
 forward runs with the same seed (identical dropout masks); batch-norm in train mode is
 a deterministic function of the batch and is checked as is. Two more evaluations at the
@@ -350,6 +354,9 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
               directions: int, elements_per_tensor: int, eps: float, seed: int,
               project: bool = False, through: _StopGradients | None = None) -> GradCheckResult:  # fmt: skip
     model_copy = dense_gradients(working_copy(model)).to(dtype)
+    for module in nn.Module.modules(model_copy):
+        if type(module) is nn.Embedding:  # padding_idx only zeroes its row's gradient (an EmbeddingBag's leaves it out)
+            module.padding_idx = None
     inputs, targets = (map_tensors(t, lambda x: x.to(dtype) if x.is_floating_point() else x)
                        for t in (inputs, targets))  # fmt: skip
     named = [(n, p) for n, p in nn.Module.named_parameters(model_copy) if p.requires_grad]
