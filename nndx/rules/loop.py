@@ -957,7 +957,8 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
     "itself, given outputs whose rows already sum to one, BCEWithLogitsLoss given "
     "outputs all inside [0, 1] (from a model ending in Sigmoid, a loss the forward computes on a sigmoid's "
     "output, or 16 or more of them when no forward was observed to show what made them), or a model whose "
-    "last activation is Softmax trained with either.",
+    "last activation is Softmax trained with either when the loss's input was not measured (measured rows that "
+    "do not sum to one came another way).",
     why="CrossEntropyLoss applies log_softmax itself; a second softmax squashes the logits into [0, 1], "
     "so gradients shrink and the loss stalls far above its minimum.",
     fix="Remove the final Softmax/Sigmoid from the model and pass raw logits; apply softmax only when "
@@ -967,7 +968,10 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
     output_activation = report.model.output_activation if report.model is not None else None
     for call in loss_calls(report):
         applies_own = call.loss_type == "CrossEntropyLoss" or call.applies is not None
-        if applies_own and (call.output_rows_sum_to_one or output_activation == "Softmax"):
+        # the model's last Softmax counts when what reached the loss was not measured: one measured
+        # off the simplex came another way (MemN2N's Softmax feeds an output the loss never reads)
+        softmaxed = call.output_rows_sum_to_one or (output_activation == "Softmax" and call.output_rows_sum_to_one is None)
+        if applies_own and softmaxed:
             return Hit(
                 symptom=f"{call.loss_type}" + (f", which applies {call.applies} itself," if call.applies else "")
                 + " received probabilities, not logits",

@@ -1155,6 +1155,21 @@ def test_a_linear_decay_stepped_past_its_end_takes_the_lr_below_zero():
     assert stopped.severity == "warning" and "negative" not in stopped.symptom
 
 
+def test_a_softmax_module_beside_logits_measured_at_the_loss_is_no_double_softmax():
+    """MemN2N keeps an nn.Softmax for a second output the loss never reads: the cross-entropy's
+    input was measured (rows off the simplex, values to -2.5e4), so the module is not what reached it.
+    Unmeasured, the model's last Softmax still counts."""
+    from nndx.report import LossCall
+
+    from .broken import loss_call
+
+    softmax_model = BASE.model.model_copy(update={"output_activation": "Softmax"})
+    measured = with_loop(BASE, loss_calls=[loss_call(output_min=-25137.0, output_max=3157.0)])
+    assert "NNDX314" not in _found(measured.model_copy(update={"model": softmax_model}))
+    unmeasured = with_loop(BASE, loss_calls=[LossCall(loss_type="CrossEntropyLoss", output_shape=[32, 10])])
+    assert "NNDX314" in _found(unmeasured.model_copy(update={"model": softmax_model}))
+
+
 def test_gradients_at_a_softmax_output_are_not_the_last_layers():
     """REINFORCE's policy ends in a softmax: the gradient at its probabilities is R / p, 1e5 for an
     unlikely action, against 21 at the first Linear. The network's own last layer (the Linear
