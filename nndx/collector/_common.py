@@ -805,7 +805,12 @@ def prediction(output: Any) -> Any:
     """What a loss function reads off the model's output: ``.logits`` of a Hugging Face
     output (or a dict's ``logits``); the first element of a tuple or list that starts
     with a tensor (a recurrent model's ``(output, hidden)``, a model's ``(logits, aux)``);
+    the first parameter of a ``torch.distributions`` output (a neural process's
+    ``Normal(mu, sigma)``: mu; a policy's ``Categorical(logits=...)``: the logits);
     else the output itself."""
+    if isinstance(output, torch.distributions.Distribution):
+        given = [vars(output).get(name) for name in output.arg_constraints]
+        return next((t for t in given if isinstance(t, torch.Tensor)), output)
     logits = _field(output, "logits")
     if isinstance(logits, torch.Tensor):
         return logits
@@ -850,10 +855,16 @@ def relates_samples(inputs: Any, size: int) -> bool:
     beside node features). Such samples are meant to depend on each other, and no half of
     the batch is a batch. The first input itself never counts, nor a tensor shaped like it:
     a (64, 64) batch of 64 features, or token ids and their attention mask with as many
-    positions as samples, are per-sample."""
+    positions as samples, are per-sample; nor one that differs from it only in its second
+    axis (3 or more axes): sets of another size per sample, a neural process's 8 target points
+    of each of 8 functions beside its 4 context points."""
     tensors = list(iter_tensors(inputs))
     first = tuple(tensors[0].shape) if tensors else ()
-    return any(tuple(t.shape) != first and sum(1 for n in t.shape if n == size) >= 2 for t in tensors[1:])
+
+    def per_sample(shape: tuple[int, ...]) -> bool:
+        return shape == first or (len(shape) == len(first) >= 3 and shape[2:] == first[2:] and shape[0] == first[0])
+
+    return any(not per_sample(tuple(t.shape)) and sum(1 for n in t.shape if n == size) >= 2 for t in tensors[1:])
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

@@ -156,6 +156,10 @@ def test_a_square_batch_of_per_sample_inputs_relates_no_samples():
     assert not relates_samples(torch.randn(64, 64), 64)
     assert not relates_samples((torch.randint(0, 9, (16, 16)), torch.ones(16, 16)), 16)
     assert relates_samples((torch.randn(40, 6), torch.ones(40, 40)), 40)
+    # a neural process's 8 functions: 4 context points beside 8 target points, one more axis alike
+    assert not relates_samples((torch.randn(8, 4, 1), torch.randn(8, 4, 1), torch.randn(8, 8, 1)), 8)
+    # edge features (N, N, F) beside node features (N, F) still relate the nodes
+    assert relates_samples((torch.randn(8, 5), torch.randn(8, 8, 3)), 8)
 
 
 class NeighbourSampler(nn.Module):
@@ -448,3 +452,24 @@ def test_noise_drawn_in_an_order_the_samples_decide_is_not_read_as_mixing():
     assert skipped.status == "skipped" and "sorts" in skipped.message and skipped.changed_samples > 0
     assert sample_independence(SortedSampler(noise=False), batch()).status == "passed"
     assert sample_independence(SortedSampler(noise=False, mix=True), batch()).status == "failed"
+
+
+class Gaussian(nn.Module):
+    """A neural process's decoder or a policy: the forward returns a torch distribution."""
+
+    def __init__(self, mix: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.mix = mlp(out=2), mix
+
+    def forward(self, x):
+        mu, log_sigma = self.body(x).unbind(-1)
+        if self.mix:  # a batch mean broadcast onto every sample
+            mu = mu + mu.mean()
+        return torch.distributions.Normal(mu, log_sigma.exp())
+
+
+def test_a_forward_that_returns_a_distribution_is_read_through_its_first_parameter():
+    assert sample_independence(Gaussian(mix=False).eval(), batch()).status == "passed"
+    mixed = sample_independence(Gaussian(mix=True).eval(), batch())
+    assert mixed.status == "failed" and mixed.changed_samples == 8
