@@ -857,14 +857,20 @@ def relates_samples(inputs: Any, size: int) -> bool:
     a (64, 64) batch of 64 features, or token ids and their attention mask with as many
     positions as samples, are per-sample; nor one that differs from it only in its second
     axis (3 or more axes): sets of another size per sample, a neural process's 8 target points
-    of each of 8 functions beside its 4 context points."""
+    of each of 8 functions beside its 4 context points. Unless the first input is a square
+    matrix over the samples beside an input of more axes (a spatio-temporal graph net's
+    adjacency, given before its (batch, nodes, time, features) readings)."""
     tensors = list(iter_tensors(inputs))
     first = tuple(tensors[0].shape) if tensors else ()
 
     def per_sample(shape: tuple[int, ...]) -> bool:
         return shape == first or (len(shape) == len(first) >= 3 and shape[2:] == first[2:] and shape[0] == first[0])
 
-    return any(not per_sample(tuple(t.shape)) and sum(1 for n in t.shape if n == size) >= 2 for t in tensors[1:])
+    # the first input counts when it is a square matrix over the samples beside an input of more axes
+    # that holds them: STGCN's forward(A_hat, X) takes the road graph's adjacency first
+    adjacency_first = first == (size, size) and any(t.dim() > 2 and size in t.shape for t in tensors[1:])
+    return adjacency_first or any(
+        not per_sample(tuple(t.shape)) and sum(1 for n in t.shape if n == size) >= 2 for t in tensors[1:])
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

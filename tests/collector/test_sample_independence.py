@@ -160,6 +160,9 @@ def test_a_square_batch_of_per_sample_inputs_relates_no_samples():
     assert not relates_samples((torch.randn(8, 4, 1), torch.randn(8, 4, 1), torch.randn(8, 8, 1)), 8)
     # edge features (N, N, F) beside node features (N, F) still relate the nodes
     assert relates_samples((torch.randn(8, 5), torch.randn(8, 8, 3)), 8)
+    # STGCN's forward(A_hat, X): the road graph's adjacency first, then (batch, nodes, time, features)
+    assert relates_samples((torch.rand(20, 20), torch.randn(50, 20, 12, 2)), 20)
+    assert not relates_samples((torch.randn(20, 20), torch.randn(20, 20)), 20)  # two per-sample inputs
 
 
 class NeighbourSampler(nn.Module):
