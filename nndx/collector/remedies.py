@@ -146,12 +146,26 @@ def _far_from_standard(x: torch.Tensor) -> bool:
 
 
 def standardize_inputs(setup: Setup) -> Setup:
+    """One floating-point input tensor standardised; of several (a score network's ``(x, noise
+    level)``), those on a raw scale (mean or std over 5: pixels in 0..255), the rest as they are."""
     x = setup.inputs
+    if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
+        size = x[0].shape[0] if x[0].dim() else 0
+        raw = [isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2 and t.shape[0] == size >= 2
+               and _raw_scale(t) for t in x]  # fmt: skip
+        if not any(raw):
+            raise NotApplicable("no input of several samples is on a raw scale (mean or std over 5)")
+        return replace(setup, inputs=type(x)(_standardized(t) if r else t for t, r in zip(x, raw)))
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or x.shape[0] < 2:
         raise NotApplicable("the inputs are not one floating-point tensor of several samples")
     if not _far_from_standard(x):
         raise NotApplicable("the inputs are already near mean 0, std 1")
     return replace(setup, inputs=_standardized(x))
+
+
+def _raw_scale(x: torch.Tensor) -> bool:
+    mean, std = float(x.float().mean()), float(x.float().std())
+    return math.isfinite(mean) and math.isfinite(std) and (abs(mean) > 5.0 or std > 5.0)
 
 
 def standardize_targets(setup: Setup) -> Setup:

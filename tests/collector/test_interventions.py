@@ -409,3 +409,30 @@ def test_a_slower_lr_that_stops_a_climb_confirms_it_on_a_batch_with_little_to_le
     result = interventions(model, (x, targets), _soft_cross_entropy, optimizer=torch.optim.SGD(model.parameters(), lr))
     assert (result.baseline_final_loss > 1.5 * result.baseline_initial_loss) == climbs
     assert (_statuses(result).get("LR_TOO_HIGH") == "confirmed") == climbs, _statuses(result)
+
+
+class ScoreNet(nn.Module):
+    """Two inputs, as a noise-conditional score network takes them: the data and a noise level's index."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(5, 8)
+        self.body = nn.Sequential(nn.Linear(28, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
+        return self.body(torch.cat([x, self.embed(level)], 1))
+
+
+def test_of_several_inputs_the_one_on_a_raw_scale_is_standardised_and_confirmed():
+    x, y = _data()
+    level = torch.randint(0, 5, (len(x),), generator=torch.Generator().manual_seed(1))
+    model = ScoreNet()
+    raw = interventions(model, ((x * 200 + 100, level), y), nn.CrossEntropyLoss(),
+                        optimizer=torch.optim.SGD(model.parameters(), lr=0.1))  # fmt: skip
+    assert _statuses(raw) == {"UNNORMALIZED_INPUTS": "confirmed"}
+    from nndx.collector import remedies
+
+    setup = remedies.Setup(model=model, optimizer=None, inputs=(x, level), targets=y, loss_fn=nn.CrossEntropyLoss())
+    with pytest.raises(remedies.NotApplicable, match="raw scale"):
+        remedies.standardize_inputs(setup)  # standard inputs beside an index: nothing to standardise
