@@ -713,8 +713,8 @@ class LoopStats(Schema):
     has_batchnorm: bool = False
     lr_history: list[LRPoint] = Field(default_factory=list)
     scheduled_lrs: list[Float] = Field(
-        default_factory=list, description="each param group's initial_lr: the LR a torch LR scheduler scales "
-        "(a warm-up rises to it), when every group has one")
+        default_factory=list, description="each param group's initial_lr (OneCycleLR's max_lr): the LR a torch LR "
+        "scheduler scales (a warm-up rises to it), when every group has one")
     effective_lr_history: list[LRPoint] = Field(
         default_factory=list, description="loops without an optimizer: the median over weight matrices of "
         "‖Δw‖ / ‖gradient‖ at recorded steps — plain SGD's LR, a constant multiple of it under momentum")

@@ -56,6 +56,31 @@ def test_lesson_bug_is_the_top_finding(options, expected):
     assert diagnosis.top().explained_by is None
 
 
+@pytest.mark.parametrize("step_every", [1, 20])
+def test_a_one_cycle_schedule_stepped_once_per_epoch_stays_in_its_warm_up(step_every):
+    """perceiver-pytorch's OneCycleLR sized in batches, stepped once per epoch of 20: its warm-up
+    starts at max_lr / 25 (the group's initial_lr) and never gets far from it. Stepped every
+    batch, the same 100 steps climb to max_lr and back down."""
+    torch.manual_seed(0)
+    x = torch.randn(320, 8)
+    y = x[:, :2].sum(1, keepdim=True)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=100)
+    with nndx.Monitor(model, optimizer, every=5) as monitor:
+        for step in range(100):
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x[step % 10 * 32:][:32]), y[step % 10 * 32:][:32])
+            loss.backward()
+            optimizer.step()
+            if (step + 1) % step_every == 0:
+                scheduler.step()
+            monitor.log(loss)
+    assert monitor.report().loop.scheduled_lrs == [3e-3]
+    found = {f.rule_id for f in nndx.diagnose(monitor.report()).findings}
+    assert ("NNDX327" in found) == (step_every == 20)
+
+
 @pytest.mark.parametrize(("step_every", "warmup"), [(1, 1000), (20, 1000), (1, 26), (20, 26)])
 def test_a_warm_up_stepped_once_per_epoch_never_reaches_its_lr(step_every, warmup):
     """Decision Transformer's LambdaLR warm-up over 1,000 optimizer steps, stepped once per

@@ -103,7 +103,9 @@ class LearningRate(Watcher):
 
     def report(self, window: int | None) -> dict[str, Any]:
         groups = [g for o in self.watched.optimizers for g in o.param_groups]
-        scheduled = [float(g["initial_lr"]) for g in groups] if groups and all("initial_lr" in g for g in groups) else []
+        # OneCycleLR's initial_lr is max_lr / div_factor, where its warm-up starts: it rises to max_lr
+        scheduled = ([float(g.get("max_lr", g["initial_lr"])) for g in groups]
+                     if groups and all("initial_lr" in g for g in groups) else [])  # fmt: skip
         return {"loop": {"lr_history": self.history.models(_lr_point, newest=window), "scheduled_lrs": scheduled}}
 
 
