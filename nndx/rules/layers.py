@@ -453,6 +453,9 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
 
 # a layer output whose std is under this share of its mean's size is a constant up to float rounding
 ROUNDING_SPREAD = 1e-5
+# activations with a smaller std carry too little to measure a gain from: behind embeddings initialised at
+# 1e-4 (pointer-generator's), a later layer's default bias alone is a "growth" of 1e4
+MIN_BASE_STD = 1e-4
 
 
 @rule(
@@ -467,7 +470,8 @@ ROUNDING_SPREAD = 1e-5
     "block as the identity; nor a zero factor whose partner is random, as LoRA's B, which its gradient moves), "
     "activations whose std "
     "grows over 1000x from the first recorded layer to a later one (embedding lookups left out: their scale is "
-    "the table's init; so are constants, whose std is rounding, under 1e-5 of their mean), or a Linear/Conv weight whose gain "
+    "the table's init; so are constants, whose std is rounding, under 1e-5 of their mean, and layers whose std is "
+    "under 1e-4, whose scale a later bias alone exceeds), or a Linear/Conv weight whose gain "
     "(rms x sqrt(fan_in)) is over 5 (He init: 1.41; N(0, 1) init gives sqrt(fan_in)), from the norm before "
     "the recorded update; not when that update was half the weights' size or more (a far too high LR).",
     why="Identical units receive identical gradients and never differentiate; zero weights pass no "
@@ -502,7 +506,7 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                     )
             # an embedding's output is a table's init scale (DeepCTR's 1e-4), no gain through depth; a
             # constant's spread is rounding (a mixture of experts' softplus(x @ 0) noise scale at init)
-            scaled = [s for s in first if not vocab.is_embedding(s.type)
+            scaled = [s for s in first if not vocab.is_embedding(s.type) and s.activation.std >= MIN_BASE_STD
                       and s.activation.std > ROUNDING_SPREAD * abs(s.activation.mean)] or first
             base = scaled[0].activation.std
             worst = max(scaled, key=lambda s: s.activation.std)

@@ -82,6 +82,27 @@ def test_a_constant_up_to_rounding_is_no_base_for_the_growth_of_activations(digi
     assert any("grows" in f.symptom or f.evidence.get("gain", 0) > 5 for f in probe_findings(blown, x, y))
 
 
+class TinyEmbeddings(nn.Module):
+    """pointer-generator's init: embeddings drawn at std 1e-4, then Linear layers with PyTorch's
+    default biases. The first layer's outputs are ~1e-6; the next layer's bias alone is ~0.1."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(40, 16)
+        nn.init.normal_(self.embed.weight, std=1e-4)
+        self.project = nn.Linear(16, 32, bias=False)
+        self.head = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+    def forward(self, tokens):
+        return self.head(self.project(self.embed(tokens).mean(1)))
+
+
+def test_activations_too_small_to_measure_a_gain_from_are_no_base_for_growth():
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 40, (64, 10))
+    assert not probe_findings(TinyEmbeddings(), tokens, torch.randint(0, 4, (64,)))
+
+
 @pytest.mark.slow
 def test_a_model_trained_long_on_digits_is_silent(digits):
     torch.manual_seed(0)
