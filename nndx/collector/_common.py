@@ -328,9 +328,11 @@ def torch_optimizer(optimizer: Any) -> Any:
     """The torch optimizer that ``optimizer`` is or wraps and steps (apex's LARC holds it as
     ``.optim``; a warm-up ``ScheduledOptim``, Lightning's ``LightningOptimizer``, others as
     ``.optimizer``); None stays None. Anything else is a TypeError that says what is accepted."""
+    if optimizer is None:
+        return None
     inner = optimizer
     for _ in range(4):
-        if (inner is optimizer and inner is None) or isinstance(inner, torch.optim.Optimizer):
+        if isinstance(inner, torch.optim.Optimizer):
             return inner
         held = getattr(inner, "optim", None)
         inner = held if held is not None else getattr(inner, "optimizer", None)

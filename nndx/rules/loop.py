@@ -970,7 +970,8 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
         applies_own = call.loss_type == "CrossEntropyLoss" or call.applies is not None
         # the model's last Softmax counts when what reached the loss was not measured: one measured
         # off the simplex came another way (MemN2N's Softmax feeds an output the loss never reads)
-        softmaxed = call.output_rows_sum_to_one or (output_activation == "Softmax" and call.output_rows_sum_to_one is None)
+        unmeasured = call.output_rows_sum_to_one is None
+        softmaxed = call.output_rows_sum_to_one or (output_activation == "Softmax" and unmeasured)
         if applies_own and softmaxed:
             return Hit(
                 symptom=f"{call.loss_type}" + (f", which applies {call.applies} itself," if call.applies else "")

@@ -16,7 +16,8 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
     Curve, accuracies, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range, no_floor, num_classes,
-    self_targeted, starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, used_lr, window,
+    self_targeted, starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, used_lr,
+    window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -171,7 +172,8 @@ LEARNED_DROP = 0.3
     "ends under that half: the model already fits, as a pretrained one does. A loss that ends above twice its "
     "start (or 10x its very first value) climbed: that is NNDX104's divergence, not this. Info for a logged loss "
     "that runs through another trained network (a GAN's generator loss: it need not fall), and for a loss that "
-    "computes its targets from the model's output (DEC's self-training: its objective moves with the model). At an LR within 3x of "
+    "computes its targets from the model's output (DEC's self-training: its objective moves with the model). "
+    "At an LR within 3x of "
     "the range the LR range test trains well in, the finding says so and ranks after other symptoms, and is info "
     f"when the loss first fell by {LEARNED_DROP:.0%} or more from its very first value (it learned, then stalled). "
     "Silent on a "

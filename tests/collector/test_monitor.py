@@ -416,7 +416,8 @@ def test_tensors_that_get_gradients_outside_the_parameters_and_every_optimizer_a
         assert train(registered, opt, mon).loop.unregistered_params == []
     # handed to the optimizer by hand: trained, so not named
     hidden = Unregistered(hide=True)
-    extra = [p for block in hidden.blocks for p in block.parameters()] + [hidden.gate.grad_fn.next_functions[0][0].variable]
+    gate = hidden.gate.grad_fn.next_functions[0][0].variable  # the Parameter behind the copy
+    extra = [p for block in hidden.blocks for p in block.parameters()] + [gate]
     opt = torch.optim.SGD([*hidden.parameters(), *extra], lr=0.1)
     with Monitor(hidden, opt) as mon:
         assert train(hidden, opt, mon).loop.unregistered_params == []

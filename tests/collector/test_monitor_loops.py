@@ -1005,6 +1005,8 @@ def test_an_optimizer_wrapper_holding_a_torch_optimizer_is_watched_through_it():
     assert any("LARC wraps the optimizer" in note for note in loop.limitations)
     with pytest.raises(TypeError, match="optimizer must be"):
         nndx.Monitor(model, object())
+    with pytest.raises(TypeError, match="holding None"):
+        nndx.Monitor(model, [optimizer, None])
 
 
 class ScheduledOptim:

@@ -69,6 +69,9 @@ class Watched:
         else:
             raise TypeError(f"model must be a torch.nn.Module (or a dict of them), got {type(model).__name__}")
         given = list(optimizer) if isinstance(optimizer, (list, tuple)) else [] if optimizer is None else [optimizer]
+        if any(opt is None for opt in given):
+            raise TypeError("optimizer must be a torch.optim.Optimizer (or a list of them, or None), got a list "
+                            "holding None")  # fmt: skip
         optimizers = [torch_optimizer(opt) for opt in given]
         wrappers = [type(original).__name__ for opt, original in zip(optimizers, given) if opt is not original]
         return cls(root, models, optimizers, [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad],
