@@ -56,17 +56,15 @@ def test_lesson_bug_is_the_top_finding(options, expected):
     assert diagnosis.top().explained_by is None
 
 
-@pytest.mark.parametrize("step_every", [1, 20])
-def test_a_one_cycle_schedule_stepped_once_per_epoch_stays_in_its_warm_up(step_every):
-    """perceiver-pytorch's OneCycleLR sized in batches, stepped once per epoch of 20: its warm-up
-    starts at max_lr / 25 (the group's initial_lr) and never gets far from it. Stepped every
-    batch, the same 100 steps climb to max_lr and back down."""
+def _scheduled_run(schedule, step_every: int):
+    """100 AdamW steps (lr 1e-3) of a small regressor under a Monitor, ``schedule(optimizer)``'s
+    scheduler stepped every ``step_every`` steps: the report."""
     torch.manual_seed(0)
     x = torch.randn(320, 8)
     y = x[:, :2].sum(1, keepdim=True)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=100)
+    scheduler = schedule(optimizer)
     with nndx.Monitor(model, optimizer, every=5) as monitor:
         for step in range(100):
             optimizer.zero_grad()
@@ -76,9 +74,18 @@ def test_a_one_cycle_schedule_stepped_once_per_epoch_stays_in_its_warm_up(step_e
             if (step + 1) % step_every == 0:
                 scheduler.step()
             monitor.log(loss)
-    assert monitor.report().loop.scheduled_lrs == [3e-3]
-    found = {f.rule_id for f in nndx.diagnose(monitor.report()).findings}
-    assert ("NNDX327" in found) == (step_every == 20)
+    return monitor.report()
+
+
+@pytest.mark.parametrize("step_every", [1, 20])
+def test_a_one_cycle_schedule_stepped_once_per_epoch_stays_in_its_warm_up(step_every):
+    """perceiver-pytorch's OneCycleLR sized in batches, stepped once per epoch of 20: its warm-up
+    starts at max_lr / 25 (the group's initial_lr) and never gets far from it. Stepped every
+    batch, the same 100 steps climb to max_lr and back down."""
+    report = _scheduled_run(lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=3e-3, total_steps=100),
+                            step_every)  # fmt: skip
+    assert report.loop.scheduled_lrs == [3e-3]
+    assert ("NNDX327" in {f.rule_id for f in nndx.diagnose(report).findings}) == (step_every == 20)
 
 
 @pytest.mark.parametrize(("step_every", "warmup"), [(1, 1000), (20, 1000), (1, 26), (20, 26)])
@@ -88,21 +95,7 @@ def test_a_warm_up_stepped_once_per_epoch_never_reaches_its_lr(step_every, warmu
     a warm-up cut short, which rises at every record and is left alone. timm's scheduler
     sized in updates but stepped per epoch (t_in_epochs left True) on a short run: 26
     steps of warm-up, five taken, the LR ends at 0.23 of its own, still climbing."""
-    torch.manual_seed(0)
-    x = torch.randn(320, 8)
-    y = x[:, :2].sum(1, keepdim=True)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-    with nndx.Monitor(model, optimizer, every=5) as monitor:
-        for step in range(100):
-            optimizer.zero_grad()
-            loss = nn.functional.mse_loss(model(x[step % 10 * 32:][:32]), y[step % 10 * 32:][:32])
-            loss.backward()
-            optimizer.step()
-            if (step + 1) % step_every == 0:
-                scheduler.step()
-            monitor.log(loss)
-    found = {f.rule_id: f for f in nndx.diagnose(monitor.report()).findings}
-    assert monitor.report().loop.scheduled_lrs == [1e-3]
-    assert ("NNDX327" in found) == (step_every == 20)
+    report = _scheduled_run(lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / warmup)),
+                            step_every)  # fmt: skip
+    assert report.loop.scheduled_lrs == [1e-3]
+    assert ("NNDX327" in {f.rule_id for f in nndx.diagnose(report).findings}) == (step_every == 20)
