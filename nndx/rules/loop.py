@@ -492,23 +492,22 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     group = None
     if share <= 0.25:
         rises = [] if measured else _gradual_rises(lrs, peak)
+        if len(rises) >= 2:
+            return Hit(
+                symptom=f"the learning rate climbed back from under 10% of its peak to its peak {len(rises)} times: "
+                "a schedule sized in epochs, stepped every batch, cycles",
+                evidence={"lr_peak": peak, "lr_final": lrs[-1], "lr_cycles": len(rises),
+                          "first_climb_step": history[rises[0]].step},  # fmt: skip
+                score=1.0 + min(1.0, len(rises) / 10),
+                step=history[rises[0]].step,
+            )
         # or one param group's LR collapsed behind another's steady one (center loss's own SGD at 0.5
         # beside the model's StepLR stepped every batch): judged per group, when it ends collapsed
-        hidden = None if measured or len(rises) >= 2 else _collapsed_group(history)
-        if len(rises) < 2 and hidden is None:
+        hidden = None if measured else _collapsed_group(history)
+        if hidden is None:
             return None
-        if hidden is not None:
-            group, lrs, peak, collapsed = hidden
-            share = len(collapsed) / len(lrs)
-    if share <= 0.25:
-        return Hit(
-            symptom=f"the learning rate climbed back from under 10% of its peak to its peak {len(rises)} times: a "
-            "schedule sized in epochs, stepped every batch, cycles",
-            evidence={"lr_peak": peak, "lr_final": lrs[-1], "lr_cycles": len(rises),
-                      "first_climb_step": history[rises[0]].step},  # fmt: skip
-            score=1.0 + min(1.0, len(rises) / 10),
-            step=history[rises[0]].step,
-        )
+        group, lrs, peak, collapsed = hidden
+        share = len(collapsed) / len(lrs)
     return Hit(
         symptom=f"learning rate at or under 1e-3 of its peak for {share:.0%} of the recorded steps"
         + (f" in param group {group} (of all optimizers, in order), while another group's LR held" if group is not None
