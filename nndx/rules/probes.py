@@ -624,7 +624,9 @@ def stop_gradients(report: DiagnosticReport) -> Hit | None:
     "the share whose label disagrees has a 95% lower bound over 10%. Error when that bound is over 25%. "
     "When the share reaches 0.9 of what labels drawn at random would give (1 - 1/C), the labels do not belong "
     "to their inputs at all: reported as LABELS_MISALIGNED (info when the run's own validation accuracy ends over "
-    "twice chance and 0.25 above it, which random labels never allow: the stand-in could not read the inputs).",
+    "twice chance and 0.25 above it, which random labels never allow: the stand-in could not read the inputs). "
+    "A warning when the label-alignment probe, the same stand-in against permuted labels, could not decide, and info "
+    "then if the run's own train loss learned: a stand-in that reads nothing in the inputs disagrees at chance too.",
     why="Wrong labels (careless annotation, rows mixed in a join, preprocessing applied to the labels) are "
     "memorised with the right ones: training still converges, and validation accuracy stops short of what "
     "the data allows. Random flips do not care where a sample lies, so they show among confident "
@@ -650,6 +652,21 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
                        "MLP on the raw inputs) cannot read these inputs", severity="info",
                        evidence={"noise_fraction": result.noise_fraction, "run_val_accuracy": held_out},
                        score=0.5, code=C.LABELS_MISALIGNED)  # fmt: skip
+        alignment = _probe(report, "label_alignment")
+        if alignment is not None and alignment.status == "skipped" and alignment.real_accuracy is not None:
+            # the label-alignment probe trained the same stand-in on these labels and on permuted ones
+            # and could not decide: a stand-in that reads nothing in the inputs (point sets) disagrees
+            # with every label as often as with random ones; the run's own loss is the better witness
+            learned = loss_learned(report)
+            return Hit(symptom=f"{result.noise_fraction:.0%} of the probe's confident predictions disagree with their "
+                       "labels, as labels drawn at random would, but the label-alignment probe could not tell the real "
+                       "labels from permuted ones either way: its stand-in (an MLP on the raw inputs) may not read "
+                       "these inputs" + ("; the run's own loss learned" if learned else ""),
+                       severity="info" if learned else None,
+                       evidence={"noise_fraction": result.noise_fraction, "chance_disagreement": 1 - 1 / classes,
+                                 "alignment_real_accuracy": alignment.real_accuracy,
+                                 "alignment_permuted_accuracy": alignment.permuted_accuracy},
+                       score=0.5 if learned else 4.0, code=C.LABELS_MISALIGNED)  # fmt: skip
         return Hit(
             symptom=f"{result.noise_fraction:.0%} of confidently predicted labels disagree, as many as labels "
             f"drawn at random from {classes} classes would",

@@ -1220,6 +1220,31 @@ def test_a_stand_in_that_finds_no_signal_is_refuted_by_a_run_that_generalises(va
 
 
 
+@pytest.mark.parametrize("train_losses, severity", [([1.61 - 0.1 * i for i in range(12)], "info"),
+                                                     ([1.61, 1.60, 1.61, 1.60, 1.61, 1.60] * 2, "warning")])
+def test_chance_disagreement_the_alignment_probe_could_not_decide_is_not_an_error(train_losses, severity):
+    """DeepSets on point clouds (manzilzaheer/DeepSets): the label-noise probe's MLP on the raw
+    points disagrees with 84% of its confident predictions (chance: 80%), and the label-alignment
+    probe, the same stand-in against permuted labels, could not decide (0.213 vs 0.223). The
+    stand-in reads nothing in a set of points; the run's loss falling 1.61 -> 0.41 says the labels
+    carry signal. A run whose loss stays at ln 5 leaves the candidate standing, as a warning."""
+    from nndx.report import LabelAlignmentResult, LabelNoiseResult, Probes
+
+    from .reports import points
+
+    probes = Probes(label_alignment=LabelAlignmentResult(status="skipped", real_accuracy=0.213,
+                                                         permuted_accuracy=0.223, chance_accuracy=0.2),
+                    label_noise=LabelNoiseResult(status="failed", noise_fraction=0.84, noise_lower_bound=0.79,
+                                                 disagreement_fraction=0.81, confident_samples=160, samples=640))
+    report = DiagnosticReport(num_classes=5, probes=probes, loss_history={"train": points(train_losses)})
+    noise = next(f for f in diagnose(report).findings if f.rule_id == "NNDX612")
+    assert noise.code.value == "LABELS_MISALIGNED" and noise.severity == severity
+    # the alignment probe failed (enough samples to see a gain, none seen): the error stands
+    failed = report.model_copy(update={"probes": probes.model_copy(update={
+        "label_alignment": probes.label_alignment.model_copy(update={"status": "failed"})})})
+    assert next(f for f in diagnose(failed).findings if f.rule_id == "NNDX612").severity == "error"
+
+
 def test_a_binary_classifier_has_two_classes_from_its_loss_alone():
     """TabTransformer with float 0/1 labels (no class counts in the data checks) and
     BCEWithLogitsLoss on one logit per row: half the confident predictions disagreeing is
