@@ -275,15 +275,19 @@ def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
         return []
     shapes = _weight_shapes(report)
     weighted = [layer.name for layer in model.layers if len(shapes.get(layer.name, ())) >= 2]
-    feeding = _read_by_weighted(report) or set()
+    readers = _weighted_readers(model.layers, set(weighted))
     found = []
     for layer in model.layers:
         source = layer.input_from
         if vocab.activation_kind(layer.type) is None or _heading(layer.type) or source not in shapes or (
-                source in weighted[-1:]) or source not in feeding:  # fmt: skip
+                source in weighted[-1:]) or source not in readers:  # fmt: skip
             continue
-        if len(shapes[source]) >= 2 and shapes[source][0] <= TINY_WIDTH:
-            found.append((source, shapes[source][0], layer.type))
+        width = shapes[source][0]
+        # a narrowing, not a small sub-network: something after it is wider again (a Temporal Fusion
+        # Transformer's variable selection over 2 inputs runs 2 units through an ELU into 2 outputs)
+        wider_after = any(shapes[reader][0] > width for reader in readers[source])
+        if len(shapes[source]) >= 2 and width <= TINY_WIDTH and wider_after:
+            found.append((source, width, layer.type))
     return found
 
 
@@ -296,15 +300,16 @@ def _read_by_weighted(report: DiagnosticReport) -> set[str] | None:
         return None
     shapes = _weight_shapes(report)
     weighted = {layer.name for layer in model.layers if len(shapes.get(layer.name, ())) >= 2}
-    return _feeding_weighted(model.layers, weighted)
+    return set(_weighted_readers(model.layers, weighted))
 
 
-def _feeding_weighted(layers: list, weighted: set[str]) -> set[str]:
-    """The weighted layers whose output another weighted layer reads, through activations and
-    other layers without weights: the hidden ones. A layer no weighted layer reads is a head
-    (DeepAR's sigma head of one unit, put through a softplus into the output)."""
+def _weighted_readers(layers: list, weighted: set[str]) -> dict[str, list[str]]:
+    """For each weighted layer whose output another weighted layer reads (through activations
+    and other layers without weights: the hidden ones), those readers. A layer no weighted
+    layer reads is a head (DeepAR's sigma head of one unit, put through a softplus into the
+    output)."""
     made_by = {layer.name: layer.input_from for layer in layers}
-    feeding = set()
+    readers: dict[str, list[str]] = {}
     for layer in layers:
         if layer.name not in weighted:
             continue
@@ -312,8 +317,8 @@ def _feeding_weighted(layers: list, weighted: set[str]) -> set[str]:
         while source is not None and source not in weighted and hops < 16:
             source, hops = made_by.get(source), hops + 1
         if source is not None and source in weighted:
-            feeding.add(source)
-    return feeding
+            readers.setdefault(source, []).append(layer.name)
+    return readers
 
 
 @rule(
@@ -327,8 +332,8 @@ def _feeding_weighted(layers: list, weighted: set[str]) -> set[str]:
     "(channels pooled into a head; a width no other layer gives is a slice of a wider output, as Mamba's dt_rank). "
     "In any model, a hidden Linear or convolution of at most 2 units or "
     "channels whose output an observed forward puts through an activation other than a softmax or a sigmoid "
-    "(there it is a head, attention scores or a gate) and another weighted layer then reads (else it is an output "
-    "head: DeepAR's one-unit sigma through a softplus). Warning while the train loss "
+    "(there it is a head, attention scores or a gate) and another weighted layer of more units then reads (else it "
+    "is an output head: DeepAR's one-unit sigma through a softplus; or a small sub-network, 2 units into 2). Warning while the train loss "
     "kept over half its initial level or the model could not overfit one batch; info when training still "
     "progresses.",
     why="A bottleneck that narrow caps what the layers after it can separate: the model underfits "

@@ -214,6 +214,30 @@ def test_a_linear_two_d_code_and_a_wide_layer_are_no_bottleneck():
     assert not narrow_findings(Bottleneck(16, "functional"))
 
 
+class VariableSelection(nn.Module):
+    """A Temporal Fusion Transformer's variable selection over 2 inputs (pytorch-forecasting):
+    a gated residual network whose hidden width is the number of inputs, 2 units through an ELU
+    into 2 outputs softmaxed into the inputs' weights; then a wide regression net on the mix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 2), nn.Linear(2, 2)
+        self.body, self.out = nn.Linear(8, 16), nn.Linear(16, 1)
+
+    def forward(self, x):  # x: (batch, 2 inputs, 8)
+        weights = F.softmax(self.fc2(F.elu(self.fc1(x.flatten(1)))), dim=-1)
+        mixed = (x * weights.unsqueeze(-1)).sum(1)
+        return self.out(F.relu(self.body(mixed)))
+
+
+def test_two_units_into_two_are_a_small_sub_network_not_a_bottleneck():
+    torch.manual_seed(0)
+    x = torch.randn(64, 2, 8)
+    report = nndx.probe(VariableSelection(), (x, x[:, 0, :1] * 3 + x[:, 1, 1:2]), nn.MSELoss(), progress=False)
+    assert report.model.forward_observed
+    assert "NNDX403" not in {f.rule_id for f in nndx.diagnose(report).findings}
+
+
 class ActorCritic(nn.Module):
     """pytorch/examples' actor-critic: a 2-action softmax head beside a 1-unit value head
     (the model's last layer), and a Bahdanau-style score Linear(h, 1) softmaxed over time."""
