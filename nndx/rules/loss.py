@@ -577,6 +577,8 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
     "probe's loss is read too, where only a fall to over 100x its start counts (one batch can be fitted "
     "further than a data set); neither for a loss of any kind while the run's own loss hovers around zero (a fifth "
     "or more of its second half on each side: a policy gradient's has no floor, on one batch least of all: info); "
+    "info for a logged loss of no known kind that runs through another trained network (a generator's -mean D(fake) "
+    "falls as far as its critic's outputs grow); "
     "info when the run's own loss was recorded and stayed non-negative (the loss "
     "given to the probes then lacks a term of the loop's, as a WGAN critic's gradient penalty).",
     why="A loss that can fall forever rewards the model for something other than the task — a sign "
@@ -591,6 +593,12 @@ def loss_unbounded(report: DiagnosticReport) -> Hit | None:
     probe_losses = [LossPoint(step=i, value=v) for i, v in enumerate(overfit.losses)] if overfit else []
     train = loss_curve(report)
     hit = _unbounded(report, "train loss", train, False)
+    if hit is not None and adversarial(report) and not hit.evidence.get("loss_types"):
+        # a generator's -mean D(fake) falls as far as the critic's outputs grow: a critic without
+        # its Lipschitz constraint (a gradient penalty cut from its graph), not a sign error here
+        return replace(hit, severity="info", symptom=hit.symptom + "; it runs through another trained network (a GAN's "
+                       "critic), whose outputs growing without bound take it along: check that network's constraint "
+                       "(gradient penalty, weight clipping)")  # fmt: skip
     if hit is not None:
         return hit
     hit = _unbounded(report, "overfit-one-batch loss", Curve(probe_losses), True)

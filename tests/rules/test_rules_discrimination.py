@@ -322,6 +322,22 @@ def test_a_negative_loss_is_wrong_only_for_losses_that_cannot_be_negative():
     assert "NNDX111" not in _found(with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {"train": points(slowing)}}))
 
 
+def test_a_generator_loss_that_falls_through_its_critic_is_the_critics_growth_not_a_sign_error():
+    """StarGAN's generator loss, -mean D(fake), runs through the critic: when the critic's
+    gradient penalty is cut from its graph, its outputs grow without bound and the generator's
+    loss falls 8.5 -> -150 with them. Nothing is wrong with the generator's loss; the same fall
+    in a loss of the model's own is a sign error."""
+    from .reports import points
+
+    falling = [8.5 - 1.6 * i for i in range(100)]
+    alone = with_loop(BASE, loss_calls=[]).model_copy(update={"loss_history": {"train": points(falling)}})
+    assert _found(alone)["NNDX111"].severity == "error"
+    through = with_loop(BASE, loss_calls=[], logged_loss_through_other_models=True).model_copy(
+        update={"loss_history": {"train": points(falling)}})
+    found = _found(through)["NNDX111"]
+    assert found.severity == "info" and "another trained network" in found.symptom
+
+
 def test_a_loss_without_bound_is_seen_in_the_overfit_probe_alone():
     from nndx.report import OverfitResult
 
