@@ -1206,6 +1206,28 @@ def test_gradients_at_a_softmax_output_are_not_the_last_layers():
     assert "affine2" in vanishing(1e-4)[0].symptom
 
 
+def test_a_model_of_several_inputs_is_fed_at_its_best_fed_input_layer():
+    """A Temporal Fusion Transformer starts with three embeddings: the series id's gets 8e-4 of
+    the output layer's gradient norm 1.7 (one row per series, through many gates), the category's
+    0.015. The input end is fed; when every early layer starves it still fires."""
+    from nndx.report import LayerStats
+
+    from .reports import act, grad
+
+    def layer(name, kind, norm):
+        return LayerStats(name=name, type=kind, step=300, activation=act(), gradient=grad(norm))
+
+    def vanishing(category):
+        inputs = [layer("series", "Embedding", 8e-4), layer("category", "Embedding", category),
+                  layer("day_of_week", "Embedding", 0.52)]  # fmt: skip
+        body = [layer(f"block{i}.fc", "Linear", 0.05 + 0.1 * i) for i in range(25)]
+        layers = inputs + body + [layer("output_layer", "Linear", 1.7)]
+        return [f for f in diagnose(DiagnosticReport(layers=layers)).findings if f.rule_id == "NNDX203"]
+
+    assert vanishing(0.015) == []
+    assert vanishing(1e-4)[0].evidence["first_layer"] == "series"
+
+
 @pytest.mark.parametrize("val_accuracy, severity", [(0.74, "info"), (0.16, "error")])
 def test_a_stand_in_that_finds_no_signal_is_refuted_by_a_run_that_generalises(val_accuracy, severity):
     """PointNet on point sets, GraphSAGE on node ids: the data probes' MLP on the raw inputs finds
