@@ -103,6 +103,7 @@ ACTIVATIONS: tuple[ActivationKind, ...] = (
     ActivationKind("SiLU", ("silu",)),
     ActivationKind("Mish", ("mish",)),
     ActivationKind("Softplus", ("softplus",)),
+    ActivationKind("GLU", ("glu",)),  # a half of the features gated by the sigmoid of the other
     ActivationKind("Sigmoid", ("sigmoid", "sigmoid_"), bounds=(0.0, 1.0)),
     ActivationKind("Tanh", ("tanh", "tanh_"), bounds=(-1.0, 1.0)),
     ActivationKind("Hardtanh", ("hardtanh", "hardtanh_"), bounds=(-1.0, 1.0)),

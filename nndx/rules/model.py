@@ -38,7 +38,8 @@ def _sequential_neighbours(first: str, second: str) -> bool:
     "otherwise. Two Linears joined through a width narrower than the first's input and the second's output (an "
     "autoencoder's linear code: a low-rank map one layer cannot be) are no missing activation; nor is a layer "
     "reading a stream that other paths read too (a ResNet block's shortcut projection of the stem's output, "
-    "beside a residual branch with its ReLUs).",
+    "beside a residual branch with its ReLUs); nor a gated linear unit's own projection, whose output goes "
+    "through a GLU (a Temporal Fusion Transformer's gated residual networks).",
     why="A composition of linear maps is one linear map: the extra layers add parameters but no "
     "capacity, and the model cannot fit a non-linear task.",
     fix="Insert an activation (nn.ReLU(), nn.GELU()) between the layers.",
@@ -53,10 +54,12 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
         types = {layer.name: layer.type for layer in model.layers}
         linear = vocab.LINEAR_LAYER_NAMES
         by_name = {layer.name: layer for layer in model.layers}
+        # a gated linear unit's own projection: its gate is the non-linearity the layer feeds
+        gated = {layer.input_from for layer in model.layers if layer.type == "GLU"}
         pairs = [(layer.input_from, layer.name) for layer in model.layers
                  if layer.type in linear and types.get(layer.input_from or "") in linear
                  and not _linear_bottleneck(by_name[layer.input_from], layer)
-                 and not (by_name[layer.input_from].readers or 0) >= 2]  # fmt: skip
+                 and not (by_name[layer.input_from].readers or 0) >= 2 and layer.name not in gated]  # fmt: skip
     else:
         previous = None
         for layer in model.layers:

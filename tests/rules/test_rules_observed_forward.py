@@ -73,6 +73,30 @@ def test_parallel_branches_over_one_input_are_no_composition():
     assert not fired(Parallel())
 
 
+class GatedResidual(nn.Module):
+    """A Temporal Fusion Transformer's gated residual network (pytorch-forecasting): fc1, ELU,
+    fc2, then a gated linear unit whose own Linear reads fc2's output and whose gate (F.glu or
+    nn.GLU) is its non-linearity; or (the bug) a plain Linear there."""
+
+    def __init__(self, gate: str) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 16)
+        self.glu_fc = nn.Linear(16, 32 if gate != "none" else 16)
+        self.glu, self.gate, self.out = nn.GLU(), gate, nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.glu_fc(self.fc2(F.elu(self.fc1(x))))
+        h = F.glu(h) if self.gate == "functional" else self.glu(h) if self.gate == "module" else h
+        return self.out(F.layer_norm(h, (16,)))
+
+
+@pytest.mark.parametrize("gate", ["functional", "module"])
+def test_a_gated_linear_units_own_projection_is_no_missing_activation(gate):
+    assert not fired(GatedResidual(gate))
+    (finding,) = fired(GatedResidual("none"))
+    assert finding.evidence["linear_pairs"] == ["fc2 -> glu_fc"]
+
+
 class AutoEncoder(nn.Module):
     """Lightning's example autoencoder: 64 -> 16 -> ReLU -> code, code -> 16 -> ReLU -> 64;
     the encoder's last Linear feeds the decoder's first directly (a linear code)."""
