@@ -271,7 +271,8 @@ def test_a_loss_that_does_not_fall_at_an_lr_the_range_test_trains_well_at_is_not
 def test_a_loss_that_climbs_at_an_lr_the_range_test_trains_well_at_is_context():
     """A DQN's TD loss: its bootstrapped targets grow as the Q-values do, so after a first
     drop the loss climbs back, at an LR the range test (from the same start) trains well at.
-    Far above that range the same climb is an overshoot; a jump to 10x is one at any LR."""
+    Far above that range the same climb is an overshoot; a jump to 10x that lasts is one at any LR,
+    one that a hard target sync makes on a few steps is not."""
     from nndx.report import LoopStats, LRPoint, LRRangeResult, Probes
 
     rng = np.random.default_rng(0)
@@ -289,6 +290,10 @@ def test_a_loss_that_climbs_at_an_lr_the_range_test_trains_well_at_is_context():
     assert nndx104(td, 1e-2).severity == "warning"
     blown = td[:200] + [6.0] * 200
     assert nndx104(blown, 1e-3).severity == "warning"
+    # a dueling DQN's hard target syncs: 3 of 400 points jump past 10x the first value, then settle
+    synced = [14.0 if i % 130 == 100 else v for i, v in enumerate(td)]
+    assert nndx104(synced, 1e-3).severity == "info"
+    assert nndx104(synced, 1e-2).severity == "warning"
 
 
 def test_a_climb_the_range_test_refutes_explains_no_other_finding():
