@@ -252,7 +252,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "hard samples of a small batch; and without a jump to 10x for a logged loss that runs through another trained "
     "network, as a GAN's generator loss does). Losses logged inside optimizer.step(), several per step (L-BFGS's "
     "closure evaluations, its line search's rejected trial points among them), count jumps and spikes only when "
-    "they are a tenth of the points or more. Info too, without jumps to 10x on 1% of the points or more, when the loop stepped at an LR "
+    "they are a tenth of the points or more. Info too, without jumps to 10x on 1% of the points or more (or any to 100x), when the loop stepped at an LR "
     "within twice the top of the range where the LR range test trains well: a loss that climbs there is not "
     "overshooting (a value network's bootstrapped targets grow as its estimates do); and when the loss hovers "
     "around zero (a fifth or more of its second half on each side): an objective with no floor, a policy "
@@ -292,8 +292,9 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
         curve.progress >= 0.2 or starts_fitted(report)))
     # the range test, on a copy from the same start, trains well at this LR: whatever makes the
     # loss climb (targets that move with the model, as TD learning's do), it is not the step size
-    # (a few transient jumps to 10x are a hard target-network sync, not an overshoot: a DQN's TD loss)
-    lr_fine = blow_ups < max(1, curve.n // 100) and lr_within_range(report)
+    # (a few jumps to 10x, none to 100x, are a hard target-network sync, not an overshoot: a DQN's TD loss)
+    transient = blow_ups < max(1, curve.n // 100) and max(curve.values) < 100.0 * curve.initial
+    lr_fine = (not blow_ups or transient) and lr_within_range(report)
     floorless = no_floor(report)
     return Hit(
         severity="info" if noisy_but_learning or lr_fine or floorless else None,
