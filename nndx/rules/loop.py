@@ -426,6 +426,12 @@ def train_mode_forgotten(report: DiagnosticReport) -> Hit | None:
 
 # an LR at or under 1e-3 of its peak for at least this share of the recorded steps is a warning
 COLLAPSED_SHARE = 0.5
+# an LR at or under this share of its peak from the first tenth of the run on, for most of it, was
+# decayed by a schedule sized in epochs and stepped every batch: published step decays cut at half
+# the run or later (NNDX307)
+DECAYED = 0.05
+DECAYED_BY = 0.1
+DECAYED_SHARE = 0.8
 ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every other
 
 
@@ -444,7 +450,10 @@ ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every 
     "without an optimizer: the step size measured as |update| / |gradient|; judged per param group too, of every "
     "optimizer, for a group that ends collapsed beside another group's steady LR, as a center loss's own SGD beside "
     "the model's schedule); or an optimizer's LR that climbs "
-    "back, gradually (through at least one step between), from under 10% of its peak to 90% of it twice or more. "
+    "back, gradually (through at least one step between), from under 10% of its peak to 90% of it twice or more; or "
+    f"an LR at or under {DECAYED:g} of its peak from the first {DECAYED_BY:.0%} of the recorded steps on, for "
+    f"{DECAYED_SHARE:.0%} of them or more (MultiStepLR's milestones in epochs reached in the first batches; info "
+    "when the loss still learned). "
     "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
     "most, so they do not fire; warm restarts jump back to the peak in one step, a cyclic LR stays above 10%.",
     why="A per-epoch schedule (StepLR, ExponentialLR) stepped every batch decays the LR to ~0 within "
@@ -501,6 +510,20 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
                 score=1.0 + min(1.0, len(rises) / 10),
                 step=history[rises[0]].step,
             )
+        decayed = [] if measured else _decayed_early(lrs, peak)
+        if decayed:
+            learned = loss_learned(report)
+            return Hit(
+                symptom=f"the learning rate fell to {lrs[decayed[0]] / peak:.2g} of its peak by step "
+                f"{history[decayed[0]].step}, within the first tenth of the run, and stayed there for "
+                f"{len(decayed) / len(lrs):.0%} of it: milestones or a decay meant for epochs, stepped every batch"
+                + ("; the loss still learned" if learned else ""),
+                evidence={"lr_peak": peak, "lr_final": lrs[-1], "decayed_share": len(decayed) / len(lrs),
+                          "decayed_from_step": history[decayed[0]].step},  # fmt: skip
+                severity="info" if learned else None,
+                score=1.0 + len(decayed) / len(lrs),
+                step=history[decayed[0]].step,
+            )
         # or one param group's LR collapsed behind another's steady one (center loss's own SGD at 0.5
         # beside the model's StepLR stepped every batch): judged per group, when it ends collapsed
         hidden = None if measured else _collapsed_group(history)
@@ -527,6 +550,14 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
         score=1.0 + share,
         step=history[collapsed[0]].step,
     )
+
+
+def _decayed_early(lrs: list[float], peak: float) -> list[int]:
+    """Indices where the LR is at or under DECAYED of its peak, when the first of them falls in
+    the first DECAYED_BY of the run and they make DECAYED_SHARE of it or more; else none."""
+    low = [i for i, lr in enumerate(lrs) if lr <= DECAYED * peak]
+    early = low and low[0] < DECAYED_BY * len(lrs) and len(low) >= DECAYED_SHARE * len(lrs)
+    return low if early else []
 
 
 def _collapsed(lrs: list[float], peak: float) -> list[int]:

@@ -1087,6 +1087,26 @@ def test_a_step_decay_that_sits_low_for_under_half_the_run_is_context(lrs, sever
     assert found["NNDX307"].severity == severity
 
 
+def test_milestones_meant_for_epochs_reached_in_the_first_batches_decay_the_run():
+    """g1910/HyperNetworks' MultiStepLR stepped per batch with milestones in epochs: the LR is
+    1/64 of its peak from batch 14 of 276 on (DeepSets' two 10x milestones: 1/100 from batch 48
+    of 540), never 1e-3 of it, and the loss barely moves. A decay that late in the run, or a run
+    whose loss still learned, is a schedule."""
+    from .broken import train
+    from .reports import flat, noisy_decreasing
+
+    def found(lrs, losses):
+        report = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)])
+        return _found(report.model_copy(update=train(losses))).get("NNDX307")
+
+    early = [2e-3 * 0.25 ** min(3, i // 5) for i in range(276)]
+    stuck = flat(0, n=276, level=2.2)
+    assert found(early, stuck).severity == "warning" and found(early, stuck).evidence["decayed_from_step"] == 15
+    assert found(early, noisy_decreasing(0, n=276)).severity == "info"
+    published = [2e-3 * 0.1 ** ((i >= 138) + (i >= 207)) for i in range(276)]  # milestones at 50% and 75%
+    assert found(published, stuck) is None
+
+
 def test_a_line_searchs_rejected_trial_is_no_divergence_but_a_sustained_climb_is():
     """A PINN trained by one L-BFGS step(closure) of 200 evaluations, each logged: the
     strong-Wolfe line search tried a point 1000x worse once and rejected it. In a loop of
