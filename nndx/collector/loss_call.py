@@ -22,6 +22,7 @@ one host synchronisation.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from nndx import vocab
+from nndx.collector._common import iter_tensors
 from nndx.collector.probes._observe import moved_axis
 from nndx.collector.stats import Pending
 from nndx.report import LossCall
@@ -194,7 +196,14 @@ class InnerLossCalls(TorchFunctionMode):
         self.target_shape = tuple(target.shape) if isinstance(target, torch.Tensor) else None
         self.applies: str | None = None
         self.broadcast_shape: list[int] | None = None
+        self.broadcast_operands: list[list[int]] | None = None
         self.moved_axes: list[str] = []  # views of the outputs that interleave axes (classes viewed last)
+        # what each tensor inside the loss was computed from: the output, the targets or both (by id,
+        # with a weak reference that tells a reused id apart)
+        self._origin: dict[int, tuple[weakref.ref, int]] = {}
+        for flag, given in ((FROM_OUTPUT, output), (FROM_TARGET, target)):
+            for t in iter_tensors(given):
+                self._mark(t, flag)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -220,9 +229,23 @@ class InnerLossCalls(TorchFunctionMode):
                              activation=made if known else None)  # fmt: skip
             self.last = (kind.name, output, target)
         result = func(*args, **kwargs)
+        if self._origin:
+            flags = 0
+            for t in iter_tensors((args, kwargs)):
+                flags |= self._from(t)
+            if flags:
+                for t in iter_tensors(result):
+                    self._mark(t, flags)
         if name in _ELEMENTWISE and self.broadcast_shape is None and len(args) == 2:
             self._note_broadcast(args[0], args[1], result)
         return result
+
+    def _mark(self, t: torch.Tensor, flags: int) -> None:
+        self._origin[id(t)] = (weakref.ref(t), self._from(t) | flags)
+
+    def _from(self, t: torch.Tensor) -> int:
+        ref, flags = self._origin.get(id(t), (None, 0))
+        return flags if ref is not None and ref() is t else 0
 
     def _note_view(self, op: str, x: Any, shape: Any) -> None:
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != self.output_shape:
@@ -238,11 +261,28 @@ class InnerLossCalls(TorchFunctionMode):
 
     def _note_broadcast(self, a: Any, b: Any, result: Any) -> None:
         out, target = self.output_shape, self.target_shape
-        if out is None or target is None or out == target or not isinstance(result, torch.Tensor):
+        if out is None or not isinstance(result, torch.Tensor):
             return
-        shapes = {tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in (a, b)}
-        if shapes == {out, target} and result.numel() > max(math.prod(out), math.prod(target)):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or result.numel() <= max(a.numel(),
+                                                                                                     b.numel()):
+            return
+        shapes = {tuple(a.shape), tuple(b.shape)}
+        exact = target is not None and out != target and shapes == {out, target}
+        # or a tensor computed from the output against one computed from the targets alone, whose
+        # batch axes broadcast against each other: a DQN's gathered [N, 1] Q-values minus its [N]
+        # TD targets, a quantile loss's [N, 7] slice minus [N, 1, 7] targets
+        origins = {self._from(a), self._from(b)}
+        batch = out[0] if out else None
+        crossed = (FROM_TARGET in origins and any(o & FROM_OUTPUT for o in origins) and batch is not None
+                   and batch > 1 and list(result.shape).count(batch) > max(list(t.shape).count(batch) for t in (a, b)))
+        if exact or crossed:
+            if (tuple(b.shape) == out and exact) or (crossed and self._from(b) & FROM_OUTPUT):
+                a, b = b, a  # the output's side first
             self.broadcast_shape = list(result.shape)
+            self.broadcast_operands = [list(a.shape), list(b.shape)]
+
+
+FROM_OUTPUT, FROM_TARGET = 1, 2
 
 
 # elementwise ops whose operands broadcast: how a loss written by hand compares outputs with targets
@@ -253,7 +293,7 @@ _ELEMENTWISE = frozenset({
 
 
 # what only the probes see: they call a loss of the user's own themselves, inside InnerLossCalls
-_PROBE_ONLY = ("applies", "broadcast_shape")
+_PROBE_ONLY = ("applies", "broadcast_shape", "broadcast_operands")
 
 
 def merge_loss_calls(first: list[LossCall], second: list[LossCall]) -> list[LossCall]:

@@ -548,7 +548,8 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
             seed_all(0)
             compute_loss(setup.loss_fn, output, targets)
         if inner is not None and outer is not None:
-            outer.update({"applies": inner.applies, "broadcast_shape": inner.broadcast_shape})
+            outer.update({"applies": inner.applies, "broadcast_shape": inner.broadcast_shape,
+                          "broadcast_operands": inner.broadcast_operands})
         from_output = _targets_from_output(setup.loss_fn, output, targets, inner) if inner is not None else None
     report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
     setup.position_logits = _position_logits(inputs, predicted)

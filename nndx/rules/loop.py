@@ -880,7 +880,8 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     "to more elements than one of them holds, e.g. a [N, 1] output against a [N] target (at a batch of one, [1, 1] "
     "against [1] compares each output with its own target); or a loss of the user's own in which an elementwise "
     "op (u - u_pred) "
-    "broadcast an output-shaped and a target-shaped tensor to a larger shape.",
+    "broadcast an output-shaped and a target-shaped tensor to a larger shape, or a tensor computed from the output "
+    "and one from the targets alone whose batch axes met (a DQN's gathered [N, 1] Q-values minus [N] TD targets).",
     why="Broadcasting turns [N,1] - [N] into an [N,N] matrix: the loss compares every output with every "
     "target, training converges to the mean and nothing errors.",
     fix="Make the shapes equal: output.squeeze(-1) or target.unsqueeze(-1) / target.view_as(output).",
@@ -888,12 +889,12 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
 def shape_broadcast(report: DiagnosticReport) -> list[Hit]:
     hits = []
     for call in loss_calls(report):
-        if call.broadcast_shape is not None and call.target_shape is not None:
+        if call.broadcast_shape is not None:
+            a, b = call.broadcast_operands or (call.output_shape, call.target_shape)
             hits.append(Hit(
-                symptom=f"{call.loss_type} combines output {call.output_shape} with target {call.target_shape} "
-                f"into {call.broadcast_shape}",
-                evidence={"loss_type": call.loss_type, "output_shape": [str(d) for d in call.output_shape],
-                          "target_shape": [str(d) for d in call.target_shape],
+                symptom=f"{call.loss_type} combines {a} from the output with {b} from the targets into "
+                f"{call.broadcast_shape}",
+                evidence={"loss_type": call.loss_type, "operand_shapes": [str(a), str(b)],
                           "broadcast_shape": [str(d) for d in call.broadcast_shape]},
                 score=3.0))  # fmt: skip
         if call.loss_type in vocab.REGRESSION_LOSS_NAMES and call.target_shape is not None:

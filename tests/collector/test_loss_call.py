@@ -334,3 +334,34 @@ def test_a_sigmoid_before_a_loss_on_logits_inside_the_forward_is_a_double_softma
     call = next(c for c in report.loop.loss_calls if c.loss_type == "BCEWithLogitsLoss")
     assert call.output_activation == ("Sigmoid" if squash else None)
     assert ("NNDX314" in {f.rule_id for f in nndx.diagnose(report).findings}) == squash
+
+
+def test_a_broadcast_between_what_the_output_and_the_targets_alone_became_is_seen():
+    """A dueling DQN's TD loss (higgsfield/RL-Adventure): the targets are (actions, TD targets),
+    the Q-value of each action is gathered from the output as [N, 1] and minus the [N] TD targets
+    is [N, N]. With the gathered values squeezed it is not; nor is a pairwise loss over the
+    output alone (a contrastive loss's [N, 1, D] - [1, N, D])."""
+    g = torch.Generator().manual_seed(0)
+    states = torch.randn(32, 4, generator=g)
+    targets = (torch.randint(0, 2, (32,), generator=g), torch.randn(32, generator=g))
+    q_net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def td_loss(squeeze):
+        def loss(q_values, target):
+            actions, expected = target
+            q = q_values.gather(1, actions.unsqueeze(1))
+            return (q.squeeze(1) if squeeze else q).sub(expected.detach()).pow(2).mean()
+        return loss
+
+    def pairwise(q_values, target):
+        spread = (q_values[:, None, :] - q_values[None, :, :]).pow(2).sum(-1)
+        return spread.mean() + (q_values[:, 0] - target[1]).pow(2).mean()
+
+    def nndx312(loss):
+        report = nndx.probe(q_net, (states, targets), loss, probes=["nan_origin"], progress=False)
+        return [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX312"]
+
+    (found,) = nndx312(td_loss(squeeze=False))
+    assert "[32, 1] from the output with [32] from the targets into [32, 32]" in found.symptom
+    assert nndx312(td_loss(squeeze=True)) == []
+    assert nndx312(pairwise) == []
