@@ -666,7 +666,7 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
                        evidence={"noise_fraction": result.noise_fraction, "chance_disagreement": 1 - 1 / classes,
                                  "alignment_real_accuracy": alignment.real_accuracy,
                                  "alignment_permuted_accuracy": alignment.permuted_accuracy},
-                       score=0.5 if learned else 4.0, code=C.LABELS_MISALIGNED)  # fmt: skip
+                       score=0.5 if learned else 1.5, code=C.LABELS_MISALIGNED)  # fmt: skip
         return Hit(
             symptom=f"{result.noise_fraction:.0%} of confidently predicted labels disagree, as many as labels "
             f"drawn at random from {classes} classes would",

@@ -1278,8 +1278,8 @@ def test_a_stand_in_that_finds_no_signal_is_refuted_by_a_run_that_generalises(va
 
 
 
-@pytest.mark.parametrize("train_losses, severity", [([1.61 - 0.1 * i for i in range(12)], "info"),
-                                                     ([1.61, 1.60, 1.61, 1.60, 1.61, 1.60] * 2, "warning")])
+@pytest.mark.parametrize("train_losses, severity", [([1.61 - 0.02 * i for i in range(60)], "info"),
+                                                     ([1.61, 1.60] * 30, "warning")])
 def test_chance_disagreement_the_alignment_probe_could_not_decide_is_not_an_error(train_losses, severity):
     """DeepSets on point clouds (manzilzaheer/DeepSets): the label-noise probe's MLP on the raw
     points disagrees with 84% of its confident predictions (chance: 80%), and the label-alignment
@@ -1297,6 +1297,15 @@ def test_chance_disagreement_the_alignment_probe_could_not_decide_is_not_an_erro
     report = DiagnosticReport(num_classes=5, probes=probes, loss_history={"train": points(train_losses)})
     noise = next(f for f in diagnose(report).findings if f.rule_id == "NNDX612")
     assert noise.code.value == "LABELS_MISALIGNED" and noise.severity == severity
+    # a stand-in that reads nothing is weak evidence: a schedule stepped per batch that decayed the
+    # LR from the first batches on (DeepSets' MultiStepLR) is the direct one and ranks first
+    from nndx.report import LoopStats, LRPoint
+
+    decayed = report.model_copy(update={"loop": LoopStats(lr_history=[
+        LRPoint(step=i, lrs=[1e-3 * 0.1 ** min(2, i // 2)]) for i in range(len(train_losses))])})
+    if severity == "warning":
+        codes = [f.rule_id for f in diagnose(decayed).findings if f.severity != "info"]
+        assert codes.index("NNDX307") < codes.index("NNDX612")
     # the alignment probe failed (enough samples to see a gain, none seen): the error stands
     failed = report.model_copy(update={"probes": probes.model_copy(update={
         "label_alignment": probes.label_alignment.model_copy(update={"status": "failed"})})})
