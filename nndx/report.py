@@ -80,6 +80,8 @@ class LayerInfo(Schema):
         None, description="how many layers and functional ops read this layer's output (through reshapes, dropout "
         "and normalisation) in an observed forward: 2 or more is a stream several paths branch from, such as a "
         "ResNet stem that a block's shortcut projection and its residual branch both read")
+    padding_idx: int | None = Field(
+        None, description="an embedding's padding index: the id that stands for no token (its row gets no gradient)")
     residual_end: bool | None = Field(
         None, description="this layer's output was added to another tensor of its shape in an observed forward: "
         "the end of a residual branch, which may start at zero on purpose (zero_init_residual, ReZero, LoRA)")
@@ -657,6 +659,10 @@ class LossCall(Schema):
         None, description="largest share of a call's targets equal to ignore_index")
     scored_classes: Count | None = Field(
         None, description="most distinct target classes a call still scored beside ignore_index")
+    top_target: int | None = Field(
+        None, description="the most common integer target among those the loss scores (not its ignore_index, not "
+        "negative), in the measured call where it was most common")
+    top_target_fraction: Fraction | None = Field(None, description="that target's share of the scored targets")
     calls: Count = 1
     measured_batches: Count = Field(0, description="calls whose targets (2 or more values) were measured")
     single_target_batches: Count = Field(

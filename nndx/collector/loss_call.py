@@ -49,7 +49,8 @@ def call_evidence(output: torch.Tensor, target: torch.Tensor | None) -> dict[str
     return pending_evidence(output, target).resolve()
 
 
-def pending_evidence(output: torch.Tensor, target: torch.Tensor | None) -> Pending[dict[str, float]]:
+def pending_evidence(output: torch.Tensor, target: torch.Tensor | None,
+                     ignore_index: int | None = None) -> Pending[dict[str, float]]:
     """:func:`call_evidence` with the values not fetched yet (the Monitor fetches them
     with the recorded step's others)."""
     x = output.detach().float()
@@ -69,6 +70,13 @@ def pending_evidence(output: torch.Tensor, target: torch.Tensor | None) -> Pendi
         flat = target.detach().reshape(-1)
         values["target_single"] = (flat == flat[0]).all().float()
         values["target_first"] = flat[0].float()
+        if not target.is_floating_point() and target.dtype != torch.bool:
+            # the most common class the loss scores, without a sync of its own: the targets it skips
+            # (ignore_index, negatives) are set to -1 first, so a mode of -1 says nothing
+            scored = (flat >= 0) & (flat != (-1 if ignore_index is None else ignore_index))
+            top = torch.where(scored, flat, torch.full_like(flat, -1)).mode().values
+            values["target_top"] = top.float()
+            values["target_top_share"] = ((flat == top) & scored).sum() / scored.sum().clamp(min=1)
     names = list(values)
     stacked = torch.stack([v.reshape(()).to(x.device, torch.float64) for v in values.values()])
     return Pending(stacked, lambda fetched: dict(zip(names, fetched)))
@@ -119,7 +127,7 @@ class LossCallLog:
         if ignore_index is not None and ignore_index >= 0 and target_t is not None and not target_t.is_floating_point():
             _note_ignored(entry, target_t, int(ignore_index))
         if output.is_floating_point() and output.numel() > 0:
-            pending = pending_evidence(output, target_t)
+            pending = pending_evidence(output, target_t, ignore_index)
             if defer is None:
                 self._merge(entry, pending.resolve())
             else:
@@ -143,6 +151,8 @@ class LossCallLog:
             entry["target_mean"], entry["target_std"] = seen["target_mean"], seen["target_std"]
             entry["target_min"] = min(entry.get("target_min", math.inf), seen["target_min"])
             entry["target_max"] = max(entry.get("target_max", -math.inf), seen["target_max"])
+        if seen.get("target_top", -1.0) >= 0 and seen["target_top_share"] > (entry.get("top_target_fraction") or 0.0):
+            entry["top_target"], entry["top_target_fraction"] = int(seen["target_top"]), seen["target_top_share"]
         if "target_single" in seen:
             entry["measured_batches"] = entry.get("measured_batches", 0) + 1
             if seen["target_single"]:

@@ -817,6 +817,7 @@ def summarize_model(model: nn.Module, forward_order: list[str] | None = None) ->
             type=type(m).__name__,
             param_count=sum(p.numel() for p in nn.Module.parameters(m, recurse=False)),
             trainable_param_count=sum(p.numel() for p in nn.Module.parameters(m, recurse=False) if p.requires_grad),
+            padding_idx=m.padding_idx if isinstance(m, nn.Embedding) else None,
         )
         for n, m in leaves
     ]

@@ -934,6 +934,53 @@ def _is_int(dtype: str | None) -> bool:
     return dtype is not None and ("int" in dtype or "long" in dtype or "uint8" in dtype)
 
 
+# the padding id's share of the scored targets above which the model is largely trained to predict it
+SCORED_PLACEHOLDER = 0.1
+
+
+@rule(
+    "NNDX317",
+    C.WRONG_LOSS,
+    "warning",
+    "The loss scores the padding id as a class",
+    detects="A classification loss (cross-entropy, NLL) whose most common scored target (not its ignore_index) is "
+    f"the padding_idx of an embedding of the same vocabulary (the output's classes at least half its rows and at "
+    f"most twice them), at {SCORED_PLACEHOLDER:.0%} or more of the scored targets: the positions with nothing to "
+    "predict (padding, BERT4Rec's unmasked items labelled 0) are scored as the padding token.",
+    why="Targets set to the padding id mean 'no target here'. Without ignore_index the loss trains the model to "
+    "predict padding at every such position: the easiest class takes most of the gradient, the loss looks low, "
+    "and the real predictions get a small share of the training.",
+    fix="CrossEntropyLoss(ignore_index=pad_id) (or set those targets to -100); or mask the per-position loss and "
+    "divide by the number of real targets.",
+)
+def placeholder_scored(report: DiagnosticReport) -> Hit | None:
+    model = report.model
+    if model is None:
+        return None
+    rows = {p.name.rsplit(".", 1)[0]: p.shape[0] for p in report.parameters if p.name.endswith("weight") and p.shape}
+    for layer in model.layers:  # without parameter statistics: the table's rows from its size and width
+        if layer.padding_idx is not None and layer.name not in rows and layer.output_shape:
+            rows[layer.name] = layer.param_count // max(1, layer.output_shape[-1])
+    pads = {(layer.padding_idx, rows.get(layer.name)) for layer in model.layers if layer.padding_idx is not None}
+    for call in loss_calls(report):
+        share, top = call.top_target_fraction, call.top_target
+        if call.loss_type not in vocab.SOFTMAX_LOSS_NAMES or top is None or share is None or share < SCORED_PLACEHOLDER:
+            continue
+        classes = call.output_shape[1] if len(call.output_shape) >= 2 else None
+        if classes is None or call.ignore_index == top:
+            continue
+        for pad, size in pads:
+            if pad == top and size and size / 2 <= classes <= 2 * size:
+                return Hit(
+                    symptom=f"{share:.0%} of the targets {call.loss_type} scores are {top}, the padding id of an "
+                    f"embedding of {size} rows, against {classes} classes",
+                    evidence={"loss_type": call.loss_type, "padding_id": top, "scored_share": share,
+                              "classes": classes, "embedding_rows": size, "ignore_index": call.ignore_index},
+                    score=1.0 + share,
+                )
+    return None
+
+
 @rule(
     "NNDX313",
     C.LABEL_DTYPE,

@@ -365,3 +365,36 @@ def test_a_broadcast_between_what_the_output_and_the_targets_alone_became_is_see
     assert "[32, 1] from the output with [32] from the targets into [32, 32]" in found.symptom
     assert nndx312(td_loss(squeeze=True)) == []
     assert nndx312(pairwise) == []
+
+
+class _MaskedItems(nn.Module):
+    """BERT4Rec's shape: item ids (0 pads, V + 1 masks) into an embedding with padding_idx=0, a
+    scorer over the V + 1 ids (0 included), or a tagger's 5 tags over the same word embedding."""
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.items, self.head = nn.Embedding(22, 16, padding_idx=0), nn.Linear(16, classes)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.items(ids))).flatten(0, 1)
+
+
+def test_a_loss_that_scores_the_padding_id_as_a_class_is_seen():
+    """BERT4Rec (jaywonchung/BERT4Rec-VAE-Pytorch) labels the unmasked positions 0 and scores
+    them with CrossEntropyLoss(ignore_index=0); without ignore_index 85% of the targets are the
+    padding id. A tagger whose 'O' tag is 0 at 80% reads words through an embedding with
+    padding_idx=0 too: its 5 tags are no vocabulary of that embedding."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 21, (16, 10), generator=g)
+    masked = torch.rand(16, 10, generator=g) < 0.15
+    labels = torch.where(masked, ids, torch.zeros_like(ids)).flatten()
+    tags = torch.where(torch.rand(160, generator=g) < 0.8, 0, torch.randint(1, 5, (160,), generator=g))
+
+    def nndx317(model, targets, loss):
+        report = nndx.probe(model, (torch.where(masked, 21, ids), targets), loss, progress=False)
+        return [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX317"]
+
+    (found,) = nndx317(_MaskedItems(21), labels, nn.CrossEntropyLoss())
+    assert found.evidence["padding_id"] == 0 and found.evidence["scored_share"] > 0.7
+    assert nndx317(_MaskedItems(21), labels, nn.CrossEntropyLoss(ignore_index=0)) == []
+    assert nndx317(_MaskedItems(5), tags, nn.CrossEntropyLoss()) == []

@@ -240,6 +240,14 @@ def nan_origin(module: str | None, type_: str | None, inputs: int = 0, loss_fini
     return probe(nan_origin=NanOriginResult(status="failed", forward_module=module, forward_module_type=type_, input_nonfinite_count=inputs, loss_finite=loss_finite))
 
 
+def padding_scored() -> DiagnosticReport:
+    """BERT4Rec without ignore_index: 85% of the scored targets are the item embedding's padding id."""
+    layers = [LayerInfo(name="items", type="Embedding", param_count=22 * 16, output_shape=[16, 10, 16], padding_idx=0),
+              LayerInfo(name="head", type="Linear", param_count=16 * 21 + 21)]  # fmt: skip
+    call = loss_call(output_shape=[160, 21], target_shape=[160], top_target=0, top_target_fraction=0.85)
+    return calls(call).model_copy(update={"model": mlp_model(layers=layers, activations=[])})
+
+
 def missing_activation() -> DiagnosticReport:
     layers = [
         LayerInfo(name="0", type="Linear"),
@@ -316,6 +324,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX311": tiny_batch,
     "NNDX323": trained_in_eval_mode,
     "NNDX324": lambda: calls(loss_call(loss_type="NLLLoss", output_min=-9.0, output_max=-0.01, output_log_rows_off_zero=1.2)),
+    "NNDX317": padding_scored,
     "NNDX312": lambda: calls(loss_call(loss_type="MSELoss", output_shape=[32, 1], target_shape=[32], target_dtype="torch.float32")).model_copy(update={"task": "regression"}),
     "NNDX313": lambda: calls(loss_call(target_dtype="torch.float32")),
     "NNDX314": lambda: calls(loss_call(output_min=0.0, output_max=0.9, output_rows_sum_to_one=True)),
