@@ -642,8 +642,8 @@ class LossCall(Schema):
         "itself (a label-smoothing cross-entropy's log_softmax): it expects logits")
     broadcast_shape: list[Count] | None = Field(
         None, description="the shape an elementwise op inside a loss of the user's own broadcast an output-shaped "
-        "and a target-shaped tensor to, larger than both ([N, 1] - [N] is [N, N]); or a tensor computed from the output "
-        "and one computed from the targets alone, whose batch axes broadcast against each other")
+        "and a target-shaped tensor to, larger than both ([N, 1] - [N] is [N, N]); or a tensor computed from the "
+        "output and one computed from the targets alone, whose batch axes broadcast against each other")
     broadcast_operands: list[list[Count]] | None = Field(
         None, description="the shapes of the two operands that broadcast to broadcast_shape")
     output_activation: str | None = Field(

@@ -179,6 +179,10 @@ def _note_ignored(entry: dict[str, Any], target: torch.Tensor, ignore_index: int
     entry["scored_classes"] = max(entry.get("scored_classes", 0), int(scored))
 
 
+# where a tensor inside a loss came from (InnerLossCalls), as bits: the model's output, the targets
+FROM_OUTPUT, FROM_TARGET = 1, 2
+
+
 class InnerLossCalls(TorchFunctionMode):
     """Inside ``with InnerLossCalls(log):``, every call of one of torch's own losses
     (``F.mse_loss``, ``F.cross_entropy``...) is recorded in ``log``, with what it was
@@ -290,9 +294,6 @@ class InnerLossCalls(TorchFunctionMode):
                 a, b = b, a  # the output's side first
             self.broadcast_shape = list(result.shape)
             self.broadcast_operands = [list(a.shape), list(b.shape)]
-
-
-FROM_OUTPUT, FROM_TARGET = 1, 2
 
 
 # elementwise ops whose operands broadcast: how a loss written by hand compares outputs with targets

@@ -252,8 +252,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "hard samples of a small batch; and without a jump to 10x for a logged loss that runs through another trained "
     "network, as a GAN's generator loss does). Losses logged inside optimizer.step(), several per step (L-BFGS's "
     "closure evaluations, its line search's rejected trial points among them), count jumps and spikes only when "
-    "they are a tenth of the points or more. Info too, without jumps to 10x on 1% of the points or more (or any to 100x), when the loop stepped at an LR "
-    "within twice the top of the range where the LR range test trains well: a loss that climbs there is not "
+    "they are a tenth of the points or more. Info too, without jumps to 10x on 1% of the points or more (or any to "
+    "100x), when the loop stepped at an LR within twice the top of the range where the LR range test trains well: "
+    "a loss that climbs there is not "
     "overshooting (a value network's bootstrapped targets grow as its estimates do); and when the loss hovers "
     "around zero (a fifth or more of its second half on each side): an objective with no floor, a policy "
     "gradient's, swings by its returns. Those two refute the LR: the finding then roots no other finding.",

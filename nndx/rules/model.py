@@ -336,8 +336,9 @@ def _weighted_readers(layers: list, weighted: set[str]) -> dict[str, list[str]]:
     "In any model, a hidden Linear or convolution of at most 2 units or "
     "channels whose output an observed forward puts through an activation other than a softmax or a sigmoid "
     "(there it is a head, attention scores or a gate) and another weighted layer of more units then reads (else it "
-    "is an output head: DeepAR's one-unit sigma through a softplus; or a small sub-network, 2 units into 2). Warning while the train loss "
-    "kept over half its initial level or the model could not overfit one batch; info when training still "
+    "is an output head: DeepAR's one-unit sigma through a softplus; or a small sub-network, 2 units into 2). "
+    "Warning while the train loss kept over half its initial level or the model could not overfit one batch; info "
+    "when training still "
     "progresses.",
     why="A bottleneck that narrow caps what the layers after it can separate: the model underfits "
     "however long it trains.",
