@@ -286,10 +286,10 @@ def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
                 source in weighted[-1:]) or source not in readers:  # fmt: skip
             continue
         width = shapes[source][0]
-        # a narrowing, not a small sub-network: something after it is wider again (a Temporal Fusion
-        # Transformer's variable selection over 2 inputs runs 2 units through an ELU into 2 outputs)
-        wider_after = any(shapes[reader][0] > width for reader in readers[source])
-        if len(shapes[source]) >= 2 and width <= TINY_WIDTH and wider_after:
+        # a narrowing, not a small sub-network: the output head reads it, or something wider (a Temporal
+        # Fusion Transformer's variable selection over 2 inputs runs 2 units through an ELU into 2 more)
+        narrowing = any(reader in weighted[-1:] or shapes[reader][0] > width for reader in readers[source])
+        if len(shapes[source]) >= 2 and width <= TINY_WIDTH and narrowing:
             found.append((source, width, layer.type))
     return found
 
@@ -335,8 +335,9 @@ def _weighted_readers(layers: list, weighted: set[str]) -> dict[str, list[str]]:
     "(channels pooled into a head; a width no other layer gives is a slice of a wider output, as Mamba's dt_rank). "
     "In any model, a hidden Linear or convolution of at most 2 units or "
     "channels whose output an observed forward puts through an activation other than a softmax or a sigmoid "
-    "(there it is a head, attention scores or a gate) and another weighted layer of more units then reads (else it "
-    "is an output head: DeepAR's one-unit sigma through a softplus; or a small sub-network, 2 units into 2). "
+    "(there it is a head, attention scores or a gate) and the output head or a weighted layer of more units then "
+    "reads (else it is an output head: DeepAR's one-unit sigma through a softplus; or a small sub-network inside, "
+    "2 units into 2). "
     "Warning while the train loss kept over half its initial level or the model could not overfit one batch; info "
     "when training still "
     "progresses.",

@@ -260,6 +260,9 @@ def test_two_units_into_two_are_a_small_sub_network_not_a_bottleneck():
     report = nndx.probe(VariableSelection(), (x, x[:, 0, :1] * 3 + x[:, 1, 1:2]), nn.MSELoss(), progress=False)
     assert report.model.forward_observed
     assert "NNDX403" not in {f.rule_id for f in nndx.diagnose(report).findings}
+    # 2 units the one-unit output head reads are the representation it has: a bottleneck
+    (finding,) = narrow_findings(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2), nn.ReLU(), nn.Linear(2, 1)))
+    assert finding.evidence["width"] == 2
 
 
 class ActorCritic(nn.Module):
