@@ -266,6 +266,15 @@ def loss_learned(report: DiagnosticReport) -> bool:
     return curve.n >= 6 and (curve.progress > 0.3 or ends_informed(report))
 
 
+def weight_shapes(report: DiagnosticReport) -> dict[str, list[int]]:
+    """Each layer's weight shape, by layer name, in the order the parameters were recorded."""
+    shapes: dict[str, list[int]] = {}
+    for param in report.parameters:
+        if param.name.endswith("weight") and param.shape:
+            shapes.setdefault(param.name.rsplit(".", 1)[0], param.shape)
+    return shapes
+
+
 def loss_calls(report: DiagnosticReport) -> list[LossCall]:
     return list(report.loop.loss_calls) if report.loop is not None else []
 

@@ -12,7 +12,7 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
 from nndx.rules._series import (
     clip_ratios, clipped_steps, finite, frozen_untrained, is_classification, loss_calls, loss_curve, loss_learned,
-    starts_fitted, train_curve,
+    starts_fitted, train_curve, weight_shapes,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -957,7 +957,7 @@ def placeholder_scored(report: DiagnosticReport) -> Hit | None:
     model = report.model
     if model is None:
         return None
-    rows = {p.name.rsplit(".", 1)[0]: p.shape[0] for p in report.parameters if p.name.endswith("weight") and p.shape}
+    rows = {name: shape[0] for name, shape in weight_shapes(report).items()}
     for layer in model.layers:  # without parameter statistics: the table's rows from its size and width
         if layer.padding_idx is not None and layer.name not in rows and layer.output_shape:
             rows[layer.name] = layer.param_count // max(1, layer.output_shape[-1])

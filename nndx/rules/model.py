@@ -5,7 +5,7 @@ from __future__ import annotations
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LayerInfo, LossCall, ModelSummary
-from nndx.rules._series import is_classification, loss_calls, loss_curve, num_classes
+from nndx.rules._series import is_classification, loss_calls, loss_curve, num_classes, weight_shapes
 from nndx.rules.engine import Hit, rule
 
 # Layers that keep a stack linear: anything affine or that only reshapes/masks.
@@ -198,15 +198,6 @@ def _logits_clipped(call: LossCall) -> str | None:
     return None
 
 
-def _weight_shapes(report: DiagnosticReport) -> dict[str, list[int]]:
-    """Each layer's weight shape, by layer name, in the order the parameters were recorded."""
-    shapes: dict[str, list[int]] = {}
-    for param in report.parameters:
-        if param.name.endswith("weight") and param.shape:
-            shapes.setdefault(param.name.rsplit(".", 1)[0], param.shape)
-    return shapes
-
-
 def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
     """(layer, output units) of the Linear layers in order: from the weight shapes
     ([out, in]) of the parameters, else from the recorded output shapes. A convolution's
@@ -214,7 +205,7 @@ def _layer_widths(report: DiagnosticReport) -> list[tuple[str, int]]:
     features), so conv kernels are left out; so are embedding tables ([rows, features]: BERT's
     token-type table of 2 rows gives 64 features, not 2)."""
     tables = {layer.name for layer in report.model.layers if vocab.is_embedding(layer.type)} if report.model else set()
-    seen = [(layer, shape[0]) for layer, shape in _weight_shapes(report).items()
+    seen = [(layer, shape[0]) for layer, shape in weight_shapes(report).items()
             if len(shape) == 2 and layer not in tables]  # fmt: skip
     if seen:
         return seen
@@ -240,7 +231,7 @@ def _hidden_inputs(report: DiagnosticReport) -> list[tuple[str, int]]:
     model = report.model
     if model is None:
         return []
-    shapes = _weight_shapes(report)
+    shapes = weight_shapes(report)
     tables = {layer.name for layer in model.layers if vocab.is_embedding(layer.type)}
     given = [(name, shape[1] if name in tables and len(shape) == 2 else shape[0]) for name, shape in shapes.items()]
     layers = [layer for layer in model.layers if layer.param_count]
@@ -276,7 +267,7 @@ def _tiny_non_linear(report: DiagnosticReport) -> list[tuple[str, int, str]]:
     model = report.model
     if model is None or not model.forward_observed:
         return []
-    shapes = _weight_shapes(report)
+    shapes = weight_shapes(report)
     weighted = [layer.name for layer in model.layers if len(shapes.get(layer.name, ())) >= 2]
     readers = _weighted_readers(model.layers, set(weighted))
     found = []
@@ -301,7 +292,7 @@ def _read_by_weighted(report: DiagnosticReport) -> set[str] | None:
     model = report.model
     if model is None or not model.forward_observed:
         return None
-    shapes = _weight_shapes(report)
+    shapes = weight_shapes(report)
     weighted = {layer.name for layer in model.layers if len(shapes.get(layer.name, ())) >= 2}
     return set(_weighted_readers(model.layers, weighted))
 
