@@ -198,3 +198,22 @@ def test_an_lr_that_overshoots_is_retried_ten_times_smaller_and_a_real_bug_still
     unbounded = overfit_one_batch(mlp(), batch(), flipped)
     assert unbounded.lr == pytest.approx(1e-2) and "jumped" not in unbounded.message
     assert unbounded.losses[-1] < 100 * unbounded.losses[0] < 0
+
+
+def test_a_copy_whose_output_dies_at_the_probes_lr_is_retried_and_a_stuck_model_is_not():
+    """One Adam step at 1e-2 moves every weight of a ReLU output by 0.01: with small positive
+    inputs that drives every pre-activation below 0 and the copy freezes (RankNet's ReLU6
+    score did this, while the program trains at 1e-3). That is the probe's LR, not the model:
+    the retry at lr/10 fits. A model that is stuck from the start (dead units) is not retried."""
+    g = torch.Generator().manual_seed(0)
+    x = 0.5 + torch.rand(64, 8, generator=g)
+    y = 0.01 * x.mean(1, keepdim=True) + 0.004 * (x[:, :1] - 1)
+    model = nn.Sequential(nn.Linear(8, 1), nn.ReLU())
+    with torch.no_grad():
+        model[0].weight.fill_(0.005)
+        model[0].bias.fill_(0.01)
+    result = overfit_one_batch(model, (x, y), nn.MSELoss())
+    assert result.status == "passed" and result.lr == pytest.approx(1e-3), result.message
+    assert "froze at" in result.message
+    stuck = overfit_one_batch(dead_relu_mlp(), batch(), nn.CrossEntropyLoss())
+    assert stuck.status == "failed" and stuck.lr == pytest.approx(1e-2), stuck.message

@@ -96,10 +96,9 @@ def overfit_one_batch(
             return OverfitResult(status="failed", task=task, lr=lr,
                                  message="the model has no trainable parameters")  # fmt: skip
         losses, passed, floor, final_accuracy = first
-        note, peak = "", max(losses[1:OVERSHOOT_STEPS + 1], default=0.0)
-        # a jump needs a positive start: a loss that falls below 0 without bound (a sign error) is evidence as it is
-        if not passed and all(map(math.isfinite, losses)) and losses[0] > 0 and peak > OVERSHOOT * losses[0]:
-            note = f" at lr {lr / 10:g} (at {lr:g} the loss jumped from {losses[0]:.4g} to {peak:.4g})"
+        note = "" if passed else _destroyed_by_lr(losses)
+        if note:
+            note = f" at lr {lr / 10:g} (at {lr:g} {note})"
             lr = lr / 10
             losses, passed, floor, final_accuracy = _train(model, inputs, targets, loss_fn, task, steps, lr, target_ratio)
     initial, final = losses[0], losses[-1]
@@ -129,6 +128,8 @@ SAME_DRAWS = 0
 
 # a loss above OVERSHOOT times its start within the first OVERSHOOT_STEPS steps: the LR overshot
 OVERSHOOT, OVERSHOOT_STEPS = 1.5, 10
+# losses this close (relative) are the same value: a copy whose every gradient is zero repeats its loss
+FROZEN_TOLERANCE = 1e-6
 
 
 def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: str | None, steps: int, lr: float,
@@ -175,6 +176,27 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
                 if watch and output.grad is not None and (step == 0 or slopes):
                     slopes.append(float(output.grad.detach().float().norm()))
     return losses, False, floor, final_accuracy
+
+
+def _destroyed_by_lr(losses: list[float]) -> str:
+    """Why a failed copy failed for the probe's LR rather than the model's, or "". Two
+    ways: the loss jumped above OVERSHOOT times its start within OVERSHOOT_STEPS steps, or
+    it moved and then stood still to the end from one of those steps (one Adam step at
+    1e-2 drove a ReLU6 ranking score below 0 for every document: RankNet's copy froze at
+    ln 2 from step 1 while the model trains at 1e-3). A loss that never moved is not this:
+    the model is as stuck at any LR."""
+    if not all(map(math.isfinite, losses)) or losses[0] <= 0:
+        # a jump needs a positive start: a loss that falls below 0 without bound (a sign error) is evidence as it is
+        return ""
+    peak = max(losses[1 : OVERSHOOT_STEPS + 1], default=0.0)
+    if peak > OVERSHOOT * losses[0]:
+        return f"the loss jumped from {losses[0]:.4g} to {peak:.4g}"
+    last, frozen_from = losses[-1], len(losses) - 1
+    while frozen_from > 0 and abs(losses[frozen_from - 1] - last) <= FROZEN_TOLERANCE * abs(last):
+        frozen_from -= 1
+    if 0 < frozen_from <= OVERSHOOT_STEPS and len(losses) - frozen_from >= len(losses) // 2:
+        return f"the loss moved from {losses[0]:.4g} and froze at {last:.4g} from step {frozen_from}"
+    return ""
 
 
 def _stationary(losses: list[float], slopes: list[float], target_ratio: float) -> bool:
