@@ -608,3 +608,35 @@ def test_an_embeddings_padding_row_is_checked_as_the_forwards_derivative():
         assert model.embed.padding_idx == 0  # the user's model keeps it
     torch.manual_seed(0)  # a wrong backward beside it is still caught
     assert grad_check(BagOfWords(CustomLinear(8, 3, "scaled")), (words, y), nn.CrossEntropyLoss()).status == "failed"
+
+
+class _SkipGram(nn.Module):
+    """node2vec's loss as its model: ``-log(1 - sigmoid(<h_u, h_v>) + 1e-15)`` for random pairs,
+    embeddings N(0, 1) of dimension 32 (dot products to ~50), through a projection."""
+
+    def __init__(self, project: nn.Linear):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding, self.project = nn.Embedding(60, 32), project
+        with torch.no_grad():
+            self.project.weight.copy_(torch.eye(32) + 0.01 * torch.randn(32, 32))
+
+    def forward(self, pairs):
+        h = self.project(self.embedding(pairs).reshape(-1, 32)).reshape(-1, 2, 32)
+        out = (h[:, 0] * h[:, 1]).sum(-1)
+        return -torch.log(1 - torch.sigmoid(out) + 1e-15).mean()
+
+
+def test_a_loss_that_loses_its_precision_is_no_broken_backward_where_every_derivative_is_torchs():
+    """At dot products over 30, ``1 - sigmoid(x)`` takes float64's quanta of 1e-16: the
+    differences of a correct backward were off by 15%, and the healthy node2vec (PyG's loss)
+    got BROKEN_BACKWARD as an error. Where every backward node is torch's own, that is the
+    forward's rounding; a custom Function's backward 10% wrong is still named."""
+    pairs = torch.randint(0, 60, (400, 2), generator=torch.Generator().manual_seed(1))
+    healthy = grad_check(_SkipGram(nn.Linear(32, 32)), (pairs, None), lambda loss, _target: loss)
+    assert healthy.status == "passed" and "torch's own" in healthy.message, healthy.message
+    assert healthy.max_relative_error > 1e-3  # the differences do disagree
+    wrong = _ScaledLinear(32, 32)
+    wrong.scale = 1.1
+    broken = grad_check(_SkipGram(wrong), (pairs, None), lambda loss, _target: loss)
+    assert broken.status == "failed" and "project.weight" in [p.name for p in broken.parameters if p.status == "bug"]
