@@ -635,6 +635,11 @@ def test_manual_loop_gradient_resets_by_hand(reset):
     else:
         assert report.loop.zero_grad_calls == STEPS
         assert not fired(report, "NNDX301")
+    # gradients zeroed in place after the update are reset, not clipped (fastText's torchtext loop
+    # got GRAD_CLIP_TOO_SMALL: "clipped" to a norm of 0 on every step)
+    history = report.loop.grad_norm_history
+    assert history and all(p.after_clip is None for p in history)
+    assert not fired(report, "NNDX308")
 
 
 def test_a_failing_layer_hook_is_recorded_and_training_goes_on(monkeypatch):

@@ -197,8 +197,14 @@ class GradientNorm(Watcher):
         if not self._recorded:
             return
         after = self._changed_norm()  # unscale_ does not move version counters: only clipping shows
-        if after is None and self._clip_factor is not None:  # clipped, then reset before we looked
-            after = ctx.total_grad_norm * self._clip_factor.to(ctx.total_grad_norm.device)
+        clipped = None if self._clip_factor is None else ctx.total_grad_norm * self._clip_factor.to(
+            ctx.total_grad_norm.device)
+        if after is not None and ctx.optimizer is None:
+            # no optimizer: the step is heard after the update, and gradients zeroed in place by then
+            # (``p.grad.zero_()``) were reset, not clipped to 0: clipped as clip_grad_norm_ said, or not
+            after = torch.where(after == 0, ctx.total_grad_norm if clipped is None else clipped, after)
+        if after is None and clipped is not None:  # clipped, then reset before we looked
+            after = clipped
         self._clip_factor = None
         scale = _loss_scale() if ctx.optimizer is not None else None  # only an optimizer step runs in a scaler
         before = ctx.total_grad_norm if scale is None else ctx.total_grad_norm / scale.to(ctx.total_grad_norm.device)
