@@ -243,7 +243,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     C.LR_TOO_HIGH,
     "warning",
     "Loss is oscillating or diverging",
-    detects="A train loss that jumps above 10x its first values, or is above twice its initial level at "
+    detects="A train loss that jumps above 10x its first values (10x its level over the first fifth of the run, "
+    "when larger, for a loss that goes below zero or runs through another trained network), or is above twice its initial level at "
     "least twice in its second half (for a loss that starts under half an uninformed prediction's, "
     "both also above that prediction's loss), or whose step-to-step swings "
     "exceed 25% of the initial loss while it makes under 50% progress (info when those swings are all "
@@ -275,7 +276,8 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     floor = (uninformed_loss(report) or 0.0) if starts_fitted(report) else 0.0
     spikes = sum(1 for v in after if v > max(2.0 * curve.start, floor))
     # a jump to 10x the first values: healthy noise never does that, an overshoot does
-    blow_ups = sum(1 for v in curve.values[1:] if curve.initial > 0 and v > max(10.0 * curve.initial, floor))
+    reference = _jump_reference(report, curve)
+    blow_ups = sum(1 for v in curve.values[1:] if reference > 0 and v > max(10.0 * reference, floor))
     if line_search(report):  # a line search's rejected trial points: only a sustained climb counts
         spikes = spikes if spikes >= max(2, len(after) // 10) else 0
         blow_ups = blow_ups if blow_ups >= max(2, curve.n // 10) else 0
@@ -321,6 +323,18 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
         score=1.0 + min(5.0, curve.relative_noise + (spikes + blow_ups) / max(1, len(after))),
         next_probe="lr_range",
     )
+
+
+def _jump_reference(report: DiagnosticReport, curve: Curve) -> float:
+    """The level a jump to 10x is measured against: the first value, for a loss that is never
+    negative and runs through no other trained network. Otherwise the first value has no
+    scale in it: SN-GAN's hinge generator loss -D(G(z)) starts at 0.04, the untrained
+    critic's ~0, and crosses zero as the critic learns; its level over the first fifth of the
+    run stands in when larger."""
+    if min(curve.values) >= 0 and not adversarial(report):
+        return curve.initial
+    first = [abs(v) for v in curve.values[: max(1, curve.n // 5)]]
+    return max(curve.initial, median(first))
 
 
 def _lr_decays(report: DiagnosticReport) -> bool:

@@ -246,6 +246,28 @@ def test_a_generator_loss_that_rises_as_its_discriminator_improves_is_context():
     assert generator.severity == "info" and "another trained network" in generator.symptom
 
 
+def test_a_generator_loss_that_starts_near_zero_and_crosses_it_has_no_scale_in_its_first_value():
+    """SN-GAN's hinge generator loss -D(G(z)) starts at 0.04 (an untrained critic outputs ~0)
+    and wanders over -0.4..1.5 as the critic learns: "80 points above 10x the first value" was
+    a diverging warning. Its jumps are measured against its level over the first fifth; a
+    climb to 20x that level is still divergence."""
+    from nndx.report import LoopStats
+
+    from .reports import points
+
+    wander = [0.04, 0.05, 0.06] + [0.6 + 0.7 * math.sin(i / 7) for i in range(220)]  # under 0 a sixth of the time
+
+    def nndx104(values):
+        report = DiagnosticReport(loss_history={"train": points(values)}, loop=LoopStats(
+            steps=len(values), logged_loss_reaches_params=True, logged_loss_through_other_models=True))
+        return next((f for f in diagnose(report).findings if f.rule_id == "NNDX104"), None)
+
+    quiet = nndx104(wander)
+    assert quiet is None or quiet.severity == "info", quiet
+    blown = nndx104(wander[:120] + [30.0 + i for i in range(100)])
+    assert blown is not None and blown.severity == "warning" and "diverging" in blown.symptom
+
+
 def test_a_loss_that_does_not_fall_at_an_lr_the_range_test_trains_well_at_is_not_blamed_on_the_lr():
     """Labels shuffled apart from their sentences: the loss stays at ln 2 and validation at
     chance. At an LR the range test trains well at, "LR too low" is the weaker guess; far
