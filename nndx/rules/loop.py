@@ -799,13 +799,22 @@ DENSE_TARGETS = 256
 CONVERGED_PROGRESS = 0.9  # a loss that fell by this share of its start fit its data
 
 
+def _samples_axis(report: DiagnosticReport) -> int:
+    """The axis that holds the samples: the one the sample-independence probe found in the
+    inputs (1 for time-major sequences: the NTM copy task's (time, batch, bits)), else 0."""
+    probe = report.probes.sample_independence if report.probes is not None else None
+    found = probe is not None and probe.status in ("passed", "failed") and probe.batch_axis is not None
+    return probe.batch_axis if found else 0
+
+
 @rule(
     "NNDX311",
     C.BATCH_TOO_SMALL,
     "warning",
     "Tiny batches make the loss noisy",
     detects="A batch of at most 4 samples at the loss (the size most loss calls were made with, so that "
-    "evaluation on large batches does not hide it) together with step-to-step loss swings over 20% "
+    "evaluation on large batches does not hide it; along the axis the sample-independence probe found the "
+    "samples on, else the first) together with step-to-step loss swings over 20% "
     "of the local loss level, or through BatchNorm whatever the swings (its batch statistics over a few "
     "samples are noise). Info in a preflight (no loss history): the probes' batch that small; "
     f"info too when each step averages over {DENSE_TARGETS} targets or more (a few images in "
@@ -825,12 +834,14 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     # large batches are not what the steps were taken on
     calls: dict[int, int] = {}
     per_sample: dict[int, int] = {}  # targets per sample, by batch size
+    axis = _samples_axis(report)
     for c in loss_calls(report):
         if c.output_shape:
-            size = c.output_shape[0]
+            at = axis if len(c.output_shape) > axis else 0
+            size = c.output_shape[at]
             calls[size] = calls.get(size, 0) + c.calls
             shape = c.target_shape if c.target_shape else [size]
-            per_sample[size] = max(per_sample.get(size, 1), math.prod(shape[1:]))
+            per_sample[size] = max(per_sample.get(size, 1), math.prod(shape) // max(1, size))
     curve = loss_curve(report)
     size = max(calls, key=lambda s: (calls[s], s)) if calls else None
     if size is None or size > 4:

@@ -633,6 +633,28 @@ def test_tiny_training_batches_are_seen_beside_large_evaluation_batches():
     assert "NNDX311" not in found(32)
 
 
+def test_time_major_batches_are_counted_along_the_axis_that_holds_the_samples():
+    """The NTM copy task's outputs are (time, batch, bits): sequences of 1-4 steps of a batch
+    of 8. Read along axis 0 that was "batch size 4" and a BATCH_TOO_SMALL warning; the sample-
+    independence probe found the samples on axis 1."""
+    from nndx.report import Probes, SampleIndependenceResult
+
+    from .broken import loss_call, tiny_batch
+
+    def severity(batch_axis: int | None) -> str | None:
+        calls = [loss_call(output_shape=[t, 8, 4], target_shape=[t, 8, 4]).model_copy(update={"calls": 30})
+                 for t in (1, 2, 3, 4)]  # fmt: skip
+        report = tiny_batch()
+        report = report.model_copy(update={"loop": report.loop.model_copy(update={"loss_calls": calls})})
+        if batch_axis is not None:
+            probe = SampleIndependenceResult(status="passed", batch_axis=batch_axis, samples=8)
+            report = report.model_copy(update={"probes": Probes(sample_independence=probe)})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX311"), None)
+
+    assert severity(None) == "warning"  # nothing says which axis holds the samples: the first
+    assert severity(1) is None
+
+
 def test_a_small_batch_of_dense_targets_is_context_not_an_alarm():
     """The PyTorch super-resolution example trains on batches of 4 images, each a 48x48
     target (9,216 targets a step); its loss swings from image to image. That is context.
