@@ -469,10 +469,12 @@ MIN_BASE_STD = 1e-4
     "warning",
     "Initialisation breaks learning",
     detects="At the first recorded step: a hidden layer whose outputs have zero spread across the batch "
-    "(constant or symmetric weights; not a softmax, uniform over equal scores at the start), a non-final weight "
-    "matrix of norm 0 and no gradient to move it (not where the "
+    "(constant or symmetric weights; not a softmax, uniform over equal scores at the start; nor a layer whose zero "
+    "weights have a gradient: Glow's ZeroConv2d and ControlNet's zero convolutions start a branch as nothing, and "
+    "the first step moves them), a non-final weight matrix of norm 0 and no gradient to move it (not where the "
     "layer ends a residual branch, whose output is added to the stream: ResNet's zero_init_residual starts each "
-    "block as the identity; nor a zero factor whose partner is random, as LoRA's B, which its gradient moves), "
+    "block as the identity; nor a zero factor whose partner is random, as LoRA's B, which its gradient moves, or "
+    "in a module whose zero weights have a gradient: ZeroConv2d's scale), "
     "activations whose std "
     "grows over 1000x from the first recorded layer to a later one (embedding lookups left out: their scale is "
     "the table's init; so are constants, whose std is rounding, under 1e-5 of their mean, and layers whose std is "
@@ -488,6 +490,7 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
     hits = []
     layers = report.model.layers if report.model is not None else []
     residual_ends = {layer.name for layer in layers if layer.residual_end}
+    moving_zeros = _moving_zero_modules(report)
     steps = layer_steps(report)
     if steps:
         first = [s for s in steps[0] if s.activation is not None and math.isfinite(s.activation.std)]
@@ -500,7 +503,8 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                 # a softmax of equal scores is uniform at the start (attention before it learned anything)
                 uniform = (kind := vocab.activation_kind(layer.type)) is not None and kind.over_classes
                 if act.std == 0.0 and act.unit_count >= 2 and layer.type not in RELU_TYPES and not upstream_dead and (
-                        layer.name not in residual_ends) and not uniform:  # a zero branch adds nothing: the identity
+                        layer.name not in residual_ends) and not uniform and (  # a zero branch adds nothing: the identity
+                        layer.name not in moving_zeros):  # zero weights its gradient moves: a deliberate start
                     hits.append(
                         Hit(
                             symptom=f"{layer.name} outputs the same value for every sample and unit",
@@ -536,8 +540,11 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
         for param in at_start[:-1]:  # a zero-initialised final layer is a deliberate, harmless choice
             # as is a residual branch's last layer (zero_init_residual: each block starts as the identity)
             # and a zero weight with a gradient, which the first step moves off zero (LoRA's B beside a random A)
-            moves = param.grad_norm is not None and math.isfinite(param.grad_norm) and param.grad_norm > 0
-            if param.weight_norm == 0.0 and param.name.rpartition(".")[0] not in residual_ends and not moves:
+            owner = param.name.rpartition(".")[0]
+            # or a zero factor beside a zero weight of its own module that moves (Glow's ZeroConv2d: its scale
+            # gets a gradient once the conv's weights left zero)
+            moves = owner in moving_zeros or owner.rpartition(".")[0] in moving_zeros
+            if param.weight_norm == 0.0 and owner not in residual_ends and not moves:
                 hits.append(
                     Hit(
                         symptom=f"weight {param.name} is all zeros",
@@ -548,6 +555,26 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                 )
         hits += _overscaled(report, at_start)
     return hits
+
+
+def _moving_zero_modules(report: DiagnosticReport) -> set[str]:
+    """Modules, and the modules holding them, with a weight matrix that is all zeros at the first
+    recorded step and has a gradient there: zero-initialised on purpose, and moved off zero by the
+    first step (LoRA's B beside a random A; Glow's ZeroConv2d, ControlNet's zero convolutions, which
+    start a branch as nothing). Its units differ by their gradients, so no symmetry holds them."""
+    weights = weight_params(report)
+    if not weights:
+        return set()
+    first_step = min((p.step or 0) for p in weights)
+    names: set[str] = set()
+    for param in weights:
+        moves = param.grad_norm is not None and math.isfinite(param.grad_norm) and param.grad_norm > 0
+        # recorded after the step: the update is the whole weight (||dw|| / ||w|| = 1), so it was zero before
+        whole = param.update_ratio is not None and abs(param.update_ratio - 1.0) <= 1e-6
+        if (param.step or 0) == first_step and (param.weight_norm == 0.0 or whole) and moves:
+            owner = param.name.rpartition(".")[0]
+            names |= {owner, owner.rpartition(".")[0]}
+    return names - {""}
 
 
 def _overscaled(report: DiagnosticReport, weights: list) -> list[Hit]:

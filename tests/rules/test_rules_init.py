@@ -181,3 +181,41 @@ def test_a_zero_weight_that_its_gradient_moves_is_a_deliberate_start_one_without
                         probes=["hooks"], progress=False)  # fmt: skip
     stuck = {f.evidence.get("parameter") for f in nndx.diagnose(report).findings if f.rule_id == "NNDX207"}
     assert stuck == ({"2.lora_A", "2.lora_B"} if zero_a else set())
+
+
+class ZeroLinear(nn.Module):
+    """Glow's ZeroConv2d as a Linear: weight and bias zero, times exp(3 * scale) with scale zero,
+    so a coupling starts as the identity. Its output is 0 for every sample (the weight's
+    gradient moves it at the first step); the scale gets its gradient from the second step on."""
+
+    def __init__(self, features_in: int, features_out: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features_in, features_out)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.scale = nn.Parameter(torch.zeros(1, features_out))
+
+    def forward(self, x):
+        return self.linear(x) * torch.exp(self.scale * 3)
+
+
+class AffineCoupling(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), ZeroLinear(64, 64))
+
+    def forward(self, x):
+        a, b = x.chunk(2, dim=1)
+        log_s, t = self.net(a).chunk(2, dim=1)
+        return torch.cat([a, (b + t) * torch.sigmoid(log_s + 2)], dim=1)
+
+
+def test_a_zero_initialised_layer_whose_gradient_moves_it_is_a_deliberate_start(digits):
+    """Glow starts every coupling as the identity with zero-initialised convolutions (so do
+    ControlNet's zero convs and DiT's adaLN-Zero): 15 BAD_INIT warnings on the healthy
+    program, for the zero outputs and the zero scales beside them. The same layers as the
+    only path, both factors zero as in LoRA's reported bug, still fire (test above)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), AffineCoupling(), AffineCoupling(), nn.Linear(64, 10))
+    findings = probe_findings(model, digits[0][:128], digits[1][:128])
+    assert not findings, [f.symptom for f in findings]
