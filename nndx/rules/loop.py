@@ -837,7 +837,8 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     axis = _samples_axis(report)
     for c in loss_calls(report):
         if c.output_shape:
-            at = axis if len(c.output_shape) > axis else 0
+            # an output with an axis after it: (time, batch, features); a time-major RNN's (batch, classes) head has not
+            at = axis if len(c.output_shape) > axis + 1 else 0
             size = c.output_shape[at]
             calls[size] = calls.get(size, 0) + c.calls
             shape = c.target_shape if c.target_shape else [size]

@@ -653,6 +653,12 @@ def test_time_major_batches_are_counted_along_the_axis_that_holds_the_samples():
 
     assert severity(None) == "warning"  # nothing says which axis holds the samples: the first
     assert severity(1) is None
+    # a time-major RNN whose head returns (batch, classes): the batch is its first axis again
+    calls = [loss_call(output_shape=[2, 10], target_shape=[2]).model_copy(update={"calls": 120})]
+    report = tiny_batch()
+    report = report.model_copy(update={"loop": report.loop.model_copy(update={"loss_calls": calls}), "probes": Probes(
+        sample_independence=SampleIndependenceResult(status="passed", batch_axis=1, samples=2))})
+    assert "NNDX311" in {f.rule_id for f in diagnose(report).findings}
 
 
 def test_a_small_batch_of_dense_targets_is_context_not_an_alarm():
