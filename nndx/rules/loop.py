@@ -433,6 +433,7 @@ DECAYED = 0.05
 DECAYED_BY = 0.1
 DECAYED_SHARE = 0.8
 ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every other
+ZERO_SHARE = 0.1  # an LR of exactly 0 at this share of the recorded steps (a warm-up from 0 has one)
 
 
 @rule(
@@ -453,7 +454,8 @@ ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every 
     "back, gradually (through at least one step between), from under 10% of its peak to 90% of it twice or more; or "
     f"an LR at or under {DECAYED:g} of its peak from the first {DECAYED_BY:.0%} of the recorded steps on, for "
     f"{DECAYED_SHARE:.0%} of them or more (MultiStepLR's milestones in epochs reached in the first batches; info "
-    "when the loss still learned). "
+    f"when the loss still learned); or an LR of exactly 0 at {ZERO_SHARE:.0%} of the recorded steps or more, two at "
+    "least (a per-iteration schedule read at the epoch; info when the loss still learned). "
     "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
     "most, so they do not fire; warm restarts jump back to the peak in one step, a cyclic LR stays above 10%.",
     why="A per-epoch schedule (StepLR, ExponentialLR) stepped every batch decays the LR to ~0 within "
@@ -523,6 +525,20 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
                 severity="info" if learned else None,
                 score=1.0 + len(decayed) / len(lrs),
                 step=history[decayed[0]].step,
+            )
+        zeros = [] if measured else [i for i, lr in enumerate(lrs) if lr == 0]
+        if len(zeros) >= max(2, ZERO_SHARE * len(lrs)):
+            learned = loss_learned(report)
+            return Hit(
+                symptom=f"the learning rate was exactly 0 at {len(zeros)} of {len(lrs)} recorded steps (from step "
+                f"{history[zeros[0]].step}): those steps moved nothing (a schedule indexed by epoch where it "
+                "expects the iteration, a warm-up from 0 stepped per epoch)" + ("; the loss still learned" if learned
+                                                                               else ""),
+                evidence={"lr_peak": peak, "lr_final": lrs[-1], "zero_share": len(zeros) / len(lrs),
+                          "zero_from_step": history[zeros[0]].step},  # fmt: skip
+                severity="info" if learned else None,
+                score=1.0 + len(zeros) / len(lrs),
+                step=history[zeros[0]].step,
             )
         # or one param group's LR collapsed behind another's steady one (center loss's own SGD at 0.5
         # beside the model's StepLR stepped every batch): judged per group, when it ends collapsed

@@ -1528,6 +1528,29 @@ def test_a_learning_rate_of_zero_at_every_step_is_the_schedule_not_a_disconnecte
     assert not [f for f in warming.findings if f.rule_id == "NNDX307"]
 
 
+def test_a_learning_rate_of_zero_for_a_stretch_of_the_run_is_the_schedule():
+    """ConvNeXt's cosine schedule with warm-up is a list of per-iteration LRs; read at
+    ``[epoch]`` instead of ``[iteration]`` the whole first epoch trains at 0 (11 of 88 records)
+    and the rest climbs a staircase: no branch of NNDX307 fired, though the live alarm had. A
+    warm-up from 0 (one record at 0) and a cosine decay that reaches 0 at its last step do not."""
+    from nndx.report import DiagnosticReport, LoopStats, LRPoint
+
+    from .reports import points
+
+    losses = [2.3 * math.exp(-i / 40) + 0.2 for i in range(176)]
+
+    def found(lrs):
+        loop = LoopStats(steps=176, lr_history=[LRPoint(step=2 * i, lrs=[lr]) for i, lr in enumerate(lrs)])
+        report = DiagnosticReport(loss_history={"train": points(losses)}, loop=loop)
+        return next((f for f in diagnose(report).findings if f.rule_id == "NNDX307"), None)
+
+    staircase = [0.0] * 11 + [6.7e-4 * (1 + k // 11) / 7 for k in range(77)]
+    hit = found(staircase)
+    assert hit is not None and "exactly 0" in hit.symptom and hit.severity == "info"  # the loss still learned
+    assert found([2e-3 * min(1.0, i / 11) for i in range(88)]) is None
+    assert found([1e-3 * (1 + math.cos(math.pi * i / 87)) / 2 for i in range(88)]) is None
+
+
 def test_labels_beside_a_generative_loss_are_counted_by_the_label_noise_probe_itself():
     """A conditional VAE trained on a reconstruction loss: the run names no classes, but its
     digit labels (the condition) went through the label-noise probe, which counted ten. 91% of
