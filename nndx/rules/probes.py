@@ -230,8 +230,10 @@ def lr_below_range(report: DiagnosticReport) -> Hit | None:
     "Autograd gradients disagree with finite differences",
     detects="The gradient check failed: at least one parameter tensor's relative error is finite and at "
     "the 'bug' level (over 1e-3 in float64). The probe re-measures differences that cross a ReLU kink "
-    "with a smaller step and marks what it cannot resolve 'suspect', which does not fire; non-finite "
-    "errors (weights already NaN) are no evidence and do not fire.",
+    "with a smaller step and marks what it cannot resolve 'suspect', which does not fire; so is a "
+    "disagreement where every backward node is torch's own derivative (no custom autograd.Function, hook, "
+    ".data or detach in the forward): that is the forward's rounding (log(1 - sigmoid(x)) at large x). "
+    "Non-finite errors (weights already NaN) are no evidence and do not fire.",
     why="A custom autograd.Function with a wrong backward trains on wrong gradients; nothing errors.",
     fix="Fix the backward of the named parameter's custom Function (transposes and scale factors are "
     "the usual suspects); re-run the gradient check.",

@@ -52,6 +52,12 @@ An embedding's ``padding_idx`` only zeroes its row's gradient, by design (the ro
 trained, though a forward may read it: MemN2N refills its nil rows with ``normal_``): the copy's
 embeddings drop it, so the backward checked is the forward's true derivative.
 
+Whose backward: torch's own derivatives are tested code. A failed check whose backward graph
+has no node of anyone else's (no custom ``autograd.Function``, no module or gradient hook, no
+``.data`` or ``detach`` in the forward) is the forward's rounding, not a wrong backward: its
+tensors are "suspect" (node2vec's ``log(1 - sigmoid(x) + 1e-15)`` at x > 30 was off by 15%). A
+tensor with no autograd gradient at all stays a bug: the graph is cut.
+
 Randomness and state: the loss must be the same function at every evaluation, so every
 forward runs with the same seed (identical dropout masks); batch-norm in train mode is
 a deterministic function of the batch and is checked as is. Two more evaluations at the
