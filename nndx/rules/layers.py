@@ -502,9 +502,10 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                     upstream_dead = True
                 # a softmax of equal scores is uniform at the start (attention before it learned anything)
                 uniform = (kind := vocab.activation_kind(layer.type)) is not None and kind.over_classes
+                # a zero branch adds nothing (the identity); zero weights their gradient moves are a deliberate start
+                deliberate = layer.name in residual_ends or layer.name in moving_zeros
                 if act.std == 0.0 and act.unit_count >= 2 and layer.type not in RELU_TYPES and not upstream_dead and (
-                        layer.name not in residual_ends) and not uniform and (  # a zero branch adds nothing: the identity
-                        layer.name not in moving_zeros):  # zero weights its gradient moves: a deliberate start
+                        not deliberate) and not uniform:  # fmt: skip
                     hits.append(
                         Hit(
                             symptom=f"{layer.name} outputs the same value for every sample and unit",

@@ -244,7 +244,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Loss is oscillating or diverging",
     detects="A train loss that jumps above 10x its first values (10x its level over the first fifth of the run, "
-    "when larger, for a loss that goes below zero or runs through another trained network), or is above twice its initial level at "
+    "when larger, for a loss that goes below zero or runs through another trained network), or is above twice "
+    "its initial level at "
     "least twice in its second half (for a loss that starts under half an uninformed prediction's, "
     "both also above that prediction's loss), or whose step-to-step swings "
     "exceed 25% of the initial loss while it makes under 50% progress (info when those swings are all "
