@@ -449,8 +449,8 @@ ZERO_SHARE = 0.1  # an LR of exactly 0 at this share of the recorded steps (a wa
     "quarter are exactly 0: a published step decay's last stages, four 10x cuts, sit there for up to ~40% of the "
     "run; in a loop "
     "without an optimizer: the step size measured as |update| / |gradient|; judged per param group too, of every "
-    "optimizer, for a group that ends collapsed beside another group's steady LR, as a center loss's own SGD beside "
-    "the model's schedule); or an optimizer's LR that climbs "
+    "optimizer, for a group that ends collapsed beside another group's LR that held to the end, as a center "
+    "loss's own SGD beside the model's schedule); or an optimizer's LR that climbs "
     "back, gradually (through at least one step between), from under 10% of its peak to 90% of it twice or more; or "
     f"an LR at or under {DECAYED:g} of its peak from the first {DECAYED_BY:.0%} of the recorded steps on, for "
     f"{DECAYED_SHARE:.0%} of them or more (MultiStepLR's milestones in epochs reached in the first batches; info "
@@ -586,19 +586,23 @@ def _collapsed_group(history: list) -> tuple[int, list[float], float, list[int]]
     """(group index, its LRs, its peak, where it collapsed) of the param group (of every
     optimizer, in order) whose LR ends collapsed after more than a quarter of the recorded
     steps there, the longest such; None when no group does or the groups change in number.
-    One that ends at its peak (a body unfrozen late) is a schedule, not a collapse."""
+    One that ends at its peak (a body unfrozen late) is a schedule, not a collapse; so is one
+    beside which no group's LR held at the end: every group annealed together (ULMFiT's one-cycle
+    stages with discriminative LRs, whose lowest group sits far under a peak it was given while
+    frozen) is one schedule, judged as a whole."""
     widths = {len(p.lrs) for p in history}
     if len(widths) != 1 or (width := widths.pop()) < 2:
         return None
-    worst = None
+    worst, held = None, False
     for group in range(width):
         lrs = [lr if math.isfinite(lr) else 0.0 for lr in (p.lrs[group] for p in history)]
         peak = max(lrs)
         collapsed = _collapsed(lrs, peak) if peak > 0 else []
+        held |= peak > 0 and (not collapsed or collapsed[-1] != len(lrs) - 1)
         if collapsed and collapsed[-1] == len(lrs) - 1 and len(collapsed) > 0.25 * len(lrs) and (
                 worst is None or len(collapsed) > len(worst[3])):  # fmt: skip
             worst = (group, lrs, peak, collapsed)
-    return worst
+    return worst if held else None
 
 
 # a warm-up that kept the LR under this share of the LR its schedule scales (initial_lr) for the

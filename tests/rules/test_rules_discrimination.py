@@ -60,6 +60,30 @@ def test_one_groups_collapsed_schedule_is_not_hidden_by_another_groups_steady_lr
     assert "NNDX307" not in _found(with_loop(BASE, lr_history=cosine))
 
 
+def _one_cycle(lr_max: float, n: int) -> list[float]:
+    """fastai's fit_one_cycle: cosine up from lr_max/25 for a quarter, then down to lr_max/1e5."""
+    def at(t: float) -> float:
+        if t < 0.25:
+            return lr_max / 25 + (lr_max - lr_max / 25) * (1 - math.cos(math.pi * t / 0.25)) / 2
+        return lr_max / 1e5 + (lr_max - lr_max / 1e5) * (1 + math.cos(math.pi * (t - 0.25) / 0.75)) / 2
+
+    return [at(i / (n - 1)) for i in range(n)]
+
+
+def test_groups_annealed_together_are_one_schedule_not_a_group_collapse():
+    """ULMFiT: gradual unfreezing in one-cycle stages (2e-2, then 1e-2, 5e-3, 1e-3) with
+    discriminative LRs (the embedding group at lr / 2.6**4), the first stage given to every
+    group while the body is frozen. The embedding group then sits far under that peak: "1e-3 of
+    its peak for 33% of the steps while another group's LR held" outranked the labels bug. No
+    group held: every group anneals at each stage's end. Beside a group that holds, it fires."""
+    stages = [(2e-2, 1.0), (1e-2, 2.6**-4), (5e-3, 2.6**-4), (1e-3, 2.6**-4)]
+    together = [(lr * div, lr) for top, div in stages for lr in _one_cycle(top, 50)]
+    history = [LRPoint(step=i, lrs=list(lrs)) for i, lrs in enumerate(together)]
+    assert "NNDX307" not in _found(with_loop(BASE, lr_history=history))
+    beside = [LRPoint(step=i, lrs=[low, 1e-3]) for i, (low, _) in enumerate(together)]
+    assert _found(with_loop(BASE, lr_history=beside))["NNDX307"].evidence["param_group"] == 0
+
+
 def test_schedule_per_batch_collapse_vs_one_cycle():
     assert "NNDX307" not in _found(healthy_reports()["one_cycle"])
     cosine_to_zero = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[0.1 * (1 + math.cos(math.pi * i / 199)) / 2]) for i in range(200)])
