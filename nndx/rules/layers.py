@@ -490,7 +490,10 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
     hits = []
     layers = report.model.layers if report.model is not None else []
     residual_ends = {layer.name for layer in layers if layer.residual_end}
-    moving_zeros = _moving_zero_modules(report)
+    weights = weight_params(report)
+    first_step = min(((p.step or 0) for p in weights), default=0)
+    at_start = [p for p in weights if (p.step or 0) == first_step]
+    moving_zeros = _moving_zero_modules(at_start)
     steps = layer_steps(report)
     if steps:
         first = [s for s in steps[0] if s.activation is not None and math.isfinite(s.activation.std)]
@@ -534,45 +537,38 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                         step=worst.step,
                     )
                 )
-    weights = weight_params(report)
-    if weights:
-        first_step = min((p.step or 0) for p in weights)
-        at_start = [p for p in weights if (p.step or 0) == first_step]
-        for param in at_start[:-1]:  # a zero-initialised final layer is a deliberate, harmless choice
-            # as is a residual branch's last layer (zero_init_residual: each block starts as the identity)
-            # and a zero weight with a gradient, which the first step moves off zero (LoRA's B beside a random A)
-            owner = param.name.rpartition(".")[0]
-            # or a zero factor beside a zero weight of its own module that moves (Glow's ZeroConv2d: its scale
-            # gets a gradient once the conv's weights left zero)
-            moves = owner in moving_zeros or owner.rpartition(".")[0] in moving_zeros
-            if param.weight_norm == 0.0 and owner not in residual_ends and not moves:
-                hits.append(
-                    Hit(
-                        symptom=f"weight {param.name} is all zeros",
-                        evidence={"parameter": param.name, "weight_norm": 0.0},
-                        score=2.0,
-                        step=param.step,
-                    )
+    for param in at_start[:-1]:  # a zero-initialised final layer is a deliberate, harmless choice
+        # as is a residual branch's last layer (zero_init_residual: each block starts as the identity)
+        # and a zero weight with a gradient, which the first step moves off zero (LoRA's B beside a random A)
+        owner = param.name.rpartition(".")[0]
+        # or a zero factor beside a zero weight of its own module that moves (Glow's ZeroConv2d: its scale
+        # gets a gradient once the conv's weights left zero)
+        moves = owner in moving_zeros or owner.rpartition(".")[0] in moving_zeros
+        if param.weight_norm == 0.0 and owner not in residual_ends and not moves:
+            hits.append(
+                Hit(
+                    symptom=f"weight {param.name} is all zeros",
+                    evidence={"parameter": param.name, "weight_norm": 0.0},
+                    score=2.0,
+                    step=param.step,
                 )
-        hits += _overscaled(report, at_start)
+            )
+    hits += _overscaled(report, at_start)
     return hits
 
 
-def _moving_zero_modules(report: DiagnosticReport) -> set[str]:
+def _moving_zero_modules(at_start: list) -> set[str]:
     """Modules, and the modules holding them, with a weight matrix that is all zeros at the first
-    recorded step and has a gradient there: zero-initialised on purpose, and moved off zero by the
-    first step (LoRA's B beside a random A; Glow's ZeroConv2d, ControlNet's zero convolutions, which
-    start a branch as nothing). Its units differ by their gradients, so no symmetry holds them."""
-    weights = weight_params(report)
-    if not weights:
-        return set()
-    first_step = min((p.step or 0) for p in weights)
+    recorded step (``at_start``: its weight records) and has a gradient there: zero-initialised on
+    purpose, and moved off zero by the first step (LoRA's B beside a random A; Glow's ZeroConv2d,
+    ControlNet's zero convolutions, which start a branch as nothing). Its units differ by their
+    gradients, so no symmetry holds them."""
     names: set[str] = set()
-    for param in weights:
+    for param in at_start:
         moves = param.grad_norm is not None and math.isfinite(param.grad_norm) and param.grad_norm > 0
         # recorded after the step: the update is the whole weight (||dw|| / ||w|| = 1), so it was zero before
         whole = param.update_ratio is not None and abs(param.update_ratio - 1.0) <= 1e-6
-        if (param.step or 0) == first_step and (param.weight_norm == 0.0 or whole) and moves:
+        if (param.weight_norm == 0.0 or whole) and moves:
             owner = param.name.rpartition(".")[0]
             names |= {owner, owner.rpartition(".")[0]}
     return names - {""}
