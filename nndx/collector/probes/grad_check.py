@@ -294,36 +294,26 @@ class _LowestPrecision(TorchFunctionMode):
 
 class _StopGradients(TorchFunctionMode):
     """Counts the ``detach()`` calls made while active; with ``let_through``, each returns
-    its input instead, so gradients flow where the forward meant to stop them."""
+    its input instead, so gradients flow where the forward meant to stop them. Counts too,
+    in ``by_hand``, the other ways a forward makes a gradient that is not torch's own
+    derivative of its ops: a hook on a tensor's gradient, and ``.data``, through which writes
+    reach saved tensors unseen by autograd."""
 
     def __init__(self, let_through: bool = False) -> None:
         super().__init__()
         self.let_through = let_through
         self.calls = 0
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if getattr(func, "__name__", "") in ("detach", "detach_") and args and isinstance(args[0], torch.Tensor) \
-                and not _called_by_nndx():  # fmt: skip
-            self.calls += 1
-            if self.let_through:
-                return args[0]
-        return func(*args, **(kwargs or {}))
-
-
-class _GradientsByHand(TorchFunctionMode):
-    """Counts what in a forward can make a gradient other than torch's own derivative of
-    the forward's ops, besides ``detach`` (:class:`_StopGradients`): a hook on a tensor's
-    gradient, and ``.data``, through which writes reach saved tensors unseen by autograd."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
+        self.by_hand = 0
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = getattr(func, "__name__", "")
+        if name in ("detach", "detach_") and args and isinstance(args[0], torch.Tensor) and not _called_by_nndx():
+            self.calls += 1
+            if self.let_through:
+                return args[0]
         data = name == "__get__" and getattr(func, "__self__", None) is torch.Tensor.data
         if (data or name in ("register_hook", "register_post_accumulate_grad_hook")) and not _called_by_nndx():
-            self.calls += 1
+            self.by_hand += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -445,11 +435,9 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
     try:
         with ForwardObserver(model_copy, kinks=True) as seen:
             nn.Module.zero_grad(model_copy, set_to_none=True)  # not an override: MAML's takes no set_to_none
-            by_hand = _GradientsByHand()
-            with by_hand:
-                base = loss_now()
+            base = loss_now()
             detach_calls = detaches.calls  # in one forward and loss
-            torch_only = (by_hand.calls == 0 and detach_calls == 0
+            torch_only = (detaches.by_hand == 0 and detach_calls == 0
                           and _custom_backward_nodes(base, [p for _, p in named]) == 0)  # fmt: skip
             base.backward()
             base_pattern = list(pattern)
