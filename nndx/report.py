@@ -178,6 +178,9 @@ class ParameterStats(Schema):
     weight_norm: Float
     grad_norm: Float | None = None
     update_ratio: Float | None = Field(None, description="‖Δw‖ / ‖w‖ over one optimizer step")
+    descent: Float | None = Field(
+        None, description="loops without an optimizer: the cosine of the update with minus the gradient it was "
+        "made from (1 under plain SGD; below 0: the step climbed the loss)")
 
 
 # --------------------------------------------------------------------------- probes
@@ -726,7 +729,8 @@ class LoopStats(Schema):
         "scheduler scales (a warm-up rises to it), when every group has one")
     effective_lr_history: list[LRPoint] = Field(
         default_factory=list, description="loops without an optimizer: the median over weight matrices of "
-        "‖Δw‖ / ‖gradient‖ at recorded steps — plain SGD's LR, a constant multiple of it under momentum")
+        "‖Δw‖ / ‖gradient‖ at recorded steps — plain SGD's LR, a constant multiple of it under momentum; "
+        "negative where the update climbed the gradient (cosine below -0.5)")
     grad_norm_history: list[GradNormPoint] = Field(default_factory=list)
     input_norm_history: list[ScalarPoint] = Field(default_factory=list)
     loss_calls: list[LossCall] = Field(default_factory=list)

@@ -708,10 +708,12 @@ class ParameterRecord(NamedTuple):
     weight_norm: float
     grad_norm: float | None
     update_ratio: float | None
+    descent: float | None = None
 
     def model(self) -> ParameterStats:
         return ParameterStats(name=self.name, shape=list(self.shape), step=self.step, requires_grad=self.requires_grad,
-                              weight_norm=self.weight_norm, grad_norm=self.grad_norm, update_ratio=self.update_ratio)
+                              weight_norm=self.weight_norm, grad_norm=self.grad_norm, update_ratio=self.update_ratio,
+                              descent=self.descent)
 
     @property
     def nonfinite(self) -> bool:
@@ -742,10 +744,13 @@ def parameter_records(
     step: int | None = None,
     max_elements: int | None = None,
     grad_norms: dict[str, torch.Tensor] | None = None,
+    grads_before: dict[str, torch.Tensor] | None = None,
 ) -> Pending[list[ParameterRecord]]:
     """:func:`parameter_stats` over the given named parameters, as records. Each kind of
     norm is one foreach call over all parameters, not an op per parameter;
-    :func:`reference_update_ratio` is the ratio, plainly."""
+    :func:`reference_update_ratio` is the ratio, plainly. ``grads_before``: samples of the
+    gradients the update was made from (the same elements as ``before``), for each record's
+    ``descent``."""
     if not named:
         return Pending(torch.empty(0, dtype=torch.float64), lambda _: [])
     device = named[0][1].device
@@ -767,6 +772,7 @@ def parameter_records(
             grad_at[i] = len(all_norms)
             all_norms.append(norm)
         ratio_at: dict[int, tuple[int, int]] = {}  # parameter -> (update norm, weight norm of the same elements)
+        descent_at: dict[int, int] = {}
         compared = [i for i, (n, _) in enumerate(named) if before is not None and n in before]
         if compared:
             nows = [flat_sample(weights[i], max_elements) for i in compared]
@@ -782,6 +788,13 @@ def parameter_records(
             for j, (i, update) in enumerate(zip(compared, updates)):
                 ratio_at[i] = (len(all_norms) + j, scale_at.get(j, i))
             all_norms += [*updates, *sample_norms]
+            for j, i in enumerate(compared):
+                grad = (grads_before or {}).get(named[i][0])
+                if grad is not None:  # (before - after) . g / (|before - after| |g|)
+                    grad = grad.view(spent[j].shape).to(spent[j].dtype)
+                    descent_at[i] = len(all_norms)
+                    scale = (updates[j] * torch.linalg.vector_norm(grad)).clamp_min(1e-30)
+                    all_norms += [(spent[j] * grad).sum() / scale]
         values = torch.stack([v.to(device, torch.float64) for v in all_norms])
     shapes = [(n, tuple(p.shape), p.requires_grad) for n, p in named]
 
@@ -797,6 +810,7 @@ def parameter_records(
                 values[i],
                 values[grad_at[i]] if i in grad_at else None,
                 None if ratio is None else values[ratio[0]] / max(values[ratio[1]], 1e-12),
+                values[descent_at[i]] if i in descent_at else None,
             ))
         return records
 

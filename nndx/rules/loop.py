@@ -434,6 +434,7 @@ DECAYED_BY = 0.1
 DECAYED_SHARE = 0.8
 ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every other
 ZERO_SHARE = 0.1  # an LR of exactly 0 at this share of the recorded steps (a warm-up from 0 has one)
+ASCENT_ROW = 3  # measured step sizes below zero in a row: an LR that turned negative, not an overshoot
 
 
 @rule(
@@ -444,7 +445,8 @@ ZERO_SHARE = 0.1  # an LR of exactly 0 at this share of the recorded steps (a wa
     detects=f"An optimizer's learning rate of exactly 0 at every recorded step ({ZERO_LR_RECORDS} or more; error: "
     "a warm-up never stepped, LARS built with lr=0 for an adjust_learning_rate the loop never calls); "
     "a learning rate below zero at any recorded step (error: every step then climbs the loss; a linear "
-    "decay stepped past its end, LambdaLR's 1 - epoch / n stepped per batch, goes there); a learning rate at or "
+    "decay stepped past its end, LambdaLR's 1 - epoch / n stepped per batch, goes there; in a loop without an "
+    f"optimizer: updates that climbed the gradient at {ASCENT_ROW} recorded steps in a row); a learning rate at or "
     "below 1e-3 of its maximum for more than a quarter of the recorded steps (info under half of them, unless a "
     "quarter are exactly 0: a published step decay's last stages, four 10x cuts, sit there for up to ~40% of the "
     "run; in a loop "
@@ -487,7 +489,9 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     if peak <= 0:
         return None
     negative = [i for i, p in enumerate(history) if min(finite(p.lrs) or [0.0]) < 0]
-    if negative and not measured:  # a measured step size is a magnitude: it cannot be negative
+    if measured:  # an update that climbed the gradient: one is an overshoot, a row of them an LR below zero
+        negative = negative if _longest_row(negative) >= ASCENT_ROW else []
+    if negative:
         lowest = min(min(finite(p.lrs)) for p in history if finite(p.lrs))
         return Hit(
             symptom=f"the learning rate went negative at step {history[negative[0]].step} (down to {lowest:.3g}): "
@@ -566,6 +570,15 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
         score=1.0 + share,
         step=history[collapsed[0]].step,
     )
+
+
+def _longest_row(indices: list[int]) -> int:
+    """The longest run of consecutive numbers in the ascending ``indices``."""
+    longest = run = 0
+    for k, i in enumerate(indices):
+        run = run + 1 if k and i == indices[k - 1] + 1 else 1
+        longest = max(longest, run)
+    return longest
 
 
 def _decayed_early(lrs: list[float], peak: float) -> list[int]:

@@ -755,6 +755,43 @@ def test_manual_loop_step_size_is_measured_and_a_collapsing_schedule_fires(reset
     assert fired(collapsing, "NNDX307")[0].evidence["lr_source"].startswith("the step size")
 
 
+@pytest.mark.parametrize("reset", ["zero_grad_before_forward", "grad_zeroed_after_update"])
+def test_manual_loop_whose_lr_turns_negative_fires_and_momentum_does_not(reset):
+    """A linear decay sized to one epoch and run for three (torchtext's fastText loop:
+    lr = lr0 * (1 - progress), updated by hand) turns the LR negative: every update then
+    climbs the gradient. The measured step size carries the update's direction, so NNDX307
+    names it (error) whether the loop zeroes the gradients before the forward or right after
+    the update; a hand-written heavy-ball momentum that overshoots now and then does not."""
+    x, y = data()
+
+    def run(schedule, momentum=0.0):
+        model = mlp()
+        velocity = [torch.zeros_like(p) for p in model.parameters()]
+        with Monitor(model, every=2) as mon:
+            for i in range(60):
+                if reset == "zero_grad_before_forward":
+                    model.zero_grad()
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                mon.log(loss)
+                lr = schedule(i)
+                for p, v in zip(model.parameters(), velocity):
+                    v.mul_(momentum).add_(p.grad)
+                    p.data.add_(v, alpha=-lr)
+                    if reset == "grad_zeroed_after_update":
+                        p.grad.zero_()
+        return mon.report()
+
+    broken = run(lambda i: 0.1 * (1 - i / 20))
+    sizes = [p.lrs[0] for p in broken.loop.effective_lr_history]
+    assert sizes[0] > 0 and sizes[-1] < 0
+    (finding,) = fired(broken, "NNDX307")
+    assert finding.severity == "error" and finding.evidence["negative_from_step"] >= 18
+    assert not fired(run(lambda i: 0.1 * (1 - i / 60)), "NNDX307")
+    heavy_ball = run(lambda i: 0.5, momentum=0.9)
+    assert not [f for f in fired(heavy_ball, "NNDX307") if "negative" in f.symptom]
+
+
 @pytest.mark.parametrize("clip", [None, 1e-4])
 def test_clipping_inside_a_closure_step_is_seen(clip):
     """Lightning runs forward, backward and gradient_clip_val's clipping inside

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from nndx.collector.stats import (
@@ -91,11 +92,16 @@ class ParameterUpdates(Watcher):
         self.history = History(capacity)
         self._snapshot: dict | None = None
         self._spent: dict | None = None  # memory for the next snapshot
+        self._grads: dict | None = None  # without an optimizer: the gradients the update is made from
         self.listeners: list[Callable[[list[ParameterRecord]], None]] = []  # told each recorded step's records
 
     def on_backward_end(self, ctx: StepContext) -> None:
         if ctx.recording and self.watched.manual:  # updated by hand: the next thing we hear is after the update
             self._snapshot = snapshot_parameters(self.watched.params, self.max_elements, into=self._snapshot or self._spent)
+            # the loop may zero them right after its update, before anything we hear
+            grads = [(n, p.grad) for n, p in self.watched.params
+                     if p.grad is not None and p.grad.layout == torch.strided]
+            self._grads = snapshot_parameters(grads, self.max_elements, into=self._grads)
 
     def on_step_begin(self, ctx: StepContext) -> None:
         if ctx.recording and not self.watched.manual:
@@ -106,7 +112,8 @@ class ParameterUpdates(Watcher):
         if not ctx.recording or self._snapshot is None:
             return
         named = list(nn.Module.named_parameters(self.watched.root))
-        pending = parameter_records(named, self._snapshot, ctx.step, self.max_elements, ctx.grad_norms)
+        grads = self._grads if self.watched.manual else None
+        pending = parameter_records(named, self._snapshot, ctx.step, self.max_elements, ctx.grad_norms, grads)
         self._spent = self._snapshot if _nbytes(self._snapshot) <= PENDING_BYTES else None
         self._snapshot = None
         ctx.defer.statistics(pending, self._append)
@@ -123,13 +130,13 @@ class ParameterUpdates(Watcher):
 
     @property
     def workspace_bytes(self) -> int:
-        return _nbytes(self._spent or {})
+        return _nbytes(self._spent or {}) + _nbytes(self._grads or {})
 
     def report(self, window: int | None) -> dict[str, Any]:
         return {"parameters": recorded_steps(self.history, _parameter_models, window)}
 
     def close(self) -> None:
-        self._snapshot = self._spent = None
+        self._snapshot = self._spent = self._grads = None
 
 
 def _parameter_models(records: tuple[ParameterRecord, ...]) -> list:

@@ -113,11 +113,18 @@ def _lr_point(r: LRRecord) -> LRPoint:
     return LRPoint(step=r.step, lrs=list(r.lrs))
 
 
+# an update this aligned with the gradient itself (cosine) climbed it: momentum overshooting
+# a ravine turns single steps against the gradient, rarely this squarely
+ASCENT = 0.5
+
+
 class EffectiveLearningRate(Watcher):
     """In a loop without an optimizer the LR is a number in the user's code: measure the
     step instead, ‖Δw‖ / ‖gradient‖ (the median over weight matrices) on recorded steps.
     That is plain SGD's LR exactly and a constant multiple of it under momentum, so a
-    schedule that collapses the LR shows in its shape. Listens to the records of
+    schedule that collapses the LR shows in its shape. Negative when the update went up
+    the gradient (its cosine with the gradient's direction below ``-ASCENT``): an LR
+    that turned negative, a linear decay run past its end. Listens to the records of
     :class:`~nndx.collector.watch.layers.ParameterUpdates`."""
 
     name = "effective_lr"
@@ -137,10 +144,13 @@ class EffectiveLearningRate(Watcher):
         step, grad_norms = self._grad_norms
         sizes = []
         for r in records:
-            grad = r.grad_norm if r.grad_norm is not None else grad_norms.get(r.name) if step == r.step else None
+            # zero at the step's end: the loop zeroed the gradients in place after its update
+            grad = r.grad_norm if r.grad_norm else grad_norms.get(r.name) if step == r.step else None
             grad = None if grad is None else float(grad)
             if len(r.shape) >= 2 and r.update_ratio is not None and grad:
                 size = r.update_ratio * r.weight_norm / grad
+                if r.descent is not None and r.descent < -ASCENT:
+                    size = -size
                 if math.isfinite(size):
                     sizes.append(size)
         if sizes:
