@@ -842,6 +842,9 @@ class SplitStats(Schema):
 class DataStats(Schema):
     train: SplitStats | None = None
     test: SplitStats | None = None
+    batch: SplitStats | None = Field(
+        None, description="without data=: the input statistics of the probes' batch (scale, range, non-finite "
+        "values); no labels, duplicates or order, which one batch cannot judge")
     train_test_overlap: Count = 0
     train_test_overlap_fraction: Fraction = Field(0.0, description="share of test rows found in train")
     input_space_size: Float | None = Field(

@@ -91,11 +91,13 @@ from nndx.collector.stats import frozen_at_init, has_batchnorm, has_dropout, sum
 from nndx.errors import UsageError
 from nndx.report import (
     MAX_ERROR_MESSAGE,
+    DataStats,
     DiagnosticReport,
     ErrorRecord,
     LayerStats,
     LoopStats,
     RunInfo,
+    SplitStats,
 )
 
 # name -> spec of every probe, cheap first
@@ -197,6 +199,10 @@ def probe(
             ok, checked = guard.attempt("data", lambda: _check_data(data, report, columns, setup))
             if ok:
                 report.data = checked
+    else:
+        ok, batch_inputs = guard.attempt("data", lambda: _batch_inputs(setup))
+        if ok and batch_inputs is not None:
+            report.data = DataStats(batch=batch_inputs)
     report.run.finished_at = datetime.now(timezone.utc)
     return report
 
@@ -603,6 +609,28 @@ def _check_data(data: Sequence[Any], report: DiagnosticReport, columns: tuple[li
     return check_data(data[0], data[1], x_test=x_val, y_test=y_val, task=report.task, num_classes=report.num_classes,
                       index_features=columns[0], scaled_features=columns[1],
                       label_positions=setup.position_logits)  # fmt: skip
+
+
+# what one batch can say of the data: its inputs' scale, not its labels, duplicates or order
+_BATCH_FIELDS = ("n_samples", "input_shape", "input_dtype", "input_mean", "input_std", "input_min", "input_max",
+                 "feature_means", "feature_stds", "feature_scale_ratio", "constant_features", "raw_range",
+                 "index_features", "scaled_features", "input_nan_count", "input_inf_count")
+
+
+def _batch_inputs(setup: _Setup) -> SplitStats | None:
+    """Without ``data=`` (a replay buffer, a stream): the scale of the probes' own batch of
+    inputs, read as :func:`check_data` reads training inputs (the columns the model reads as
+    ids or scales itself left out), so the input rules work from ``probe`` alone. None when
+    the inputs are no array (a dict, text): that measures nothing, it fails nothing."""
+    inputs = setup.batch[0]
+    try:
+        train = check_data(inputs, None, progress=False).train
+    except (TypeError, ValueError):  # no array check_data can read
+        return None
+    index, scaled = _model_read_columns(setup, (inputs, None)) if not setup.no_forward else ([], [])
+    if index or scaled:
+        train = check_data(inputs, None, index_features=index, scaled_features=scaled, progress=False).train
+    return SplitStats(**{name: getattr(train, name) for name in _BATCH_FIELDS}) if train is not None else None
 
 
 _ID_DTYPES = (torch.int64, torch.int32, torch.int16)

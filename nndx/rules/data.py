@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from nndx import vocab
@@ -196,20 +197,24 @@ EXTREME_INPUT_SCALE = 1000.0
     C.UNNORMALIZED_INPUTS,
     "warning",
     "Inputs are not normalised",
-    detects="Floating-point train inputs that look like raw pixels (0-255), or whose mean or std is over 5 "
+    detects="Floating-point train inputs (the data checks'; without data=, the probes' batch) that look like raw "
+    "pixels (0-255), or whose mean or std is over 5 "
     "in absolute value, or whose per-feature stds differ over 100x while the values span over 10. "
     "Integer inputs (token ids, category indices) are indices, not magnitudes, and never fire. Info when the "
-    f"scale is mild (mean and std within {MILD_INPUT_SCALE:g}, no raw pixels, no uneven features) and the train "
-    "loss learned (fell by over 30%, or ended informed): the run shows the scale did no visible harm. Error when "
+    f"scale is mild (mean and std within {MILD_INPUT_SCALE:g}, no raw pixels, no uneven features; from the batch "
+    "alone: no raw pixels) and the train loss learned (fell by over 30%, or ended informed): the run shows the scale "
+    "did no visible harm. Error when "
     f"the mean or std is over {EXTREME_INPUT_SCALE:g} (raw counts or prices): no learning rate suits such inputs, "
-    "and the LR the range test then calls too high is their symptom.",
+    "and the LR the range test then calls too high is their symptom. Info too when the first layer (a Linear or "
+    "convolution) feeds a normalisation layer directly (a ResNet stem's BatchNorm): that takes the scale out.",
     why="Large or unevenly scaled inputs make the first layer's pre-activations huge: sigmoid/tanh "
     "saturate, ReLUs die, and one LR cannot suit every feature.",
     fix="Standardise each feature with the train split's mean and std ((x - mean) / std), or scale "
     "pixels to [0, 1] and normalise per channel.",
 )
 def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
-    train = report.data.train if report.data is not None else None
+    data = report.data
+    train = (data.train or data.batch) if data is not None else None
     if train is None or _token_ids(train):
         return None
     reasons = []
@@ -229,10 +234,18 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
     if not reasons:
         return None
     scale = max(abs(train.input_mean or 0.0), train.input_std or 0.0)
-    learned = not train.raw_range and not uneven and scale <= MILD_INPUT_SCALE and loss_learned(report)
+    # one batch's per-feature stds are noisy (padded positions), and raw values a model is built for
+    # (N-BEATS on raw series under a relative loss) learn: from the batch alone, a run that learned
+    # leaves only raw pixels an alarm
+    from_batch = train is not data.train
+    learned = not train.raw_range and (from_batch or not uneven and scale <= MILD_INPUT_SCALE) and loss_learned(report)
+    absorbed = _normalised_first_layer(report)
     return Hit(
-        symptom="inputs not normalised: " + ", ".join(reasons) + ("; the loss still learned" if learned else ""),
-        severity="info" if learned else ("error" if scale > EXTREME_INPUT_SCALE else None),
+        symptom=("inputs of the probes' batch not normalised: " if from_batch else "inputs not normalised: ")
+        + ", ".join(reasons) + ("; the loss still learned" if learned else "")
+        + (f"; the first layer's outputs go straight into {absorbed}, which takes their scale out" if absorbed
+           else ""),
+        severity="info" if learned or absorbed else ("error" if scale > EXTREME_INPUT_SCALE else None),
         evidence={
             "input_mean": train.input_mean,
             "input_std": train.input_std,
@@ -241,8 +254,26 @@ def unnormalized_inputs(report: DiagnosticReport) -> Hit | None:
             "raw_range": train.raw_range,
             "feature_scale_ratio": train.feature_scale_ratio,
         },
-        score=float(len(reasons)),
+        score=len(reasons) / (2.0 if from_batch else 1.0),  # one batch is weaker evidence than the data
     )
+
+
+def _normalised_first_layer(report: DiagnosticReport) -> str | None:
+    """The type of the normalisation layer that reads the first layer's output, when the first
+    layer a forward ran is a linear map of the inputs (Linear, ConvNd): the inputs' scale then
+    scales that layer's output alone, which the normalisation divides out, in the forward and in
+    the gradient (a ResNet stem on uint8 pixels trains as it does on [0, 1] pixels)."""
+    model = report.model
+    if model is None or not model.forward_observed or not model.layers:
+        return None
+    # padding and reshapes before it scale nothing
+    leading = [layer.name for layer in itertools.takewhile(
+        lambda layer: layer.type in vocab.PASSTHROUGH_NAMES or "Pad" in layer.type, model.layers)]
+    first = model.layers[len(leading)] if len(leading) < len(model.layers) else None
+    if first is None or first.type not in vocab.LINEAR_LAYER_NAMES or first.input_from not in (None, *leading):
+        return None
+    return next((layer.type for layer in model.layers[1:]
+                 if layer.input_from == first.name and layer.type in vocab.NORMALIZATION_NAMES), None)
 
 
 @rule(

@@ -183,6 +183,52 @@ def test_data_checks_merged_and_bad_data_recorded():
     assert bad.data is None and bad.errors[0].source == "data" and "X_train" in bad.errors[0].message
 
 
+def test_without_data_the_batch_gives_the_input_scale_and_nothing_it_cannot_judge():
+    """No data= (a replay buffer, a stream): the probes' own batch still shows raw 0-255
+    pixels (NNDX505, the same rule as the data checks), while [0, 1] pixels, token ids and
+    a model that scales its inputs itself stay quiet. One batch says nothing about
+    duplicates, classes or order: those stay unmeasured, and no "data" coverage is claimed."""
+    torch.manual_seed(0)
+    frames = torch.zeros(32, 1, 10, 8)
+    frames[torch.arange(32), 0, torch.randint(0, 10, (32,)), torch.randint(0, 8, (32,))] = 255.0
+    frames[:, 0, 9, 2:5] = 255.0  # the paddle, in every frame
+    cnn = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 6, 3))
+    labels = torch.randint(0, 3, (32,))
+    raw = nndx.probe(cnn, (frames, labels), nn.CrossEntropyLoss(), probes=["nan_origin"])
+    assert raw.data.train is None and raw.data.test is None
+    assert raw.data.batch.raw_range == "0-255" and raw.data.batch.n_samples == 32
+    assert raw.data.batch.duplicate_count == 0 and raw.data.batch.class_counts == {}
+    (finding,) = [f for f in nndx.diagnose(raw).findings if f.rule_id == "NNDX505"]
+    assert finding.severity == "warning" and "batch" in finding.symptom
+    # a BatchNorm right after the first convolution takes the inputs' scale out (pytorch/examples'
+    # Siamese ResNet on uint8 pixels, a neural-style network's InstanceNorm): context, not an alarm
+    stem_bn = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 6, 3))
+    absorbed = nndx.probe(stem_bn, (frames, labels), nn.CrossEntropyLoss(), probes=["nan_origin"])
+    (finding,) = [f for f in nndx.diagnose(absorbed).findings if f.rule_id == "NNDX505"]
+    assert finding.severity == "info" and "BatchNorm2d" in finding.symptom
+    scaled = nndx.probe(cnn, (frames / 255, labels), nn.CrossEntropyLoss(), probes=["nan_origin"])
+    assert scaled.data.batch.raw_range is None
+    assert "NNDX505" not in {f.rule_id for f in nndx.diagnose(scaled).findings}
+
+    class Standardising(nn.Module):  # stores the data's mean and std and applies them in forward
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", torch.full((6,), 500.0))
+            self.register_buffer("std", torch.full((6,), 100.0))
+            self.net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+
+        def forward(self, x):
+            return self.net((x - self.mean) / self.std)
+
+    prices = 500 + 100 * torch.randn(32, 6)
+    own = nndx.probe(Standardising(), (prices, labels), nn.CrossEntropyLoss(), probes=["nan_origin"])
+    assert "NNDX505" not in {f.rule_id for f in nndx.diagnose(own).findings}
+    tokens = torch.randint(0, 50, (32, 7))
+    lm = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(56, 3))
+    assert "NNDX505" not in {f.rule_id for f in nndx.diagnose(
+        nndx.probe(lm, (tokens, labels), nn.CrossEntropyLoss(), probes=["nan_origin"])).findings}
+
+
 def test_progress_bar_on_stderr_when_asked_and_off_a_terminal_by_default(capsys):
     run(mlp(), probes=["nan_origin", "grad_check"], progress=True)
     captured = capsys.readouterr()

@@ -320,6 +320,27 @@ def test_unnormalized_inputs_fire_on_wild_tabular_scales_not_on_tokens_or_unit_p
     assert "NNDX505" in _found(with_train(input_dtype="torch.float32", input_mean=31.0, input_std=18.0, raw_range="0-64"))
 
 
+def test_unnormalized_inputs_seen_in_the_probes_batch_alone_are_weaker_evidence():
+    """Without data= the scale comes from the probes' one batch: raw pixels stay a warning, but a
+    large or uneven scale (N-BEATS's raw series, its zero-padded positions) in a run whose loss
+    learned is context; the same numbers from the data checks, or before any training, warn."""
+    from nndx.report import DataStats
+
+    from .reports import healthy_data, healthy_split
+
+    series = {"input_shape": [18], "input_mean": 47.0, "input_std": 55.0, "input_min": 0.0, "input_max": 300.0,
+              "feature_scale_ratio": 554.0}
+    batch = BASE.model_copy(update={"data": DataStats(batch=healthy_split(n=128, **series))})
+    assert _found(batch)["NNDX505"].severity == "info"
+    assert "batch" in _found(batch)["NNDX505"].symptom
+    assert _found(batch.model_copy(update={"loss_history": {}}))["NNDX505"].severity == "warning"
+    checked = BASE.model_copy(update={"data": healthy_data(train=healthy_split(**series))})
+    assert _found(checked)["NNDX505"].severity == "warning"
+    frames = DataStats(batch=healthy_split(n=32, input_mean=0.6, input_std=11.0, input_min=0.0, input_max=255.0,
+                                           raw_range="0-255"))
+    assert _found(BASE.model_copy(update={"data": frames}))["NNDX505"].severity == "warning"
+
+
 def test_a_negative_loss_is_wrong_only_for_losses_that_cannot_be_negative():
     from nndx.report import LossCall
 
