@@ -113,7 +113,8 @@ class _LightningHooks:
             if self.loss_fn is not None:
                 session.run_preflight(pl_module, batch, self.loss_fn, optimizer, loaders=_loaders(trainer))
             else:
-                session.run_preflight(training_step_view(pl_module), ((batch,), None), model_output_loss, optimizer)
+                session.run_preflight(training_step_view(pl_module), ((batch,), None), model_output_loss, optimizer,
+                                      loaders=_loaders(trainer))
         if optimizer is None:
             session.record_error("monitor", ValueError("the Trainer has no optimizer to watch"))
             return

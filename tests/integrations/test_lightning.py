@@ -147,6 +147,8 @@ def test_preflight_without_loss_fn_uses_training_step(tmp_path):
     # the view shares the module's dicts: parameter names are the module's own
     assert {p.name for p in report.probes.grad_check.parameters} <= {n for n, _ in module.named_parameters()}
     assert report.probes.overfit_one_batch.status == "passed", report.probes.overfit_one_batch.message
+    # the data checks read the Trainer's loaders whatever the loss: raw inputs, leaks, classes
+    assert report.data is not None and report.data.train.n_samples == SAMPLES and report.data.test is not None
     assert report.errors == []
 
 
