@@ -465,3 +465,11 @@ def lr_varies(report: DiagnosticReport) -> bool:
     history = (loop.lr_history or loop.effective_lr_history) if loop is not None else []
     lrs = [lr for point in history for lr in point.lrs if lr > 0]
     return bool(lrs) and max(lrs) > 2 * min(lrs)
+
+
+def samples_axis(report: DiagnosticReport) -> int:
+    """The axis that holds the samples: the one the sample-independence probe found in the
+    inputs (1 for time-major sequences: the NTM copy task's (time, batch, bits)), else 0."""
+    probe = report.probes.sample_independence if report.probes is not None else None
+    found = probe is not None and probe.status in ("passed", "failed") and probe.batch_axis is not None
+    return probe.batch_axis if found else 0

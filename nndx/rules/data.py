@@ -8,7 +8,7 @@ import math
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, SplitStats
-from nndx.rules._series import is_classification, loss_calls, loss_learned
+from nndx.rules._series import is_classification, loss_calls, loss_learned, samples_axis
 from nndx.rules.engine import Hit, rule
 
 
@@ -410,7 +410,8 @@ OFF_CENTRE = 8.0
     "more classes among them or that chance under 5% (without class counts: batches of 8 or more, of two "
     "or more classes), or regression batches whose target std is under "
     "a quarter of the split's or whose mean is over 8 standard errors off the split's with a spread under the "
-    "split's (a slice of sorted targets is never wider than the split). Without a batch "
+    "split's (a slice of sorted targets is never wider than the split; the error of the batch's samples, not of "
+    "its elements: a forecast window's steps move together). Without a batch "
     "that tells, the data checks' order: consecutive samples sharing a label far more often than random "
     "order would (label_runs_fraction over 0.95, or closing "
     "80% of the gap from the random-order value to 1), or regression targets whose rank correlation with "
@@ -461,15 +462,18 @@ def _batch_order(report: DiagnosticReport, train: SplitStats | None) -> Hit | bo
     own: a validation pass through the same loss must not dilute the training batches."""
     calls = [c for c in loss_calls(report) if c.measured_batches and c.target_shape]
     counts = [c for c in train.class_counts.values() if c > 0] if train is not None else []
-    verdicts = [_call_order(c, counts, train) for c in calls]
+    axis = samples_axis(report)
+    verdicts = [_call_order(c, counts, train, axis) for c in calls]
     hits = [v for v in verdicts if isinstance(v, Hit)]
     if hits:
         return max(hits, key=lambda h: h.score)
     return False if verdicts and all(v is False for v in verdicts) else None
 
 
-def _call_order(call, counts: list[int], train: SplitStats | None) -> Hit | bool | None:
+def _call_order(call, counts: list[int], train: SplitStats | None, axis: int) -> Hit | bool | None:
     rows = math.prod(call.target_shape)
+    # the samples of a batch: a window's steps and series are no more samples (they move together)
+    samples = call.target_shape[axis] if axis < len(call.target_shape) else rows
     measured, single, values = call.measured_batches, call.single_target_batches, set(call.single_target_values)
     chance = sum((c / sum(counts)) ** rows for c in counts) if len(counts) >= 2 else None
     evidence = {"measured_batches": measured, "single_class_batches": single, "batch_rows": rows,
@@ -487,7 +491,7 @@ def _call_order(call, counts: list[int], train: SplitStats | None) -> Hit | bool
             and train.label_kind == "float_continuous" and train.target_std and train.target_mean is not None:
         spread = call.target_std / train.target_std
         # a batch drawn at random has its mean within a few standard errors of the split's
-        off_centre = abs(call.target_mean - train.target_mean) / (train.target_std / math.sqrt(rows))
+        off_centre = abs(call.target_mean - train.target_mean) / (train.target_std / math.sqrt(samples))
         # a slice of sorted targets is never wider than the split: an off-centre batch that is (NeRF's rays from
         # one image's centre crop, the pixels of one image alike) is a cluster, not an order
         if spread < NARROW_BATCH or (off_centre > OFF_CENTRE and spread < 1.0):

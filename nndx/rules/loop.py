@@ -12,7 +12,7 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats
 from nndx.rules._series import (
     clip_ratios, clipped_steps, finite, frozen_untrained, is_classification, loss_calls, loss_curve, loss_learned,
-    starts_fitted, train_curve, weight_shapes,
+    samples_axis, starts_fitted, train_curve, weight_shapes,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -832,14 +832,6 @@ DENSE_TARGETS = 256
 CONVERGED_PROGRESS = 0.9  # a loss that fell by this share of its start fit its data
 
 
-def _samples_axis(report: DiagnosticReport) -> int:
-    """The axis that holds the samples: the one the sample-independence probe found in the
-    inputs (1 for time-major sequences: the NTM copy task's (time, batch, bits)), else 0."""
-    probe = report.probes.sample_independence if report.probes is not None else None
-    found = probe is not None and probe.status in ("passed", "failed") and probe.batch_axis is not None
-    return probe.batch_axis if found else 0
-
-
 @rule(
     "NNDX311",
     C.BATCH_TOO_SMALL,
@@ -867,7 +859,7 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     # large batches are not what the steps were taken on
     calls: dict[int, int] = {}
     per_sample: dict[int, int] = {}  # targets per sample, by batch size
-    axis = _samples_axis(report)
+    axis = samples_axis(report)
     for c in loss_calls(report):
         if c.output_shape:
             # an output with an axis after it: (time, batch, features); a time-major RNN's (batch, classes) head has not

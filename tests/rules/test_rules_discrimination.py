@@ -920,6 +920,17 @@ def test_regression_batches_that_are_slices_of_sorted_targets_are_unshuffled():
     # NeRF's rays of one image (the centre crop of its first steps): off-centre, but wider than the split
     assert severity(mean=-1.9, std=1.21) is None
 
+    def forecast(mean: float, std: float) -> str | None:  # 32 windows x 96 steps x 7 series
+        call = LossCall(loss_type="MSELoss", output_shape=[32, 96, 7], target_shape=[32, 96, 7],
+                        target_dtype="float32", measured_batches=61, target_mean=mean, target_std=std)
+        report = with_loop(BASE, loss_calls=[call]).model_copy(update={"data": healthy_data(train=split, test=None)})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX508"), None)
+
+    # a shuffled batch of forecast windows: the steps and series of one window are not 672 more
+    # samples, so its mean is judged against 32 windows' standard error (PatchTST, DLinear)
+    assert forecast(mean=0.5, std=0.99) is None
+    assert forecast(mean=-1.9, std=0.41) == "warning"
+
 
 def test_a_few_channels_pooled_into_a_head_are_a_bottleneck_a_language_models_width_is_not():
     """Channels averaged or max-pooled over space or time become that many features: 4
