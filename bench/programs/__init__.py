@@ -196,4 +196,10 @@ PROGRAMS = (
     "sngan",
     "fasttext",
     "node2vec",
+    "dlinear",
+    "patchtst",
+    "conve",
+    "rainbow",
+    "makemore_bn",
+    "graph_unet",
 )
