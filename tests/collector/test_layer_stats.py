@@ -93,5 +93,36 @@ def test_unused_modules_are_those_whose_output_cannot_move_the_loss():
     assert_untouched(before, model)
 
 
+class _Gate(nn.Module):
+    """TopKPooling with its gate dropped (Graph U-Net): the scores pick which features go on, as
+    indices, and are not multiplied in; the selector's weight gets no gradient, yet moves the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.weight = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.argsort(torch.tanh(self.weight), descending=True)[:4]
+        return index, torch.tanh(self.weight)[index]
+
+
+class _Pooled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.select, self.head = _Gate(), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index, _score = self.select(x)
+        return self.head(x[:, index])
+
+
+def test_a_module_whose_output_only_indexes_is_used_not_unused():
+    """Its float output can be perturbed without effect, but its parameters decide the indices:
+    the graph is cut there (NNDX304 at warning), the module is not computed and thrown away."""
+    stats = hook_statistics(_Pooled(), batch(), nn.CrossEntropyLoss())
+    assert stats.model.unused_modules == []
+
+
 def test_no_unused_modules_in_a_healthy_model():
     assert hook_statistics(mlp(dropout=0.2), batch(), nn.CrossEntropyLoss()).model.unused_modules == []

@@ -16,6 +16,7 @@ optimizer (see ``copy_with_optimizer``). The user's model and optimizer are neve
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -113,7 +114,14 @@ def _unused_modules(model: nn.Module, inputs: object, targets: object, loss_fn: 
     unused = [n for n in silent if n not in ran]
 
     def moves(names: list[str]) -> bool:
-        changed = _loss_with(model, inputs, targets, loss_fn, {n: modules[n] for n in names}, set(), perturb=True)
+        chosen = {n: modules[n] for n in names}
+        changed = _loss_with(model, inputs, targets, loss_fn, chosen, set(), perturb=True)
+        if not torch.isclose(changed, reference, rtol=1e-4, atol=1e-6).item():
+            return True
+        # an output that only indexes (a top-k pool's node ids beside gate scores nothing multiplies in) is
+        # perturbed as floats to no effect; the module's own parameters still pick the indices
+        with _parameters_perturbed(chosen.values()):
+            changed = _loss_with(model, inputs, targets, loss_fn, {}, set(), perturb=False)
         return not torch.isclose(changed, reference, rtol=1e-4, atol=1e-6).item()
 
     ran_silent = [n for n in silent if n in ran]
@@ -148,6 +156,24 @@ def _loss_with(model: nn.Module, inputs: object, targets: object, loss_fn: LossF
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextlib.contextmanager
+def _parameters_perturbed(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """The modules' own trainable parameters with noise of their scale added, restored after."""
+    params = [p for m in modules for p in nn.Module.parameters(m, recurse=False) if p.requires_grad]
+    kept = [p.detach().clone() for p in params]
+    generator = torch.Generator().manual_seed(1234)  # not 0: a model seeded 0 draws that very noise as weights
+    with torch.no_grad():
+        for p in params:
+            noise = torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device)
+            p.add_(noise * (p.abs().mean() + 1))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, value in zip(params, kept):
+                p.copy_(value)
 
 
 def _perturbed(output: object, generators: dict[torch.device, torch.Generator]) -> object:
