@@ -717,6 +717,9 @@ class LoopStats(Schema):
         "network, an EMA teacher): a module whose frozen weights equal trainable ones of the same shape, or frozen "
         "parameters that changed during training with no gradient; frozen by design")
     no_grad_forwards_in_train_mode: Count = 0
+    no_grad_train_forward_steps: Count = Field(
+        0, description="the steps at which such forwards ran: nearly every step is part of the training step "
+        "(MixMatch's label guessing, pseudo-labels), a few steps an evaluation")
     backward_after_eval_forward: Count = Field(
         0, description="backward passes whose last forward of the model ran in eval mode, in a model with dropout "
         "or batch-norm: training after model.eval() without model.train() back")

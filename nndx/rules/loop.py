@@ -346,13 +346,18 @@ def frozen(report: DiagnosticReport) -> Hit | None:
     )
 
 
+IN_STEP_SHARE = 0.8  # no-grad train-mode forwards at this share of the steps are part of the step
+
+
 @rule(
     "NNDX306",
     C.EVAL_MODE_FORGOTTEN,
     "warning",
     "Evaluation ran in train mode (model.eval() forgotten)",
     detects="Forwards run under torch.no_grad()/inference_mode while model.training was True, in a model "
-    "with dropout or batch-norm.",
+    f"with dropout or batch-norm. Info when they ran at {IN_STEP_SHARE:.0%} of the steps or more (5 at least): "
+    "part of every training step (MixMatch's label guessing, pseudo-labels drawn in train mode by design), not "
+    "an evaluation, which runs at a few steps.",
     why="In train mode dropout drops units and batch-norm normalises with the batch's statistics (and "
     "updates its running ones): evaluation numbers are noisy and wrong, and the running stats drift.",
     fix="Call model.eval() before evaluating and model.train() before training again.",
@@ -361,15 +366,22 @@ def eval_mode_forgotten(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
     if loop is None or loop.no_grad_forwards_in_train_mode == 0 or not (loop.has_dropout or loop.has_batchnorm):
         return None
+    in_step = loop.steps >= 5 and loop.no_grad_train_forward_steps >= IN_STEP_SHARE * loop.steps
     return Hit(
-        symptom=f"{loop.no_grad_forwards_in_train_mode} no-grad forwards in train mode",
+        symptom=f"{loop.no_grad_forwards_in_train_mode} no-grad forwards in train mode"
+        + (f", at {loop.no_grad_train_forward_steps} of {loop.steps} steps: part of each training step (label "
+           "guessing, pseudo-labels), not an evaluation" if in_step else ""),
         evidence={
             "no_grad_forwards_in_train_mode": loop.no_grad_forwards_in_train_mode,
+            "no_grad_train_forward_steps": loop.no_grad_train_forward_steps,
+            "steps": loop.steps,
             "forward_calls": loop.forward_calls,
             "has_dropout": loop.has_dropout,
             "has_batchnorm": loop.has_batchnorm,
         },
-        score=1.0 + min(1.0, loop.no_grad_forwards_in_train_mode / max(1, loop.forward_calls)),
+        severity="info" if in_step else None,
+        score=(1.0 + min(1.0, loop.no_grad_forwards_in_train_mode / max(1, loop.forward_calls)))
+        / (4 if in_step else 1),
     )
 
 

@@ -443,6 +443,34 @@ def test_evaluation_in_train_mode_with_dropout_is_counted(context):
     assert loop.no_grad_forwards_in_train_mode == 2 and loop.has_dropout
 
 
+def test_no_grad_forwards_inside_every_step_are_the_algorithm_not_a_forgotten_eval():
+    """MixMatch guesses labels, FixMatch pseudo-labels, with the model itself under no_grad in
+    train mode, inside every step: by design, info. Evaluation forgotten in train mode runs at a
+    few steps (each epoch's end): a warning."""
+    import nndx
+
+    def run(guess_every: int):
+        model, opt, mon = monitored(make_model(dropout=True), every=5)
+        x, y = batch()
+        for step in range(20):
+            if step % guess_every == 0:
+                with torch.no_grad():
+                    model(x)  # label guessing, or (every 10th step) a validation pass
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            mon.log(torch.tensor(1.0 - step / 40))
+        report = mon.report()
+        mon.close()
+        return report, next((f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX306"), None)
+
+    guessed, finding = run(guess_every=1)
+    assert guessed.loop.no_grad_forwards_in_train_mode == 20 and guessed.loop.no_grad_train_forward_steps == 20
+    assert finding.severity == "info"
+    evaluated, finding = run(guess_every=10)
+    assert evaluated.loop.no_grad_train_forward_steps == 2 and finding.severity == "warning"
+
+
 def test_evaluation_in_eval_mode_or_without_dropout_is_not_counted():
     model, opt, mon = monitored(make_model(dropout=True))
     train(model, opt, mon, steps=2)

@@ -14,7 +14,8 @@ Counting conventions (what the rules read):
   means gradients were never reset.
 - ``no_grad_forwards_in_train_mode`` counts forwards run with grad disabled
   (``torch.no_grad`` / ``inference_mode``) while ``model.training`` is True, only for
-  models with dropout or batch-norm (where train mode changes the output).
+  models with dropout or batch-norm (where train mode changes the output);
+  ``no_grad_train_forward_steps`` the distinct steps they ran at.
 - ``backward_after_eval_forward`` counts the mirror image: backward passes whose last
   forward of the model ran in eval mode (``model.eval()`` for validation, and no
   ``model.train()`` back), in those same models; ``first_eval_backward_step`` is the
@@ -104,6 +105,7 @@ class LoopCounts(Watcher):
         self.zero_grad_calls = 0
         self.forward_calls = 0
         self.no_grad_forwards_in_train_mode = 0
+        self._no_grad_steps: set[int] = set()
         self.backward_after_eval_forward = 0
         self.first_eval_backward_step: int | None = None
         self._last_forward_in_eval = False
@@ -138,6 +140,7 @@ class LoopCounts(Watcher):
         self.forward_calls += 1
         if not torch.is_grad_enabled() and module.training and self._mode_matters.get(id(module), False):
             self.no_grad_forwards_in_train_mode += 1
+            self._no_grad_steps.add(ctx.step)
         if torch.is_grad_enabled():
             self._last_forward_in_eval = self._in_eval(module)
 
@@ -228,6 +231,7 @@ class LoopCounts(Watcher):
             "zero_grad_calls": self.zero_grad_calls,
             "forward_calls": self.forward_calls,
             "no_grad_forwards_in_train_mode": self.no_grad_forwards_in_train_mode,
+            "no_grad_train_forward_steps": len(self._no_grad_steps),
             "backward_after_eval_forward": self.backward_after_eval_forward,
             "first_eval_backward_step": self.first_eval_backward_step,
             "trainable_param_count": sum(p.numel() for _, p in trainable),
