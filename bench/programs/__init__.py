@@ -202,4 +202,6 @@ PROGRAMS = (
     "rainbow",
     "makemore_bn",
     "graph_unet",
+    "supcon",
+    "mixmatch",
 )
