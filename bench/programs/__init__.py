@@ -204,4 +204,6 @@ PROGRAMS = (
     "graph_unet",
     "supcon",
     "mixmatch",
+    "densenet",
+    "swin",
 )
