@@ -134,7 +134,8 @@ def probe(
     depend on it (update/weight ratio, LR range). ``monitor`` is a
     :class:`nndx.collector.monitor.Monitor` whose ``report()`` is merged in; ``data`` is
     ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data` and
-    the data probes (on the training split). ``progress`` shows a bar on stderr (default:
+    the data probes (on the training split; labels None: the inputs only, and no label
+    probes); without it, the batch's inputs are measured (``report.data.batch``). ``progress`` shows a bar on stderr (default:
     when stderr is a terminal or in a notebook; see nndx.collector.progress).
     """
     inner = torch_optimizer(optimizer)
@@ -145,7 +146,10 @@ def probe(
     from_monitor = False  # the initial state is the Monitor's snapshot, not one the caller passed
     if data is not None and (not isinstance(data, (tuple, list)) or len(data) not in (2, 4)):
         data_error = TypeError("data must be (X_train, y_train) or (X_train, y_train, X_val, y_val)")
-    selected = _select(probes, data is not None and data_error is None)
+    # the label probes need labels: data=(X, None) is inputs only (a loader whose items' second part
+    # is not the target), checked for scale, duplicates and leaks
+    labelled = data is not None and data_error is None and data[1] is not None
+    selected = _select(probes, labelled)
     for name, given in options.items():
         if name not in PROBES:
             raise TypeError(f"unknown probe options {name!r}; options are keyed by probe name: {list(PROBES)}")
@@ -170,7 +174,7 @@ def probe(
     guard.attempt("describe", lambda: _describe_run(report, setup), warn=True, reraise=UsageError)
     trained_steps = watched.loop.steps if watched is not None and watched.loop is not None else 0
     for spec in steps:
-        why_not = _why_not(spec, setup, data is not None and data_error is None, trained_steps)
+        why_not = _why_not(spec, setup, labelled, trained_steps)
         if why_not is not None:
             spec.store_status(report, "skipped", why_not)
             continue
@@ -395,7 +399,7 @@ def _monitor_snapshot(monitor: Any, model: nn.Module) -> Mapping[str, Any] | Non
 def _why_not(spec: ProbeSpec, setup: _Setup, have_data: bool, trained_steps: int) -> str | None:
     """Why the probe cannot say anything useful here, or None."""
     if spec.needs == "data":
-        return None if have_data else "needs the training data: pass data=(X_train, y_train)"
+        return None if have_data else "needs the training data and its labels: pass data=(X_train, y_train)"
     if setup.no_forward is not None:
         return setup.no_forward
     if spec.trains and setup.initial is None and trained_steps > 0:

@@ -115,12 +115,15 @@ class TrainingSession:
 
     # -- the run
     def run_preflight(self, model: Any, batch: Any, loss_fn: Callable[..., Any], optimizer: Any = None,
-                      loaders: Sequence[Any] = ()) -> None:  # fmt: skip
+                      loaders: Sequence[Any] = (), labels: bool = True) -> None:  # fmt: skip
         """Run the preflight probes once, on copies (the probes never touch the model,
         optimizer or RNG). Call it before :meth:`attach`, so the Monitor's hooks do not
         see the probes' forwards. ``loaders``: the trainer's training DataLoader, then
         its validation one; a bounded sample of each becomes the probes' ``data`` (the
-        data checks and the label probes), read without changing their shuffle order."""
+        data checks and the label probes), read without changing their shuffle order.
+        ``labels=False``: the items' second part is not known to be what the model is
+        trained to predict (no loss_fn: an autoencoder's digit labels), so only the inputs
+        are checked."""
         if not self.preflight or self.preflight_report is not None:
             return
         try:
@@ -131,12 +134,12 @@ class TrainingSession:
                 warnings.filterwarnings("ignore", message=r".*self\.log\(\)")
                 self.preflight_report = probe(
                     model, batch, loss_fn, probes=self.preflight_probes, optimizer=optimizer,
-                    data=self._data(loaders), **self.preflight_options,
+                    data=self._data(loaders, labels), **self.preflight_options,
                 )
         except Exception as exc:  # noqa: BLE001 - a preflight never stops training
             self.record_error("preflight", exc)
 
-    def _data(self, loaders: Sequence[Any]) -> tuple[Any, ...] | None:
+    def _data(self, loaders: Sequence[Any], labels: bool = True) -> tuple[Any, ...] | None:
         """``(X_train, y_train[, X_val, y_val])`` from the loaders, or None (recorded why)."""
         if not loaders or "data" in self.preflight_options:
             return None
@@ -151,7 +154,7 @@ class TrainingSession:
                 break
             if y is None:
                 break
-            splits += [x, y]
+            splits += [x, y if labels else None]
         return tuple(splits) if splits else None
 
     def attach(self, model: Any, optimizer: Any, *, name: str | None = None) -> None:

@@ -114,7 +114,7 @@ class _LightningHooks:
                 session.run_preflight(pl_module, batch, self.loss_fn, optimizer, loaders=_loaders(trainer))
             else:
                 session.run_preflight(training_step_view(pl_module), ((batch,), None), model_output_loss, optimizer,
-                                      loaders=_loaders(trainer))
+                                      loaders=_loaders(trainer), labels=False)
         if optimizer is None:
             session.record_error("monitor", ValueError("the Trainer has no optimizer to watch"))
             return

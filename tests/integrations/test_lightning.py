@@ -147,8 +147,10 @@ def test_preflight_without_loss_fn_uses_training_step(tmp_path):
     # the view shares the module's dicts: parameter names are the module's own
     assert {p.name for p in report.probes.grad_check.parameters} <= {n for n, _ in module.named_parameters()}
     assert report.probes.overfit_one_batch.status == "passed", report.probes.overfit_one_batch.message
-    # the data checks read the Trainer's loaders whatever the loss: raw inputs, leaks, classes
+    # the data checks read the Trainer's loaders' inputs whatever the loss (raw inputs, leaks); with no
+    # loss_fn the items' second part need not be the target (an autoencoder's digit labels): no classes
     assert report.data is not None and report.data.train.n_samples == SAMPLES and report.data.test is not None
+    assert report.data.train.class_counts == {} and report.data.train.label_kind is None
     assert report.errors == []
 
 
