@@ -135,8 +135,9 @@ def probe(
     :class:`nndx.collector.monitor.Monitor` whose ``report()`` is merged in; ``data`` is
     ``(X_train, y_train[, X_val, y_val])`` for :func:`nndx.collector.data.check_data` and
     the data probes (on the training split; labels None: the inputs only, and no label
-    probes); without it, the batch's inputs are measured (``report.data.batch``). ``progress`` shows a bar on stderr (default:
-    when stderr is a terminal or in a notebook; see nndx.collector.progress).
+    probes); without it, the batch's inputs are measured (``report.data.batch``).
+    ``progress`` shows a bar on stderr (default: when stderr is a terminal or in a
+    notebook; see nndx.collector.progress).
     """
     inner = torch_optimizer(optimizer)
     wrapped = None if inner is optimizer else (f"{type(optimizer).__name__} wraps the optimizer: the probes copy "
