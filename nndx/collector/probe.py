@@ -628,13 +628,12 @@ def _batch_inputs(setup: _Setup) -> SplitStats | None:
     ids or scales itself left out), so the input rules work from ``probe`` alone. None when
     the inputs are no array (a dict, text): that measures nothing, it fails nothing."""
     inputs = setup.batch[0]
+    # columns of the batch's own shapes: inputs no forward reads as columns give none
+    index, scaled = _model_read_columns(setup, (inputs, None)) if not setup.no_forward else ([], [])
     try:
-        train = check_data(inputs, None, progress=False).train
+        train = check_data(inputs, None, index_features=index, scaled_features=scaled, progress=False).train
     except (TypeError, ValueError):  # no array check_data can read
         return None
-    index, scaled = _model_read_columns(setup, (inputs, None)) if not setup.no_forward else ([], [])
-    if index or scaled:
-        train = check_data(inputs, None, index_features=index, scaled_features=scaled, progress=False).train
     return SplitStats(**{name: getattr(train, name) for name in _BATCH_FIELDS}) if train is not None else None
 
 
