@@ -29,6 +29,11 @@ HEAD_FALLS = 0.9
 # nndx knows, so "1% of its start" assumes a floor of 0 it cannot check: when the run's own loss
 # learned, a fall to this share in the probe shows that the model and the loss work together
 UNNAMED_FALLS = 0.75
+# a copy whose loss moved and then repeated itself to this relative tolerance for the probe's last half
+# has every gradient zero: its units died on the one batch (Adam drove a ReLU6 ranking score to 0 for
+# every document of RankNet's one query) -- when the run's own loss fell by this share, the copy
+# stopped, not the model
+FROZEN_TOLERANCE, RUN_FELL = 1e-6, 0.5
 
 
 def _probe(report: DiagnosticReport, name: str):
@@ -46,7 +51,9 @@ def _probe(report: DiagnosticReport, name: str):
     "but not to 1% — a term the floor cannot see (a KL penalty, targets that identical inputs "
     "contradict) stops healthy models there too; info as well when it fell by a tenth and most parameters "
     "are frozen trained weights (a head on a pretrained body), or by a quarter on a loss nndx cannot name "
-    "(no floor it knows) while the run's own loss learned, or fell by a tenth and the probe's as far or further.",
+    "(no floor it knows) while the run's own loss learned, or fell by a tenth and the probe's as far or further; "
+    "info too when the copy's loss moved and then froze (every gradient zero: its units died on the one batch) "
+    f"while the run's own loss fell by {RUN_FELL:.0%} or more.",
     why="Any working model/loss pair memorises one batch. Failing means a bug between the output and "
     "the loss (wrong loss, double softmax, mismatched shapes or label dtype) or in the model (dead "
     "units, detached or frozen layers, a broken backward) — not the learning rate of your own loop.",
@@ -72,12 +79,16 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
     head_only = _head_on_trained_body(report) and ratio is not None and ratio <= HEAD_FALLS
     unnamed = (ratio is not None and ratio <= UNNAMED_FALLS and _loss_unnamed(report)
                and (loss_learned(report) or _fell_as_far_as_the_run(report, ratio)) and not nearly)  # fmt: skip
+    died = _copy_died(result.losses) and loss_curve(report).n >= 6 and loss_curve(report).progress >= RUN_FELL
     return Hit(
         symptom=f"overfit_one_batch failed after {result.steps} steps"
         + (f" (the loss above its floor fell at best to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
         + (": most parameters are frozen trained weights, and a head alone need not memorise a batch" if head_only else "")
         + (f" (the loss fell at best to {ratio:.2g} of its start, not to 0.01): a loss nndx cannot name has no floor it "
-           "knows, and the run's own loss learned" if unnamed and not head_only else ""),
+           "knows, and the run's own loss learned" if unnamed and not head_only else "")
+        + (f": the copy's loss moved and then froze at {result.losses[-1]:.4g} (every gradient zero, its units died "
+           f"on the one batch) while the run's own loss fell by {loss_curve(report).progress:.0%}"
+           if died and not (nearly or head_only or unnamed) else ""),
         evidence={
             "steps": result.steps,
             "lr": result.lr,
@@ -88,10 +99,20 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
             "best_to_initial": ratio,
             "final_accuracy": result.final_accuracy,
         },
-        severity="info" if nearly or head_only or unnamed else None,
+        severity="info" if nearly or head_only or unnamed or died else None,
         score=2.0,
         next_probe="grad_check and hooks (gradient flow per layer)",
     )
+
+
+def _copy_died(losses: list[float]) -> bool:
+    """The copy's loss moved, then repeated one value for the probe's last half or more."""
+    if len(losses) < 4 or not all(map(math.isfinite, losses)):
+        return False
+    last, frozen_from = losses[-1], len(losses) - 1
+    while frozen_from > 0 and abs(losses[frozen_from - 1] - last) <= FROZEN_TOLERANCE * abs(last):
+        frozen_from -= 1
+    return 0 < frozen_from <= len(losses) // 2
 
 
 def _fell_as_far_as_the_run(report: DiagnosticReport, ratio: float) -> bool:

@@ -1124,6 +1124,30 @@ def test_a_failed_overfit_on_a_loss_nndx_cannot_name_that_fell_as_far_as_the_run
     assert severity(4.5) == "warning"
 
 
+def test_a_failed_overfit_whose_copy_died_while_the_run_learned_is_context():
+    """RankNet (Adam, ReLU6 score): on its one query the copy's every score went to 0 within
+    three steps, the loss froze at ln 2 for the remaining 297, while the run's own loss fell by
+    72% over many queries. The copy stopped, not the model: info. A run that did not learn, or a
+    copy that never moved (dead at any LR), still warns."""
+    from nndx.report import OverfitResult
+
+    from .reports import flat, healthy_probes, points
+
+    died = [0.7128, 0.7051, 0.6981] + [0.693147] * 298
+    never_moved = [0.693147] * 301
+
+    def severity(losses: list[float], run: list[float]) -> str | None:
+        result = OverfitResult(status="failed", steps=300, initial_loss=losses[0], final_loss=losses[-1], losses=losses)
+        report = BASE.model_copy(update={"probes": healthy_probes(overfit_one_batch=result),
+                                         "loss_history": {"train": points(run)}})  # fmt: skip
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX601"), None)
+
+    learned = [0.65 * math.exp(-i / 60) + 0.18 for i in range(300)]
+    assert severity(died, learned) == "info"
+    assert severity(died, flat(0, level=0.69)) == "warning"
+    assert severity(never_moved, learned) == "warning"
+
+
 def test_units_zero_on_a_batch_of_one_sample_are_not_dead():
     """An n-gram model trained one context at a time: the probes' batch is that one context,
     on which half of a live ReLU layer is zero, so "zero for every sample". Counted over at
