@@ -128,8 +128,9 @@ def activation_kind(name: str | None) -> ActivationKind | None:
 
 
 # Normalisation and regularisation layers, by module class name (subclasses such as
-# SyncBatchNorm or LazyBatchNorm2d are matched by the collector with isinstance).
-BATCHNORM_NAMES = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm",
+# SyncBatchNorm or LazyBatchNorm2d are matched by the collector with isinstance; a BatchNorm
+# written by hand by its name, d2l's ``BatchNorm``, or by its running statistics).
+BATCHNORM_NAMES = frozenset({"BatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm",
                              "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"})  # fmt: skip
 NORMALIZATION_NAMES = BATCHNORM_NAMES | frozenset({
     "LayerNorm", "GroupNorm", "RMSNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LocalResponseNorm",

@@ -126,9 +126,17 @@ def is_activation(module: nn.Module) -> bool:
     return isinstance(module, ACTIVATION_TYPES)
 
 
+def is_batchnorm(module: nn.Module) -> bool:
+    """A torch BatchNorm, or one written by hand (makemore's, d2l's): a module named like one, or
+    keeping running mean and variance tensors. Either normalises a batch by its own statistics."""
+    if isinstance(module, BATCHNORM_TYPES) or type(module).__name__ in vocab.BATCHNORM_NAMES:
+        return True
+    return all(isinstance(getattr(module, name, None), torch.Tensor) for name in ("running_mean", "running_var"))
+
+
 def has_batchnorm(model: nn.Module) -> bool:
     """Whether a forward in train mode moves running statistics and mixes the batch."""
-    return any(isinstance(m, BATCHNORM_TYPES) for m in model.modules())
+    return any(is_batchnorm(m) for m in model.modules())
 
 
 def has_dropout(model: nn.Module) -> bool:
@@ -847,7 +855,8 @@ def summarize_model(model: nn.Module, forward_order: list[str] | None = None) ->
         activations=[type(m).__name__ for _, m in leaves if is_activation(m)],
         last_layer=type(last).__name__ if last is not None else None,
         output_activation=type(last).__name__ if last is not None and is_activation(last) else None,
-        normalization_layers=[type(m).__name__ for _, m in leaves if isinstance(m, NORMALIZATION_TYPES)],
+        normalization_layers=[type(m).__name__ for _, m in leaves
+                              if isinstance(m, NORMALIZATION_TYPES) or is_batchnorm(m)],  # fmt: skip
         has_dropout=has_dropout(model),
         has_batchnorm=has_batchnorm(model),
     )

@@ -90,6 +90,35 @@ def test_summarize_model():
     assert [n for n, _ in watched_modules(nn.Sequential(nn.Linear(2, 2), nn.Dropout()))] == ["0"]
 
 
+def test_a_batchnorm_written_by_hand_is_a_batchnorm():
+    """makemore part 3 writes its BatchNorm1d by hand (batch mean and variance, running buffers);
+    d2l's ``BatchNorm`` keeps plain tensors. Both normalise a batch by its own statistics: a batch
+    of two through them is noise (NNDX311), as through torch's. A LayerNorm-like module is not."""
+
+    class HandBatchNorm(nn.Module):
+        def __init__(self, dim: int) -> None:
+            super().__init__()
+            self.gamma, self.beta = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim))
+            self.register_buffer("running_mean", torch.zeros(dim))
+            self.register_buffer("running_var", torch.ones(dim))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.gamma * (x - x.mean(0)) / (x.var(0) + 1e-5).sqrt() + self.beta
+
+    class BatchNorm(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x - x.mean(0)) / (x.var(0) + 1e-5).sqrt()
+
+    class Normalize(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1e-5)
+
+    for norm in (HandBatchNorm(4), BatchNorm()):
+        summary = summarize_model(nn.Sequential(nn.Linear(4, 4), norm, nn.Tanh(), nn.Linear(4, 2)))
+        assert summary.has_batchnorm and summary.normalization_layers == [type(norm).__name__]
+    assert not summarize_model(nn.Sequential(nn.Linear(4, 4), Normalize(), nn.Linear(4, 2))).has_batchnorm
+
+
 class Residual(nn.Module):
     """Same-shaped layers (one statistics batch), an in-place ReLU after a Linear and an
     in-place residual add after a Linear: the recorded statistics must be those of each

@@ -54,7 +54,7 @@ from nndx.collector._common import (
 )
 from nndx.collector.probes import ProbeSpec
 from nndx.collector.probes._observe import ForwardObserver
-from nndx.collector.stats import BATCHNORM_TYPES, has_batchnorm, has_dropout
+from nndx.collector.stats import has_batchnorm, has_dropout, is_batchnorm
 from nndx.report import EvalModeResult
 
 SEEDS = (1, 2)
@@ -122,7 +122,7 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
 def _batch_statistics(model: nn.Module) -> bool:
     """Whether a batch-norm module normalises with the batch's statistics in the current
     mode: in train mode, or always when it keeps no running statistics."""
-    return any(isinstance(m, BATCHNORM_TYPES) and (m.training or not m.track_running_stats)
+    return any(is_batchnorm(m) and (m.training or not getattr(m, "track_running_stats", True))
                for m in nn.Module.modules(model))  # fmt: skip
 
 
