@@ -857,7 +857,8 @@ CONVERGED_PROGRESS = 0.9  # a loss that fell by this share of its start fit its 
     f"info too when each step averages over {DENSE_TARGETS} targets or more (a few images in "
     "super-resolution or segmentation, a few long sequences): there the swings are the samples' "
     "differences, and a small batch is a common, deliberate choice; when the loss fell by "
-    f"{CONVERGED_PROGRESS:.0%} of its start or more: the run fit its data at that batch size. Silent at a "
+    f"{CONVERGED_PROGRESS:.0%} of its start or more: the run fit its data at that batch size (those three "
+    "explain no other finding). Silent at a "
     "batch of one sample without BatchNorm: online training is a design (models written for one sequence "
     "at a time), not a slip, so it is no candidate cause of what the run gets wrong; that shows in other "
     "evidence (a swinging loss there is read as the LR's, as at any batch size).",
@@ -888,7 +889,7 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     evidence = {"batch_size": size, "targets_per_step": targets}
     if curve.n < 10:  # a preflight: the batch is all there is to see
         return Hit(severity="info", symptom=f"the probes were given a batch of {size}: if training uses batches "
-                   "this small, each step follows mostly noise", evidence=evidence, score=1.0)  # fmt: skip
+                   "this small, each step follows mostly noise", evidence=evidence, score=1.0, refuted=True)  # fmt: skip
     # BatchNorm in training normalises each batch by its own statistics: of a few samples they
     # are noise, whatever the loss curve shows
     batchnorm = bool(report.loop and report.loop.has_batchnorm) or bool(report.model and report.model.has_batchnorm)
@@ -914,6 +915,7 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
         evidence=evidence | {"relative_swing": curve.multiplicative_noise, "relative_progress": curve.progress},
         severity="info" if dense or fitted else None,
         score=(1.0 + curve.multiplicative_noise) / (2 if dense or fitted else 1),
+        refuted=dense or fitted,  # a deliberate size, or one the run fit its data at: it roots nothing
     )
 
 

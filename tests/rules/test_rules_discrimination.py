@@ -984,6 +984,25 @@ def test_batches_of_two_through_batchnorm_are_too_small_even_when_the_loss_looks
     assert severity(batchnorm=True, history=False) == "info"
 
 
+def test_updates_blown_up_through_batchnorm_over_two_samples_fold_under_the_batch():
+    """makemore part 3 with a batch of two: BatchNorm divides by the spread of two samples, and
+    at the LR batch 32 trains at the updates blow up (ratio 3) and the loss goes to NaN. The
+    batch is the root, the update ratio its symptom; the same updates at batch 32, or at batch 2
+    with no BatchNorm, stay an LR finding."""
+    from nndx.report import LossCall
+
+    from .broken import network_killed_by_lr
+
+    def top(batch: int, batchnorm: bool) -> str:
+        call = LossCall(loss_type="CrossEntropyLoss", output_shape=[batch, 27], target_shape=[batch],
+                        target_dtype="int64", calls=80)  # fmt: skip
+        return diagnose(with_loop(network_killed_by_lr(), loss_calls=[call], has_batchnorm=batchnorm)).top().rule_id
+
+    assert top(2, batchnorm=True) == "NNDX311"
+    assert top(32, batchnorm=True) == "NNDX205"
+    assert top(2, batchnorm=False) == "NNDX205"
+
+
 def test_training_in_eval_mode_vs_eval_mode_that_changes_nothing():
     """NNDX323 reads backward passes after eval-mode forwards: a model whose mode matters,
     most of training; not a few stray ones, nor a model without dropout or batch-norm."""
