@@ -158,6 +158,36 @@ def main() -> None:
                     f"yes ({', '.join(healthy)})" if healthy else "no"]  # fmt: skip
             line += [f"yes ({', '.join(faulty)})" if faulty else "NO" for _, _, faulty in cells[1:]]
             print("| " + " | ".join(line) + " |", flush=True)
+    localisation()
+
+
+class Branches(nn.Module):
+    """``width`` parallel Linear layers summed, one with a scaled backward: every tensor's
+    gradient of one size, so only the localisation's cost grows with the tensor count."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList(CustomLinear(10, 16, "scaled" if i == width * 2 // 3 else None)
+                                      for i in range(width))  # fmt: skip
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(sum(branch(x) for branch in self.branches) / 4))
+
+
+def localisation() -> None:
+    """Forwards to name the one faulty tensor as the tensor count grows: nndx halves the tensors
+    whose confined check is not clean; checking them one by one (as nndx did before 2026-12-06)
+    takes at least 3 directions x 2 forwards per tensor."""
+    print("\nlocalising one wrong backward among n tensors (nndx directional, 3 directions)\n")
+    print("| tensors | forwards (nndx, halving) | one by one: at least | ratio | named |")
+    print("|---|---|---|---|---|")
+    for width in (4, 16, 32):
+        torch.manual_seed(0)
+        result = grad_check(Branches(width), data(), LOSS)
+        tensors, one_by_one, forwards = len(result.parameters), 3 * 2 * len(result.parameters), result.forward_passes
+        named = ", ".join(p.name for p in result.parameters if p.status == "bug") or "NONE"
+        print(f"| {tensors} | {forwards} | {one_by_one} | {one_by_one / forwards:.1f}x | {named} |", flush=True)
 
 
 if __name__ == "__main__":
