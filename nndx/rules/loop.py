@@ -447,6 +447,11 @@ DECAYED_SHARE = 0.8
 ZERO_LR_RECORDS = 3  # an LR of exactly 0 at this many recorded steps and every other
 ZERO_SHARE = 0.1  # an LR of exactly 0 at this share of the recorded steps (a warm-up from 0 has one)
 ASCENT_ROW = 3  # measured step sizes below zero in a row: an LR that turned negative, not an overshoot
+# a schedule that decayed gradually (no two recorded LRs more than GRADUAL apart: a cosine or linear
+# decay, not a step decay's or a plateau's cuts) to a floor at or under FLOOR_AT of its peak, and held
+# it for the last FLOOR_SHARE of the run or more, was read faster than it was sized (Swin's
+# step_update per micro-batch ran its cosine out at half the run); recipes cool down for a few percent
+FLOOR_AT, FLOOR_SHARE, GRADUAL = 0.1, 0.4, 1.5
 
 
 @rule(
@@ -469,7 +474,10 @@ ASCENT_ROW = 3  # measured step sizes below zero in a row: an LR that turned neg
     f"an LR at or under {DECAYED:g} of its peak from the first {DECAYED_BY:.0%} of the recorded steps on, for "
     f"{DECAYED_SHARE:.0%} of them or more (MultiStepLR's milestones in epochs reached in the first batches; info "
     f"when the loss still learned); or an LR of exactly 0 at {ZERO_SHARE:.0%} of the recorded steps or more, two at "
-    "least (a per-iteration schedule read at the epoch; info when the loss still learned). "
+    "least (a per-iteration schedule read at the epoch; info when the loss still learned); or an LR that decayed "
+    f"gradually (no two records more than {GRADUAL:g}x apart: a cosine or linear decay, not a step decay's cuts) to a "
+    f"floor at or under {FLOOR_AT:g} of its peak and held it for the last {FLOOR_SHARE:.0%} of the recorded steps or "
+    "more (a schedule stepped per micro-batch, or sized for a shorter run, runs out early). "
     "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
     "most, so they do not fire; warm restarts jump back to the peak in one step, a cyclic LR stays above 10%.",
     why="A per-epoch schedule (StepLR, ExponentialLR) stepped every batch decays the LR to ~0 within "
@@ -560,6 +568,18 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
         # beside the model's StepLR stepped every batch): judged per group, when it ends collapsed
         hidden = None if measured else _collapsed_group(history)
         if hidden is None:
+            floored = [] if measured else _floored(lrs, peak)
+            if floored:
+                return Hit(
+                    symptom=f"the learning rate decayed to its floor {lrs[-1]:.3g} ({lrs[-1] / peak:.2g} of its "
+                    f"peak) by step {history[floored[0]].step} and stayed there for the last "
+                    f"{len(floored) / len(lrs):.0%} of the run: a schedule read faster than it was sized (stepped per "
+                    "micro-batch, or sized for a shorter run)",
+                    evidence={"lr_peak": peak, "lr_final": lrs[-1], "floor_share": len(floored) / len(lrs),
+                              "floor_from_step": history[floored[0]].step},  # fmt: skip
+                    score=1.0 + len(floored) / len(lrs),
+                    step=history[floored[0]].step,
+                )
             return None
         group, lrs, peak, collapsed = hidden
         share = len(collapsed) / len(lrs)
@@ -599,6 +619,25 @@ def _decayed_early(lrs: list[float], peak: float) -> list[int]:
     low = [i for i, lr in enumerate(lrs) if lr <= DECAYED * peak]
     early = low and low[0] < DECAYED_BY * len(lrs) and len(low) >= DECAYED_SHARE * len(lrs)
     return low if early else []
+
+
+def _floored(lrs: list[float], peak: float) -> list[int]:
+    """Indices of the run's flat tail at the schedule's floor (0 < floor <= FLOOR_AT of the peak),
+    when it holds for FLOOR_SHARE of the run or more and a gradual decay led there from the peak;
+    else none."""
+    floor = lrs[-1]
+    if not 0 < floor <= FLOOR_AT * peak:
+        return []
+    start = len(lrs) - 1
+    while start > 0 and abs(lrs[start - 1] - floor) <= 1e-6 * floor:
+        start -= 1
+    tops = [i for i in range(start) if lrs[i] >= 0.9 * peak]
+    if len(lrs) - start < FLOOR_SHARE * len(lrs) or not tops:
+        return []
+    decay = lrs[tops[-1] : start + 1]
+    if len(decay) < 4 or any(a > GRADUAL * b for a, b in zip(decay, decay[1:])):
+        return []
+    return list(range(start, len(lrs)))
 
 
 def _collapsed(lrs: list[float], peak: float) -> list[int]:
@@ -889,7 +928,8 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     evidence = {"batch_size": size, "targets_per_step": targets}
     if curve.n < 10:  # a preflight: the batch is all there is to see
         return Hit(severity="info", symptom=f"the probes were given a batch of {size}: if training uses batches "
-                   "this small, each step follows mostly noise", evidence=evidence, score=1.0, refuted=True)  # fmt: skip
+                   "this small, each step follows mostly noise", evidence=evidence, score=1.0,
+                   refuted=True)  # fmt: skip
     # BatchNorm in training normalises each batch by its own statistics: of a few samples they
     # are noise, whatever the loss curve shows
     batchnorm = bool(report.loop and report.loop.has_batchnorm) or bool(report.model and report.model.has_batchnorm)

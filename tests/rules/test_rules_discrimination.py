@@ -1298,6 +1298,30 @@ def test_mildly_scaled_inputs_in_a_run_that_learned_are_context():
     assert severity(60.0) == "warning"
 
 
+def test_a_schedule_that_runs_out_at_half_the_run_and_sits_at_its_floor_is_misused():
+    """Swin's step_update(epoch * num_steps + idx) without ``// accumulation_steps``: its cosine
+    (warm-up, then down to lr_min = base / 100, then held) is read at twice the update count and
+    runs out at half the run. The same cosine sized to the run, a step decay whose last stage
+    is long, and a short cool-down at the floor are recipes."""
+    import math
+
+    from nndx.report import LRPoint
+
+    def cosine(sized: int, steps: int = 400, floor: float = 0.01, warmup: int = 20) -> list[float]:
+        return [min(1.0, (i + 1) / warmup) if i < warmup else
+                floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, (i - warmup) / (sized - warmup))))
+                for i in range(steps)]  # fmt: skip
+
+    def found(lrs: list[float]) -> bool:
+        return "NNDX307" in _found(with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]))
+
+    assert found(cosine(sized=200))  # read twice as fast: the floor from step 200 of 400
+    assert not found(cosine(sized=400))
+    assert not found(cosine(sized=380))  # a cool-down of 5% at the floor
+    assert not found(cosine(sized=200, floor=0.3))  # a floor that high still trains
+    assert not found([1.0] * 100 + [0.1] * 100 + [0.01] * 200)  # a step decay whose last stage is half the run
+
+
 def test_a_cosine_schedule_sized_in_epochs_and_stepped_per_batch_cycles():
     """kuangliu/pytorch-cifar's CosineAnnealingLR(T_max=epochs) stepped every batch: the LR
     climbs back to its peak every 2 * T_max batches. Warm restarts (a jump back), a cyclic
