@@ -22,6 +22,9 @@ CHANCE_DISAGREEMENT = 0.9
 # 300 Adam steps barely learns (dead units, no gradient, a loss that cannot reach its floor): NNDX601
 # warns; below this share it nearly fits, and says so as info
 BARELY_LEARNS = 0.5
+# a gradient within this share of the finite differences in every tensor is right in direction and
+# size: no wrong step follows from it (NNDX604 warns, or notes when the run learned)
+NEARLY_RIGHT = 1e-2
 # a head on a frozen trained body fits a batch only as far as the body's features allow: a fall of a
 # tenth shows that the head and the loss work together
 HEAD_FALLS = 0.9
@@ -254,7 +257,10 @@ def lr_below_range(report: DiagnosticReport) -> Hit | None:
     "with a smaller step and marks what it cannot resolve 'suspect', which does not fire; so is a "
     "disagreement where every backward node is torch's own derivative (no custom autograd.Function, hook, "
     ".data or detach in the forward): that is the forward's rounding (log(1 - sigmoid(x)) at large x). "
-    "Non-finite errors (weights already NaN) are no evidence and do not fire.",
+    "Non-finite errors (weights already NaN) are no evidence and do not fire. A warning when every "
+    f"tensor's error is under {NEARLY_RIGHT:g} (each gradient 99% right: no wrong step follows from it), info "
+    "when the run's loss also learned: a term added in a backward on purpose is that small (RWKV's L2Wrap "
+    "pushes the logits toward 0 by 1e-4 of their maximum: 0.15%).",
     why="A custom autograd.Function with a wrong backward trains on wrong gradients; nothing errors.",
     fix="Fix the backward of the named parameter's custom Function (transposes and scale factors are "
     "the usual suspects); re-run the gradient check.",
@@ -276,14 +282,18 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
         if not bad:
             return None
         worst = max(p.relative_error for p in bad)
+    small = worst < NEARLY_RIGHT
     return Hit(
-        symptom="gradient check failed" + (f" for {', '.join(p.name for p in bad[:5])}" if bad else ""),
+        symptom="gradient check failed" + (f" for {', '.join(p.name for p in bad[:5])}" if bad else "")
+        + (f", by at most {worst:.2g} of the gradient: a term added in a backward on purpose is that small"
+           + (", and the run's loss learned" if loss_learned(report) else "") if small else ""),
         evidence={
             "max_relative_error": result.max_relative_error,
             "parameters": [p.name for p in bad],
             "relative_errors": [p.relative_error for p in bad],
             "mode": result.mode,
         },
+        severity=("info" if loss_learned(report) else "warning") if small else None,
         score=3.0 + min(2.0, math.log10(max(worst, 1e-3) / 1e-3)),
     )
 
