@@ -80,10 +80,16 @@ def global_draws() -> tuple[Any, ...]:
 def optimizer_step(optimizer: torch.optim.Optimizer, loss_again: Callable[[], torch.Tensor]) -> None:
     """``optimizer.step()`` on a probe's copy; an optimizer whose step needs a closure
     (L-BFGS re-evaluates the loss several times per step) gets one that recomputes the
-    loss and its gradients with ``loss_again``."""
+    loss and its gradients with ``loss_again``; so does one that refuses to step without the
+    closure it declares optional (davda54/sam's SAM asserts one: it evaluates the gradient at
+    a perturbed point)."""
     if not _needs_closure(optimizer):
-        optimizer.step()
-        return
+        try:
+            optimizer.step()
+            return
+        except (AssertionError, RuntimeError, TypeError, ValueError) as exc:
+            if "closure" not in str(exc).lower():
+                raise
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)

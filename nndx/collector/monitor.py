@@ -173,6 +173,7 @@ class Monitor:
         self._closed = False
         self._backward = BackwardPasses(self._event("on_backward_start"), self._guard("backward_end", self._on_backward_end))
         self.hooks = Hooks()
+        self._stepping: torch.optim.Optimizer | None = None  # the optimizer whose step is under way
         self._attach()
 
     def __enter__(self) -> Monitor:
@@ -204,8 +205,11 @@ class Monitor:
             hooks.add(f"layers of model {name!r}", lambda m=m: [
                 c.register_forward_pre_hook(lambda _c, _args, m=m: layer_forward(m)) for c in m.children()])
         for i, o in enumerate(watched.optimizers):
-            hooks.add(f"optimizer {i}", lambda o=o: [o.register_step_pre_hook(self._guard("step_pre", self._on_step_begin)),
-                                                     o.register_step_post_hook(self._on_step_end)])  # fmt: skip
+            step_pre = self._guard("step_pre", partial(self._step_pre, o))
+            for stepped in (o, *_inner_optimizers(o)):
+                hooks.add(f"optimizer {i}" + (f" ({type(stepped).__name__} inside it)" if stepped is not o else ""),
+                          lambda s=stepped, pre=step_pre: [s.register_step_pre_hook(pre),
+                                                           s.register_step_post_hook(self._step_post)])  # fmt: skip
         for owner in [*watched.optimizers, *watched.models.values()]:
             hooks.add(f"{type(owner).__name__}.zero_grad", lambda o=owner: hooks.patch_zero_grad(o, self, partial(self._event("on_zero_grad"), o)) or [])
         if watched.manual:  # clipping between backward and a gradient reset is otherwise unseen
@@ -255,6 +259,21 @@ class Monitor:
         self._dispatch("on_backward_end")
         if self._updates is not None:
             self._updates.arm()
+
+    def _step_pre(self, watched: torch.optim.Optimizer, stepped: torch.optim.Optimizer, *_: Any) -> None:
+        """A step begins at the outermost optimizer stepped: a wrapper's own step (SAM's, with a
+        closure) or, when the loop steps the inner one itself (SAM's first_step/second_step
+        around ``base_optimizer.step()``), the inner one's. Either counts once."""
+        if self._stepping is not None and self._stepping is not stepped:
+            return
+        self._stepping = stepped
+        self._on_step_begin(watched)
+
+    def _step_post(self, stepped: torch.optim.Optimizer, *_: Any) -> None:
+        if self._stepping is not stepped:
+            return
+        self._stepping = None
+        self._on_step_end()
 
     def _on_step_begin(self, optimizer: torch.optim.Optimizer | None, *_: Any) -> None:
         self.ctx.optimizer = optimizer
@@ -362,3 +381,9 @@ def _check_options(every: Any, loss_fn: Any, checksum_every: int) -> None:
         raise TypeError("loss_fn must be callable (e.g. nn.CrossEntropyLoss())")
     if checksum_every < 1:
         raise ValueError(f"checksum_every must be >= 1, got {checksum_every!r}")
+
+
+def _inner_optimizers(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """Optimizers a wrapper holds as attributes (SAM's ``base_optimizer``, Lookahead's
+    ``optimizer``): a loop may step those directly and never the wrapper."""
+    return [v for v in vars(optimizer).values() if isinstance(v, torch.optim.Optimizer) and v is not optimizer]

@@ -179,6 +179,78 @@ def test_optimizer_step_never_called_fires_live_and_in_the_report():
     assert "NNDX321" in {f.rule_id for f in mon.findings}
 
 
+class SAM(torch.optim.Optimizer):
+    """Sharpness-aware minimisation as davda54/sam writes it: a wrapper sharing its base optimizer's
+    param groups, whose ``step`` asserts a closure it declares optional; the example's loop calls
+    ``first_step`` / ``second_step`` and never ``step``."""
+
+    def __init__(self, params, base_optimizer, rho=0.05, **kwargs):
+        super().__init__(params, dict(rho=rho, **kwargs))
+        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
+        self.param_groups = self.base_optimizer.param_groups
+
+    @torch.no_grad()
+    def first_step(self, zero_grad=False):
+        norm = torch.norm(torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"] if p.grad is not None]))
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.state[p]["old_p"] = p.data.clone()
+                    p.add_(p.grad * group["rho"] / (norm + 1e-12))
+        if zero_grad:
+            self.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self, zero_grad=False):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if "old_p" in self.state[p]:
+                    p.data = self.state[p]["old_p"]
+        self.base_optimizer.step()
+        if zero_grad:
+            self.zero_grad()
+
+    def step(self, closure=None):
+        assert closure is not None, "Sharpness Aware Minimization requires closure, but it was not provided"
+        self.first_step(zero_grad=True)
+        torch.enable_grad()(closure)()
+        self.second_step()
+
+
+@pytest.mark.parametrize("stepped", ["first_and_second_step", "step_with_closure"])
+def test_an_optimizer_wrapper_stepped_through_its_inner_optimizer_counts_each_step_once(stepped):
+    """davda54/sam's example never calls SAM.step(): its second_step calls base_optimizer.step().
+    Hooked on the wrapper alone, 192 backward passes made "0 optimizer steps" (NNDX321, error) on a
+    run that trained to 90%. Either way of stepping counts once per step, and nothing fires."""
+    model = mlp()
+    opt = SAM(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+    x, y = data()
+    with Monitor(model, opt, every=1) as mon:
+        for _ in range(STEPS):
+            if stepped == "first_and_second_step":
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.first_step(zero_grad=True)
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.second_step(zero_grad=True)
+            else:
+                def closure():
+                    value = nn.functional.cross_entropy(model(x), y)
+                    value.backward()
+                    return value
+
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step(closure)
+                opt.zero_grad()
+            mon.log(loss)
+    assert mon.steps == STEPS
+    report = mon.report()
+    assert report.loop.steps == STEPS and report.loop.backward_calls == 2 * STEPS
+    assert not fired(report, "NNDX321")
+    assert hook_count(opt, opt.base_optimizer) == 0  # every hook removed
+
+
 def test_parameters_behind_dead_units_are_unchanged_without_blaming_the_optimizer():
     """Behind a ReLU dead for every sample the gradients are exactly zero, so those
     parameters never move: the dead units are the cause (NNDX201), not an update that

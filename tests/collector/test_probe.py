@@ -324,6 +324,22 @@ def test_an_optimizer_whose_step_needs_a_closure_is_probed_with_one():
     assert report.parameters and all(p.update_ratio is not None for p in report.parameters)
 
 
+def test_an_optimizer_that_asserts_a_closure_it_declares_optional_is_probed_with_one():
+    """davda54/sam's SAM.step(closure=None) asserts that a closure was given: the hooks and LR
+    range probes raised AssertionError on every run. A step that refuses to run without a closure
+    gets one; SAM's own two passes then run on the copy."""
+    from test_monitor_loops import SAM
+
+    model = mlp()
+    optimizer = SAM(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+    before = snapshot(model, optimizer)
+    report = nndx.probe(model, batch(), nn.CrossEntropyLoss(), optimizer=optimizer, **FAST)
+    assert_untouched(before, model, optimizer)
+    assert report.errors == []
+    assert report.probes.lr_range.status == "passed"
+    assert report.parameters and all(p.update_ratio is not None for p in report.parameters)
+
+
 def test_a_dataloader_gives_its_first_batch_and_the_report_says_so():
     from torch.utils.data import DataLoader, TensorDataset
 
