@@ -206,4 +206,8 @@ PROGRAMS = (
     "mixmatch",
     "densenet",
     "swin",
+    "sam",
+    "swa",
+    "accelerate_nlp",
+    "rwkv",
 )
