@@ -472,7 +472,8 @@ MIN_BASE_STD = 1e-4
     detects="At the first recorded step: a hidden layer whose outputs have zero spread across the batch "
     "(constant or symmetric weights; not a softmax, uniform over equal scores at the start; nor a layer whose zero "
     "weights have a gradient: Glow's ZeroConv2d and ControlNet's zero convolutions start a branch as nothing, and "
-    "the first step moves them), a non-final weight matrix of norm 0 and no gradient to move it (not where the "
+    "the first step moves them; nor one inside a residual branch whose last layer starts at zero: RWKV's time-mix "
+    "zeros its key, receptance and output, and they move once the output has), a non-final weight matrix of norm 0 and no gradient to move it (not where the "
     "layer ends a residual branch, whose output is added to the stream: ResNet's zero_init_residual starts each "
     "block as the identity; nor a zero factor whose partner is random, as LoRA's B, which its gradient moves, or "
     "in a module whose zero weights have a gradient: ZeroConv2d's scale), "
@@ -495,6 +496,7 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
     first_step = min(((p.step or 0) for p in weights), default=0)
     at_start = [p for p in weights if (p.step or 0) == first_step]
     moving_zeros = _moving_zero_modules(at_start)
+    zero_branches = _zero_branches(at_start, residual_ends)
     steps = layer_steps(report)
     if steps:
         first = [s for s in steps[0] if s.activation is not None and math.isfinite(s.activation.std)]
@@ -507,7 +509,8 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
                 # a softmax of equal scores is uniform at the start (attention before it learned anything)
                 uniform = (kind := vocab.activation_kind(layer.type)) is not None and kind.over_classes
                 # a zero branch adds nothing (the identity); zero weights their gradient moves are a deliberate start
-                deliberate = layer.name in residual_ends or layer.name in moving_zeros
+                deliberate = (layer.name in residual_ends or layer.name in moving_zeros
+                              or _inside(layer.name, zero_branches))  # fmt: skip
                 if act.std == 0.0 and act.unit_count >= 2 and layer.type not in RELU_TYPES and not upstream_dead and (
                         not deliberate) and not uniform:  # fmt: skip
                     hits.append(
@@ -545,7 +548,7 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
         # or a zero factor beside a zero weight of its own module that moves (Glow's ZeroConv2d: its scale
         # gets a gradient once the conv's weights left zero)
         moves = owner in moving_zeros or owner.rpartition(".")[0] in moving_zeros
-        if param.weight_norm == 0.0 and owner not in residual_ends and not moves:
+        if param.weight_norm == 0.0 and owner not in residual_ends and not moves and not _inside(owner, zero_branches):
             hits.append(
                 Hit(
                     symptom=f"weight {param.name} is all zeros",
@@ -558,6 +561,26 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
     return hits
 
 
+def _zero_branches(at_start: list, residual_ends: set[str]) -> set[str]:
+    """The modules holding a residual branch whose last layer starts at zero (RWKV's time- and
+    channel-mix blocks, whose output, key and receptance weights are all initialised to 0): such a
+    branch starts as nothing on purpose, and its inner zeros get a gradient once its end moved."""
+    zero = {p.name.rpartition(".")[0] for p in at_start if _started_at_zero(p)}
+    return {name.rpartition(".")[0] for name in residual_ends & zero} - {""}
+
+
+def _started_at_zero(param) -> bool:
+    """All zeros at its first record, or recorded after a step whose update was the whole weight
+    (||dw|| / ||w|| = 1): zero before it."""
+    return param.weight_norm == 0.0 or (param.update_ratio is not None and abs(param.update_ratio - 1.0) <= 1e-6)
+
+
+def _inside(name: str, modules: set[str]) -> bool:
+    """Whether the layer (or functional op: ``blocks.0.att.forward:sigmoid#0``) ``name`` lies in one of ``modules``."""
+    path = name.split(".forward:")[0]
+    return any(path == module or path.startswith(module + ".") for module in modules)
+
+
 def _moving_zero_modules(at_start: list) -> set[str]:
     """Modules, and the modules holding them, with a weight matrix that is all zeros at the first
     recorded step (``at_start``: its weight records) and has a gradient there: zero-initialised on
@@ -567,9 +590,7 @@ def _moving_zero_modules(at_start: list) -> set[str]:
     names: set[str] = set()
     for param in at_start:
         moves = param.grad_norm is not None and math.isfinite(param.grad_norm) and param.grad_norm > 0
-        # recorded after the step: the update is the whole weight (||dw|| / ||w|| = 1), so it was zero before
-        whole = param.update_ratio is not None and abs(param.update_ratio - 1.0) <= 1e-6
-        if (param.weight_norm == 0.0 or whole) and moves:
+        if _started_at_zero(param) and moves:
             owner = param.name.rpartition(".")[0]
             names |= {owner, owner.rpartition(".")[0]}
     return names - {""}

@@ -155,6 +155,35 @@ def test_a_zero_initialised_residual_branch_is_the_identity_not_a_bad_init(digit
     assert bool(findings) == (not residual), [f.symptom for f in findings]
 
 
+class Mix(nn.Module):
+    """RWKV-v4's time-mix as a branch: key, receptance and output initialised to zero (its
+    ``scale_init = 0``), so the block starts as nothing added; the gate sigmoid(r) is then 0.5
+    for every sample. With ``residual=False`` nothing is added to the zero output: a dead layer."""
+
+    def __init__(self, residual: bool) -> None:
+        super().__init__()
+        self.residual = residual
+        self.key, self.value = nn.Linear(32, 32, bias=False), nn.Linear(32, 32, bias=False)
+        self.receptance, self.output = nn.Linear(32, 32, bias=False), nn.Linear(32, 32, bias=False)
+        for layer in (self.key, self.receptance, self.output):
+            nn.init.zeros_(layer.weight)
+
+    def forward(self, x):
+        k = self.key(x)
+        out = self.output(torch.sigmoid(self.receptance(x)) * torch.tanh(k + self.value(x)))
+        return x + out if self.residual else out
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_zero_layers_inside_a_residual_branch_that_starts_at_zero_are_no_bad_init(digits, residual):
+    """RWKV's healthy run got ten BAD_INIT warnings for the zeros inside its time-mix blocks, whose
+    output layer starts at zero on purpose: once it moves, they get their gradient."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), Mix(residual), nn.LayerNorm(32), Mix(residual), nn.Linear(32, 10))
+    findings = probe_findings(model, digits[0][:128], digits[1][:128])
+    assert bool(findings) == (not residual), [f.symptom for f in findings]
+
+
 class LoRALinear(nn.Module):
     """loralib's Linear: a frozen base plus scaling * B @ A, B zero-initialised so that the
     adapter starts as nothing added (A random: B gets a gradient at the first step); with
