@@ -367,6 +367,10 @@ def _limitations(watched: Watched) -> list[str]:
                    "the learning rate is unknown")  # fmt: skip
     if not watched.params:
         out.append("no trainable parameters: backward passes and updates cannot be seen")
+    if watched.complex_params:
+        names = ", ".join(watched.complex_params[:3]) + (", ..." if len(watched.complex_params) > 3 else "")
+        out.append(f"{len(watched.complex_params)} complex parameter tensors not watched ({names}): their updates, "
+                   "gradient norms and statistics are not in the report")
     for wrapper in watched.wrappers:
         out.append(f"{wrapper} wraps the optimizer watched: the learning rate recorded is the inner optimizer's, "
                    "which the wrapper may scale per parameter (LARC's trust ratio)")

@@ -758,7 +758,8 @@ def parameter_records(
     norm is one foreach call over all parameters, not an op per parameter;
     :func:`reference_update_ratio` is the ratio, plainly. ``grads_before``: samples of the
     gradients the update was made from (the same elements as ``before``), for each record's
-    ``descent``."""
+    ``descent``. Complex parameters (a Fourier layer's weights) are left out: every statistic here is real."""
+    named = [(n, p) for n, p in named if not p.is_complex()]
     if not named:
         return Pending(torch.empty(0, dtype=torch.float64), lambda _: [])
     device = named[0][1].device

@@ -251,6 +251,37 @@ def test_an_optimizer_wrapper_stepped_through_its_inner_optimizer_counts_each_st
     assert hook_count(opt, opt.base_optimizer) == 0  # every hook removed
 
 
+def test_complex_parameters_are_a_limitation_not_an_exception():
+    """FNO's SpectralConv1d keeps complex weights: every real-valued norm raised, and the Monitor
+    refused to attach (in a script, an exception in the user's loop). The complex tensors are left
+    out, said so, and the rest of the model is watched."""
+
+    class Spectral(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = nn.Parameter(torch.randn(8, 8, 5, dtype=torch.cfloat) / 8)
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mixed = torch.einsum("bix,iox->box", torch.fft.rfft(x), self.weights)
+            return self.head(torch.fft.irfft(mixed, n=x.size(-1)).mean(-1))
+
+    model = Spectral()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 8, 8), torch.randint(0, 3, (16,))
+    with Monitor(model, opt, every=1) as mon:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            mon.log(loss)
+    report = mon.report()
+    assert report.errors == [] and report.loop.steps == STEPS
+    assert any("complex" in line and "weights" in line for line in report.loop.limitations)
+    assert {p.name for p in report.parameters} == {"head.weight", "head.bias"}
+
+
 def test_parameters_behind_dead_units_are_unchanged_without_blaming_the_optimizer():
     """Behind a ReLU dead for every sample the gradients are exactly zero, so those
     parameters never move: the dead units are the cause (NNDX201), not an update that

@@ -37,6 +37,7 @@ class Watched:
     optimizers: list[torch.optim.Optimizer]
     params: list[tuple[str, nn.Parameter]]
     wrappers: list[str] = field(default_factory=list)  # optimizer wrappers whose inner optimizer is watched
+    complex_params: list[str] = field(default_factory=list)  # trainable but not watched: no statistic reads them
 
     @property
     def manual(self) -> bool:
@@ -74,8 +75,11 @@ class Watched:
                             "holding None")  # fmt: skip
         optimizers = [torch_optimizer(opt) for opt in given]
         wrappers = [type(original).__name__ for opt, original in zip(optimizers, given) if opt is not original]
-        return cls(root, models, optimizers, [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad],
-                   wrappers)  # fmt: skip
+        trainable = [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad]
+        # a Fourier layer's complex weights (FNO's SpectralConv1d): norms, update ratios and sampled
+        # statistics are real-valued, and the rest of the model is still watched
+        return cls(root, models, optimizers, [(n, p) for n, p in trainable if not p.is_complex()], wrappers,
+                   [n for n, p in trainable if p.is_complex()])  # fmt: skip
 
 
 @dataclass

@@ -179,7 +179,7 @@ class LoopCounts(Watcher):
                 del self._never_grad[name]
         self._reference.follow(p for _, p in self.watched.params)
         for optimizer in self.watched.optimizers:
-            self._resets[id(optimizer)].follow(p for g in optimizer.param_groups for p in g["params"])
+            self._resets[id(optimizer)].follow(p for g in optimizer.param_groups for p in g["params"] if not p.is_complex())
 
     def on_zero_grad(self, ctx: StepContext, owner: object = None) -> None:
         if not self._reset_since_backward:
