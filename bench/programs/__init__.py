@@ -210,4 +210,6 @@ PROGRAMS = (
     "swa",
     "accelerate_nlp",
     "rwkv",
+    "fno",
+    "s4",
 )
