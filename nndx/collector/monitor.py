@@ -263,8 +263,11 @@ class Monitor:
     def _step_pre(self, watched: torch.optim.Optimizer, stepped: torch.optim.Optimizer, *_: Any) -> None:
         """A step begins at the outermost optimizer stepped: a wrapper's own step (SAM's, with a
         closure) or, when the loop steps the inner one itself (SAM's first_step/second_step
-        around ``base_optimizer.step()``), the inner one's. Either counts once."""
-        if self._stepping is not None and self._stepping is not stepped:
+        around ``base_optimizer.step()``), the inner one's. Either counts once. A watched optimizer's
+        own step always begins one: no watched optimizer steps inside another, and a step that raised
+        before its end (a user's step that threw) leaves nothing that would swallow the next ones."""
+        outer = any(stepped is o for o in self.watched.optimizers)
+        if self._stepping is not None and self._stepping is not stepped and not outer:
             return
         self._stepping = stepped
         self._on_step_begin(watched)

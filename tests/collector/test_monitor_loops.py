@@ -251,6 +251,29 @@ def test_an_optimizer_wrapper_stepped_through_its_inner_optimizer_counts_each_st
     assert hook_count(opt, opt.base_optimizer) == 0  # every hook removed
 
 
+def test_a_step_that_raised_does_not_swallow_the_steps_after_it():
+    """A step that throws after its pre-hooks ran never reaches its post-hooks: another watched
+    optimizer's steps after it still count (a GAN's, here one that keeps training)."""
+
+    class Flaky(torch.optim.SGD):
+        def step(self, closure=None):
+            raise RuntimeError("a step that fails once")
+
+    model = mlp()
+    flaky = Flaky(model[0].parameters(), lr=0.1)
+    steady = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    x, y = data()
+    with Monitor(model, [flaky, steady], every=1) as mon:
+        nn.functional.cross_entropy(model(x), y).backward()
+        with pytest.raises(RuntimeError):
+            flaky.step()
+        for _ in range(3):
+            steady.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            steady.step()
+    assert mon.steps == 3
+
+
 def test_complex_parameters_are_a_limitation_not_an_exception():
     """FNO's SpectralConv1d keeps complex weights: every real-valued norm raised, and the Monitor
     refused to attach (in a script, an exception in the user's loop). The complex tensors are left
