@@ -212,4 +212,6 @@ PROGRAMS = (
     "rwkv",
     "fno",
     "s4",
+    "dpo",
+    "alpha_zero",
 )
