@@ -305,6 +305,40 @@ def test_complex_parameters_are_a_limitation_not_an_exception():
     assert {p.name for p in report.parameters} == {"head.weight", "head.bias"}
 
 
+def test_the_mode_is_read_from_the_layers_whose_output_it_changes_not_from_the_root():
+    """makemore part 3 evaluates after ``layer.training = False`` on each layer, never
+    ``model.eval()``: its BatchNorms are in eval mode while the root's flag says train, and its
+    no-grad evaluation is no forgotten eval(). The reverse, a root in eval with one BatchNorm put
+    back in train mode, evaluates in train mode."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = data()
+
+    def no_grad_forwards_in_train_mode(set_modes) -> int:
+        with Monitor(model, opt, every=1) as mon:
+            for _ in range(3):
+                model.train()
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                set_modes()
+                with torch.no_grad():
+                    model(x)
+        return mon.report().loop.no_grad_forwards_in_train_mode
+
+    def layers_only():
+        for layer in model:
+            layer.training = False
+
+    def one_batchnorm_back():
+        model.eval()
+        model[1].train()
+
+    assert no_grad_forwards_in_train_mode(layers_only) == 0
+    assert no_grad_forwards_in_train_mode(one_batchnorm_back) == 3
+
+
 def test_parameters_behind_dead_units_are_unchanged_without_blaming_the_optimizer():
     """Behind a ReLU dead for every sample the gradients are exactly zero, so those
     parameters never move: the dead units are the cause (NNDX201), not an update that

@@ -31,7 +31,9 @@ import torch
 from torch import nn
 
 from nndx.collector._common import orphaned_trainables
-from nndx.collector.stats import frozen_at_init, frozen_fingerprints, has_batchnorm, has_dropout, tracking_copies
+from nndx.collector.stats import (
+    frozen_at_init, frozen_fingerprints, has_batchnorm, has_dropout, mode_modules, tracking_copies,
+)
 from nndx.collector.watch.base import StepContext, Watched, Watcher
 
 
@@ -118,7 +120,7 @@ class LoopCounts(Watcher):
         # per model: does train mode change its output (dropout, batch-norm)?
         self._has_dropout = any(has_dropout(m) for m in watched.models.values())
         self._has_batchnorm = any(has_batchnorm(m) for m in watched.models.values())
-        self._mode_matters = {id(m): has_dropout(m) or has_batchnorm(m) for m in watched.models.values()}
+        self._mode_modules = {id(m): mode_modules(m) for m in watched.models.values()}
         self.logged_losses_checked = 0  # the first logged losses with a graph: do they reach the parameters?
         self.logged_losses_reaching = 0
         self.logged_losses_through_others = 0  # through another network's trainable parameters too
@@ -138,7 +140,7 @@ class LoopCounts(Watcher):
     def on_forward(self, ctx: StepContext, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._in_forward.add(id(module))
         self.forward_calls += 1
-        if not torch.is_grad_enabled() and module.training and self._mode_matters.get(id(module), False):
+        if not torch.is_grad_enabled() and any(m.training for m in self._mode_modules.get(id(module), ())):
             self.no_grad_forwards_in_train_mode += 1
             self._no_grad_steps.add(ctx.step)
         if torch.is_grad_enabled():
@@ -155,8 +157,9 @@ class LoopCounts(Watcher):
             self._last_forward_in_eval = self._in_eval(model)
 
     def _in_eval(self, model: nn.Module) -> bool:
-        """In eval mode, and a model whose output the mode changes (dropout, batch-norm)."""
-        return not model.training and self._mode_matters.get(id(model), False)
+        """In eval mode, and a model whose output the mode changes (dropout, batch-norm). The root's
+        flag: a batch-norm frozen in eval inside a model that trains is a fine-tuning recipe."""
+        return not model.training and bool(self._mode_modules.get(id(model)))
 
     def on_backward_start(self, ctx: StepContext) -> None:
         if not self._reset_since_backward and self._reference.happened():
