@@ -71,10 +71,16 @@ def records(path: Path) -> list[Any]:
 
 
 def finished_records(path: Path, wait_s: float = 60.0) -> list[Any]:
-    """The run's records once its ``exit`` record is on disk."""
+    """The run's records once its ``exit`` record is on disk. W&B's writer may still be flushing:
+    a record read half-written does not parse, and is read again on the next poll."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + wait_s
     while True:
-        parsed = records(path) if path.stat().st_size > HEADER_SIZE else []
+        try:
+            parsed = records(path) if path.stat().st_size > HEADER_SIZE else []
+        except DecodeError:
+            parsed = []
         if any(r.WhichOneof("record_type") == "exit" for r in parsed):
             return parsed
         if time.monotonic() > deadline:
