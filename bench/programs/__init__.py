@@ -214,4 +214,6 @@ PROGRAMS = (
     "s4",
     "dpo",
     "alpha_zero",
+    "hourglass",
+    "dgcnn",
 )
