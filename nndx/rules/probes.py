@@ -6,7 +6,7 @@ import math
 
 from nndx import vocab
 from nndx.report import CauseCode as C
-from nndx.report import DiagnosticReport, NanOriginResult
+from nndx.report import DiagnosticReport, NanOriginResult, OverfitResult
 from nndx.rules._series import (
     finite, frozen_untrained, generalizes, loss_calls, loss_curve, loss_is_moving, loss_learned, no_floor, num_classes,
     trains_well_up_to, used_lr,
@@ -36,7 +36,7 @@ UNNAMED_FALLS = 0.75
 # has every gradient zero: its units died on the one batch (Adam drove a ReLU6 ranking score to 0 for
 # every document of RankNet's one query) -- when the run's own loss fell by this share, the copy
 # stopped, not the model
-FROZEN_TOLERANCE, RUN_FELL = 1e-6, 0.5
+RUN_FELL = 0.5
 
 
 def _probe(report: DiagnosticReport, name: str):
@@ -112,10 +112,7 @@ def _copy_died(losses: list[float]) -> bool:
     """The copy's loss moved, then repeated one value for the probe's last half or more."""
     if len(losses) < 4 or not all(map(math.isfinite, losses)):
         return False
-    last, frozen_from = losses[-1], len(losses) - 1
-    while frozen_from > 0 and abs(losses[frozen_from - 1] - last) <= FROZEN_TOLERANCE * abs(last):
-        frozen_from -= 1
-    return 0 < frozen_from <= len(losses) // 2
+    return 0 < OverfitResult.frozen_from(losses) <= len(losses) // 2
 
 
 def _fell_as_far_as_the_run(report: DiagnosticReport, ratio: float) -> bool:

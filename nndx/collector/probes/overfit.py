@@ -128,8 +128,6 @@ SAME_DRAWS = 0
 
 # a loss above OVERSHOOT times its start within the first OVERSHOOT_STEPS steps: the LR overshot
 OVERSHOOT, OVERSHOOT_STEPS = 1.5, 10
-# losses this close (relative) are the same value: a copy whose every gradient is zero repeats its loss
-FROZEN_TOLERANCE = 1e-6
 
 
 def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: str | None, steps: int, lr: float,
@@ -191,11 +189,9 @@ def _destroyed_by_lr(losses: list[float]) -> str:
     peak = max(losses[1 : OVERSHOOT_STEPS + 1], default=0.0)
     if peak > OVERSHOOT * losses[0]:
         return f"the loss jumped from {losses[0]:.4g} to {peak:.4g}"
-    last, frozen_from = losses[-1], len(losses) - 1
-    while frozen_from > 0 and abs(losses[frozen_from - 1] - last) <= FROZEN_TOLERANCE * abs(last):
-        frozen_from -= 1
+    frozen_from = OverfitResult.frozen_from(losses)
     if 0 < frozen_from <= OVERSHOOT_STEPS and len(losses) - frozen_from >= len(losses) // 2:
-        return f"the loss moved from {losses[0]:.4g} and froze at {last:.4g} from step {frozen_from}"
+        return f"the loss moved from {losses[0]:.4g} and froze at {losses[-1]:.4g} from step {frozen_from}"
     return ""
 
 
