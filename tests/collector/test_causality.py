@@ -327,6 +327,54 @@ def test_targets_handed_to_a_model_that_computes_its_own_loss_are_not_its_tokens
     assert result.status == "passed" and not result.unshifted and result.next_fraction == 1.0
 
 
+class LossOnlyGPT(nn.Module):
+    """RWKV-v4's shape: forward(idx, targets) returns only the loss, computed from the
+    flattened logits with F.cross_entropy (through a custom autograd function of its own)."""
+
+    def __init__(self, causal: bool = True) -> None:
+        super().__init__()
+        self.gpt = TinyGPT(causal=causal)
+
+    def forward(self, idx, targets):
+        logits = self.gpt(idx)
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1)) * 1.0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_model_that_returns_only_its_loss_is_read_where_it_calls_the_loss(causal):
+    x, y = (t.contiguous() for t in lm_batch())
+    result = causality(LossOnlyGPT(causal), ((x, y), y), lambda loss, _targets: loss)
+    assert result.status == ("passed" if causal else "failed") and result.next_fraction == 1.0
+    assert result.future_visible is (not causal)
+
+
+class ZeroBranchLM(nn.Module):
+    """RWKV's and ReZero's shape: a residual branch whose output projection starts at zero, so
+    at initialisation every output reads only its own token. The branch's convolution is
+    padded on the left only, or on both sides (it reads the next token once trained)."""
+
+    def __init__(self, left_padded: bool) -> None:
+        super().__init__()
+        self.conv_lm = ConvLM(left_padded)
+        self.out = nn.Linear(16, 12)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, idx):
+        lm = self.conv_lm
+        h = lm.emb(idx)
+        c = h.transpose(1, 2)
+        c = lm.conv(F.pad(c, (2, 0)) if lm.left_padded else c).transpose(1, 2)
+        return (h + self.out(torch.relu(c))) @ lm.emb.weight.T  # tied embeddings read the logits
+
+
+@pytest.mark.parametrize("left_padded", [True, False])
+def test_a_branch_that_starts_at_zero_is_judged_by_what_it_will_read(left_padded):
+    result = causality(ZeroBranchLM(left_padded), lm_batch(), flat_cross_entropy)
+    assert result.status == ("passed" if left_padded else "failed"), result.message
+    assert result.future_visible is (not left_padded)
+
+
 class TwoHeadBERT(nn.Module):
     """BERT-pytorch's shape: (next-sentence log-probs per sample, masked-LM log-probs per
     token); a bidirectional encoder, as a masked language model is meant to be."""

@@ -92,6 +92,7 @@ from nndx.collector._common import (
     split_batch,
     working_copy,
 )
+from nndx.collector.loss_call import InnerLossCalls
 from nndx.collector.probes import ProbeSpec
 from nndx.collector.probes._observe import ForwardObserver
 from nndx.report import CausalityResult
@@ -129,6 +130,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     # half-precision model (or autocast) is compared on a float32 copy
     with preserved_rng(), forwards_under_autocast(None):
         model_copy = set_mode(working_copy(model), False)
+        _wake_zero_parameters(model_copy)
         if any(p.dtype in LOW_PRECISION for p in nn.Module.parameters(model_copy)):
             model_copy.float()
             inputs = map_tensors(inputs, lambda t: t.float() if t.dtype in LOW_PRECISION else t)
@@ -226,6 +228,21 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     return CausalityResult(status="passed", future_visible=False, **common, message=(
         f"targets are the next tokens at {next_share:.0%} of the scored positions{reads}, and changing the tokens "
         f"after position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
+
+
+def _wake_zero_parameters(model: nn.Module) -> None:
+    """Give every parameter that is all zeros small random values, on the probe's copy. Which
+    token an output reads is the architecture's, but a branch whose weights start at zero
+    (RWKV's key, receptance and output; ReZero's gate; DiT's adaLN-Zero) reads nothing at
+    initialisation: a token shift that looks ahead, behind a zero output projection, moves no
+    output until training has moved the weights. Random values in those weights only wake
+    what the architecture connects; they cannot open a path it does not have."""
+    generator = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for p in nn.Module.parameters(model):
+            if p.is_floating_point() and p.numel() and not bool(p.any()):
+                scale = p.shape[1] ** -0.5 if p.dim() >= 2 else 0.1
+                p.copy_(torch.randn(p.shape, generator=generator) * scale)
 
 
 def _density_model(model: nn.Module, inputs: object, targets: object) -> CausalityResult | None:
@@ -466,10 +483,9 @@ def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: Lo
     the last item says so)."""
     seed_all(SEED)
     with torch.enable_grad():
-        output = forward(model, inputs)
-        outputs = _float_outputs(output)
+        output, outputs = _forward(model, inputs)
         if not outputs:
-            return "the model returned no floating-point tensor"
+            return "the model returned no floating-point tensor, and called no loss of torch's on one"
         for out in outputs:
             if not out.requires_grad:
                 out.requires_grad_()  # frozen or no-grad model: the gradient w.r.t. the outputs still says it
@@ -490,6 +506,18 @@ def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: Lo
     if reasons:
         return reasons[0]
     return "the loss does not depend on the model's outputs: no way to tell what each position predicts"
+
+
+def _forward(model: nn.Module, inputs: object) -> tuple[object, list[torch.Tensor]]:
+    """The model's output and its floating-point outputs (:func:`_float_outputs`). A model
+    that returns only the loss it computes itself (RWKV's ``L2Wrap.apply(loss, logits)``)
+    has its outputs read where it hands them to a loss of torch's (``F.cross_entropy``)."""
+    with InnerLossCalls() as inner:
+        output = forward(model, inputs)
+    outputs = _float_outputs(output)
+    if not outputs and inner.last is not None:
+        outputs = [t for t in iter_tensors(inner.last[1]) if t.is_floating_point() and t.dim() >= 2]
+    return output, outputs
 
 
 def _float_outputs(output: object) -> list[torch.Tensor]:
@@ -657,7 +685,7 @@ def _with_tokens(inputs: object, tokens: torch.Tensor, changed: tuple[torch.Tens
 
 def _outputs(model: nn.Module, inputs: object, which: int) -> torch.Tensor:
     seed_all(SEED)  # the same random draws in both forwards: only the changed tokens differ
-    outputs = _float_outputs(forward(model, inputs))
+    outputs = _forward(model, inputs)[1]
     if len(outputs) <= which:
         raise ValueError("the model returned fewer floating-point tensors than in the first forward")
     return outputs[which].detach().float()
