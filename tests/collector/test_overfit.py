@@ -161,6 +161,40 @@ def test_a_hand_written_soft_target_loss_fits_when_it_is_stationary_in_the_outpu
     assert dead.status == "failed", dead.message
 
 
+class PolicyValueNet(nn.Module):
+    """alpha-zero-general's shape: log-probabilities over moves and a tanh value, as a tuple."""
+
+    def __init__(self, dead: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(8, 64), nn.ReLU())
+        self.pi, self.v = nn.Linear(64, 5), nn.Linear(64, 1)
+        if dead:
+            nn.init.constant_(self.body[0].bias, -100.0)
+
+    def forward(self, x):
+        h = self.body(x)
+        return torch.log_softmax(self.pi(h), dim=1), torch.tanh(self.v(h))
+
+
+def _policy_value_loss(output, targets):
+    (log_pi, v), (pis, vs) = output, targets
+    return -torch.sum(pis * log_pi) / pis.size(0) + torch.sum((vs - v.view(-1)) ** 2) / vs.size(0)
+
+
+def test_log_probabilities_against_soft_targets_fit_when_stationary_at_the_logits():
+    """The loss -sum(pi * log_p) keeps the gradient -pi at the log-probabilities at its minimum:
+    stationarity is read at the logits, for every output of a tuple. Self-play's batch holds one
+    board twice with opposite outcomes (value targets +1 and -1): their gradients cancel."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 8, generator=g).repeat(2, 1)
+    targets = (torch.softmax(torch.randn(16, 5, generator=g), dim=1), torch.sign(torch.randn(16, generator=g)))
+    fitted = overfit_one_batch(PolicyValueNet(), (x, targets), _policy_value_loss, steps=300)
+    assert fitted.status == "passed" and "stationary" in fitted.message, fitted.message
+    dead = overfit_one_batch(PolicyValueNet(dead=True), (x, targets), _policy_value_loss, steps=300)
+    assert dead.status == "failed", dead.message
+
+
 def test_sequence_outputs_get_a_token_accuracy_through_the_users_loss():
     class TinyLM(nn.Module):
         def __init__(self):

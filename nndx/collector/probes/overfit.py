@@ -58,6 +58,7 @@ from nndx.collector._common import (
     dense_gradients,
     forward,
     infer_task,
+    iter_tensors,
     loss_name,
     loss_scaler,
     map_tensors,
@@ -147,6 +148,7 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
     precision = train_in_float32(model_copy)
     optimizer = torch.optim.Adam(params, lr=lr)
     scaler = loss_scaler(params[0].device, precision)
+    groups = _same_inputs(inputs)
     with NoDropout():
         for step in range(steps + 1):  # measure after each of the ``steps`` updates
             optimizer.zero_grad(set_to_none=True)
@@ -167,12 +169,14 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
             if _fits(losses, floor or 0.0, final_accuracy, target_ratio) or _stationary(losses, slopes, target_ratio):
                 return losses, True, floor, final_accuracy
             if step < steps:
-                watch = floor is None and scaler is None and isinstance(output, torch.Tensor) and output.requires_grad
-                if watch:
-                    output.retain_grad()
+                # every output but a loss the model computes itself (its gradient is 1)
+                watched = [t for t in iter_tensors(output) if t.is_floating_point() and t.requires_grad and t.dim()]
+                watched = watched if floor is None and scaler is None else []
+                for t in watched:
+                    t.retain_grad()
                 backward_and_step(loss, optimizer, lambda: loss, scaler)
-                if watch and output.grad is not None and (step == 0 or slopes):
-                    slopes.append(float(output.grad.detach().float().norm()))
+                if watched and (step == 0 or slopes):
+                    slopes.append(_slope(watched, groups))
     return losses, False, floor, final_accuracy
 
 
@@ -203,6 +207,50 @@ def _stationary(losses: list[float], slopes: list[float], target_ratio: float) -
     targets, whatever that minimum's value; a model that cannot fit keeps a gradient there."""
     return (len(slopes) >= 2 and math.isfinite(slopes[-1]) and slopes[0] > 0
             and slopes[-1] <= target_ratio * slopes[0] and losses[-2] <= losses[0])
+
+
+def _same_inputs(inputs: Any) -> torch.Tensor | None:
+    """Which samples of the batch are the same input (an index per sample), when some are:
+    one board seen twice in self-play with two outcomes, one image under two labels. The
+    model gives them one output, and its loss is stationary where their gradients cancel."""
+    tensors = list(iter_tensors(inputs))
+    if len(tensors) != 1 or tensors[0].dim() < 1 or tensors[0].shape[0] < 2:
+        return None
+    rows = tensors[0].detach().reshape(tensors[0].shape[0], -1)
+    _, index = torch.unique(rows, dim=0, return_inverse=True)
+    return index if int(index.max()) + 1 < rows.shape[0] else None
+
+
+def _slope(outputs: list[torch.Tensor], groups: torch.Tensor | None = None) -> float:
+    """|d loss / d output| over the model's outputs, taken at the logits where an output is a
+    softmax or log-softmax over its class axis (read off its values: they sum to 1): the loss
+    of log-probabilities against soft targets (AlphaZero's ``-sum(pi * log_p)``) keeps a
+    gradient ``-pi`` at the log-probabilities at its minimum, and none at the logits. Samples
+    that are one input (``groups``) have their gradients summed: they can only move together."""
+    total = 0.0
+    for out in outputs:
+        if out.grad is None:
+            continue
+        g = _project(out.grad.detach().float(), out.detach().float())
+        if groups is not None and g.dim() >= 1 and g.shape[0] == groups.numel():
+            g = g.new_zeros((int(groups.max()) + 1, *g.shape[1:])).index_add_(0, groups.to(g.device), g)
+        total += float(g.square().sum())
+    return math.sqrt(total)
+
+
+def _project(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """The gradient ``g`` at an output ``o``, carried back through a softmax or log-softmax
+    that made ``o`` (read off its values)."""
+    for axis in (1, -1) if o.dim() >= 2 else ():
+        if bool((o <= 0).all()) and _sums_to_one(o.exp(), axis):
+            return g - o.exp() * g.sum(axis, keepdim=True)  # through log_softmax
+        if bool((o >= 0).all()) and _sums_to_one(o, axis):
+            return o * (g - (o * g).sum(axis, keepdim=True))  # through softmax
+    return g
+
+
+def _sums_to_one(p: torch.Tensor, axis: int) -> bool:
+    return bool(((p.sum(axis) - 1).abs() <= 1e-3).all())
 
 
 def _fits(losses: list[float], floor: float, batch_accuracy: float | None, target_ratio: float) -> bool:
