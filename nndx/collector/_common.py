@@ -641,11 +641,28 @@ def copy_together(model: nn.Module, optimizer: torch.optim.Optimizer,
     steps the copy's parameters. An optimizer pickles only its defaults, state and groups:
     what it keeps beside them (L-BFGS's ``_params``) is copied through the same memo."""
     memo: dict[int, Any] = {}
-    model_copy, optimizer_copy = model_deepcopy((model, optimizer), model, memo, shared)
-    for key, value in vars(optimizer).items():
-        if key not in vars(optimizer_copy):
-            setattr(optimizer_copy, key, copy.deepcopy(value, memo))
+    with _class_step_kept(type(optimizer)):
+        model_copy, optimizer_copy = model_deepcopy((model, optimizer), model, memo, shared)
+        for key, value in vars(optimizer).items():
+            if key not in vars(optimizer_copy):
+                setattr(optimizer_copy, key, copy.deepcopy(value, memo))
     return model_copy, optimizer_copy
+
+
+@contextlib.contextmanager
+def _class_step_kept(cls: type) -> Iterator[None]:
+    """Undo what unpickling an optimizer does to its class. ``Optimizer.__setstate__`` wraps
+    ``cls.step`` for the whole class when it is not wrapped yet: it is, for an optimizer that
+    ran ``Optimizer.__init__``; for one that did not (Opacus's ``DPOptimizer`` wraps another),
+    the user's own ``step`` then looked for hooks it never had and raised."""
+    had, step = "step" in vars(cls), vars(cls).get("step")
+    try:
+        yield
+    finally:
+        if had:
+            setattr(cls, "step", step)
+        elif "step" in vars(cls):
+            delattr(cls, "step")
 
 
 def copy_with_optimizer(
@@ -691,14 +708,19 @@ def copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None, device:
               shared: list[str] | None = None) -> tuple[nn.Module, torch.optim.Optimizer | None]:  # fmt: skip
     """Deep copies of the model and of an optimizer that holds its parameters (one memo,
     so the copy's optimizer steps the copy), watchers and user hooks removed, on ``device``.
+    An optimizer that does not copy (None in its place) leaves the probes to their own.
     ``nndx.probe`` and ``nndx.lr_find`` prepare their copies with it."""
     holds = optimizer is not None and not optimizer_coverage(model, optimizer)[0]
-    try:
-        if holds:
+    model_copy = optimizer_copy = None
+    if holds:
+        try:
             model_copy, optimizer_copy = copy_together(model, optimizer, shared)
             detach_watchers(optimizer_copy)
-        else:
-            model_copy, optimizer_copy = model_deepcopy(model, model, shared=shared), None
+        except Exception:  # noqa: BLE001 - an optimizer that does not copy: the probes use their own
+            del (shared or [])[:]
+    try:
+        if model_copy is None:
+            model_copy = model_deepcopy(model, model, shared=shared)
     except Exception as exc:  # a model holding an open file, a lock, a generator...
         raise UsageError(f"cannot deep-copy the model to probe it safely ({type(exc).__name__}: {exc})") from exc
     reset_state_each_forward(detach_watchers(model_copy))

@@ -1305,3 +1305,45 @@ def test_a_loss_that_computes_its_targets_from_the_output_is_told_from_one_that_
     assert verdict(dec, None) is True and verdict(pseudo_labels, None) is True
     assert verdict(given, y) is False and verdict(random_negatives, y) is False
     assert verdict(nn.NLLLoss(), y) is None  # torch's own loss: its targets are the batch's
+
+
+class WrappingOptimizer(torch.optim.Optimizer):
+    """Opacus's DPOptimizer's shape: wraps an optimizer, never calls Optimizer.__init__, and
+    reads its groups through the wrapped one. Deep-copying it runs Optimizer.__setstate__ on the
+    copy, which patches ``step`` on the class before failing ('original_optimizer')."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.original_optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        return self.original_optimizer.param_groups
+
+    @property
+    def defaults(self):
+        return self.original_optimizer.defaults
+
+    @property
+    def state(self):
+        return self.original_optimizer.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.original_optimizer.zero_grad(set_to_none)
+
+    def step(self, closure=None):
+        return self.original_optimizer.step(closure)
+
+
+def test_an_optimizer_that_wraps_another_without_its_init_still_steps_after_the_probes():
+    model, data = mlp(), batch()
+    optimizer = WrappingOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    step, before = vars(WrappingOptimizer)["step"], snapshot(model)
+    report = nndx.probe(model, data, nn.CrossEntropyLoss(), optimizer=optimizer, probes=["overfit_one_batch", "lr_range"])
+    assert_untouched(before, model)
+    assert vars(WrappingOptimizer)["step"] is step  # no probe's copy patched the user's class
+    assert report.probes.overfit_one_batch.status == "passed", report.probes.overfit_one_batch.message
+    assert report.probes.lr_range.status != "error", report.probes.lr_range.message
+    optimizer.zero_grad()
+    nn.CrossEntropyLoss()(model(data[0]), data[1]).backward()
+    optimizer.step()  # the user's training goes on
+    assert not torch.equal(model[0].weight, before["state"]["0.weight"])
