@@ -233,7 +233,8 @@ def _gradient_layers(report: DiagnosticReport) -> list:
     "layer's (an activation at the output, a softmax or sigmoid, is not the last layer: the gradient at "
     "probabilities is not the network's), or that layer's mean absolute gradient is under 1e-8 while the "
     "last layer's is still "
-    "over 1e-5 (a converged model, all of whose gradients are tiny, does not fire).",
+    "over 1e-5 (a converged model, all of whose gradients are tiny, does not fire; nor the first step of a network "
+    "whose output layer starts at zero, which passes no gradient back).",
     why="Layers near the input then barely learn, however long training runs.",
     fix="Use ReLU-family activations, Kaiming/Xavier init, normalisation layers or residual connections.",
     explained_by=(C.SATURATED_ACTIVATIONS, C.DEAD_RELU, C.BAD_INIT),
@@ -246,6 +247,8 @@ def vanishing(report: DiagnosticReport) -> Hit | None:
         layers = layers[:-1]
     if len(layers) < 3:
         return None
+    if blocked_start([p for p in weight_params(report) if (p.step or 0) == (layers[-1].step or 0)]):
+        return None  # a zero output layer passes no gradient back at its first step (DiT's)
     # the input end is the first tenth of the layers, fed as well as its best-fed one: a model of
     # several inputs starts with several layers (a Temporal Fusion Transformer's embedding of the
     # series id gets a 1e-3 share beside the day-of-week's 0.3), and a vanishing chain starves them all
@@ -275,6 +278,8 @@ def vanishing(report: DiagnosticReport) -> Hit | None:
 
 
 LEARNED_PROGRESS = 0.5  # a train loss that fell by half beside growing gradients: not an explosion
+# steps this small a share of the weights while the gradient grew: the optimizer kept them sane (Adam's)
+STEADY_UPDATE_RATIO = 1e-2
 
 
 @rule(
@@ -284,7 +289,9 @@ LEARNED_PROGRESS = 0.5  # a train loss that fell by half beside growing gradient
     "Exploding gradients",
     detects="Non-finite gradients in any layer or in the recorded global gradient norm, or a global "
     "gradient norm (before clipping) whose last-tenth median is over 100x its first-tenth median, unless the "
-    f"train loss fell by {LEARNED_PROGRESS:.0%} of its start meanwhile (and stayed at or above 0).",
+    f"train loss fell by {LEARNED_PROGRESS:.0%} of its start meanwhile (and stayed at or above 0), or the "
+    f"recorded update/weight ratios of that last tenth stayed at or under {STEADY_UPDATE_RATIO:g} (an adaptive "
+    "optimizer divides the gradient's scale out: ACGAN's gradients grow from 2e-6 at init under Adam's steady steps).",
     why="Growing gradients make every update larger until the weights overflow to Inf/NaN.",
     fix="Clip gradients (torch.nn.utils.clip_grad_norm_ at about the healthy-step norm, see "
     "nndx.fix.suggest_clip_norm), lower the LR, use normalisation layers and a scaled init.",
@@ -320,6 +327,9 @@ def exploding(report: DiagnosticReport) -> Hit | None:
         # growth from a start near zero (a pointer network's uniform scores at init) while the loss
         # falls by half: learning breaking a symmetry, not updates blowing up
         return None
+    late = [r for step, r in _step_update_ratios(report) if step >= history[-w].step]
+    if late and max(late) <= STEADY_UPDATE_RATIO:
+        return None  # an adaptive optimizer divides the gradient's scale out: the steps stayed small
     return Hit(
         symptom=f"gradient norm grew {end / start:.0f}x",
         evidence={"grad_norm_start": start, "grad_norm_end": end, "growth": end / start},
@@ -331,11 +341,13 @@ def _step_update_ratios(report: DiagnosticReport) -> list[tuple[int, float]]:
     """(step, median update/weight ratio over the weight matrices) per recorded step.
 
     A ratio of exactly 0 is a step with no gradient for that tensor (dead or frozen
-    units): no evidence about the step size, so it is left out. Once the weights are NaN
+    units): no evidence about the step size, so it is left out; so is a ratio of a weight that
+    was zero before the update (1, whatever the LR). Once the weights are NaN
     every later ratio is NaN: a step whose ratios are all non-finite counts as inf."""
     by_step: dict[int, list[float]] = {}
     for p in weight_params(report):
-        if p.update_ratio is not None and p.update_ratio != 0.0:
+        # a weight zero before the update has ratio 1 whatever the LR: its first step is all of it
+        if p.update_ratio is not None and p.update_ratio != 0.0 and not _started_at_zero(p):
             by_step.setdefault(p.step or 0, []).append(p.update_ratio)
     out = []
     for step in sorted(by_step):
@@ -375,7 +387,8 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     "warning",
     "Updates far larger than ~1e-3 of the weights",
     detects="Per recorded step, the median update/weight ratio ‖Δw‖/‖w‖ over the weight matrices; over "
-    "the window of steps where it is largest (a fifth of the run), a median above 0.1 (healthy "
+    "the window of steps where it is largest (a fifth of the run; a weight zero before its update, whose ratio is 1 "
+    "at any LR, left out), a median above 0.1 (healthy "
     "training sits near 1e-3). Error from 1.0 or when every ratio is non-finite. Info when the train "
     "loss still fell by over 30%, or ended under 70% of an uninformed prediction's loss (ln C; the targets' "
     "variance), and stayed finite: Adam at a high-ish LR on small weights has large "
@@ -473,7 +486,9 @@ MIN_BASE_STD = 1e-4
     "(constant or symmetric weights; not a softmax, uniform over equal scores at the start; nor a layer whose zero "
     "weights have a gradient: Glow's ZeroConv2d and ControlNet's zero convolutions start a branch as nothing, and "
     "the first step moves them; nor one inside a residual branch whose last layer starts at zero: RWKV's time-mix "
-    "zeros its key, receptance and output, and they move once the output has), a non-final weight matrix of norm 0 and no gradient to move it (not where the "
+    "zeros its key, receptance and output, and they move once the output has; nor one behind an output layer that "
+    "starts at zero while most weights are random: DiT's adaLN-Zero modulations get no gradient until its zero final "
+    "layer moved), a non-final weight matrix of norm 0 and no gradient to move it (not where the "
     "layer ends a residual branch, whose output is added to the stream: ResNet's zero_init_residual starts each "
     "block as the identity; nor a zero factor whose partner is random, as LoRA's B, which its gradient moves, or "
     "in a module whose zero weights have a gradient: ZeroConv2d's scale), "
@@ -495,7 +510,7 @@ def bad_init(report: DiagnosticReport) -> list[Hit]:
     weights = weight_params(report)
     first_step = min(((p.step or 0) for p in weights), default=0)
     at_start = [p for p in weights if (p.step or 0) == first_step]
-    moving_zeros = _moving_zero_modules(at_start)
+    moving_zeros = _moving_zero_modules(at_start, weights)
     zero_branches = _zero_branches(at_start, residual_ends)
     steps = layer_steps(report)
     if steps:
@@ -569,6 +584,17 @@ def _zero_branches(at_start: list, residual_ends: set[str]) -> set[str]:
     return {name.rpartition(".")[0] for name in residual_ends & zero} - {""}
 
 
+def blocked_start(at_start: list) -> bool:
+    """The output layer (the last weight matrix) starts at zero and most weight matrices do not:
+    the network starts as a constant output on purpose (DiT's final layer, guided diffusion's
+    ``zero_module`` last convolution), and at its first step no gradient passes back through that
+    layer, so every zero weight before it has none yet and every earlier layer's gradient is 0.
+    Every weight zero is a broken init, not this."""
+    if not at_start or not _started_at_zero(at_start[-1]):
+        return False
+    return sum(map(_started_at_zero, at_start)) <= len(at_start) // 2
+
+
 def _started_at_zero(param) -> bool:
     """All zeros at its first record, or recorded after a step whose update was the whole weight
     (||dw|| / ||w|| = 1): zero before it."""
@@ -581,16 +607,20 @@ def _inside(name: str, modules: set[str]) -> bool:
     return any(path == module or path.startswith(module + ".") for module in modules)
 
 
-def _moving_zero_modules(at_start: list) -> set[str]:
+def _moving_zero_modules(at_start: list, weights: list) -> set[str]:
     """Modules, and the modules holding them, with a weight matrix that is all zeros at the first
-    recorded step (``at_start``: its weight records) and has a gradient there: zero-initialised on
-    purpose, and moved off zero by the first step (LoRA's B beside a random A; Glow's ZeroConv2d,
-    ControlNet's zero convolutions, which start a branch as nothing). Its units differ by their
-    gradients, so no symmetry holds them."""
+    recorded step (``at_start``: its weight records) and moves: it has a gradient there (LoRA's B
+    beside a random A; Glow's ZeroConv2d, ControlNet's zero convolutions, which start a branch as
+    nothing), a later record (``weights``) finds it off zero, or the output layer starts at zero
+    too while most weights are random (:func:`blocked_start`: DiT's adaLN-Zero modulations get
+    their gradient once its zero final layer moved). Its units differ by their gradients, so no
+    symmetry holds them."""
+    blocked = blocked_start(at_start)
+    moved = {p.name for p in weights if p.weight_norm != 0.0 and p.step != at_start[0].step} if at_start else set()
     names: set[str] = set()
     for param in at_start:
         moves = param.grad_norm is not None and math.isfinite(param.grad_norm) and param.grad_norm > 0
-        if _started_at_zero(param) and moves:
+        if _started_at_zero(param) and (moves or blocked or param.name in moved):
             owner = param.name.rpartition(".")[0]
             names |= {owner, owner.rpartition(".")[0]}
     return names - {""}

@@ -150,9 +150,10 @@ def val_chance() -> DiagnosticReport:
 
 
 def exploding() -> DiagnosticReport:
-    # the gradient norm grows 1.1x a step while the loss stalls, then climbs
+    # the gradient norm grows 1.1x a step while the loss stalls, then climbs; SGD's steps grow with it
     history = [GradNormPoint(step=i, before_clip=1.0 * (1.1**i)) for i in range(100)]
-    stalled = update(**train([2.3 - 0.002 * i for i in range(60)] + [2.18 + 0.01 * i for i in range(40)]))
+    growing = [p.model_copy(update={"update_ratio": p.update_ratio * 1.1 ** (p.step or 0)}) for p in mlp_params()]
+    stalled = update(parameters=growing, **train([2.3 - 0.002 * i for i in range(60)] + [2.18 + 0.01 * i for i in range(40)]))
     return with_loop(stalled, grad_norm_history=history)
 
 

@@ -1729,6 +1729,23 @@ def test_gradients_growing_from_near_zero_while_the_loss_falls_are_learning_not_
     assert "NNDX204" in found([2.0 + 0.05 * math.sin(i) for i in range(240)])
 
 
+@pytest.mark.parametrize("end_ratio", [1e-3, 0.05])
+def test_gradients_growing_under_steps_an_adaptive_optimizer_keeps_small_are_no_explosion(end_ratio):
+    """ACGAN's discriminator under Adam: the gradient norm grows from 2e-6 at init to 1 while the
+    adversarial loss stays level, and every step stays ~1e-3 of the weights (Adam divides the
+    gradient's scale out). Growth that makes the steps large (SGD's) is an explosion."""
+    from nndx.report import LoopStats
+
+    from .reports import mlp_params, points
+
+    norms = [GradNormPoint(step=5 * i, before_clip=2e-6 * 1.35**i) for i in range(48)]
+    loop = LoopStats(steps=240, grad_norm_history=norms)
+    losses = points([1.4 + 0.05 * math.sin(i) for i in range(240)])
+    params = mlp_params(steps=(0, 60, 120, 180, 235), ratio=end_ratio)
+    found = _found(DiagnosticReport(loss_history={"train": losses}, loop=loop, parameters=params))
+    assert ("NNDX204" in found) == (end_ratio > 0.01)
+
+
 def test_the_calls_of_one_functional_activation_saturated_together_are_one_finding():
     """A decoder unrolled over 10 steps calls attn.forward's tanh 10 times (tanh#0 ... tanh#9):
     one finding for the module's tanh, the most saturated call named, the others counted."""

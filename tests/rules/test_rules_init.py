@@ -248,3 +248,47 @@ def test_a_zero_initialised_layer_whose_gradient_moves_it_is_a_deliberate_start(
     model = nn.Sequential(nn.Linear(64, 64), AffineCoupling(), AffineCoupling(), nn.Linear(64, 10))
     findings = probe_findings(model, digits[0][:128], digits[1][:128])
     assert not findings, [f.symptom for f in findings]
+
+
+class AdaLNZeroBlock(nn.Module):
+    """DiT's block: shift, scale and gate from a zero-initialised modulation (adaLN-Zero), so the
+    block starts as the identity."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width, elementwise_affine=False)
+        self.mlp = nn.Sequential(nn.Linear(width, 64), nn.GELU(), nn.Linear(64, width))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
+        nn.init.zeros_(self.adaLN_modulation[1].weight)
+        nn.init.zeros_(self.adaLN_modulation[1].bias)
+
+    def forward(self, x):
+        shift, scale, gate = self.adaLN_modulation(x).chunk(3, dim=1)
+        return x + gate * self.mlp(self.norm(x) * (1 + scale) + shift)
+
+
+def dit_like(zero_everything: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), AdaLNZeroBlock(), AdaLNZeroBlock(), nn.Linear(32, 10))
+    nn.init.zeros_(model[3].weight)  # DiT's final layer starts at zero too: every gradient before it is 0 at first
+    nn.init.zeros_(model[3].bias)
+    if zero_everything:
+        for layer in model.modules():
+            if isinstance(layer, nn.Linear):
+                nn.init.zeros_(layer.weight)
+    return model
+
+
+@pytest.mark.parametrize("zero_everything", [False, True])
+def test_zero_layers_behind_a_zero_output_layer_are_a_deliberate_start(digits, zero_everything):
+    """DiT zeroes its adaLN modulations and its final layer: at the first step no gradient
+    reaches the modulations (the final layer passes none back), and its healthy run got seven
+    BAD_INIT warnings, LR_TOO_HIGH (the zero final layer's first update is its whole weight) and
+    VANISHING_GRADIENTS. Every weight matrix zero is still a broken init."""
+    x, y = digits[0][:128], digits[1][:128]
+    report = nndx.probe(dit_like(zero_everything), (x, y), nn.CrossEntropyLoss(), probes=["hooks"], progress=False)
+    findings = [f for f in nndx.diagnose(report).findings if f.severity != "info"]
+    if zero_everything:
+        assert any(f.rule_id == "NNDX207" for f in findings), [f.symptom for f in findings]
+    else:
+        assert not findings, [(f.rule_id, f.symptom) for f in findings]
