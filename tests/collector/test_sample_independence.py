@@ -476,3 +476,27 @@ def test_a_forward_that_returns_a_distribution_is_read_through_its_first_paramet
     assert sample_independence(Gaussian(mix=False).eval(), batch()).status == "passed"
     mixed = sample_independence(Gaussian(mix=True).eval(), batch())
     assert mixed.status == "failed" and mixed.changed_samples == 8
+
+
+class StepPredictor(nn.Module):
+    """World Models' MDRNN in miniature: a time-major LSTM over (time, batch, action + latent)
+    that predicts the next latent at every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn = nn.LSTM(3 + 4, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, actions, latents):
+        return self.head(self.rnn(torch.cat([actions, latents], dim=-1))[0])
+
+
+@pytest.mark.parametrize("batch_size", [8, 5])
+def test_per_step_targets_of_another_width_are_per_position_not_per_sample(batch_size):
+    """(time, batch, 4) targets beside (time, batch, 3) actions: along time the steps depend on
+    each other by design; the MDRNN's healthy run read time as the batch (WRONG_RESHAPE, error)."""
+    g = torch.Generator().manual_seed(0)
+    actions, latents = torch.randn(8, batch_size, 3, generator=g), torch.randn(8, batch_size, 4, generator=g)
+    result = sample_independence(StepPredictor(), ((actions, latents), torch.randn(8, batch_size, 4, generator=g)))
+    assert result.status != "failed", result.message

@@ -32,7 +32,8 @@ tensor (``torch.sum(ix)`` where ``torch.sum(ix, dim=1)`` was meant), that reduct
 
 Which axis holds the samples: the inputs' axis whose length is the number of targets
 (one target per sample: class indices, regression values, one-hot rows). A time-major
-batch ``(time, batch, features)`` with targets ``(batch,)`` is read right. Two axes of
+batch ``(time, batch, features)`` with targets ``(batch,)`` is read right; targets per step
+(``(time, batch, 4)`` beside ``(time, batch, 3)`` inputs: World Models' MDRNN) are per position. Two axes of
 that length (64 reviews of 64 tokens) are both tried: the batch passes when either keeps
 the other samples in place, and fails only when both move them (whichever holds the
 samples, they mix); a recurrent model is as causal along time as a bug is along the
@@ -233,6 +234,9 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
     shared = _shared_length(inputs, targets) if target.dim() >= 2 else None
     # a trailing axis of one (a regression's (N, 1) targets for (N, 1) inputs) is no time axis
     per_position = target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()])
+    # or per step, with features of another width ((time, batch, 4) next latents for (time, batch, 3) actions)
+    per_position = per_position or (target.dim() >= 3 and target.dim() == first.dim()
+                                    and tuple(target.shape[:-1]) == tuple(first.shape[:-1]))
     if per_position and max(target.shape[1:]) > 1 and shared is None:
         return [], (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
                       "the batch axis cannot be told from a time axis")  # fmt: skip
