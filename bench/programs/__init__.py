@@ -216,4 +216,10 @@ PROGRAMS = (
     "alpha_zero",
     "hourglass",
     "dgcnn",
+    "dit",
+    "acgan",
+    "ldam_drw",
+    "gail",
+    "world_models",
+    "dp_sgd",
 )
