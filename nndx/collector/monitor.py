@@ -105,6 +105,7 @@ from nndx.collector.watch import (
     Deferred, Desync, EffectiveLearningRate, ErrorGuard, GradientNorm, GraphSize, InitialState, InputNorms, LayerStatistics, LearningRate,
     LossCalls, LossHistory, LoopCounts, ParameterUpdates, RunFacts, StepContext, UnchangedParameters, Watched, Watcher,
 )
+from nndx.collector.watch.base import in_functorch_transform
 from nndx.collector.watch.events import BackwardPasses, Hooks, UpdateDetector
 from nndx.report import DiagnosticReport
 
@@ -232,7 +233,10 @@ class Monitor:
         self._deferred.flush()
 
     def _dispatch(self, event: str, *args: Any) -> None:
-        """Tell every watcher that handles ``event``; one that raises is recorded."""
+        """Tell every watcher that handles ``event``; one that raises is recorded. A forward
+        inside a torch.func transform is not the loop's (:func:`in_functorch_transform`)."""
+        if in_functorch_transform():
+            return
         for watcher in self._events[event]:
             try:
                 getattr(watcher, event)(self.ctx, *args)

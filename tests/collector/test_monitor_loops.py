@@ -1242,3 +1242,32 @@ def test_the_probes_take_the_same_wrappers_as_the_monitor_and_copy_the_optimizer
     with pytest.raises(TypeError, match="optimizer must be"):
         nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=object(), progress=False)
     assert nndx.lr_find(model, optimizer, nn.CrossEntropyLoss(), (x, y), steps=10, progress=False).history["lr"]
+
+
+def test_per_sample_gradients_under_torch_func_do_not_reach_the_monitors_hooks():
+    """DP-SGD (Opacus, or written with torch.func): vmap(grad(...)) over functional_call runs the
+    model's forward on batched tensors that must not leave the transform. A layer statistic kept
+    from inside it made the user's optimizer.step() raise; the ordinary forward is still watched."""
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+
+    def sample_loss(params, xi, yi):
+        return nn.functional.cross_entropy(functional_call(model, params, (xi[None],)), yi[None])
+
+    with Monitor(model, optimizer, every=1) as mon:
+        for _ in range(4):
+            params = {k: v.detach() for k, v in model.named_parameters()}
+            per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)
+            for k, p in model.named_parameters():
+                p.grad = per_sample[k].mean(0)
+            optimizer.step()
+            optimizer.zero_grad()
+            with torch.no_grad():
+                mon.log(nn.functional.cross_entropy(model(x), y))
+    report = mon.report()
+    assert mon.steps == 4 and not report.errors, report.errors
+    assert report.layers, "the ordinary forwards' layer statistics are still recorded"

@@ -308,12 +308,23 @@ class ErrorGuard:
         self.records.append(ErrorRecord.of("training", exc))
 
     def guard(self, source: str, fn: Callable) -> Callable:
-        """``fn`` as a hook that never raises (and returns None, as tensor hooks must)."""
+        """``fn`` as a hook that never raises (and returns None, as tensor hooks must), and
+        that skips what runs inside a torch.func transform (:func:`in_functorch_transform`)."""
 
         def hook(*args: Any, **kwargs: Any) -> None:
+            if in_functorch_transform():
+                return
             try:
                 fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - recorded, never raised into the user's loop
                 self.record(source, exc)
 
         return hook
+
+
+def in_functorch_transform() -> bool:
+    """Whether a torch.func transform (``vmap``, ``grad``) is running: per-sample gradients, as
+    DP-SGD computes them (Opacus; ``vmap(grad(...))`` over ``functional_call``), run the model's
+    forward on batched tensors that must not leave the transform. A hook that kept one for later
+    statistics made the user's next step raise; the Monitor watches the ordinary forwards only."""
+    return bool(torch._C._are_functorch_transforms_active())
