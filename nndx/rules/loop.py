@@ -452,6 +452,8 @@ ASCENT_ROW = 3  # measured step sizes below zero in a row: an LR that turned neg
 # it for the last FLOOR_SHARE of the run or more, was read faster than it was sized (Swin's
 # step_update per micro-batch ran its cosine out at half the run); recipes cool down for a few percent
 FLOOR_AT, FLOOR_SHARE, GRADUAL = 0.1, 0.4, 1.5
+# an LR that never fell over this share of the run, still rising at its end: a warm-up longer than the run
+WARMING_SHARE = 0.6
 
 
 @rule(
@@ -477,7 +479,9 @@ FLOOR_AT, FLOOR_SHARE, GRADUAL = 0.1, 0.4, 1.5
     "least (a per-iteration schedule read at the epoch; info when the loss still learned); or an LR that decayed "
     f"gradually (no two records more than {GRADUAL:g}x apart: a cosine or linear decay, not a step decay's cuts) to a "
     f"floor at or under {FLOOR_AT:g} of its peak and held it for the last {FLOOR_SHARE:.0%} of the recorded steps or "
-    "more (a schedule stepped per micro-batch, or sized for a shorter run, runs out early). "
+    "more (a schedule stepped per micro-batch, or sized for a shorter run, runs out early); or an LR that never fell "
+    f"over the last {WARMING_SHARE:.0%} of the recorded steps or more, rose over twice in them, ends at its peak "
+    "and still rose in the last tenth (a warm-up longer than the run: llama2.c's warmup_iters=1000 for 400). "
     "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
     "most, so they do not fire; warm restarts jump back to the peak in one step, a cyclic LR stays above 10%.",
     why="A per-epoch schedule (StepLR, ExponentialLR) stepped every batch decays the LR to ~0 within "
@@ -568,6 +572,17 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
         # beside the model's StepLR stepped every batch): judged per group, when it ends collapsed
         hidden = None if measured else _collapsed_group(history)
         if hidden is None:
+            rising = [] if measured else _still_warming(lrs, peak)
+            if rising:
+                return Hit(
+                    symptom=f"the learning rate rose for the last {len(rising) / len(lrs):.0%} of the run and was "
+                    f"still rising at its end ({lrs[rising[0]]:.3g} -> {lrs[-1]:.3g}): a warm-up longer than the run "
+                    "never reached the LR the schedule aims at",
+                    evidence={"lr_first": lrs[0], "lr_final": lrs[-1], "rising_share": len(rising) / len(lrs),
+                              "rising_from_step": history[rising[0]].step},  # fmt: skip
+                    score=1.0 + len(rising) / len(lrs),
+                    step=history[rising[0]].step,
+                )
             floored = [] if measured else _floored(lrs, peak)
             if floored:
                 return Hit(
@@ -619,6 +634,20 @@ def _decayed_early(lrs: list[float], peak: float) -> list[int]:
     low = [i for i, lr in enumerate(lrs) if lr <= DECAYED * peak]
     early = low and low[0] < DECAYED_BY * len(lrs) and len(low) >= DECAYED_SHARE * len(lrs)
     return low if early else []
+
+
+def _still_warming(lrs: list[float], peak: float) -> list[int]:
+    """Indices of the run's rising tail, when the LR never fell over the last WARMING_SHARE of the
+    run or more, ends at its peak, more than twice where that tail began, and still rose over the
+    last tenth: a warm-up the run ended in; else none."""
+    start = len(lrs) - 1
+    while start > 0 and lrs[start - 1] <= lrs[start]:
+        start -= 1
+    tenth = max(1, len(lrs) // 10)
+    if (len(lrs) - start < WARMING_SHARE * len(lrs) or lrs[-1] < peak or not lrs[-1] > 2 * lrs[start]
+            or not lrs[-1] > lrs[-1 - tenth]):  # fmt: skip
+        return []
+    return list(range(start, len(lrs)))
 
 
 def _floored(lrs: list[float], peak: float) -> list[int]:

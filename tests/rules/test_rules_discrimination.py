@@ -92,6 +92,21 @@ def test_schedule_per_batch_collapse_vs_one_cycle():
     assert "NNDX307" in _found(exponential_per_batch)
 
 
+def test_a_warm_up_longer_than_the_run_never_reaches_its_peak():
+    """llama2.c's train.py keeps warmup_iters=1000 for a 400-iteration run: the LR climbs
+    linearly to 2/5 of learning_rate and the run ends mid-warm-up. A warm-up that ends, then
+    holds, decays or cycles (one-cycle, triangular) is a schedule."""
+    def found(lrs):
+        return "NNDX307" in _found(with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]))
+
+    assert found([1e-3 * i / 1000 for i in range(400)])
+    assert found([1e-3 * 0.1 * 10 ** (i / 400) for i in range(400)])  # an exponential ramp, still rising
+    assert not found([1e-3 * min(1.0, i / 40) for i in range(400)])  # warm-up, then constant
+    assert not found([1e-3 * min(1.0, i / 300) for i in range(400)])  # a long warm-up that ended
+    assert not found(_one_cycle(1e-3, 400))
+    assert not found([1e-3 * (0.2 + 0.8 * abs((i % 100) - 50) / 50) for i in range(400)])  # triangular cycles
+
+
 def test_occasional_clipping_is_fine_constant_tiny_clipping_is_not():
     assert "NNDX308" not in _found(healthy_reports()["occasional_clipping"])
     tight = with_loop(BASE, grad_norm_history=[GradNormPoint(step=i, before_clip=2.0, after_clip=0.05) for i in range(40)])
