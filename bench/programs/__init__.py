@@ -222,4 +222,6 @@ PROGRAMS = (
     "gail",
     "world_models",
     "dp_sgd",
+    "llama2c",
+    "alpaca",
 )
