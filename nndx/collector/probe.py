@@ -565,7 +565,8 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
     report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
     setup.position_logits = _position_logits(inputs, predicted)
     if report.model is not None:
-        report.model = observed_summary(report.model, seen, output)
+        read = inner.last[1] if inner is not None and inner.last is not None else None
+        report.model = observed_summary(report.model, seen, output, read)
     setup.loss_views = inner.moved_axes if inner is not None else []
     report.loop = report.loop or LoopStats()
     report.loop.loss_targets_from_output = from_output

@@ -462,3 +462,30 @@ def test_small_embedding_init_and_a_branch_summed_into_the_logit_are_no_bad_init
     report = nndx.probe(model, ((fields, dense), clicks), F.binary_cross_entropy_with_logits, monitor=monitor)
     found = {f.rule_id for f in nndx.diagnose(report).findings}
     assert "NNDX207" not in found and "NNDX403" not in found
+
+
+class TwoHeads(nn.Module):
+    """ACGAN's discriminator: (Sigmoid validity, class scores); the class loss reads the second."""
+
+    def __init__(self, softmax: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2))
+        self.adv_layer = nn.Sequential(nn.Linear(16, 1), nn.Sigmoid())
+        self.aux_layer = nn.Sequential(nn.Linear(16, 3), nn.Softmax(dim=1)) if softmax else nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.adv_layer(h), self.aux_layer(h)
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_the_output_activation_is_that_of_the_output_the_loss_reads(softmax):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)
+    report = nndx.probe(TwoHeads(softmax), (x, y), lambda out, t: F.cross_entropy(out[1], t), progress=False,
+                        probes=["hooks"])  # fmt: skip
+    assert report.model.output_activation == ("Softmax" if softmax else None)
+    codes = {f.code.value for f in nndx.diagnose(report).findings if f.severity != "info"}
+    assert "WRONG_OUTPUT_ACTIVATION" not in codes
+    assert ("DOUBLE_SOFTMAX" in codes) == softmax

@@ -468,16 +468,22 @@ def classes_viewed_last(before: list[int], after: list[int]) -> bool:
     return positions > 1 and list(after) in ([n * positions, classes], [n, positions, classes])
 
 
-def observed_summary(summary: ModelSummary, seen: ForwardObserver, output: Any) -> ModelSummary:
+def observed_summary(summary: ModelSummary, seen: ForwardObserver, output: Any,
+                     read: Any = None) -> ModelSummary:  # fmt: skip
     """``summary`` (from the modules) with the activations that actually ran, in order,
     functional ones included, and the output activation from what made the output (a
-    ``torch.sigmoid`` on the output is an output activation as much as ``nn.Sigmoid``)."""
+    ``torch.sigmoid`` on the output is an output activation as much as ``nn.Sigmoid``):
+    the output the loss read (``read``: ``InnerLossCalls.last``'s input), when it is one of
+    the model's outputs. ACGAN's discriminator returns (Sigmoid validity, Softmax class
+    scores), and its class loss reads the second."""
+    if read is None or not any(read is t for t in iter_tensors(output)):
+        read = output
     update: dict[str, Any] = {}
     if seen.timeline:
         update["activations"] = seen.activation_order()
         update["layers"] = _layers_as_run(summary.layers, seen)
         update["forward_observed"] = True
-    known, kind = seen.output_activation(output)
+    known, kind = seen.output_activation(read)
     if known:
         update["output_activation"] = kind
     if seen.moved_axes:

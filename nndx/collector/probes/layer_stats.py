@@ -35,6 +35,7 @@ from nndx.collector._common import (
     split_batch,
     train_in_float32,
 )
+from nndx.collector.loss_call import InnerLossCalls
 from nndx.collector.probes._observe import ForwardObserver, observed_summary
 from nndx.collector.stats import (
     LayerRecorder,
@@ -75,7 +76,8 @@ def hook_statistics(
         with LayerRecorder(model_copy) as recorder, ForwardObserver(model_copy, layer_stats=True) as seen, precision:
             recorder.start_step(step)
             output = forward(model_copy, inputs)
-            loss = compute_loss(loss_fn, output, targets)
+            with InnerLossCalls() as inner:
+                loss = compute_loss(loss_fn, output, targets)
         loss.backward()
         layers = _in_forward_order(recorder.finish_step() + seen.layer_records(step), seen.timeline)
         try:
@@ -87,7 +89,7 @@ def hook_statistics(
         parameters = parameter_stats(model_copy, before, step)
     # the summary wants every leaf (dropout, flatten...) in the order it ran
     summary = observed_summary(summarize_model(model, [n for n in seen.timeline if n in dict(model.named_modules())]),
-                               seen, output)  # fmt: skip
+                               seen, output, inner.last[1] if inner.last is not None else None)  # fmt: skip
     summary.unused_modules = unused
     return HookStatistics(layers, parameters, summary, note)
 
