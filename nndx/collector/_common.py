@@ -717,7 +717,8 @@ def copy_pair(model: nn.Module, optimizer: torch.optim.Optimizer | None, device:
             model_copy, optimizer_copy = copy_together(model, optimizer, shared)
             detach_watchers(optimizer_copy)
         except Exception:  # noqa: BLE001 - an optimizer that does not copy: the probes use their own
-            del (shared or [])[:]
+            if shared is not None:
+                shared.clear()  # named by the failed copy; the model's own copy names them again
     try:
         if model_copy is None:
             model_copy = model_deepcopy(model, model, shared=shared)

@@ -247,7 +247,7 @@ def vanishing(report: DiagnosticReport) -> Hit | None:
         layers = layers[:-1]
     if len(layers) < 3:
         return None
-    if blocked_start([p for p in weight_params(report) if (p.step or 0) == (layers[-1].step or 0)]):
+    if _blocked_start([p for p in weight_params(report) if (p.step or 0) == (layers[-1].step or 0)]):
         return None  # a zero output layer passes no gradient back at its first step (DiT's)
     # the input end is the first tenth of the layers, fed as well as its best-fed one: a model of
     # several inputs starts with several layers (a Temporal Fusion Transformer's embedding of the
@@ -584,7 +584,7 @@ def _zero_branches(at_start: list, residual_ends: set[str]) -> set[str]:
     return {name.rpartition(".")[0] for name in residual_ends & zero} - {""}
 
 
-def blocked_start(at_start: list) -> bool:
+def _blocked_start(at_start: list) -> bool:
     """The output layer (the last weight matrix) starts at zero and most weight matrices do not:
     the network starts as a constant output on purpose (DiT's final layer, guided diffusion's
     ``zero_module`` last convolution), and at its first step no gradient passes back through that
@@ -612,10 +612,10 @@ def _moving_zero_modules(at_start: list, weights: list) -> set[str]:
     recorded step (``at_start``: its weight records) and moves: it has a gradient there (LoRA's B
     beside a random A; Glow's ZeroConv2d, ControlNet's zero convolutions, which start a branch as
     nothing), a later record (``weights``) finds it off zero, or the output layer starts at zero
-    too while most weights are random (:func:`blocked_start`: DiT's adaLN-Zero modulations get
+    too while most weights are random (:func:`_blocked_start`: DiT's adaLN-Zero modulations get
     their gradient once its zero final layer moved). Its units differ by their gradients, so no
     symmetry holds them."""
-    blocked = blocked_start(at_start)
+    blocked = _blocked_start(at_start)
     moved = {p.name for p in weights if p.weight_norm != 0.0 and p.step != at_start[0].step} if at_start else set()
     names: set[str] = set()
     for param in at_start:
