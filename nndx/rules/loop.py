@@ -481,7 +481,8 @@ WARMING_SHARE = 0.6
     f"floor at or under {FLOOR_AT:g} of its peak and held it for the last {FLOOR_SHARE:.0%} of the recorded steps or "
     "more (a schedule stepped per micro-batch, or sized for a shorter run, runs out early); or an LR that never fell "
     f"over the last {WARMING_SHARE:.0%} of the recorded steps or more, rose over twice in them, ends at its peak "
-    "and still rose in the last tenth (a warm-up longer than the run: llama2.c's warmup_iters=1000 for 400). "
+    "and still rose in the last tenth (a warm-up longer than the run: llama2.c's warmup_iters=1000 for 400; info "
+    "when the loss still learned: BERT-pytorch's Noam warm-up of 10,000 steps, which short runs stay inside). "
     "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
     "most, so they do not fire; warm restarts jump back to the peak in one step, a cyclic LR stays above 10%.",
     why="A per-epoch schedule (StepLR, ExponentialLR) stepped every batch decays the LR to ~0 within "
@@ -574,12 +575,14 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
         if hidden is None:
             rising = [] if measured else _still_warming(lrs, peak)
             if rising:
+                learned = loss_learned(report)
                 return Hit(
                     symptom=f"the learning rate rose for the last {len(rising) / len(lrs):.0%} of the run and was "
                     f"still rising at its end ({lrs[rising[0]]:.3g} -> {lrs[-1]:.3g}): a warm-up longer than the run "
-                    "never reached the LR the schedule aims at",
+                    "never reached the LR the schedule aims at" + ("; the loss still learned" if learned else ""),
                     evidence={"lr_first": lrs[0], "lr_final": lrs[-1], "rising_share": len(rising) / len(lrs),
                               "rising_from_step": history[rising[0]].step},  # fmt: skip
+                    severity="info" if learned else None,
                     score=1.0 + len(rising) / len(lrs),
                     step=history[rising[0]].step,
                 )

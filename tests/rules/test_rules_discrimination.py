@@ -96,10 +96,16 @@ def test_a_warm_up_longer_than_the_run_never_reaches_its_peak():
     """llama2.c's train.py keeps warmup_iters=1000 for a 400-iteration run: the LR climbs
     linearly to 2/5 of learning_rate and the run ends mid-warm-up. A warm-up that ends, then
     holds, decays or cycles (one-cycle, triangular) is a schedule."""
-    def found(lrs):
-        return "NNDX307" in _found(with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]))
+    def found(lrs, report=BASE):
+        history = [LRPoint(step=i, lrs=[lr]) for i, lr in enumerate(lrs)]
+        return _found(with_loop(report, lr_history=history)).get("NNDX307")
 
-    assert found([1e-3 * i / 1000 for i in range(400)])
+    from .broken import train, update
+    from .reports import flat
+
+    stalled = update(**train(flat(0, level=2.2, noise=0.05)))
+    assert found([1e-3 * i / 1000 for i in range(400)], stalled).severity == "warning"
+    assert found([1e-3 * i / 1000 for i in range(400)]).severity == "info"  # the loss still learned
     assert found([1e-3 * 0.1 * 10 ** (i / 400) for i in range(400)])  # an exponential ramp, still rising
     assert not found([1e-3 * min(1.0, i / 40) for i in range(400)])  # warm-up, then constant
     assert not found([1e-3 * min(1.0, i / 300) for i in range(400)])  # a long warm-up that ended
