@@ -224,4 +224,6 @@ PROGRAMS = (
     "dp_sgd",
     "llama2c",
     "alpaca",
+    "detr",
+    "retinanet",
 )
