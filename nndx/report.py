@@ -222,6 +222,21 @@ class ProbeResult(Schema):
         return ""
 
 
+# a value that repeats the last one to within this share of it has stopped moving
+FLAT_TOLERANCE = 1e-6
+
+
+def flat_since(values: list[float]) -> int:
+    """The index from which ``values`` repeat their last one to the end (``len - 1`` when the last
+    step moved; 0 when they never moved). A probe's copy whose units died repeats its loss (the
+    overfit probe retries at a lower LR; the rules discount it); a schedule that ran out holds its
+    floor LR (NNDX307)."""
+    last, start = values[-1], len(values) - 1
+    while start > 0 and abs(values[start - 1] - last) <= FLAT_TOLERANCE * abs(last):
+        start -= 1
+    return start
+
+
 class OverfitResult(ProbeResult):
     title: ClassVar[str] = "overfit one batch"
     ask: ClassVar[str] = "loss before → after, steps"
@@ -238,20 +253,6 @@ class OverfitResult(ProbeResult):
     loss_floor: Float | None = None
     final_accuracy: Float | None = None
     losses: list[Float] = Field(default_factory=list)
-
-    # a loss that repeats its last value to within this share of it has stopped moving
-    FROZEN_TOLERANCE: ClassVar[float] = 1e-6
-
-    @staticmethod
-    def frozen_from(losses: list[float]) -> int:
-        """The step from which the loss repeats its last value to the end (``len - 1`` when the
-        last step moved it; 0 when it never moved): a copy whose units died on the one batch
-        stops there, every gradient zero. Used by the probe (retry at a lower LR) and the rules
-        (a copy that died says little about the run)."""
-        last, start = losses[-1], len(losses) - 1
-        while start > 0 and abs(losses[start - 1] - last) <= OverfitResult.FROZEN_TOLERANCE * abs(last):
-            start -= 1
-        return start
 
     def summary(self, num: NumberFormat = str) -> str:
         text = f"loss {num(self.initial_loss)} → {num(self.final_loss)} in {self.steps} steps"

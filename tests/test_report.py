@@ -19,7 +19,7 @@ from nndx.report import (
     LossPoint,
     Probes,
     LRRangeResult,
-    OverfitResult,
+    flat_since,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -125,5 +125,5 @@ def test_plot_command_writes_the_charts_a_report_has_data_for(tmp_path, capsys):
     ("losses", "start"),
     [([2.0, 1.0, 0.5], 2), ([2.0, 0.7, 0.7, 0.7], 1), ([0.7, 0.7, 0.7], 0), ([-3.0, -3.0000000001], 0)],
 )
-def test_frozen_from_is_where_the_loss_stops_moving(losses, start):
-    assert OverfitResult.frozen_from(losses) == start
+def test_flat_since_is_where_the_values_stop_moving(losses, start):
+    assert flat_since(losses) == start

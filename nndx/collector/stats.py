@@ -143,14 +143,17 @@ def mode_modules(model: nn.Module) -> list[nn.Module]:
     """The modules whose output train mode changes (dropout with ``p > 0``, batch-norm): the model
     is in train mode for its output when any of them is, whatever the root's own flag (makemore
     part 3 sets ``layer.training = False`` on each layer and never calls ``model.eval()``)."""
-    return [m for m in model.modules()
-            if is_batchnorm(m) or (isinstance(m, DROPOUT_TYPES) and getattr(m, "p", 1.0) > 0)]  # fmt: skip
+    return [m for m in model.modules() if is_batchnorm(m) or _drops(m)]
 
 
 def has_dropout(model: nn.Module) -> bool:
     """Whether train mode makes the forward random: a dropout module with ``p > 0``
     (DeepCTR-Torch builds ``nn.Dropout(0)`` by default; it drops nothing in either mode)."""
-    return any(isinstance(m, DROPOUT_TYPES) and getattr(m, "p", 1.0) > 0 for m in model.modules())
+    return any(map(_drops, model.modules()))
+
+
+def _drops(module: nn.Module) -> bool:
+    return isinstance(module, DROPOUT_TYPES) and getattr(module, "p", 1.0) > 0
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -9,7 +9,7 @@ from statistics import median
 
 from nndx import vocab
 from nndx.report import CauseCode as C
-from nndx.report import DiagnosticReport, LoopStats
+from nndx.report import DiagnosticReport, LoopStats, flat_since
 from nndx.rules._series import (
     clip_ratios, clipped_steps, finite, frozen_untrained, is_classification, loss_calls, loss_curve, loss_learned,
     samples_axis, starts_fitted, train_curve, weight_shapes,
@@ -660,9 +660,7 @@ def _floored(lrs: list[float], peak: float) -> list[int]:
     floor = lrs[-1]
     if not 0 < floor <= FLOOR_AT * peak:
         return []
-    start = len(lrs) - 1
-    while start > 0 and abs(lrs[start - 1] - floor) <= 1e-6 * floor:
-        start -= 1
+    start = flat_since(lrs)
     tops = [i for i in range(start) if lrs[i] >= 0.9 * peak]
     if len(lrs) - start < FLOOR_SHARE * len(lrs) or not tops:
         return []

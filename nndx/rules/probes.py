@@ -6,7 +6,7 @@ import math
 
 from nndx import vocab
 from nndx.report import CauseCode as C
-from nndx.report import DiagnosticReport, NanOriginResult, OverfitResult
+from nndx.report import DiagnosticReport, NanOriginResult, flat_since
 from nndx.rules._series import (
     finite, frozen_untrained, generalizes, loss_calls, loss_curve, loss_is_moving, loss_learned, no_floor, num_classes,
     trains_well_up_to, used_lr,
@@ -112,7 +112,7 @@ def _copy_died(losses: list[float]) -> bool:
     """The copy's loss moved, then repeated one value for the probe's last half or more."""
     if len(losses) < 4 or not all(map(math.isfinite, losses)):
         return False
-    return 0 < OverfitResult.frozen_from(losses) <= len(losses) // 2
+    return 0 < flat_since(losses) <= len(losses) // 2
 
 
 def _fell_as_far_as_the_run(report: DiagnosticReport, ratio: float) -> bool:
@@ -279,18 +279,18 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
         if not bad:
             return None
         worst = max(p.relative_error for p in bad)
-    small = worst < NEARLY_RIGHT
+    small, learned = worst < NEARLY_RIGHT, loss_learned(report)
     return Hit(
         symptom="gradient check failed" + (f" for {', '.join(p.name for p in bad[:5])}" if bad else "")
         + (f", by at most {worst:.2g} of the gradient: a term added in a backward on purpose is that small"
-           + (", and the run's loss learned" if loss_learned(report) else "") if small else ""),
+           + (", and the run's loss learned" if learned else "") if small else ""),
         evidence={
             "max_relative_error": result.max_relative_error,
             "parameters": [p.name for p in bad],
             "relative_errors": [p.relative_error for p in bad],
             "mode": result.mode,
         },
-        severity=("info" if loss_learned(report) else "warning") if small else None,
+        severity=("info" if learned else "warning") if small else None,
         score=3.0 + min(2.0, math.log10(max(worst, 1e-3) / 1e-3)),
     )
 

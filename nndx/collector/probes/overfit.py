@@ -70,7 +70,7 @@ from nndx.collector._common import (
 )
 from nndx.collector.loss_call import InnerLossCalls
 from nndx.collector.probes import ProbeSpec
-from nndx.report import OverfitResult
+from nndx.report import OverfitResult, flat_since
 
 
 def overfit_one_batch(
@@ -193,7 +193,7 @@ def _destroyed_by_lr(losses: list[float]) -> str:
     peak = max(losses[1 : OVERSHOOT_STEPS + 1], default=0.0)
     if peak > OVERSHOOT * losses[0]:
         return f"the loss jumped from {losses[0]:.4g} to {peak:.4g}"
-    frozen_from = OverfitResult.frozen_from(losses)
+    frozen_from = flat_since(losses)
     if 0 < frozen_from <= OVERSHOOT_STEPS and len(losses) - frozen_from >= len(losses) // 2:
         return f"the loss moved from {losses[0]:.4g} and froze at {losses[-1]:.4g} from step {frozen_from}"
     return ""
