@@ -375,6 +375,33 @@ def test_a_view_to_permuted_sizes_is_named_a_permute_is_not(case):
     assert "NNDX404" not in findings and moved == []
 
 
+class AnchorHeads(nn.Module):
+    """RetinaNet's heads (yhenon/pytorch-retinanet): 9 anchors x 4 box coordinates and 9 x 2
+    class scores per position, each laid out (N, H, W, channels) by the code's own
+    ``permute(0, 2, 3, 1).contiguous()`` and then viewed (N, positions x anchors, 4). On a 4 x 4
+    map one length equals the 4 coordinates, and on the 2 x 2 map 36 positions equal 36 channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.box, self.cls = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 36, 1), nn.Conv2d(8, 18, 1)
+
+    def forward(self, x):
+        outs = []
+        for feature in (self.stem(x), F.avg_pool2d(self.stem(x), 2)):
+            box = self.box(feature).permute(0, 2, 3, 1).contiguous().view(x.shape[0], -1, 4)
+            cls = self.cls(feature).permute(0, 2, 3, 1).contiguous().view(x.shape[0], -1, 2)
+            outs.append(torch.cat([box, cls], dim=2))
+        return torch.cat(outs, dim=1).flatten(1)
+
+
+def test_a_view_of_axes_the_code_moved_itself_is_no_reshape_bug():
+    torch.manual_seed(0)
+    batch = (torch.randn(8, 3, 4, 4), torch.randn(8, 1080))
+    report = nndx.probe(AnchorHeads(), batch, F.mse_loss, probes=[])
+    assert report.model.forward_observed and report.model.moved_axes == []
+    assert "NNDX404" not in {f.rule_id for f in nndx.diagnose(report).findings}
+
+
 def test_splits_and_merges_of_axes_are_not_interleaving():
     from nndx.collector.probes._observe import moved_axis
 

@@ -61,6 +61,8 @@ DROPOUT_OPS = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropo
 # values end in one number
 WHOLE_REDUCTIONS = frozenset({"sum", "mean", "nansum", "nanmean", "norm", "std", "var", "prod", "amax", "amin",
                               "max", "min", "logsumexp", "median"})  # fmt: skip
+# ops that reorder axes: a view of their result regroups axes the code already laid out itself
+AXIS_MOVING_OPS = frozenset({"permute", "transpose", "t", "movedim", "moveaxis", "swapaxes", "swapdims"})
 # ops that pad a tensor on: what relative attention's skew trick views to slide rows by one
 PADDING_OPS = frozenset({"cat", "concat", "concatenate", "pad", "constant_pad_nd"})
 # ops that only move, view or cast values: an activation's output stays that activation's
@@ -165,6 +167,7 @@ class ForwardObserver(TorchFunctionMode):
         # views/reshapes in the model's own code that move an axis (see moved_axis), in words
         self.moved_axes: list[str] = []
         self._padded: dict[int, weakref.ref] = {}  # outputs of cat/pad: what a skew trick views
+        self._permuted: dict[int, weakref.ref] = {}  # outputs of permute/transpose (and their copies)
         # a batch_norm called as a function with training=True (MAML's functional learner): batch
         # statistics in any mode, which couple the samples whatever model.eval() says
         self.functional_batch_statistics = False
@@ -310,6 +313,9 @@ class ForwardObserver(TorchFunctionMode):
             self.functional_batch_statistics = True
         if op in PADDING_OPS and isinstance(out, torch.Tensor):
             self._padded[id(out)] = weakref.ref(out)
+        copied = op in ("contiguous", "clone", "to", "float") and first is not None and _held(self._permuted, first)
+        if isinstance(out, torch.Tensor) and first is not None and (op in AXIS_MOVING_OPS or copied):
+            self._permuted[id(out)] = weakref.ref(out)
         if op in ("view", "reshape") and first is not None and len(self.moved_axes) < 8:
             self._moved_axis(op, module_name, first, first_output(out))
         kind = vocab.activation_kind(op)
@@ -332,10 +338,14 @@ class ForwardObserver(TorchFunctionMode):
 
     def _moved_axis(self, op: str, module_name: str, first: torch.Tensor, out: torch.Tensor | None) -> None:
         before, after = list(first.shape), list(out.shape) if out is not None else []
-        padded = self._padded.get(id(first))
-        if padded is not None and padded() is first:
+        if _held(self._padded, first):
             # relative attention's skew (Transformer-XL's _rel_shift, Music Transformer's): a zero
             # column padded on, the (q, k + 1) scores viewed as (k + 1, q) so each row slides by one
+            return
+        if _held(self._permuted, first):
+            # axes the code moved itself just before: RetinaNet's head output permute(0, 2, 3, 1)
+            # .contiguous().view(N, -1, 4) is laid out (N, H, W, A * 4), and whichever of its lengths
+            # equals another axis's does so by chance
             return
         if out is not None and moved_axis(before, after):
             where = f"{module_name}.forward" if module_name else "forward"
@@ -507,6 +517,12 @@ def _layers_as_run(layers: list[LayerInfo], seen: ForwardObserver) -> list[Layer
         elif name in kinds:
             ordered.append(LayerInfo(name=name, type=kinds[name], input_from=seen.input_from.get(name)))
     return ordered + list(by_name.values())
+
+
+def _held(table: dict[int, weakref.ref], t: torch.Tensor) -> bool:
+    """Whether ``t`` itself (not a later tensor reusing its id) is in ``table``."""
+    ref = table.get(id(t))
+    return ref is not None and ref() is t
 
 
 def _reduced_back(out: torch.Tensor, ndim: int, args: tuple, kwargs: dict) -> torch.Tensor:
