@@ -920,7 +920,8 @@ CONVERGED_PROGRESS = 0.9  # a loss that fell by this share of its start fit its 
     "Tiny batches make the loss noisy",
     detects="A batch of at most 4 samples at the loss (the size most loss calls were made with, so that "
     "evaluation on large batches does not hide it; along the axis the sample-independence probe found the "
-    "samples on, else the first) together with step-to-step loss swings over 20% "
+    "samples on, else the first; a one-value output with no targets is a loss the model computed itself, "
+    "no batch) together with step-to-step loss swings over 20% "
     "of the local loss level, or through BatchNorm whatever the swings (its batch statistics over a few "
     "samples are noise). Info in a preflight (no loss history): the probes' batch that small; "
     f"info too when each step averages over {DENSE_TARGETS} targets or more (a few images in "
@@ -943,7 +944,9 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     per_sample: dict[int, int] = {}  # targets per sample, by batch size
     axis = samples_axis(report)
     for c in loss_calls(report):
-        if c.output_shape:
+        # a model that computes its own loss (RetinaNet's forward returns its focal and box losses)
+        # hands the loss one value, [] or [1]: that is no batch of one
+        if c.output_shape and not (len(c.output_shape) == 1 and c.output_shape[0] == 1 and c.target_shape is None):
             # an output with an axis after it: (time, batch, features); a time-major RNN's (batch, classes) head has not
             at = axis if len(c.output_shape) > axis + 1 else 0
             size = c.output_shape[at]

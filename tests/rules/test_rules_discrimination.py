@@ -718,6 +718,22 @@ def test_tiny_training_batches_are_seen_beside_large_evaluation_batches():
     assert "NNDX311" not in found(32)
 
 
+def test_a_model_that_returns_its_own_loss_is_no_batch_of_one():
+    """RetinaNet's forward returns its focal and box losses, shape [1] each, and the loss
+    function only adds them: the loss call sees a one-value output and no targets. That is
+    no batch of one (its BatchNorm made it a warning); outputs of one row with targets are."""
+    from .broken import loss_call, tiny_batch
+
+    def found(output_shape: list[int], target_shape: list[int] | None) -> set[str]:
+        calls = [loss_call(output_shape=output_shape, target_shape=target_shape).model_copy(update={"calls": 120})]
+        report = tiny_batch()
+        loop = report.loop.model_copy(update={"loss_calls": calls, "has_batchnorm": True})
+        return {f.rule_id for f in diagnose(report.model_copy(update={"loop": loop})).findings}
+
+    assert "NNDX311" not in found([1], None)
+    assert "NNDX311" in found([2, 10], [2]) and "NNDX311" in found([2], None)
+
+
 def test_time_major_batches_are_counted_along_the_axis_that_holds_the_samples():
     """The NTM copy task's outputs are (time, batch, bits): sequences of 1-4 steps of a batch
     of 8. Read along axis 0 that was "batch size 4" and a BATCH_TOO_SMALL warning; the sample-
