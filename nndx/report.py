@@ -673,6 +673,9 @@ class LossCall(Schema):
     target_min: Float | None = Field(None, description="smallest floating-point target seen")
     target_max: Float | None = Field(None, description="largest floating-point target seen")
     ignore_index: int | None = Field(None, description="the class index the loss was told to skip (when >= 0)")
+    class_weight_ratio: Float | None = Field(
+        None, description="largest over smallest of the per-class weights the loss was given (CrossEntropyLoss's "
+        "weight=, one per class), over its calls: classes weighted against an imbalance")
     ignored_target_fraction: Fraction | None = Field(
         None, description="largest share of a call's targets equal to ignore_index")
     scored_classes: Count | None = Field(

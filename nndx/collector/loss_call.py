@@ -86,6 +86,19 @@ def _dtype(t: torch.Tensor | None) -> str | None:
     return None if t is None else str(t.dtype).removeprefix("torch.")
 
 
+def _class_weight_ratio(weight: Any, output: torch.Tensor) -> float | None:
+    """Largest over smallest of ``weight`` when it holds one positive, finite weight per
+    class of ``output`` (on its class axis, 1 or last): a loss's ``weight=``. Anything else
+    a loss object calls ``weight`` (a scalar factor, a module's parameter) is not read."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or output.dim() < 2 or len(weight) < 2:
+        return None
+    if len(weight) not in (output.shape[1], output.shape[-1]) or not weight.is_floating_point():
+        return None
+    with torch.no_grad():
+        lo, hi = float(weight.min()), float(weight.max())
+    return hi / lo if lo > 0 and math.isfinite(hi) else None
+
+
 class LossCallLog:
     """Loss calls, aggregated by signature (at most ``max_signatures`` kept)."""
 
@@ -95,9 +108,11 @@ class LossCallLog:
 
     def add(self, loss_type: str, output: Any, target: Any, measure: bool = False,
             defer: Callable[[Pending, Callable[[Any], None]], None] | None = None,
-            ignore_index: int | None = None, activation: str | None = None) -> dict[str, Any] | None:
+            ignore_index: int | None = None, activation: str | None = None,
+            class_weight: Any = None) -> dict[str, Any] | None:
         """Count a call of ``loss_type`` on ``output`` and ``target`` (anything that is not
-        a tensor output is not evidence of its kind, and is left out). ``defer``: hand the
+        a tensor output is not evidence of its kind, and is left out). ``class_weight``: the
+        loss's per-class weights (``weight=``), if any. ``defer``: hand the
         evidence's values to this instead of fetching them now (the Monitor's Deferred).
         Returns the signature's entry (None when left out), for what only the caller knows:
         ``entry["applies"]``, what a loss of the user's own applied to the outputs itself."""
@@ -124,6 +139,9 @@ class LossCallLog:
             }
         if activation is not None:
             entry["output_activation"] = activation
+        ratio = _class_weight_ratio(class_weight, output)
+        if ratio is not None:
+            entry["class_weight_ratio"] = max(ratio, entry.get("class_weight_ratio") or ratio)
         if ignore_index is not None and ignore_index >= 0 and target_t is not None and not target_t.is_floating_point():
             _note_ignored(entry, target_t, int(ignore_index))
         if output.is_floating_point() and output.numel() > 0:
@@ -239,8 +257,9 @@ class InnerLossCalls(TorchFunctionMode):
             target = args[1] if len(args) > 1 else kwargs.get("target")
             if self.log is not None:
                 known, made = self.observer.output_activation(output) if self.observer is not None else (False, None)
+                weight = kwargs.get("weight", args[2] if len(args) > 2 else None)
                 self.log.add(kind.name, output, target, ignore_index=kwargs.get("ignore_index"),
-                             activation=made if known else None)  # fmt: skip
+                             activation=made if known else None, class_weight=weight)  # fmt: skip
             self.last = (kind.name, output, target)
         result = func(*args, **kwargs)
         if self._origin:

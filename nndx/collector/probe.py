@@ -550,7 +550,8 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
         calls = LossCallLog()
         predicted = prediction(output)
         outer = (calls.add(loss_name(setup.loss_fn), predicted, targets,
-                           ignore_index=getattr(setup.loss_fn, "ignore_index", None))
+                           ignore_index=getattr(setup.loss_fn, "ignore_index", None),
+                           class_weight=getattr(setup.loss_fn, "weight", None))
                  if setup.loss_fn is not None else None)  # fmt: skip
         # a loss of the user's own: what reaches torch's loss inside it, and any softmax it applies itself
         own_loss = setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None

@@ -140,13 +140,19 @@ def duplicates(report: DiagnosticReport) -> list[Hit]:
     return hits
 
 
+WEIGHTED_CLASSES = 2.0  # per-class loss weights this far apart are a deliberate re-weighting
+
+
 @rule(
     "NNDX504",
     C.CLASS_IMBALANCE,
     "warning",
     "Classes imbalanced over 10:1",
     detects="A train split whose largest class has more than 10 times the samples of its smallest (classes "
-    "per sample; a segmentation mask's pixels are left alone: background outnumbers every object by nature).",
+    "per sample; a segmentation mask's pixels are left alone: background outnumbers every object by nature). "
+    f"Info when the loss was given per-class weights {WEIGHTED_CLASSES:g}x apart or more (weight=, as LDAM-DRW's "
+    "deferred re-weighting sets them): the imbalance is being handled. A sampler that balances the batches shows "
+    "as balanced counts when the data checks read the DataLoader.",
     why="The model can score high accuracy by predicting the majority class; minority classes get few "
     "gradient signals.",
     fix="Use class weights in the loss or a weighted sampler; report per-class metrics, not accuracy.",
@@ -165,10 +171,15 @@ def class_imbalance(report: DiagnosticReport) -> Hit | None:
     if ratio is None or not math.isfinite(ratio) or not ratio > 10:
         return None
     absent = len({k for k, count in train.class_counts.items() if count == 0} | set(train.missing_classes))
+    weighted = max((c.class_weight_ratio or 1.0 for c in loss_calls(report)), default=1.0)
+    handled = weighted >= WEIGHTED_CLASSES
     return Hit(
-        symptom=f"largest class {ratio:.1f}x the smallest" + (f"; {absent} expected classes have no sample" if absent else ""),
-        evidence={"imbalance_ratio": ratio, "class_counts": [f"{k}: {v}" for k, v in sorted(train.class_counts.items())]},
-        score=min(5.0, math.log10(ratio)),
+        symptom=f"largest class {ratio:.1f}x the smallest" + (f"; {absent} expected classes have no sample" if absent else "")
+        + (f"; the loss weights the classes ({weighted:.3g}x apart)" if handled else ""),
+        evidence={"imbalance_ratio": ratio, "class_counts": [f"{k}: {v}" for k, v in sorted(train.class_counts.items())],
+                  "loss_class_weight_ratio": weighted if weighted > 1.0 else None},  # fmt: skip
+        severity="info" if handled else None,
+        score=min(5.0, math.log10(ratio)) / (4 if handled else 1),
     )
 
 

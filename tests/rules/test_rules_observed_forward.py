@@ -516,3 +516,30 @@ def test_the_output_activation_is_that_of_the_output_the_loss_reads(softmax):
     codes = {f.code.value for f in nndx.diagnose(report).findings if f.severity != "info"}
     assert "WRONG_OUTPUT_ACTIVATION" not in codes
     assert ("DOUBLE_SOFTMAX" in codes) == softmax
+
+
+@pytest.mark.parametrize("path", ["module", "functional"])
+def test_class_imbalance_the_loss_weights_against_is_context(path):
+    """LDAM-DRW trains on a long-tailed split (143:1 here) on purpose and re-weights the
+    classes in its loss (F.cross_entropy(..., weight=per_cls_weights)). Imbalance the loss
+    weights against is context; the same split with an unweighted loss warns."""
+    torch.manual_seed(0)
+    counts = [143, 86, 51, 30, 18, 11, 6, 3, 2, 1]
+    y = torch.cat([torch.full((n,), k) for k, n in enumerate(counts)])
+    x = torch.randn(len(y), 8) + y[:, None].float()
+    weights = 1.0 / torch.tensor(counts, dtype=torch.float)
+    weights = weights / weights.sum() * len(counts)
+
+    def severity(weight):
+        if path == "module":
+            loss = torch.nn.CrossEntropyLoss(weight=weight)
+        else:
+            def loss(out, target):
+                return F.cross_entropy(out, target, weight=weight)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+        report = nndx.probe(model, (x[::3], y[::3]), loss, data=(x, y), probes=[])
+        return next((f.severity for f in nndx.diagnose(report).findings if f.rule_id == "NNDX504"), None)
+
+    assert severity(None) == "warning"
+    assert severity(weights) == "info"
+    assert severity(torch.ones(10)) == "warning"  # weights that weight nothing

@@ -28,8 +28,9 @@ class LossCalls(Watcher):
         """``loss_fn`` with each call recorded first; ``guard(source, fn)`` turns an
         exception of the recording into a report error."""
         loss_type = loss_name(loss_fn)
-        observe = guard("loss_fn", lambda output, target: self.log.add(loss_type, output, target, measure=ctx.recording,
-                                                                      defer=ctx.defer.statistics))
+        observe = guard("loss_fn", lambda output, target: self.log.add(
+            loss_type, output, target, measure=ctx.recording, defer=ctx.defer.statistics,
+            class_weight=getattr(loss_fn, "weight", None)))
 
         @functools.wraps(loss_fn)
         def wrapped(*args: Any, **kwargs: Any) -> torch.Tensor:
