@@ -173,9 +173,9 @@ def class_imbalance(report: DiagnosticReport) -> Hit | None:
     absent = len({k for k, count in train.class_counts.items() if count == 0} | set(train.missing_classes))
     weighted = max((c.class_weight_ratio or 1.0 for c in loss_calls(report)), default=1.0)
     handled = weighted >= WEIGHTED_CLASSES
+    symptom = f"largest class {ratio:.1f}x the smallest" + (f"; {absent} expected classes have no sample" if absent else "")
     return Hit(
-        symptom=f"largest class {ratio:.1f}x the smallest" + (f"; {absent} expected classes have no sample" if absent else "")
-        + (f"; the loss weights the classes ({weighted:.3g}x apart)" if handled else ""),
+        symptom=symptom + (f"; the loss weights the classes ({weighted:.3g}x apart)" if handled else ""),
         evidence={"imbalance_ratio": ratio, "class_counts": [f"{k}: {v}" for k, v in sorted(train.class_counts.items())],
                   "loss_class_weight_ratio": weighted if weighted > 1.0 else None},  # fmt: skip
         severity="info" if handled else None,

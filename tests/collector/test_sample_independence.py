@@ -225,6 +225,37 @@ def test_functional_batch_statistics_are_not_read_as_a_reshape():
     assert result.status == "skipped" and result.changed_samples > 0 and "batch_norm" in result.message
 
 
+class MinibatchStddevCritic(nn.Module):
+    """StyleGAN2's discriminator end (rosinality/stylegan2-pytorch): the standard deviation
+    of each feature over groups of 4 samples, ``out.view(group, -1, ...).var(0)``, averaged
+    and concatenated as one more channel, so that the critic sees the batch's variety (and
+    mode collapse). The samples are coupled on purpose. ``spread=False``: the same critic
+    with the batch mean subtracted instead, ``x - x.mean(0)``, which is no such design."""
+
+    def __init__(self, spread: bool = True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.out, self.spread = nn.Conv2d(1, 8, 3, padding=1), nn.Linear(9 * 16, 1), spread
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        if not self.spread:
+            return self.out(torch.cat([h, h[:, :1] - h[:, :1].mean(0)], 1).flatten(1))
+        n, c, height, width = h.shape
+        group = min(n, 4)
+        stddev = h.view(group, -1, 1, c, height, width)
+        stddev = torch.sqrt(stddev.var(0, unbiased=False) + 1e-8).mean([2, 3, 4], keepdim=True).squeeze(2)
+        stddev = stddev.repeat(group, 1, height, width)
+        return self.out(torch.cat([h, stddev], 1).flatten(1))
+
+
+def test_a_minibatch_standard_deviation_couples_the_samples_by_design():
+    x, y = torch.randn(16, 1, 4, 4), torch.rand(16, 1)
+    result = sample_independence(MinibatchStddevCritic(), (x, y))
+    assert result.status == "skipped" and result.changed_samples > 0 and "var" in result.message
+    assert sample_independence(MinibatchStddevCritic(spread=False), (x, y)).status == "failed"
+
+
 class LengthSortedClassifier(nn.Module):
     """bentrevett's sentiment RNN in the pre-1.1 recipe: the batch sorted by length for
     pack_padded_sequence(enforce_sorted=True); ``unsort=False`` (the bug) returns the

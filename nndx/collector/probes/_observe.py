@@ -63,6 +63,8 @@ WHOLE_REDUCTIONS = frozenset({"sum", "mean", "nansum", "nanmean", "norm", "std",
                               "max", "min", "logsumexp", "median"})  # fmt: skip
 # ops that reorder axes: a view of their result regroups axes the code already laid out itself
 AXIS_MOVING_OPS = frozenset({"permute", "transpose", "t", "movedim", "moveaxis", "swapaxes", "swapdims"})
+# spread statistics: over the samples axis, a design (minibatch standard deviation), not a slip
+SPREAD_OPS = frozenset({"var", "std", "var_mean", "std_mean"})
 # ops that pad a tensor on: what relative attention's skew trick views to slide rows by one
 PADDING_OPS = frozenset({"cat", "concat", "concatenate", "pad", "constant_pad_nd"})
 # ops that only move, view or cast values: an activation's output stays that activation's
@@ -108,6 +110,16 @@ def float_dtypes(values: Any) -> list[torch.dtype]:
 def _in_place(op: str) -> bool:
     """``add_``, ``__iadd__``: an op that writes its result into its first argument."""
     return (op.endswith("_") and not op.endswith("__")) or (op.startswith("__i") and op.endswith("__"))
+
+
+def _dims(args: tuple, kwargs: dict, ndim: int) -> set[int]:
+    """The axes a reduction was given (dim= or its first positional int or sequence),
+    non-negative; empty when none was."""
+    dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    dims = (dims,) if isinstance(dims, int) else dims
+    if not isinstance(dims, (tuple, list)):
+        return set()
+    return {d % ndim for d in dims if isinstance(d, int) and not isinstance(d, bool)}
 
 
 def _reduces_every_axis(op: str, args: tuple, kwargs: dict) -> bool:
@@ -171,6 +183,9 @@ class ForwardObserver(TorchFunctionMode):
         # a batch_norm called as a function with training=True (MAML's functional learner): batch
         # statistics in any mode, which couple the samples whatever model.eval() says
         self.functional_batch_statistics = False
+        # a variance or standard deviation over the leading axis in the model's own code, as (what, that axis's
+        # length): a minibatch standard deviation (ProGAN's, StyleGAN's critics) couples the samples on purpose
+        self.leading_spreads: list[tuple[str, int]] = []
         self.params_read: set[int] = set()  # ids of the parameters any torch call in the forward read
         # reductions in the model's own code over every axis of a tensor (torch.sum(x), no dim=), as
         # "<op> of a [shape] tensor in <module>"
@@ -311,6 +326,11 @@ class ForwardObserver(TorchFunctionMode):
             self.sorted_lengths.add(int(first.shape[dim]))
         if op == "batch_norm" and (args[5] if len(args) > 5 else kwargs.get("training", False)):
             self.functional_batch_statistics = True
+        spread = op in SPREAD_OPS and first is not None and first.dim() >= 2 and not isinstance(first, nn.Parameter)
+        if spread and 0 in _dims(args, kwargs, first.dim()):
+            where = f" in {module_name}" if module_name else ""
+            what = f"{op} over axis 0 of a {list(first.shape)} tensor{where}"
+            self.leading_spreads.append((what, int(first.shape[0])))
         if op in PADDING_OPS and isinstance(out, torch.Tensor):
             self._padded[id(out)] = weakref.ref(out)
         copied = op in ("contiguous", "clone", "to", "float") and first is not None and _held(self._permuted, first)

@@ -48,6 +48,11 @@ Nodes of one graph are no batch: when an input, or a tensor the model keeps besi
 parameters (vgae_pytorch's normalised adjacency is an attribute of its layers), is a matrix
 over the samples, they depend on each other by design and the probe says ``skipped``.
 
+A variance or standard deviation the model's own code takes over the leading axis of a view
+of the batch (a minibatch standard deviation: ProGAN's and StyleGAN's critics append the
+spread of each feature over groups of samples as one more channel, to see mode collapse)
+couples the samples by design: moved outputs then say ``skipped``, with the statistic named.
+
 Randomness in the forward: both forwards start from one seed, so a draw that does not
 depend on the samples (pytorch-seq2seq's teacher-forcing coin per step) is the same in
 both. A forward that draws as many times as the samples say (GraphSAGE's neighbour
@@ -152,6 +157,12 @@ def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceRes
             f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward calls "
             "batch_norm as a function with training=True: batch statistics couple the samples in any mode, by design "
             "in a functional learner (MAML's); the eval-mode probe judges batch statistics"))  # fmt: skip
+    spreads = [what for what, length in seen.leading_spreads if 1 < length <= samples and samples % length == 0]
+    if moved and spreads:
+        return SampleIndependenceResult(status="skipped", **common, message=(
+            f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward takes "
+            f"a spread statistic across the samples ({spreads[0]}): a minibatch standard deviation (ProGAN's and "
+            "StyleGAN's critics) that shows the critic the batch's variety couples the samples by design"))  # fmt: skip
     if moved and draws:
         return SampleIndependenceResult(status="skipped", **common, message=(
             f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward draws "
