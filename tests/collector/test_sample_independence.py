@@ -531,3 +531,13 @@ def test_per_step_targets_of_another_width_are_per_position_not_per_sample(batch
     actions, latents = torch.randn(8, batch_size, 3, generator=g), torch.randn(8, batch_size, 4, generator=g)
     result = sample_independence(StepPredictor(), ((actions, latents), torch.randn(8, batch_size, 4, generator=g)))
     assert result.status != "failed", result.message
+
+
+def test_one_image_with_dense_targets_is_a_batch_of_one_not_of_its_rows():
+    """Style transfer, deep image prior, super-resolution on one image: a [1, 3, 8, 8] input
+    beside [1, 8, 8, 8] targets shares only the 8 pixels a side, and a convolution mixes
+    neighbouring rows by design. The batch is the leading axis both agree on: one image."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+    result = sample_independence(model, (torch.rand(1, 3, 8, 8), torch.rand(1, 8, 8, 8)))
+    assert result.status == "skipped" and "only 1 samples" in result.message

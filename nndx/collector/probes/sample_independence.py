@@ -242,7 +242,9 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
         return [], "a sparse input (a graph's adjacency, say): its rows are not samples the probe can swap"
     if target is None or target.dim() == 0:
         return [], "no targets to tell which axis of the inputs holds the samples"
-    shared = _shared_length(inputs, targets) if target.dim() >= 2 else None
+    # (a leading axis the inputs and targets agree on is the batch, of one image even: style transfer's
+    # [1, 3, 8, 8] image beside [1, 8, 8, 8] features share only their 8 pixels a side, which are no samples)
+    shared = _shared_length(inputs, targets) if target.dim() >= 2 and target.shape[0] != first.shape[0] else None
     # a trailing axis of one (a regression's (N, 1) targets for (N, 1) inputs) is no time axis
     per_position = target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()])
     # or per step, with features of another width ((time, batch, 4) next latents for (time, batch, 3) actions)
