@@ -408,6 +408,11 @@ def _why_not(spec: ProbeSpec, setup: _Setup, have_data: bool, trained_steps: int
                 f"model the {spec.title} measures the training already done (overfitting 'in 0 steps'); "
                 "probe before training, or pass initial_state= a state_dict saved before training")  # fmt: skip
     model, _ = setup.state_for(spec)
+    if spec.trains and not any(p.requires_grad for p in nn.Module.parameters(model)):
+        outside = setup.optimizer is not None and optimizer_coverage(model, setup.optimizer)[1]
+        return ("the model has no trainable parameters" + (
+            f": the optimizer trains {outside} tensors outside it (an input or a latent being optimised, as style "
+            "transfer does), which the probes do not train" if outside else ""))
     nonfinite = _nonfinite_parameters(model)
     if nonfinite and spec.needs_finite_parameters:
         return (f"{len(nonfinite)} parameter tensor(s) are already non-finite (first: {nonfinite[0]}); "

@@ -252,7 +252,9 @@ def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
 )
 def detached_graph(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    if loop is not None and loop.logged_loss_reaches_params is False and loop.steps > 0:
+    # a model with nothing trainable has no parameter for a loss to reach: what is frozen is NNDX305's
+    nothing_trainable = loop is not None and loop.trainable_param_count == 0 and bool(loop.frozen_params)
+    if loop is not None and loop.logged_loss_reaches_params is False and loop.steps > 0 and not nothing_trainable:
         return Hit(symptom="the loss logged for this model does not depend on any of its trainable parameters: the "
                    "steps follow a loss that never reaches them (computed from detached outputs, e.g. a "
                    "generator's loss on fake.detach())", evidence={"steps": loop.steps}, severity="error",
@@ -288,7 +290,9 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
     C.FROZEN_PARAMETERS,
     "warning",
     "Parameters frozen (requires_grad=False) and nothing else learns",
-    detects="Frozen parameters while nothing trainable remains (error); frozen weights of which at least "
+    detects="Frozen parameters while nothing trainable remains (error; info when the optimizer trains tensors "
+    "outside the model instead: an input image or a latent optimised through a fixed network, as neural style "
+    "transfer does); frozen weights of which at least "
     "half still hold a standard initialisation — PyTorch's default uniform, a He/Xavier/LeCun normal, a "
     "norm layer's ones (warning); or "
     "frozen parameters, at least 1% of the model's, while the train loss is not moving (warning; DINO's fixed "
@@ -319,6 +323,12 @@ def frozen(report: DiagnosticReport) -> Hit | None:
         "frozen_at_init": (loop.frozen_at_init or [])[:20],
         "frozen_checked": loop.frozen_checked,
     }
+    if trainable == 0 and loop.optimizer_params_not_in_model:
+        return Hit(symptom=f"every parameter of the model is frozen, and the optimizer trains "
+                   f"{loop.optimizer_params_not_in_model} tensors outside it: an input or a latent being optimised "
+                   "through a fixed model (style transfer, an adversarial example, GAN inversion)",
+                   evidence=evidence | {"optimizer_params_not_in_model": loop.optimizer_params_not_in_model},
+                   severity="info", score=0.5)  # fmt: skip
     if trainable == 0:
         return Hit(symptom="every parameter is frozen", evidence=evidence, severity="error", score=3.0)
     if frozen_untrained(report):

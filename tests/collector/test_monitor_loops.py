@@ -1271,3 +1271,46 @@ def test_per_sample_gradients_under_torch_func_do_not_reach_the_monitors_hooks()
     report = mon.report()
     assert mon.steps == 4 and not report.errors, report.errors
     assert report.layers, "the ordinary forwards' layer statistics are still recorded"
+
+
+class StyleExtractor(nn.Module):
+    """Neural style transfer (the PyTorch tutorial): a fixed convolutional extractor, frozen
+    with requires_grad_(False), and a content loss on its features; the optimizer trains the
+    input image. ``optimise="model"`` is the bug: the same frozen extractor is what the
+    optimizer holds, and nothing trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+
+    def forward(self, image):
+        return self.features(image)
+
+
+@pytest.mark.parametrize("optimise", ["image", "model"])
+def test_an_image_optimised_through_a_frozen_model_is_no_frozen_or_detached_model(optimise):
+    extractor = StyleExtractor().requires_grad_(False)
+    content = torch.rand(1, 3, 8, 8)
+    target = extractor(content).detach()
+    image = torch.rand(1, 3, 8, 8, requires_grad=True)
+    loss_fn = nn.MSELoss()
+    params = [image] if optimise == "image" else list(extractor.parameters())
+    optimizer = torch.optim.Adam(params, lr=0.05)
+    with Monitor(extractor, optimizer, every=5) as mon:
+        for _ in range(30):
+            optimizer.zero_grad()
+            loss = loss_fn(extractor(image), target)
+            if loss.requires_grad:
+                loss.backward()
+            optimizer.step()
+            mon.log(loss)
+    report = nndx.probe(extractor, (image.detach().clone(), target), loss_fn, optimizer=optimizer, monitor=mon)
+    findings = nndx.diagnose(report).findings
+    alarms = {f.rule_id for f in findings if f.severity != "info"}
+    if optimise == "image":
+        assert alarms == set(), [(f.rule_id, f.symptom) for f in findings]
+        assert report.probes.overfit_one_batch.status == "skipped" and "outside it" in report.probes.overfit_one_batch.message
+        assert not report.errors, report.errors
+    else:
+        assert next(f for f in findings if f.rule_id == "NNDX305").severity == "error"

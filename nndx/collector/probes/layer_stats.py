@@ -78,14 +78,19 @@ def hook_statistics(
             output = forward(model_copy, inputs)
             with InnerLossCalls() as inner:
                 loss = compute_loss(loss_fn, output, targets)
-        loss.backward()
+        # a model with nothing to train (style transfer's frozen extractor, whose optimizer trains the image):
+        # its activations are measured, and there is no gradient or step to take
+        trains = loss.requires_grad
+        if trains:
+            loss.backward()
         layers = _in_forward_order(recorder.finish_step() + seen.layer_records(step), seen.timeline)
         try:
-            unused = _unused_modules(model_copy, inputs, targets, loss_fn, seen.params_read)
+            unused = _unused_modules(model_copy, inputs, targets, loss_fn, seen.params_read) if trains else []
         except Exception:  # noqa: BLE001 - an extra forward the model cannot take: no claim, the statistics stand
             unused = []
         before = snapshot_parameters(model_copy)
-        optimizer_step(opt, lambda: compute_loss(loss_fn, forward(model_copy, inputs), targets))
+        if trains:
+            optimizer_step(opt, lambda: compute_loss(loss_fn, forward(model_copy, inputs), targets))
         parameters = parameter_stats(model_copy, before, step)
     # the summary wants every leaf (dropout, flatten...) in the order it ran
     summary = observed_summary(summarize_model(model, [n for n in seen.timeline if n in dict(model.named_modules())]),
