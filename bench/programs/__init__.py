@@ -226,4 +226,10 @@ PROGRAMS = (
     "alpaca",
     "detr",
     "retinanet",
+    "stylegan2",
+    "neural_style",
+    "jem",
+    "treelstm",
+    "vrnn",
+    "deep_image_prior",
 )
