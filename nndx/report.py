@@ -719,7 +719,9 @@ class LoopStats(Schema):
         "trainable parameter; None when none was logged as a tensor with a graph")
     logged_loss_through_other_models: bool | None = Field(
         None, description="whether those losses also run through trainable parameters the Monitor does not watch "
-        "(a GAN's generator loss through the discriminator): an adversarial loss need not fall")
+        "(a GAN's generator loss through the discriminator) or through another Monitor's model's output, or the "
+        "model was fed such an output (a GAN's players, each frozen while the other steps): an adversarial loss "
+        "need not fall")
     loss_targets_from_output: bool | None = Field(
         None, description="whether the loss function computes the targets it compares with from the model's output "
         "(self-training: DEC's target distribution, pseudo-labels), so its objective moves as the model does; None "

@@ -11,6 +11,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _probe_models import train_under
 from torch import nn
 
@@ -498,6 +499,48 @@ def test_two_monitors_on_a_gan_do_not_fight():
     assert mon_g.report().errors == mon_d.report().errors == []
 
 
+def test_gan_players_frozen_in_turn_are_each_trained_against_the_other():
+    """StyleGAN2's loop (rosinality): requires_grad switched off on the generator while the
+    discriminator steps and the other way round, so no parameter of the opponent is in
+    either loss's graph. Each player's loss is still trained against the other (need not
+    fall), which the discriminator's input and the generator's loss graph tell. Two
+    Monitors on two models trained one on top of the other's output are no adversaries:
+    an encoder's own Monitor is not fed the decoder's output."""
+    G, D, opt_g, opt_d = gan()
+    g = torch.Generator().manual_seed(2)
+    mon_g, mon_d = Monitor(G, opt_g, every=2), Monitor(D, opt_d, every=2)
+    for _ in range(6):
+        real = torch.randn(16, 8, generator=g) * 0.5 + 1.0
+        G.requires_grad_(False), D.requires_grad_(True)
+        fake = G(torch.randn(16, 4, generator=g))
+        loss_d = F.softplus(D(fake)).mean() + F.softplus(-D(real)).mean()
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        mon_d.log(loss_d)
+        G.requires_grad_(True), D.requires_grad_(False)
+        loss_g = F.softplus(-D(G(torch.randn(16, 4, generator=g)))).mean()
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+        mon_g.log(loss_g)
+    mon_d.close()
+    mon_g.close()
+    assert mon_g.report().loop.logged_loss_through_other_models is True
+    assert mon_d.report().loop.logged_loss_through_other_models is True
+
+    G, _, opt_g, _ = gan()
+    mon = Monitor(G, opt_g, every=2)
+    for _ in range(3):
+        loss = G(torch.randn(16, 4, generator=g)).square().mean()
+        opt_g.zero_grad()
+        loss.backward()
+        opt_g.step()
+        mon.log(loss)
+    mon.close()
+    assert mon.report().loop.logged_loss_through_other_models is False
+
+
 @pytest.mark.parametrize("fakes_detached_in", ["d_step", "g_step"])
 def test_a_generator_stepped_on_detached_fakes_is_a_cut_graph(fakes_detached_in):
     """The discriminator's loss on undetached fakes gives the generator gradients, which
@@ -522,8 +565,9 @@ def test_a_generator_stepped_on_detached_fakes_is_a_cut_graph(fakes_detached_in)
             mon_g.log(loss_g)
     generator, discriminator = mon_g.report(), mon_d.report()
     assert discriminator.loop.logged_loss_reaches_params is True and not fired(discriminator, "NNDX304")
-    # each loss runs through the other network's weights, or (detached fakes) does not
-    assert discriminator.loop.logged_loss_through_other_models is (fakes_detached_in == "g_step")
+    # the generator's loss runs through the discriminator; the discriminator is fed the generator's fakes
+    # (undetached in one of its two steps): each is trained against the other
+    assert discriminator.loop.logged_loss_through_other_models is True
     assert generator.loop.logged_loss_through_other_models is True
     if fakes_detached_in == "d_step":  # the usual GAN loop
         assert generator.loop.logged_loss_reaches_params is True and not fired(generator, "NNDX304")

@@ -25,12 +25,13 @@ Counting conventions (what the rules read):
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from torch import nn
 
-from nndx.collector._common import orphaned_trainables
+from nndx.collector._common import iter_tensors, orphaned_trainables
 from nndx.collector.stats import (
     frozen_at_init, frozen_fingerprints, has_batchnorm, has_dropout, mode_modules, tracking_copies,
 )
@@ -41,10 +42,43 @@ LOSS_CHECKS = 3
 WALK_LIMIT = 10_000  # autograd nodes; a longer walk says nothing (counted as reaching)
 
 
-def _reaches(root: Any, params: set[int]) -> tuple[bool, bool]:
+# A model fed another watched model's output, or a loss whose graph runs through that output, is trained
+# against or on top of that model even when no parameter of it is in the graph: GAN loops switch each
+# player's requires_grad off while the other steps (StyleGAN2's). So every Monitor's models leave their id
+# on their outputs: in the metadata of the output's grad_fn (it lives and dies with the graph), and for an
+# output with no graph, in a weak reference to the last one, by model id (nothing is kept alive).
+_MADE_BY = "nndx_model"
+_LAST: dict[int, weakref.ref] = {}
+
+
+def remember_output(output: Any, model_id: int) -> None:
+    first = next(iter_tensors(output), None)
+    if first is None:
+        return
+    _LAST[model_id] = weakref.ref(first)
+    if first.grad_fn is not None:
+        first.grad_fn.metadata[_MADE_BY] = model_id
+
+
+def forget_outputs(model_ids: set[int]) -> None:
+    for model_id in model_ids:
+        _LAST.pop(model_id, None)
+
+
+def _made_by_other(node: Any, models: set[int]) -> bool:
+    maker = node.metadata.get(_MADE_BY) if hasattr(node, "metadata") else None
+    return maker is not None and maker not in models
+
+
+def _other_models_output(t: torch.Tensor, besides: set[int]) -> bool:
+    return any(model_id not in besides and ref() is t for model_id, ref in _LAST.items())
+
+
+def _reaches(root: Any, params: set[int], models: set[int] = frozenset()) -> tuple[bool, bool]:
     """Whether the autograd graph from ``root`` reaches one of ``params`` (by id), and
     whether it reaches a trainable parameter of another network (a GAN's generator loss
-    runs through the discriminator). A walk cut short counts as reaching ``params``."""
+    runs through the discriminator), or the output of a model another Monitor watches (not
+    one of ``models``). A walk cut short counts as reaching ``params``."""
     seen: set[Any] = set()
     stack = [root]
     own = other = False
@@ -59,6 +93,8 @@ def _reaches(root: Any, params: set[int]) -> tuple[bool, bool]:
         if id(variable) in params:
             own = True
         elif isinstance(variable, nn.Parameter):
+            other = True
+        elif models and _made_by_other(node, models):
             other = True
         stack.extend(child for child, _ in node.next_functions)
     return own, other
@@ -124,6 +160,8 @@ class LoopCounts(Watcher):
         self.logged_losses_checked = 0  # the first logged losses with a graph: do they reach the parameters?
         self.logged_losses_reaching = 0
         self.logged_losses_through_others = 0  # through another network's trainable parameters too
+        self._models = {id(m) for m in watched.models.values()}
+        self.fed_by_other_model = False  # a model given another Monitor's model's output as input
         self._reference = _GradReset()  # one parameter whose .grad tells a reset by hand
         # per optimizer: a loop with several (encoder and decoder, a GAN's two) may reset one
         # optimizer's gradients and forget the other's, which the counts above cannot tell
@@ -140,6 +178,8 @@ class LoopCounts(Watcher):
     def on_forward(self, ctx: StepContext, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._in_forward.add(id(module))
         self.forward_calls += 1
+        if not self.fed_by_other_model and len(_LAST) > 1:
+            self.fed_by_other_model = any(_other_models_output(t, self._models) for t in iter_tensors(args))
         if not torch.is_grad_enabled() and any(m.training for m in self._mode_modules.get(id(module), ())):
             self.no_grad_forwards_in_train_mode += 1
             self._no_grad_steps.add(ctx.step)
@@ -148,6 +188,7 @@ class LoopCounts(Watcher):
 
     def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
         self._in_forward.discard(id(module))
+        remember_output(output, id(module))
 
     def layer_forward(self, model: nn.Module) -> None:
         """A direct child of ``model`` ran outside ``model``'s own forward: the loop called
@@ -211,6 +252,9 @@ class LoopCounts(Watcher):
         for reset in self._resets.values():
             reset.remember()
 
+    def close(self) -> None:
+        forget_outputs(self._models)
+
     def check_logged_loss(self, loss: Any) -> None:
         """Whether one of the first ``LOSS_CHECKS`` logged losses with a graph reaches a
         watched trainable parameter: a generator's loss computed from ``fake.detach()``
@@ -218,7 +262,7 @@ class LoopCounts(Watcher):
         if self.logged_losses_checked >= LOSS_CHECKS or not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
             return
         self.logged_losses_checked += 1
-        own, other = _reaches(loss.grad_fn, {id(p) for _, p in self.watched.params if p.requires_grad})
+        own, other = _reaches(loss.grad_fn, {id(p) for _, p in self.watched.params if p.requires_grad}, self._models)
         self.logged_losses_reaching += own
         self.logged_losses_through_others += other
 
@@ -245,6 +289,7 @@ class LoopCounts(Watcher):
                 self.logged_losses_reaching > 0 if self.logged_losses_checked else None
             ),
             "logged_loss_through_other_models": (
+                True if self.fed_by_other_model else
                 self.logged_losses_through_others > 0 if self.logged_losses_checked else None
             ),
             "frozen_params": [n for n, p in named if not p.requires_grad],
