@@ -1797,3 +1797,24 @@ def test_the_calls_of_one_functional_activation_saturated_together_are_one_findi
     report = broken.model_copy(update={"layers": [layer for layer in broken.layers if layer.type != "Tanh"] + calls})
     found = [f for f in diagnose(report).findings if f.rule_id == "NNDX209"]
     assert len(found) == 1 and found[0].evidence["calls"] == 10 and "tanh#9" in found[0].symptom
+
+
+def test_a_small_head_without_gradient_explains_no_loss_stuck_at_chance():
+    """JEM's CCF never calls its energy head (2 of 44 parameter tensors get no gradient);
+    with labels drawn from another loader its loss stayed at ln 10. The unused head is true
+    and named, but the rest of the model trains: it explains no stuck loss. Most of the
+    model without gradient does."""
+    from nndx.report import ParameterStats
+
+    from .broken import flat, train, update
+
+    blocks = [ParameterStats(name=f"blocks.{i}.weight", shape=[8, 8], step=0, weight_norm=1.0, grad_norm=0.1,
+                             update_ratio=1e-3) for i in range(20)]  # fmt: skip
+
+    def found(grad_none):
+        report = with_loop(update(**train(flat(0, level=math.log(10)))), params_grad_none=grad_none)
+        return _found(report.model_copy(update={"parameters": report.parameters + blocks}))
+
+    head = found(["energy_output.weight", "energy_output.bias"])
+    assert head["NNDX304"].severity == "warning" and head["NNDX106"].explained_by != "NNDX304"
+    assert found([f"blocks.{i}.weight" for i in range(20)])["NNDX106"].explained_by == "NNDX304"
