@@ -56,6 +56,9 @@ __all__ = ["DEFAULT_MAX_SAMPLES", "check_data", "sample_arrays"]
 DEFAULT_MAX_SAMPLES = 10_000
 # Integral non-negative inputs whose maximum reaches this are reported as a raw range.
 RAW_RANGE_MIN_MAX = 10
+# images of which this share is raw pixels make a raw batch though the rest is not: a GAN discriminator's
+# batch of real images beside generated ones (in [-1, 1]), the real ones left at 0-255
+RAW_SHARE, RAW_SAMPLE_ROWS = 0.25, 512
 # Float labels with integral values and at most this many distinct values are taken as
 # classes (a LABEL_DTYPE smell) when the task is not given.
 MAX_INFERRED_CLASSES = 20
@@ -438,6 +441,18 @@ class _SplitResult:
         )
 
 
+def _raw_images(rows: np.ndarray) -> str | None:
+    """The range of the rows (flattened images) that are raw pixels (whole numbers from 0,
+    up to RAW_RANGE_MIN_MAX or more), when they are RAW_SHARE of the rows or more."""
+    values = rows.astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore"):
+        raw = (np.isfinite(values).all(1) & (values == np.floor(values)).all(1) & (values.min(1) >= 0)
+               & (values.max(1) >= RAW_RANGE_MIN_MAX))  # fmt: skip
+    if len(rows) == 0 or raw.mean() < RAW_SHARE:
+        return None
+    return f"{int(values[raw].min())}-{int(values[raw].max())} in {int(raw.sum())} of {len(rows)} samples"
+
+
 def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progress: bool | None,
                  index_features: list[int], scaled_features: list[int],
                  num_classes: int | None = None) -> _SplitResult:  # fmt: skip
@@ -497,6 +512,8 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
     raw_ok = x.dtype.kind == "f" or x.dtype == np.uint8
     if raw_ok and integral and lo is not None and lo >= 0 and hi >= RAW_RANGE_MIN_MAX:
         inputs["raw_range"] = f"{int(lo)}-{int(hi)}"
+    elif raw_ok and x.ndim >= 3:
+        inputs["raw_range"] = _raw_images(x2d[:RAW_SAMPLE_ROWS])
     inputs.update(
         input_nan_count=nan_count,
         input_inf_count=inf_count,

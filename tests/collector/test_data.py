@@ -575,3 +575,16 @@ def test_float_data_of_a_model_that_reads_only_integer_ids_is_not_called_unnorma
     # the same float matrix read as features by a model of float inputs is measured
     report = nndx.probe(torch.nn.Linear(10, 10), (x[:32], y[:32]), loss, data=(x, y), probes=["hooks"])
     assert report.data.train.input_max == 23
+
+
+def test_raw_real_images_beside_generated_ones_are_raw_pixels():
+    """A GAN discriminator's batch: real digits left at 0-255 beside generated images in
+    [-1, 1]. The batch as a whole is neither whole numbers nor non-negative, but its real
+    half is raw pixels. Generated images beside real ones scaled to [-1, 1] are not."""
+    rng = np.random.default_rng(0)
+    real = rng.integers(0, 256, size=(32, 1, 8, 8)).astype(np.float32)
+    fake = np.tanh(rng.normal(size=(32, 1, 8, 8))).astype(np.float32)
+    batch = np.concatenate([real, fake])
+    stats = check_data(batch, None).train
+    assert stats.raw_range is not None and stats.raw_range.startswith("0-255")
+    assert check_data(np.concatenate([real / 127.5 - 1, fake]), None).train.raw_range is None
