@@ -744,6 +744,10 @@ class LoopStats(Schema):
         0, description="backward passes whose last forward of the model ran in eval mode, in a model with dropout "
         "or batch-norm: training after model.eval() without model.train() back")
     first_eval_backward_step: Count | None = Field(None, description="the step of the first such backward pass")
+    frozen_train_mode_forwards: Count = Field(
+        0, description="forwards with grad enabled of a model that had no trainable parameter at any forward, with "
+        "its dropout or batch-norm in train mode: a fixed network run as if training (style transfer's extractor "
+        "without .eval(): batch-norm on one image's statistics, its running statistics drifting)")
     has_dropout: bool = False
     has_batchnorm: bool = False
     lr_history: list[LRPoint] = Field(default_factory=list)

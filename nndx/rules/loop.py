@@ -364,6 +364,36 @@ def frozen(report: DiagnosticReport) -> Hit | None:
     )
 
 
+@rule(
+    "NNDX328",
+    C.EVAL_MODE_FORGOTTEN,
+    "warning",
+    "A frozen network runs in train mode",
+    detects="Forwards (3 or more) with gradients enabled of a model that had no trainable parameter at any of them "
+    "while its dropout or batch-norm layers were in train mode: a fixed network (neural style transfer's "
+    "feature extractor) run without .eval(), where nothing the Monitor watches trains. A frozen backbone under a "
+    "head that trains, or a frozen encoder watched beside its decoder, is left alone: a fine-tuning recipe's choice.",
+    why="requires_grad_(False) stops the weights, not the modes: batch-norm still normalises with the batch's own "
+    "statistics (of a single image, in style transfer) and keeps overwriting its running statistics, and dropout "
+    "still drops units, so the fixed network computes something else than the one that was trained.",
+    fix="Call .eval() on the frozen network (and again after any .train() on a model that contains it).",
+)
+def frozen_in_train_mode(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or loop.frozen_train_mode_forwards < 3 or not (loop.has_dropout or loop.has_batchnorm):
+        return None
+    if loop.trainable_param_count:
+        return None  # a frozen part beside one that trains (a captioning encoder under its decoder): the recipe's
+    return Hit(
+        symptom=f"{loop.frozen_train_mode_forwards} forwards of a model with no trainable parameter ran with its "
+        + " and ".join(name for name, has in (("dropout", loop.has_dropout), ("batch-norm", loop.has_batchnorm)) if has)
+        + " in train mode",
+        evidence={"frozen_train_mode_forwards": loop.frozen_train_mode_forwards, "forward_calls": loop.forward_calls,
+                  "has_dropout": loop.has_dropout, "has_batchnorm": loop.has_batchnorm},  # fmt: skip
+        score=2.0,
+    )
+
+
 IN_STEP_SHARE = 0.8  # no-grad train-mode forwards at this share of the steps are part of the step
 
 

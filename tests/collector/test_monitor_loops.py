@@ -1334,7 +1334,7 @@ class StyleExtractor(nn.Module):
 
 @pytest.mark.parametrize("optimise", ["image", "model"])
 def test_an_image_optimised_through_a_frozen_model_is_no_frozen_or_detached_model(optimise):
-    extractor = StyleExtractor().requires_grad_(False)
+    extractor = StyleExtractor().requires_grad_(False).eval()
     content = torch.rand(1, 3, 8, 8)
     target = extractor(content).detach()
     image = torch.rand(1, 3, 8, 8, requires_grad=True)
@@ -1358,3 +1358,34 @@ def test_an_image_optimised_through_a_frozen_model_is_no_frozen_or_detached_mode
         assert not report.errors, report.errors
     else:
         assert next(f for f in findings if f.rule_id == "NNDX305").severity == "error"
+
+
+def test_a_frozen_extractor_left_in_train_mode_is_named_and_a_gan_player_frozen_in_turn_is_not():
+    """The style-transfer tutorial's bug: the VGG extractor frozen but never put in eval mode,
+    so its batch-norm normalises one image by its own statistics. A GAN's discriminator is
+    also frozen in train mode, but only while the generator steps: it trains too."""
+    extractor = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()).requires_grad_(False)
+    image = torch.rand(1, 3, 8, 8, requires_grad=True)
+    optimizer = torch.optim.Adam([image], lr=0.05)
+    with Monitor(extractor, optimizer, every=5) as mon:
+        for _ in range(10):
+            optimizer.zero_grad()
+            loss = extractor(image).square().mean()
+            loss.backward()
+            optimizer.step()
+            mon.log(loss)
+    assert fired(mon.report(), "NNDX328")
+
+    torch.manual_seed(0)
+    D = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+    opt_d = torch.optim.Adam(D.parameters(), lr=1e-3)
+    with Monitor(D, opt_d, every=5) as mon:
+        for i in range(10):  # frozen first, as while the generator steps
+            D.requires_grad_(i % 2 == 1)
+            loss = D(torch.randn(16, 8)).square().mean()
+            if i % 2 == 1:
+                opt_d.zero_grad()
+                loss.backward()
+                opt_d.step()
+                mon.log(loss)
+    assert mon.report().loop.frozen_train_mode_forwards == 0 and not fired(mon.report(), "NNDX328")

@@ -162,6 +162,8 @@ class LoopCounts(Watcher):
         self.logged_losses_through_others = 0  # through another network's trainable parameters too
         self._models = {id(m) for m in watched.models.values()}
         self.fed_by_other_model = False  # a model given another Monitor's model's output as input
+        self._ever_trainable = False  # a model with a trainable parameter at some forward (a GAN player frozen in turn)
+        self._frozen_train_mode_forwards = 0
         self._reference = _GradReset()  # one parameter whose .grad tells a reset by hand
         # per optimizer: a loop with several (encoder and decoder, a GAN's two) may reset one
         # optimizer's gradients and forget the other's, which the counts above cannot tell
@@ -185,6 +187,10 @@ class LoopCounts(Watcher):
             self._no_grad_steps.add(ctx.step)
         if torch.is_grad_enabled():
             self._last_forward_in_eval = self._in_eval(module)
+            if not self._ever_trainable:
+                self._ever_trainable = any(p.requires_grad for p in nn.Module.parameters(module))
+                training = any(m.training for m in self._mode_modules.get(id(module), ()))
+                self._frozen_train_mode_forwards += not self._ever_trainable and training
 
     def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
         self._in_forward.discard(id(module))
@@ -281,6 +287,7 @@ class LoopCounts(Watcher):
             "no_grad_train_forward_steps": len(self._no_grad_steps),
             "backward_after_eval_forward": self.backward_after_eval_forward,
             "first_eval_backward_step": self.first_eval_backward_step,
+            "frozen_train_mode_forwards": 0 if self._ever_trainable else self._frozen_train_mode_forwards,
             "trainable_param_count": sum(p.numel() for _, p in trainable),
             "params_grad_none": (
                 [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
