@@ -792,6 +792,9 @@ class LoopStats(Schema):
     limitations: list[str] = Field(
         default_factory=list, description="what the Monitor could not attach to or measure, in words"
     )
+    live_window: Count | None = Field(
+        None, description="set on the windowed report live alerts read while the loop runs (its newest points per "
+        "history): the run has not ended, so nothing can be said of how it ends")
     backward_calls_in_step: Count = Field(
         0, description="of backward_calls, those run inside optimizer.step() (a closure, as L-BFGS evaluates "
         "the loss several times per step): not gradient accumulation"

@@ -345,7 +345,8 @@ class Monitor:
         self._deferred.flush()
         limitations = [*_limitations(self.watched), *self.hooks.limitations]
         fields = _assemble([*self.watchers, *self.observers], window, self.record_error)
-        fields["loop"] = {"steps": self.ctx.step, **fields["loop"], "limitations": limitations + fields["loop"].get("limitations", [])}
+        fields["loop"] = {"steps": self.ctx.step, **fields["loop"], "limitations": limitations + fields["loop"].get("limitations", []),
+                          "live_window": window}  # fmt: skip
         return DiagnosticReport(**{**fields, "errors": [*self.errors.records, *fields.get("errors", [])]})
 
 

@@ -530,7 +530,8 @@ WARMING_SHARE = 0.6
     "more (a schedule stepped per micro-batch, or sized for a shorter run, runs out early); or an LR that never fell "
     f"over the last {WARMING_SHARE:.0%} of the recorded steps or more, rose over twice in them, ends at its peak "
     "and still rose in the last tenth (a warm-up longer than the run: llama2.c's warmup_iters=1000 for 400; info "
-    "when the loss still learned: BERT-pytorch's Noam warm-up of 10,000 steps, which short runs stay inside). "
+    "when the loss still learned: BERT-pytorch's Noam warm-up of 10,000 steps, which short runs stay inside; never "
+    "in a live alert, where the run has not ended). "
     "Cosine or one-cycle schedules sized in batches only get low in the last few percent and climb once at "
     "most, so they do not fire; warm restarts jump back to the peak in one step, a cyclic LR stays above 10%.",
     why="A per-epoch schedule (StepLR, ExponentialLR) stepped every batch decays the LR to ~0 within "
@@ -621,7 +622,8 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
         # beside the model's StepLR stepped every batch): judged per group, when it ends collapsed
         hidden = None if measured else _collapsed_group(history)
         if hidden is None:
-            rising = [] if measured else _still_warming(lrs, peak)
+            # live, the run has not ended: a warm-up under way is no warm-up longer than the run
+            rising = [] if measured or loop.live_window is not None else _still_warming(lrs, peak)
             if rising:
                 learned = loss_learned(report)
                 return Hit(

@@ -95,3 +95,25 @@ def test_alerts_off_with_alert_every_zero():
     mon = run(zero_grad=False, alert_every=0)
     assert mon.findings == []
     assert any(f.code.value == "MISSING_ZERO_GRAD" for f in mon.check_now())  # by hand it still works
+
+
+def test_a_warm_up_still_under_way_is_no_live_alert():
+    """JEM warms up over 60 iterations; every run printed 'a warm-up longer than the run never
+    reached the LR' at step 10, where the warm-up was simply under way. Live, the run has not
+    ended; the final report of a run that ends inside its warm-up still says it."""
+    model, x, y = model_and_data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    warm_up = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 100))
+    with Monitor(model, opt, every=2, alert_every=2) as mon:
+        for _ in range(40):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            warm_up.step()
+            mon.log(loss)
+    assert "NNDX307" not in [f.rule_id for f in mon.findings]
+    from nndx.rules import diagnose
+
+    assert "a warm-up longer than the run" in next(f.symptom for f in diagnose(mon.report()).findings
+                                                   if f.rule_id == "NNDX307")
