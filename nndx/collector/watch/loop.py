@@ -186,11 +186,7 @@ class LoopCounts(Watcher):
             self.no_grad_forwards_in_train_mode += 1
             self._no_grad_steps.add(ctx.step)
         if torch.is_grad_enabled():
-            self._last_forward_in_eval = self._in_eval(module)
-            if not self._ever_trainable:
-                self._ever_trainable = any(p.requires_grad for p in nn.Module.parameters(module))
-                training = any(m.training for m in self._mode_modules.get(id(module), ()))
-                self._frozen_train_mode_forwards += not self._ever_trainable and training
+            self._forward_with_grad(module)
 
     def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
         self._in_forward.discard(id(module))
@@ -201,7 +197,14 @@ class LoopCounts(Watcher):
         ``model.forward(...)`` itself (barlowtwins' ``loss = model.forward(y1, y2)``), which
         skips the model's hooks. Its mode is still ``model.training``."""
         if id(model) not in self._in_forward and torch.is_grad_enabled():
-            self._last_forward_in_eval = self._in_eval(model)
+            self._forward_with_grad(model)
+
+    def _forward_with_grad(self, model: nn.Module) -> None:
+        self._last_forward_in_eval = self._in_eval(model)
+        if not self._ever_trainable:
+            self._ever_trainable = any(p.requires_grad for p in nn.Module.parameters(model))
+            training = any(m.training for m in self._mode_modules.get(id(model), ()))
+            self._frozen_train_mode_forwards += not self._ever_trainable and training
 
     def _in_eval(self, model: nn.Module) -> bool:
         """In eval mode, and a model whose output the mode changes (dropout, batch-norm). The root's
