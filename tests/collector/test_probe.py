@@ -1347,3 +1347,23 @@ def test_an_optimizer_that_wraps_another_without_its_init_still_steps_after_the_
     nn.CrossEntropyLoss()(model(data[0]), data[1]).backward()
     optimizer.step()  # the user's training goes on
     assert not torch.equal(model[0].weight, before["state"]["0.weight"])
+
+
+def test_a_loss_cut_from_a_model_that_trains_is_evidence_and_a_frozen_model_measures_without_backward():
+    """A loss computed from detached outputs cannot train the model: the hooks probe's
+    backward raises, and that is the evidence. A model with nothing trainable (an image
+    optimised through it) is measured forward only."""
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 4), torch.randn(16, 2)
+
+    def cut(out, target):
+        return torch.nn.functional.mse_loss(out.detach(), target)
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    report = nndx.probe(model, (x, y), cut, probes=["hooks"])
+    assert any(e.source == "hooks" and e.type == "RuntimeError" for e in report.errors)
+    assert "NNDX707" in {f.rule_id for f in nndx.diagnose(report).findings}
+    image = torch.zeros(16, 4, requires_grad=True)
+    frozen = nndx.probe(model.requires_grad_(False), (x, y), torch.nn.MSELoss(), probes=["hooks"],
+                        optimizer=torch.optim.Adam([image]))  # fmt: skip
+    assert not frozen.errors and frozen.layers and all(layer.gradient is None for layer in frozen.layers)

@@ -79,8 +79,9 @@ def hook_statistics(
             with InnerLossCalls() as inner:
                 loss = compute_loss(loss_fn, output, targets)
         # a model with nothing to train (style transfer's frozen extractor, whose optimizer trains the image):
-        # its activations are measured, and there is no gradient or step to take
-        trains = loss.requires_grad
+        # its activations are measured, and there is no gradient or step to take. A model that has trainable
+        # parameters takes its backward: a loss cut from them raises, and that is evidence (NNDX707)
+        trains = any(p.requires_grad for p in nn.Module.parameters(model_copy))
         if trains:
             loss.backward()
         layers = _in_forward_order(recorder.finish_step() + seen.layer_records(step), seen.timeline)
