@@ -792,6 +792,9 @@ class LoopStats(Schema):
     limitations: list[str] = Field(
         default_factory=list, description="what the Monitor could not attach to or measure, in words"
     )
+    layers_never_run: list[str] = Field(
+        default_factory=list, description="leaf layers with parameters that no recorded step saw run (the Monitor "
+        "hooks every one): a head the forward never calls")
     live_window: Count | None = Field(
         None, description="set on the windowed report live alerts read while the loop runs (its newest points per "
         "history): the run has not ended, so nothing can be said of how it ends")

@@ -247,7 +247,8 @@ SMALL_DETACHED_SHARE = 0.1
     "when the first losses logged to the Monitor as tensors reach none of its model's trainable parameters "
     "(another loss's backward may still give them gradients: a GAN's generator stepped on a loss of "
     "detached fakes). Info when the probe found that every such parameter's module cannot move the loss "
-    "(its output, perturbed, leaves the loss unchanged, or it never ran), or that no torch call of the forward "
+    "(its output, perturbed, leaves the loss unchanged, or it never ran; or the Monitor, which hooks every leaf "
+    "layer, never saw it run), or that no torch call of the forward "
     "read the parameter itself: wasted compute, not a cut graph. At most "
     f"{SMALL_DETACHED_SHARE:.0%} of the trainable parameter tensors (JEM's unused energy head: 2 of 44) explain no "
     "other finding: the rest of the model still trains, and a loss that does not move has another cause.",
@@ -270,6 +271,9 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
     share = _share(loop.params_grad_none, report)
     severe = share is None or share >= 0.5
     unused = set(report.model.unused_modules) if report.model is not None else set()
+    # or never ran: the Monitor hooks every leaf layer with parameters (JEM's energy head, which its model's
+    # forward never calls, never showed)
+    unused |= set(loop.layers_never_run)
     if not severe and all(name in unused or name.rpartition(".")[0] in unused for name in loop.params_grad_none):
         return Hit(
             symptom=f"{len(loop.params_grad_none)} trainable parameters got no gradient: their modules' outputs "
@@ -278,6 +282,7 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
                       "share_of_trainable": share},  # fmt: skip
             severity="info",
             score=0.5,
+            refuted=True,  # modules the loss never reads explain nothing the rest of the model does
         )
     return Hit(
         symptom=f"{len(loop.params_grad_none)} trainable parameters got no gradient",

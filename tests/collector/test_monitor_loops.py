@@ -1391,3 +1391,37 @@ def test_a_frozen_extractor_left_in_train_mode_is_named_and_a_gan_player_frozen_
                 opt_d.step()
                 mon.log(loss)
     assert mon.report().loop.frozen_train_mode_forwards == 0 and not fired(mon.report(), "NNDX328")
+
+
+class UncalledHead(nn.Module):
+    """JEM's CCF: an energy head its forward never calls, beside the class head it trains."""
+
+    def __init__(self, call_head: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.class_output, self.energy_output = nn.Linear(8, 16), nn.Linear(16, 3), nn.Linear(16, 1)
+        self.call_head = call_head
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        if self.call_head:
+            self.energy_output(h.detach())  # runs, its output cut from the loss
+        return self.class_output(h)
+
+
+@pytest.mark.parametrize("call_head", [False, True])
+def test_a_head_the_forward_never_calls_is_unused_and_one_it_cuts_is_not(call_head):
+    model = UncalledHead(call_head)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    with Monitor(model, optimizer, every=2) as mon:
+        for _ in range(6):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            mon.log(loss)
+    report = mon.report()
+    (finding,) = fired(report, "NNDX304")
+    assert report.loop.layers_never_run == ([] if call_head else ["energy_output"])
+    assert finding.severity == ("warning" if call_head else "info")

@@ -1800,10 +1800,10 @@ def test_the_calls_of_one_functional_activation_saturated_together_are_one_findi
 
 
 def test_a_small_head_without_gradient_explains_no_loss_stuck_at_chance():
-    """JEM's CCF never calls its energy head (2 of 44 parameter tensors get no gradient);
-    with labels drawn from another loader its loss stayed at ln 10. The unused head is true
-    and named, but the rest of the model trains: it explains no stuck loss. Most of the
-    model without gradient does."""
+    """2 of 28 parameter tensors (a head that ran, say JEM's energy head had it been called)
+    get no gradient while the loss stays at ln 10 (labels drawn from another loader). The cut
+    head is true and named, but the rest of the model trains: it explains no stuck loss. Most
+    of the model without gradient does."""
     from nndx.report import ParameterStats
 
     from .broken import flat, train, update
@@ -1818,3 +1818,13 @@ def test_a_small_head_without_gradient_explains_no_loss_stuck_at_chance():
     head = found(["energy_output.weight", "energy_output.bias"])
     assert head["NNDX304"].severity == "warning" and head["NNDX106"].explained_by != "NNDX304"
     assert found([f"blocks.{i}.weight" for i in range(20)])["NNDX106"].explained_by == "NNDX304"
+
+
+def test_parameters_of_a_layer_the_monitor_never_saw_run_are_an_unused_head():
+    """JEM's CCF holds an energy head its forward never calls: its parameters get no gradient
+    and the Monitor (which hooks every leaf layer) never saw it run. That is an unused head;
+    a layer that ran and got no gradient is a cut graph."""
+    report = with_loop(BASE, params_grad_none=["energy_output.weight", "energy_output.bias"])
+    never = report.model_copy(update={"loop": report.loop.model_copy(update={"layers_never_run": ["energy_output"]})})
+    assert _found(never)["NNDX304"].severity == "info"
+    assert _found(report)["NNDX304"].severity == "warning"

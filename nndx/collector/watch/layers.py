@@ -37,6 +37,7 @@ class LayerStatistics(Watcher):
         self.recorder = LayerRecorder(watched.root, max_elements=max_elements, roots=watched.models.values(), guard=guard)
         self.history = History(capacity)
         self.forward_order: list[str] | None = None  # names in the order they ran, once seen
+        self._ran: set[str] = set()  # every layer seen at a recorded step
 
     def attach(self) -> list:
         """Hook the layers (the Monitor calls it, and records a failure as a limitation)."""
@@ -53,6 +54,7 @@ class LayerStatistics(Watcher):
 
     def _append(self, records: list[LayerRecord]) -> None:
         if records:
+            self._ran.update(r.name for r in records)
             self.history.append(tuple(records), pinned=any(r.nonfinite for r in records))
             if self.forward_order is None:
                 self.forward_order = [r.name for r in records]
@@ -67,7 +69,10 @@ class LayerStatistics(Watcher):
         return self.recorder.workspace_bytes
 
     def report(self, window: int | None) -> dict[str, Any]:
-        return {"layers": recorded_steps(self.history, _layer_models, window)}
+        # hooked layers with parameters no recorded step saw run (a head the forward never calls)
+        never = [name for name, module in self.recorder.modules if name not in self._ran
+                 and next(nn.Module.parameters(module, recurse=False), None) is not None] if self._ran else []  # fmt: skip
+        return {"layers": recorded_steps(self.history, _layer_models, window), "loop": {"layers_never_run": never}}
 
     def close(self) -> None:
         self.recorder.detach()
