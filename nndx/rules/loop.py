@@ -250,8 +250,9 @@ SMALL_DETACHED_SHARE = 0.1
     "(its output, perturbed, leaves the loss unchanged, or it never ran; or the Monitor, which hooks every leaf "
     "layer, never saw it run), or that no torch call of the forward "
     "read the parameter itself: wasted compute, not a cut graph. At most "
-    f"{SMALL_DETACHED_SHARE:.0%} of the trainable parameter tensors (JEM's unused energy head: 2 of 44) explain no "
-    "other finding: the rest of the model still trains, and a loss that does not move has another cause.",
+    f"{SMALL_DETACHED_SHARE:.0%} of the trainable parameter tensors (a cut head: 2 of 44) explain no other "
+    "finding, nor do unused modules: the rest of the model still trains, and a loss that does not move has another "
+    "cause.",
     why="The loss does not depend on them: a .detach(), a torch.no_grad() block, .item()/.numpy() in the "
     "forward, or a branch the forward never uses cuts them out of the graph.",
     fix="Remove the detach/no_grad/.item() between these parameters and the loss; delete unused modules "
@@ -1000,7 +1001,7 @@ def batch_too_small(report: DiagnosticReport) -> Hit | None:
     axis = samples_axis(report)
     for c in loss_calls(report):
         # a model that computes its own loss (RetinaNet's forward returns its focal and box losses)
-        # hands the loss one value, [] or [1]: that is no batch of one
+        # hands the loss one value of shape [1] and no targets: that is no batch of one
         if c.output_shape and not (len(c.output_shape) == 1 and c.output_shape[0] == 1 and c.target_shape is None):
             # an output with an axis after it: (time, batch, features); a time-major RNN's (batch, classes) head has not
             at = axis if len(c.output_shape) > axis + 1 else 0
