@@ -58,7 +58,7 @@ DEFAULT_MAX_SAMPLES = 10_000
 RAW_RANGE_MIN_MAX = 10
 # images of which this share is raw pixels make a raw batch though the rest is not: a GAN discriminator's
 # batch of real images beside generated ones (in [-1, 1]), the real ones left at 0-255
-RAW_SHARE, RAW_SAMPLE_ROWS = 0.25, 512
+RAW_SHARE, RAW_SAMPLE_ROWS = 0.25, 64
 # Float labels with integral values and at most this many distinct values are taken as
 # classes (a LABEL_DTYPE smell) when the task is not given.
 MAX_INFERRED_CLASSES = 20
@@ -444,7 +444,7 @@ class _SplitResult:
 def _raw_images(rows: np.ndarray) -> str | None:
     """The range of the rows (flattened images) that are raw pixels (whole numbers from 0,
     up to RAW_RANGE_MIN_MAX or more), when they are RAW_SHARE of the rows or more."""
-    values = rows.astype(np.float64, copy=False)
+    values = rows  # no copy: a few images of the split, read as they are
     with np.errstate(invalid="ignore"):
         raw = (np.isfinite(values).all(1) & (values == np.floor(values)).all(1) & (values.min(1) >= 0)
                & (values.max(1) >= RAW_RANGE_MIN_MAX))  # fmt: skip
