@@ -548,12 +548,10 @@ def _held(table: dict[int, weakref.ref], t: torch.Tensor) -> bool:
 def _reduced_back(out: torch.Tensor, ndim: int, args: tuple, kwargs: dict) -> torch.Tensor:
     """An ``amax``/``amin`` result with its reduced dims put back (size 1), so that
     ``input == result`` marks which element won: the side of the op's kink."""
-    dims = kwargs.get("dim", args[1] if len(args) > 1 else ())
     keepdim = kwargs.get("keepdim", args[2] if len(args) > 2 else False)
     if keepdim or out.dim() == ndim:
         return out
-    dims = (dims,) if isinstance(dims, int) else tuple(dims) or tuple(range(ndim))
-    for d in sorted(d % ndim for d in dims):
+    for d in sorted(_dims(args, kwargs, ndim) or range(ndim)):
         out = out.unsqueeze(d)
     return out
 
