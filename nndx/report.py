@@ -319,6 +319,10 @@ class GradCheckResult(ProbeResult):
     stop_gradients: Count | None = Field(
         None, description="detach() calls in the forward and loss; set on a pass that needed them letting gradients "
         "through (the backward agrees then: the stop-gradients were the difference)")
+    chained_stop_gradients: Count | None = Field(
+        None, description="of those, the detach() calls whose input the forward computed from an earlier detach's "
+        "output with no other path for the gradient: a state detached and computed on (a recurrence or a tree cut "
+        "at every step); a target branch or a straight-through estimator has none")
     loss_projected: bool = Field(
         False, description="the loss's own gradient is not the derivative of its value (a stop-gradient in it), so "
         "the check differentiated a fixed random projection of the model's outputs instead")

@@ -633,9 +633,11 @@ def samples_reordered(report: DiagnosticReport) -> Hit | None:
     "info",
     "The forward stops gradients the loss depends on",
     detects="The gradient check disagreed with finite differences, and agreed once the forward's detach() calls "
-    "let gradients through: every parameter still gets a gradient, but not along the detached paths. Info: the "
-    "same holds for stop-gradients on purpose (SimSiam's and BYOL's target branch, a VQ-VAE's straight-through "
-    "estimator); a tensor left with no gradient at all is NNDX615.",
+    "let gradients through: every parameter still gets a gradient, but not along the detached paths. A warning "
+    "when a detach's input was computed from an earlier detach's output with no other path for the gradient (a "
+    "state detached and computed on, step after step: a recurrence or a tree cut at every step). Info otherwise: "
+    "the same holds for stop-gradients on purpose (SimSiam's and BYOL's target branch, a VQ-VAE's "
+    "straight-through estimator, which keeps a path); a tensor left with no gradient at all is NNDX615.",
     why="A detach() on a tensor the loss needs through the parameters (a recurrent or ODE state detached inside "
     "each step, a feature detached before a head that should train the body) trains on part of the gradient. "
     "Nothing crashes; the loss falls more slowly or to a worse value.",
@@ -646,11 +648,16 @@ def stop_gradients(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "grad_check")
     if result is None or result.status != "passed" or not result.stop_gradients:
         return None
+    chained = result.chained_stop_gradients or 0
     return Hit(
         symptom=f"the backward agrees with finite differences only with the forward's {result.stop_gradients} "
-        "detach() calls letting gradients through",
-        evidence={"stop_gradients": result.stop_gradients, "max_relative_error": result.max_relative_error},
-        score=1.0,
+        "detach() calls letting gradients through"
+        + (f"; {chained} of them detach a state computed from an earlier detach's output alone, so no gradient "
+           "reaches the steps before" if chained else ""),
+        evidence={"stop_gradients": result.stop_gradients, "chained_stop_gradients": chained,
+                  "max_relative_error": result.max_relative_error},
+        severity="warning" if chained else None,
+        score=2.0 if chained else 1.0,
     )
 
 

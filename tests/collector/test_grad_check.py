@@ -537,6 +537,54 @@ def test_stop_gradients_in_the_forward_are_named_not_called_a_broken_backward():
     assert top.code.value == "BROKEN_BACKWARD"
 
 
+class _CutRecurrence(nn.Module):
+    """Tree-LSTM's reported bug, as a chain: each step's state is computed from the last
+    one's detach() alone, so no gradient reaches an earlier step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.cell, self.head = nn.GRUCell(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.zeros_like(x)
+        for step in range(4):  # the first detach is of a constant, which no gradient needed
+            h = self.cell(x.roll(step, 1), h.detach())
+        return self.head(h)
+
+
+class _StackedStraightThrough(nn.Module):
+    """Two vector quantisers in a row (VQ-VAE-2's, a residual VQ's): each ``x + (q - x).detach()``
+    keeps a path for the gradient past its stop-gradient, on purpose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encode, self.between, self.head = nn.Linear(8, 4), nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        z = self.encode(x)
+        for _ in range(2):
+            z = self.between(z + (z.round() - z).detach())
+        return self.head(z)
+
+
+def test_a_state_detached_and_computed_on_at_every_step_is_told_from_stop_gradients_on_purpose():
+    import nndx
+    from nndx.report import DiagnosticReport, Probes
+
+    cut = grad_check(_CutRecurrence(), batch(), nn.CrossEntropyLoss())
+    assert cut.status == "passed" and cut.stop_gradients == 4 and cut.chained_stop_gradients == 2, cut.message
+    findings = nndx.diagnose(DiagnosticReport(probes=Probes(grad_check=cut))).findings
+    assert [(f.rule_id, f.code.value, f.severity) for f in findings] == [("NNDX618", "DETACHED_GRAPH", "warning")]
+    # a target branch, a state whose residual path keeps a gradient, straight-through estimators in a row
+    for model, loss in ((_SimSiam(), _negative_cosine), (_DetachedState(), nn.CrossEntropyLoss()),
+                        (_StackedStraightThrough(), nn.CrossEntropyLoss())):  # fmt: skip
+        result = grad_check(model, batch(), loss)
+        assert result.status == "passed" and result.stop_gradients and result.chained_stop_gradients == 0, (
+            type(model).__name__, result.message)
+
+
 class MaskedLinear(nn.Linear):
     """jzbontar/pixelcnn-pytorch's masked layer: the mask is applied to ``weight.data`` in place
     at every forward, so whatever a step writes into the masked entries is wiped before it is

@@ -120,6 +120,9 @@ LOW_PRECISION_SAFETY = 16.0
 # The loss's own gradient (w.r.t. the outputs) off its finite difference by more than this
 # share: a stop-gradient in the loss, not rounding (see _loss_stops_gradients)
 STOP_GRADIENT_GAP = 1e-2
+# the first forward's detaches whose paths are compared, and the nodes walked from each
+MAX_RECORDED_DETACHES = 256
+MAX_WALKED_NODES = 20_000
 
 Mode = Literal["directional", "elementwise"]
 
@@ -253,7 +256,8 @@ def grad_check(
 
     with preserved_rng(), _no_autocast(model):
         try:
-            result = check(torch.float64)
+            stopped = _StopGradients()
+            result = check(torch.float64, through=stopped)
             if result.status == "failed" and is_torch_code(loss_fn) and not result.loss_projected:
                 # torch's own loss is tested code: outputs at the edge of its domain (BCELoss clamps
                 # p(1 - p) in its backward) make its gradient differ from its differences there
@@ -267,7 +271,7 @@ def grad_check(
                                      + (again.message or ""))  # fmt: skip
                     return again
             if result.status == "failed" and result.stop_gradients:
-                return _through_stop_gradients(result, lambda through: check(torch.float64, through=through))
+                return _through_stop_gradients(result, stopped, lambda through: check(torch.float64, through=through))
             return result
         except (RuntimeError, ValueError, TypeError) as exc:  # an RNN's dtype check raises ValueError
             if "dtype" not in str(exc).lower() and "double" not in str(exc).lower():
@@ -305,17 +309,59 @@ class _StopGradients(TorchFunctionMode):
         self.let_through = let_through
         self.calls = 0
         self.by_hand = 0
+        self.recording = True  # the first forward's detaches, in order
+        self.sources: list[set[Any]] = []
+        self.links: list[set[int]] = []
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = getattr(func, "__name__", "")
         if name in ("detach", "detach_") and args and isinstance(args[0], torch.Tensor) and not _called_by_nndx():
             self.calls += 1
+            if self.recording and len(self.links) < MAX_RECORDED_DETACHES:
+                self._record(args[0].grad_fn)
             if self.let_through:
                 return args[0]
         data = name == "__get__" and getattr(func, "__self__", None) is torch.Tensor.data
         if (data or name in ("register_hook", "register_post_accumulate_grad_hook")) and not _called_by_nndx():
             self.by_hand += 1
         return func(*args, **(kwargs or {}))
+
+    def _record(self, node: Any) -> None:
+        """Which earlier detaches' inputs this one's input is computed from (``links``). Letting
+        gradients through, a detach is the identity, so its input's node is what a later input
+        reaches when computed from its output; stopping them, only another path reaches it, or
+        the nodes it was computed from (a straight-through ``x + (q - x).detach()`` keeps ``x``)."""
+        reached = _reached_nodes(node, MAX_WALKED_NODES)
+        self.links.append({k for k, source in enumerate(self.sources) if source & reached})
+        if node is None:
+            self.sources.append(set())
+        elif self.let_through:
+            self.sources.append({node})
+        else:
+            self.sources.append({node, *(n for n, _ in node.next_functions
+                                         if n is not None and type(n).__name__ != "AccumulateGrad")})
+
+
+def _reached_nodes(node: Any, budget: int) -> set[Any]:
+    """The backward nodes reachable from ``node``, parameters' accumulators left out (shared
+    by every use of a parameter, they say nothing about the path), at most ``budget``."""
+    seen: set[Any] = set()
+    stack = [node]
+    while stack and len(seen) < budget:
+        current = stack.pop()
+        if current is None or current in seen or type(current).__name__ == "AccumulateGrad":
+            continue
+        seen.add(current)
+        stack.extend(n for n, _ in current.next_functions)
+    return seen
+
+
+def chained_detaches(stopped: _StopGradients, through: _StopGradients) -> int:
+    """The detaches whose input is computed from an earlier detach's output with no other
+    path for the gradient: a state detached and computed on, the cut repeated at every step
+    of a recurrence or a tree. Not a target branch (SimSiam's ``z.detach()``: nothing is
+    computed from it) nor a straight-through estimator (its input keeps a path)."""
+    return sum(bool(linked - kept) for linked, kept in zip(through.links, stopped.links))
 
 
 def _custom_backward_nodes(loss: torch.Tensor, params: list[torch.Tensor]) -> int:
@@ -363,7 +409,7 @@ def _called_by_nndx() -> bool:
     return frame is not None and frame.f_globals.get("__name__", "").startswith("nndx.")
 
 
-def _through_stop_gradients(failed: GradCheckResult,
+def _through_stop_gradients(failed: GradCheckResult, stopped: _StopGradients,
                             check: Callable[[_StopGradients], GradCheckResult]) -> GradCheckResult:  # fmt: skip
     """A check that failed where the forward detaches, rerun with the detaches letting
     gradients through. Agreement then says the backward is right and the disagreement was
@@ -372,20 +418,25 @@ def _through_stop_gradients(failed: GradCheckResult,
     dynamics). A tensor with no autograd gradient at all is NNDX615's, and stays failed."""
     if any(p.autograd_zero for p in failed.parameters if p.status == "bug"):
         return failed
+    through = _StopGradients(let_through=True)
     try:
-        again = check(_StopGradients(let_through=True))
+        again = check(through)
     except Exception:  # noqa: BLE001 - a forward that needs its detach (x.detach().numpy()) keeps the verdict
         return failed
     if again.status == "failed":
         return failed
     again.stop_gradients = failed.stop_gradients
+    again.chained_stop_gradients = chained_detaches(stopped, through)
     again.forward_passes += failed.forward_passes
     error = f" (max relative error {failed.max_relative_error:.3g})" if failed.max_relative_error is not None else ""
     again.message = (f"the backward differs from finite differences{error} only through the forward's "
                      f"{failed.stop_gradients} detach() calls: with them letting gradients through, it agrees. Those "
                      "stop-gradients are the difference — on purpose for a target branch (SimSiam, BYOL) or a "
                      "straight-through estimator; a bug where they cut a path the loss needs (a recurrent or ODE "
-                     "state detached inside the step); " + (again.message or ""))  # fmt: skip
+                     "state detached inside the step"
+                     + (f": {again.chained_stop_gradients} of them detach a tensor computed from an earlier detach's "
+                        "output, with no other path for its gradient" if again.chained_stop_gradients else "")
+                     + "); " + (again.message or ""))  # fmt: skip
     return again
 
 
@@ -437,6 +488,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
         with ForwardObserver(model_copy, kinks=True) as seen:
             nn.Module.zero_grad(model_copy, set_to_none=True)  # not an override: MAML's takes no set_to_none
             base = loss_now()
+            detaches.recording = False
             detach_calls = detaches.calls  # in one forward and loss
             torch_only = (detaches.by_hand == 0 and detach_calls == 0
                           and _custom_backward_nodes(base, [p for _, p in named]) == 0)  # fmt: skip
@@ -494,7 +546,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
             h.remove()
     if result.status == "failed" and torch_only:
         _torch_derivatives_only(result)
-    if result.status == "failed" and through is None:
+    if result.status == "failed" and not detaches.let_through:
         result.stop_gradients = detach_calls
     if checked_loss:
         result.forward_passes += 1  # the forward whose outputs the loss's own gradient was checked on
