@@ -726,6 +726,10 @@ class LoopStats(Schema):
         "(a GAN's generator loss through the discriminator) or through another Monitor's model's output, or the "
         "model was fed such an output (a GAN's players, each frozen while the other steps): an adversarial loss "
         "need not fall")
+    ops_before_loss: list[list[str]] = Field(
+        default_factory=list, description="the autograd ops from the op that made a watched model's output to those "
+        "logged losses, one path per output reached, without the 'Backward0' suffix (['Addmm', 'Softmax', 'Index', "
+        "'LogSoftmax', 'NllLoss', 'Mean']): what the loop did to the outputs, whichever way it called its loss")
     loss_targets_from_output: bool | None = Field(
         None, description="whether the loss function computes the targets it compares with from the model's output "
         "(self-training: DEC's target distribution, pseudo-labels), so its objective moves as the model does; None "

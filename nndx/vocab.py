@@ -156,6 +156,23 @@ BOUNDED_GRADIENT_LOSS_NAMES = frozenset({"L1Loss", "SmoothL1Loss", "HuberLoss"})
 # losses that read a (log-)softmax over the class axis of an [N, C, ...] output
 SOFTMAX_LOSS_NAMES = frozenset({"CrossEntropyLoss", "NLLLoss"})
 
+# autograd ops (grad_fn names without "Backward0") that move or pick values without changing them
+SHAPE_OPS = frozenset({"View", "Reshape", "ReshapeAlias", "UnsafeView", "AsStrided", "Index", "IndexSelect", "Select",
+                       "Slice", "Narrow", "MaskedSelect", "Squeeze", "Unsqueeze", "Permute", "Transpose", "T", "Clone",
+                       "Expand", "Cat", "Stack", "Split", "SplitWithSizes", "Unbind", "Flip", "Roll", "Repeat",
+                       "ToCopy", "Alias"})  # fmt: skip
+
+
+def op_follows(path: list[str], first: str, then: str) -> bool:
+    """Whether ``then`` is applied to ``first``'s result with only shape ops between, in a
+    path of autograd ops (``loop.ops_before_loss``): ``Softmax`` then ``LogSoftmax``."""
+    for i, op in enumerate(path):
+        if op == first:
+            rest = [o for o in path[i + 1:] if o not in SHAPE_OPS]
+            if rest and rest[0] == then:
+                return True
+    return False
+
 # A layer's gain (weight rms x sqrt(fan_in): how much it scales its input's std) that no
 # standard init gives: PyTorch's default gives 0.58, He 1.41; N(0, 1) gives sqrt(fan_in).
 # NNDX207 reads it; the BAD_INIT remedy restores PyTorch's init where a gain is past it.

@@ -1211,7 +1211,10 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
     C.DOUBLE_SOFTMAX,
     "error",
     "Softmax/sigmoid applied before a loss that applies its own",
-    detects="CrossEntropyLoss, or a loss of the user's own seen applying softmax or log_softmax to the outputs "
+    detects="The logged loss's autograd graph shows the loop applying softmax (sigmoid) to the model's outputs "
+    "and the loss applying log_softmax (BCE with logits) after it, with only shape ops between (indexing, views: "
+    "whichever way the loop called its loss); or "
+    "CrossEntropyLoss, or a loss of the user's own seen applying softmax or log_softmax to the outputs "
     "itself, given outputs whose rows already sum to one, BCEWithLogitsLoss given "
     "outputs all inside [0, 1] (from a model ending in Sigmoid, a loss the forward computes on a sigmoid's "
     "output, or 16 or more of them when no forward was observed to show what made them), or a model whose "
@@ -1224,6 +1227,15 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
 )
 def double_softmax(report: DiagnosticReport) -> Hit | None:
     output_activation = report.model.output_activation if report.model is not None else None
+    for path in report.loop.ops_before_loss if report.loop is not None else []:
+        for first, then in (("Softmax", "LogSoftmax"), ("Sigmoid", "BinaryCrossEntropyWithLogits")):
+            if vocab.op_follows(path, first, then):
+                return Hit(
+                    symptom=f"{first.lower()} on the model's outputs, then the loss applies "
+                    f"{'log_softmax' if then == 'LogSoftmax' else 'a sigmoid'} again: {' -> '.join(path)}",
+                    evidence={"ops_before_loss": " -> ".join(path)},
+                    score=3.0,
+                )
     for call in loss_calls(report):
         applies_own = call.loss_type == "CrossEntropyLoss" or call.applies is not None
         # the model's last Softmax counts when what reached the loss was not measured: one measured
@@ -1304,6 +1316,32 @@ def ignored_real_class(report: DiagnosticReport) -> Hit | None:
     return None
 
 
+@rule(
+    "NNDX329",
+    C.WRONG_OUTPUT_ACTIVATION,
+    "error",
+    "A ReLU on log-probabilities zeroes every output before the loss",
+    detects="The logged loss's autograd graph applies relu to the result of log_softmax or logsigmoid (in the model "
+    "or in the loop), with only shape ops between.",
+    why="A log-probability is never above 0, so its ReLU is 0 everywhere and passes no gradient: evidential "
+    "deep learning's relu_evidence on a classifier that still ends in log_softmax gives every class the same "
+    "evidence, the loss never moves, and only weight decay changes the weights. Nothing crashes.",
+    fix="Give the loss the raw outputs (logits) it was written for: drop the log_softmax at the end of forward, "
+    "or take the evidence from the logits (relu, softplus or exp of them).",
+)
+def relu_on_log_probabilities(report: DiagnosticReport) -> Hit | None:
+    for path in report.loop.ops_before_loss if report.loop is not None else []:
+        for first in ("LogSoftmax", "LogSigmoid"):
+            if vocab.op_follows(path, first, "Relu"):
+                return Hit(
+                    symptom=f"relu of {first.lower()}'s output, which is never above 0: zero everywhere, so no "
+                    f"gradient reaches the model ({' -> '.join(path)})",
+                    evidence={"ops_before_loss": " -> ".join(path)},
+                    score=4.0,
+                )
+    return None
+
+
 LOG_ROWS_TOLERANCE = 0.1  # |log of the probability mass| of a row: 10% off one is no rounding
 LOG_PROB_MAX = 1e-3  # a log-probability is at most 0; above this is no rounding
 
@@ -1349,7 +1387,8 @@ def log_probabilities_off_class_axis(report: DiagnosticReport) -> Hit | None:
     "class indices or one-hot rows, or a multi-column output against one target per sample; a loss that takes "
     "log-probabilities (NLLLoss, KLDivLoss, CTCLoss) on non-negative outputs (probabilities, not log-probabilities; "
     f"all zero is log(1) too, left to NNDX324) or on outputs above {LOG_PROB_MAX:g} (raw scores: a log-probability "
-    "is never above 0); a "
+    "is never above 0), or after a softmax or sigmoid the loop applied (the logged loss's autograd graph: softmax "
+    "then nll_loss or kl_div, with only shape ops between); a "
     "regression loss on a task the report marks as classification (warning).",
     why="MSE on class indices treats class 7 as 'closer' to 8 than to 1 and gives weak gradients; NLLLoss "
     "on probabilities maximises p instead of log p; NLLLoss or CTCLoss on raw scores pushes the right score up "
@@ -1390,6 +1429,15 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
                 evidence=evidence | {"output_min": call.output_min, "output_max": call.output_max},
                 score=3.0,
             )
+    for path in report.loop.ops_before_loss if report.loop is not None else []:
+        for first, then in ((a, t) for a in ("Softmax", "Sigmoid") for t in ("NllLoss", "NllLoss2D", "KlDiv")):
+            if vocab.op_follows(path, first, then):
+                return Hit(
+                    symptom=f"{first.lower()} on the model's outputs, and the probabilities go to a loss that "
+                    f"takes log-probabilities ({then}): {' -> '.join(path)}",
+                    evidence={"ops_before_loss": " -> ".join(path)},
+                    score=3.0,
+                )
     types = {c.loss_type for c in loss_calls(report)}
     train = report.data.train if report.data is not None else None
     if train is not None and train.label_kind in ("class_index", "one_hot") and types and types <= vocab.REGRESSION_LOSS_NAMES:

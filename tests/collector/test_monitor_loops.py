@@ -594,6 +594,34 @@ def test_a_loss_logged_after_backward_is_read_and_a_number_is_not():
     assert mon.report().loop.logged_loss_reaches_params is None
 
 
+def test_what_the_loop_does_to_the_outputs_before_its_own_loss_is_read_from_the_logged_losss_graph():
+    """Co-teaching's loop: softmax of each network's outputs, the small-loss samples picked by
+    index, F.cross_entropy in a loss function of the loop's own; logged after the backward."""
+    x, y = data()
+
+    def run(softmax: bool) -> list[list[str]]:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with Monitor(model, opt) as mon:
+            for _ in range(4):
+                opt.zero_grad()
+                out = model(x)
+                out = F.softmax(out, dim=1) if softmax else out
+                keep = F.cross_entropy(out, y, reduction="none").argsort()[: len(y) // 2]
+                loss = F.cross_entropy(out[keep], y[keep]) / len(keep)
+                loss.backward()
+                opt.step()
+                mon.log(loss)
+        codes = [f.code.value for f in nndx.diagnose(mon.report()).findings]
+        assert codes[:1] == ["DOUBLE_SOFTMAX"] if softmax else "DOUBLE_SOFTMAX" not in codes, codes
+        return mon.report().loop.ops_before_loss
+
+    (path,) = run(softmax=True)
+    assert path[1:] == ["Softmax", "Index", "LogSoftmax", "NllLoss", "Div"], path
+    (path,) = run(softmax=False)
+    assert "Softmax" not in path and path[-3:] == ["LogSoftmax", "NllLoss", "Div"], path
+
+
 def test_model_names_must_be_usable():
     with pytest.raises(TypeError, match="names"):
         Monitor({"a.b": mlp()})

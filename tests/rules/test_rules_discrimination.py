@@ -1828,3 +1828,23 @@ def test_parameters_of_a_layer_the_monitor_never_saw_run_are_an_unused_head():
     never = report.model_copy(update={"loop": report.loop.model_copy(update={"layers_never_run": ["energy_output"]})})
     assert _found(never)["NNDX304"].severity == "info"
     assert _found(report)["NNDX304"].severity == "warning"
+
+
+def test_the_ops_between_the_models_output_and_the_loss_name_what_the_loop_did_to_the_outputs():
+    def found(*paths):
+        return _found(with_loop(BASE, ops_before_loss=[list(p) for p in paths]))
+
+    # Co-teaching's probabilities through an index into F.cross_entropy; a sigmoid before BCE with logits
+    assert found(("Addmm", "Softmax", "Index", "LogSoftmax", "NllLoss", "Div"))["NNDX314"].code.value == "DOUBLE_SOFTMAX"
+    assert "NNDX314" in found(("Convolution", "Sigmoid", "View", "BinaryCrossEntropyWithLogits", "Mean"))
+    # probabilities into NLL or KL divergence; a ReLU on log-probabilities
+    assert found(("Addmm", "Softmax", "NllLoss"))["NNDX315"].code.value == "WRONG_LOSS"
+    assert "NNDX315" in found(("Addmm", "Softmax", "KlDiv", "Sum"))
+    assert found(("LogSoftmax", "Relu", "Add", "Sum"))["NNDX329"].code.value == "WRONG_OUTPUT_ACTIVATION"
+    # healthy loops that look alike: log of the softmax, log_softmax into NLL or KL, a temperature between,
+    # probabilities compared with MSE, a ReLU on logits the loss takes as they are, softmax after log_softmax
+    healthy = found(("Addmm", "Softmax", "Log", "NllLoss"), ("Addmm", "LogSoftmax", "NllLoss", "Mean"),
+                    ("Addmm", "Div", "LogSoftmax", "KlDiv"), ("Addmm", "Softmax", "MseLoss"),
+                    ("Addmm", "Relu", "LogSoftmax", "NllLoss"), ("Addmm", "Softmax", "Mul", "LogSoftmax", "NllLoss"),
+                    ("LogSoftmax", "Exp", "Relu", "Sum"))  # fmt: skip
+    assert not {"NNDX314", "NNDX315", "NNDX329"} & set(healthy), healthy

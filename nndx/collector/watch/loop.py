@@ -25,6 +25,7 @@ Counting conventions (what the rules read):
 
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Any
 
@@ -39,6 +40,7 @@ from nndx.collector.watch.base import StepContext, Watched, Watcher
 
 
 LOSS_CHECKS = 3
+MAX_LOSS_PATHS = 8
 WALK_LIMIT = 10_000  # autograd nodes; a longer walk says nothing (counted as reaching)
 
 
@@ -98,6 +100,28 @@ def _reaches(root: Any, params: set[int], models: set[int] = frozenset()) -> tup
             other = True
         stack.extend(child for child, _ in node.next_functions)
     return own, other
+
+
+def ops_before_loss(root: Any, models: set[int], limit: int = WALK_LIMIT) -> list[tuple[str, ...]]:
+    """The autograd ops from the op that made an output of one of ``models`` to the loss at
+    ``root`` (``("Addmm", "Softmax", "Index", "LogSoftmax", "NllLoss", "Mean")``), one path per
+    output node reached: what the loop did to the outputs, whichever way it called the loss.
+    The nodes' structure outlives their saved tensors, so a loss logged after its backward
+    still shows it."""
+    paths: list[tuple[str, ...]] = []
+    seen: set[Any] = set()
+    stack: list[tuple[Any, tuple[str, ...]]] = [(root, ())]
+    while stack and len(seen) < limit:
+        node, after = stack.pop()
+        if node is None or node in seen or type(node).__name__ == "AccumulateGrad":
+            continue
+        seen.add(node)
+        op = re.sub(r"Backward\d*$", "", type(node).__name__)
+        if node.metadata.get(_MADE_BY) in models:
+            paths.append((op, *after[::-1]))
+            continue
+        stack.extend((child, (*after, op)) for child, _ in node.next_functions)
+    return paths
 
 
 class _GradReset:
@@ -160,6 +184,7 @@ class LoopCounts(Watcher):
         self.logged_losses_checked = 0  # the first logged losses with a graph: do they reach the parameters?
         self.logged_losses_reaching = 0
         self.logged_losses_through_others = 0  # through another network's trainable parameters too
+        self.ops_before_loss: list[tuple[str, ...]] = []  # from a model's output to those losses
         self._models = {id(m) for m in watched.models.values()}
         self.fed_by_other_model = False  # a model given another Monitor's model's output as input
         self._ever_trainable = False  # a model with a trainable parameter at some forward (a GAN player frozen in turn)
@@ -272,6 +297,9 @@ class LoopCounts(Watcher):
             return
         self.logged_losses_checked += 1
         own, other = _reaches(loss.grad_fn, {id(p) for _, p in self.watched.params if p.requires_grad}, self._models)
+        for path in ops_before_loss(loss.grad_fn, self._models):
+            if path not in self.ops_before_loss and len(self.ops_before_loss) < MAX_LOSS_PATHS:
+                self.ops_before_loss.append(path)
         self.logged_losses_reaching += own
         self.logged_losses_through_others += other
 
@@ -302,6 +330,7 @@ class LoopCounts(Watcher):
                 True if self.fed_by_other_model else
                 self.logged_losses_through_others > 0 if self.logged_losses_checked else None
             ),
+            "ops_before_loss": [list(path) for path in self.ops_before_loss],
             "frozen_params": [n for n, p in named if not p.requires_grad],
             "frozen_at_init": at_init if checked else None,
             "frozen_checked": checked,
