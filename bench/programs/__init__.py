@@ -232,4 +232,10 @@ PROGRAMS = (
     "treelstm",
     "vrnn",
     "deep_image_prior",
+    "sparse_autoencoder",
+    "coteaching",
+    "ewc",
+    "lottery_ticket",
+    "deepsdf",
+    "evidential",
 )
