@@ -793,6 +793,10 @@ class LoopStats(Schema):
     graph_nodes_history: list[GraphPoint] = Field(
         default_factory=list, description="size of the autograd graph behind the model's outputs, per recorded step"
     )
+    grads_masked_by_hand: dict[str, Float] = Field(
+        default_factory=dict, description="per parameter, the largest share of its non-zero entries whose gradient the "
+        "loop zeroed between backward and optimizer.step() on a recorded step (a mask applied to .grad by hand); "
+        "parameters with none left out")
     params_never_changed: list[str] | None = Field(
         None, description="trainable parameters whose values when the report was made equal those when the "
         "Monitor attached (None: not checked)"

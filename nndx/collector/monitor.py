@@ -103,7 +103,8 @@ from torch import nn
 from nndx.collector import distributed
 from nndx.collector.watch import (
     Deferred, Desync, EffectiveLearningRate, ErrorGuard, GradientNorm, GraphSize, InitialState, InputNorms, LayerStatistics, LearningRate,
-    LossCalls, LossHistory, LoopCounts, ParameterUpdates, RunFacts, StepContext, UnchangedParameters, Watched, Watcher,
+    LossCalls, LossHistory, LoopCounts, MaskedGradients, ParameterUpdates, RunFacts, StepContext, UnchangedParameters, Watched,
+    Watcher,
 )
 from nndx.collector.watch.base import in_functorch_transform
 from nndx.collector.watch.events import BackwardPasses, Hooks, UpdateDetector
@@ -158,6 +159,7 @@ class Monitor:
         self.watchers: list[Watcher] = [
             self.facts, self.loop, self.losses, LearningRate(self.watched, history_size),
             self.grad_norm,  # before ParameterUpdates: it shares ctx.grad_norms
+            MaskedGradients(self.watched, history_size),
             InputNorms(history_size), self.layers, self.parameters, self.loss_calls, GraphSize(layer_history_size),
             self.initial, UnchangedParameters(self.watched),
         ]  # fmt: skip

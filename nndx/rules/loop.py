@@ -299,6 +299,38 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
     )
 
 
+MASKED_SHARE = 0.05  # of a parameter's non-zero entries: no healthy loop zeroes their gradients by hand
+
+
+@rule(
+    "NNDX330",
+    C.FROZEN_PARAMETERS,
+    "warning",
+    "The loop zeroes the gradients of weights that are not zero",
+    detects=f"On a recorded step, at least {MASKED_SHARE:.0%} of a parameter's non-zero entries had a gradient at "
+    "the end of backward and none at optimizer.step(): the loop zeroed them in between (info under that share). "
+    "Gradients autograd itself left at zero (weights on an input that is always 0) and the masked gradients of "
+    "weights held at zero (pruned weights) do not count.",
+    why="Pruning code freezes pruned weights by masking their gradients; a mask built with `w < eps` instead of "
+    "`abs(w) < eps` (the Lottery Ticket code's) also freezes every negative weight: half the network never "
+    "trains, and the run still converges, to a worse accuracy.",
+    fix="Build the mask from the pruning mask itself (or abs(w) < eps), and check which weights it freezes; "
+    "if you froze these weights on purpose, this is what you asked for.",
+)
+def gradients_masked_by_hand(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    if loop is None or not loop.grads_masked_by_hand:
+        return None
+    name, share = max(loop.grads_masked_by_hand.items(), key=lambda item: (item[1], item[0]))
+    return Hit(
+        symptom=f"{share:.0%} of the non-zero entries of {name} had their gradient zeroed between backward and the "
+        "optimizer step",
+        evidence={"parameter": name, "masked_share": share, "parameters_masked": len(loop.grads_masked_by_hand)},
+        severity=None if share >= MASKED_SHARE else "info",
+        score=1.5 + share,
+    )
+
+
 @rule(
     "NNDX305",
     C.FROZEN_PARAMETERS,

@@ -622,6 +622,38 @@ def test_what_the_loop_does_to_the_outputs_before_its_own_loss_is_read_from_the_
     assert "Softmax" not in path and path[-3:] == ["LogSoftmax", "NllLoss", "Div"], path
 
 
+def test_gradients_zeroed_by_hand_count_only_for_weights_that_are_not_zero():
+    """The Lottery Ticket loop: weights pruned to 0, their gradients masked before the step.
+    Its published mask ``w < eps`` freezes every negative weight too."""
+    x, y = data()
+    x[:, 0] = 0.0  # an input that is always 0: autograd's own zero gradients for its weights
+
+    def run(mask) -> nndx.report.DiagnosticReport:
+        torch.manual_seed(0)
+        model = mlp()
+        with torch.no_grad():
+            first = next(model.parameters())
+            first[first.abs() < first.abs().median()] = 0.0  # half pruned
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        with Monitor(model, opt, every=1) as mon:
+            for _ in range(4):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                for p in model.parameters():
+                    p.grad.data = torch.where(mask(p.detach()), torch.zeros_like(p.grad), p.grad)
+                opt.step()
+                mon.log(loss)
+        return mon.report()
+
+    healthy = run(lambda w: w.abs() < 1e-6)
+    assert healthy.loop.grads_masked_by_hand == {} and not fired(healthy, "NNDX330")
+    buggy = run(lambda w: w < 1e-6)
+    assert 0.3 < max(buggy.loop.grads_masked_by_hand.values()) < 0.7, buggy.loop.grads_masked_by_hand
+    (finding,) = fired(buggy, "NNDX330")
+    assert finding.severity == "warning" and finding.code.value == "FROZEN_PARAMETERS"
+
+
 def test_model_names_must_be_usable():
     with pytest.raises(TypeError, match="names"):
         Monitor({"a.b": mlp()})

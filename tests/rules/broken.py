@@ -326,6 +326,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX323": trained_in_eval_mode,
     "NNDX328": lambda: with_loop(BASE, has_batchnorm=True, frozen_train_mode_forwards=40, trainable_param_count=0),
     "NNDX329": lambda: with_loop(BASE, ops_before_loss=[["LogSoftmax", "Relu", "Add", "Sum", "Mean"]]),
+    "NNDX330": lambda: with_loop(BASE, grads_masked_by_hand={"fc1.weight": 0.48, "fc2.weight": 0.51}),
     "NNDX324": lambda: calls(loss_call(loss_type="NLLLoss", output_min=-9.0, output_max=-0.01, output_log_rows_off_zero=1.2)),
     "NNDX317": padding_scored,
     "NNDX312": lambda: calls(loss_call(loss_type="MSELoss", output_shape=[32, 1], target_shape=[32], target_dtype="torch.float32")).model_copy(update={"task": "regression"}),

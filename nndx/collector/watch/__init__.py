@@ -8,6 +8,7 @@ part of the report.
 :class:`LearningRate`       each param group's LR, every step
 :class:`EffectiveLearningRate` loops without an optimizer: the measured step size
 :class:`GradientNorm`       global gradient norm, before and after clipping
+:class:`MaskedGradients`    gradients of non-zero weights zeroed by hand before the step
 :class:`InputNorms`         the norm of each training input batch
 :class:`LayerStatistics`    per-layer activation and gradient statistics
 :class:`ParameterUpdates`   per-parameter norms and update/weight ratios
@@ -36,6 +37,7 @@ from nndx.collector.watch.initial import InitialState, UnchangedParameters
 from nndx.collector.watch.layers import LayerStatistics, ParameterUpdates
 from nndx.collector.watch.loop import LoopCounts
 from nndx.collector.watch.loss_calls import LossCalls
+from nndx.collector.watch.masked import MaskedGradients
 from nndx.collector.watch.series import EffectiveLearningRate, GradientNorm, InputNorms, LearningRate, LossHistory
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "LossCalls",
     "LossHistory",
     "LoopCounts",
+    "MaskedGradients",
     "ParameterUpdates",
     "RunFacts",
     "StepContext",
