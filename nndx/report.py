@@ -729,7 +729,8 @@ class LoopStats(Schema):
     ops_before_loss: list[list[str]] = Field(
         default_factory=list, description="the autograd ops from the op that made a watched model's output to those "
         "logged losses, one path per output reached, without the 'Backward0' suffix (['Addmm', 'Softmax', 'Index', "
-        "'LogSoftmax', 'NllLoss', 'Mean']): what the loop did to the outputs, whichever way it called its loss")
+        "'LogSoftmax', 'NllLoss', 'Mean']; an op entered through its second input or later as 'KlDiv#1'): what the loop "
+        "did to the outputs, whichever way it called its loss")
     loss_targets_from_output: bool | None = Field(
         None, description="whether the loss function computes the targets it compares with from the model's output "
         "(self-training: DEC's target distribution, pseudo-labels), so its objective moves as the model does; None "

@@ -164,11 +164,12 @@ SHAPE_OPS = frozenset({"View", "Reshape", "ReshapeAlias", "UnsafeView", "AsStrid
 
 
 def op_follows(path: list[str], first: str, then: str) -> bool:
-    """Whether ``then`` is applied to ``first``'s result with only shape ops between, in a
-    path of autograd ops (``loop.ops_before_loss``): ``Softmax`` then ``LogSoftmax``."""
+    """Whether ``then`` is applied to ``first``'s result (as its first input) with only shape
+    ops between, in a path of autograd ops (``loop.ops_before_loss``): ``Softmax`` then
+    ``LogSoftmax``; not ``Softmax`` then ``KlDiv#1``, a softmax that is kl_div's target."""
     for i, op in enumerate(path):
         if op == first:
-            rest = [o for o in path[i + 1:] if o not in SHAPE_OPS]
+            rest = [o for o in path[i + 1:] if o.split("#")[0] not in SHAPE_OPS]
             if rest and rest[0] == then:
                 return True
     return False

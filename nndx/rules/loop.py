@@ -1420,7 +1420,7 @@ def log_probabilities_off_class_axis(report: DiagnosticReport) -> Hit | None:
     "log-probabilities (NLLLoss, KLDivLoss, CTCLoss) on non-negative outputs (probabilities, not log-probabilities; "
     f"all zero is log(1) too, left to NNDX324) or on outputs above {LOG_PROB_MAX:g} (raw scores: a log-probability "
     "is never above 0), or after a softmax or sigmoid the loop applied (the logged loss's autograd graph: softmax "
-    "then nll_loss or kl_div, with only shape ops between); a "
+    "then nll_loss, with only shape ops between); a "
     "regression loss on a task the report marks as classification (warning).",
     why="MSE on class indices treats class 7 as 'closer' to 8 than to 1 and gives weak gradients; NLLLoss "
     "on probabilities maximises p instead of log p; NLLLoss or CTCLoss on raw scores pushes the right score up "
@@ -1462,7 +1462,7 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
                 score=3.0,
             )
     for path in report.loop.ops_before_loss if report.loop is not None else []:
-        for first, then in ((a, t) for a in ("Softmax", "Sigmoid") for t in ("NllLoss", "NllLoss2D", "KlDiv")):
+        for first, then in ((a, t) for a in ("Softmax", "Sigmoid") for t in ("NllLoss", "NllLoss2D")):
             if vocab.op_follows(path, first, then):
                 return Hit(
                     symptom=f"{first.lower()} on the model's outputs, and the probabilities go to a loss that "

@@ -105,7 +105,9 @@ def _reaches(root: Any, params: set[int], models: set[int] = frozenset()) -> tup
 def ops_before_loss(root: Any, models: set[int], limit: int = WALK_LIMIT) -> list[tuple[str, ...]]:
     """The autograd ops from the op that made an output of one of ``models`` to the loss at
     ``root`` (``("Addmm", "Softmax", "Index", "LogSoftmax", "NllLoss", "Mean")``), one path per
-    output node reached: what the loop did to the outputs, whichever way it called the loss.
+    output node reached: what the loop did to the outputs, whichever way it called the loss. An
+    op the path enters through its second input or later carries the input's index
+    (``"KlDiv#1"``: the target of ``kl_div``, not its input).
     The nodes' structure outlives their saved tensors, so a loss logged after its backward
     still shows it."""
     paths: list[tuple[str, ...]] = []
@@ -120,7 +122,8 @@ def ops_before_loss(root: Any, models: set[int], limit: int = WALK_LIMIT) -> lis
         if node.metadata.get(_MADE_BY) in models:
             paths.append((op, *after[::-1]))
             continue
-        stack.extend((child, (*after, op)) for child, _ in node.next_functions)
+        # entered through its second input or later: "KlDiv#1" (the target of kl_div(log_p, q))
+        stack.extend((child, (*after, f"{op}#{slot}" if slot else op)) for slot, (child, _) in enumerate(node.next_functions))
     return paths
 
 
