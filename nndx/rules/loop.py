@@ -300,6 +300,7 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
 
 
 MASKED_SHARE = 0.05  # of a parameter's non-zero entries: no healthy loop zeroes their gradients by hand
+MASKED_NOTED = 1e-3  # under this, a few weights a pruning threshold (abs(w) < eps) also catches: not worth a line
 
 
 @rule(
@@ -308,7 +309,8 @@ MASKED_SHARE = 0.05  # of a parameter's non-zero entries: no healthy loop zeroes
     "warning",
     "The loop zeroes the gradients of weights that are not zero",
     detects=f"On a recorded step, at least {MASKED_SHARE:.0%} of a parameter's non-zero entries had a gradient at "
-    "the end of backward and none at optimizer.step(): the loop zeroed them in between (info under that share). "
+    "the end of backward and none at optimizer.step(): the loop zeroed them in between (info under that share, "
+    f"nothing under {MASKED_NOTED:.1%}: the few tiny weights a pruning threshold like abs(w) < eps also catches). "
     "Gradients autograd itself left at zero (weights on an input that is always 0) and the masked gradients of "
     "weights held at zero (pruned weights) do not count.",
     why="Pruning code freezes pruned weights by masking their gradients; a mask built with `w < eps` instead of "
@@ -322,6 +324,8 @@ def gradients_masked_by_hand(report: DiagnosticReport) -> Hit | None:
     if loop is None or not loop.grads_masked_by_hand:
         return None
     name, share = max(loop.grads_masked_by_hand.items(), key=lambda item: (item[1], item[0]))
+    if share < MASKED_NOTED:
+        return None
     return Hit(
         symptom=f"{share:.0%} of the non-zero entries of {name} had their gradient zeroed between backward and the "
         "optimizer step",

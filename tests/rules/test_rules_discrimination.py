@@ -1849,3 +1849,12 @@ def test_the_ops_between_the_models_output_and_the_loss_name_what_the_loop_did_t
                     ("LogSoftmax", "Exp", "Relu", "Sum"),
                     ("Addmm", "Sigmoid", "BinaryCrossEntropyWithLogits#1"))  # fmt: skip  # soft targets in the graph
     assert not {"NNDX314", "NNDX315", "NNDX329"} & set(healthy), healthy
+
+
+def test_gradients_masked_by_hand_are_weighed_by_the_share_of_live_weights_they_freeze():
+    def masked(share):
+        return _found(with_loop(BASE, grads_masked_by_hand={"fc.weight": share})).get("NNDX330")
+
+    assert masked(0.44).severity == "warning" and masked(0.44).code.value == "FROZEN_PARAMETERS"
+    assert masked(0.01).severity == "info"
+    assert masked(3e-5) is None  # a weight or two a pruning threshold (abs(w) < eps) catches beside the pruned
