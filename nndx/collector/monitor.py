@@ -308,7 +308,7 @@ class Monitor:
         """Record a loss (tensor or number) and optional accuracy for ``split``; a
         tensor's value is fetched later, with the step's others (no synchronisation now)."""
         record = self.losses.log(self.ctx, loss, split, accuracy, step)
-        self.loop.check_logged_loss(loss)
+        self._guard("log", self.loop.check_logged_loss)(loss)  # a graph walk: an error is evidence, not a crash
         for observer in self.observers:
             if hasattr(observer, "on_log"):  # a live chart needs the value now: one host sync
                 acc = None if record.accuracy is None else float(record.accuracy)

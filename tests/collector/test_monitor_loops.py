@@ -1485,3 +1485,17 @@ def test_a_head_the_forward_never_calls_is_unused_and_one_it_cuts_is_not(call_he
     (finding,) = fired(report, "NNDX304")
     assert report.loop.layers_never_run == ([] if call_head else ["energy_output"])
     assert finding.severity == ("warning" if call_head else "info")
+
+
+def test_a_logged_loss_whose_graph_cannot_be_read_is_an_error_in_the_report_not_in_the_loop(monkeypatch):
+    from nndx.collector.watch import loop as loop_watch
+
+    def unreadable(*_args, **_kwargs):
+        raise RuntimeError("graph walk failed")
+
+    monkeypatch.setattr(loop_watch, "ops_before_loss", unreadable)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        optimizer_loop(mon, model, opt)
+    assert any("graph walk failed" in e.message for e in mon.report().errors)

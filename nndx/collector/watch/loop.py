@@ -119,7 +119,7 @@ def ops_before_loss(root: Any, models: set[int], limit: int = WALK_LIMIT) -> lis
             continue
         seen.add(node)
         op = re.sub(r"Backward\d*$", "", type(node).__name__)
-        if node.metadata.get(_MADE_BY) in models:
+        if getattr(node, "metadata", {}).get(_MADE_BY) in models:
             paths.append((op, *after[::-1]))
             continue
         # entered through its second input or later: "KlDiv#1" (the target of kl_div(log_p, q))
