@@ -397,7 +397,9 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     "(the sweep reads the LR to about that factor) and the ratio stays under 1: the LR is then not too "
     "high (a fresh small head's weights are small); and when the loop's gradient clip cut most recorded steps "
     "and the ratio stays under 1: each step is then LR x max_norm by the loop's design (an RNN language model "
-    "at SGD lr 20-30, clip 0.25). Those two refute the LR: the finding then roots no other finding.",
+    "at SGD lr 20-30, clip 0.25); and when every recorded gradient norm (3 or more) is exactly 0: the steps are "
+    "then weight decay or momentum, which Adam scales to a full step at any LR, and the loss sends no gradient. "
+    "Those three refute the LR: the finding then roots no other finding.",
     why="Each step then rewrites a large share of every weight: the optimiser overshoots and the loss "
     "oscillates, diverges, or the units die and the loss freezes.",
     fix="Lower the learning rate until the ratio is near 1e-3 (run the LR range test).",
@@ -421,18 +423,29 @@ def update_ratio_high(report: DiagnosticReport) -> Hit | None:
     # the loop's clip bounds every step at LR x max_norm: the step size is the loop's choice
     # (RNN language models train at SGD lr 20-30 with a clip of 0.25), not an LR gone wrong
     clipped = clips_most_steps(report) and peak < 1.0
-    if _loss_healthy(report) or in_range or clipped:
+    # no gradient from the loss at any recorded step: the steps are weight decay and momentum, which Adam
+    # scales up to a full-size step whatever the LR; why the loss sends nothing is the finding to read
+    gradless = _no_loss_gradient(report)
+    if _loss_healthy(report) or in_range or clipped or gradless:
         severity = "info"
     return Hit(
         symptom=f"median update/weight ratio reaches {peak:.3g}"
         + (f" at lr {lr:.3g}, where the LR range test still trains well (up to {top:.3g})" if in_range
-           else " with the loop's gradient clip bounding most steps" if clipped else ""),
-        refuted=in_range or clipped,
+           else " with the loop's gradient clip bounding most steps" if clipped
+           else " while every recorded gradient norm is 0: the steps are the optimizer's weight decay or momentum, "
+           "not the loss's" if gradless else ""),
+        refuted=in_range or clipped or gradless,
         evidence={"peak_update_ratio": peak, "median_update_ratio": typical, "healthy_update_ratio": 1e-3,
                   "recorded_steps": count, "lr": lr, "range_test_trains_well_up_to": top},  # fmt: skip
         severity=severity,
         score=min(10.0, 1.0 + math.log10(peak / 1e-3) if math.isfinite(peak) else 10.0),
     )
+
+
+def _no_loss_gradient(report: DiagnosticReport) -> bool:
+    """Every recorded global gradient norm (at least 3) is exactly 0."""
+    history = report.loop.grad_norm_history if report.loop is not None else []
+    return len(history) >= 3 and all(p.before_clip == 0 for p in history)
 
 
 @rule(

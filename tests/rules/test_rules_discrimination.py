@@ -1858,3 +1858,17 @@ def test_gradients_masked_by_hand_are_weighed_by_the_share_of_live_weights_they_
     assert masked(0.44).severity == "warning" and masked(0.44).code.value == "FROZEN_PARAMETERS"
     assert masked(0.01).severity == "info"
     assert masked(3e-5) is None  # a weight or two a pruning threshold (abs(w) < eps) catches beside the pruned
+
+
+def test_big_updates_with_no_gradient_from_the_loss_are_weight_decay_not_the_lr():
+    """Evidential learning's relu of log-probabilities sends no gradient: Adam's weight decay alone
+    makes updates of 0.14 of the weights. The LR is not why; the same updates with gradients are."""
+    from .broken import big_updates
+
+    def norms(value):
+        return [GradNormPoint(step=s, before_clip=value) for s in range(0, 50, 5)]
+
+    unprobed = big_updates().model_copy(update={"probes": None})  # no LR range test to excuse the LR
+    gradless = _found(with_loop(unprobed, grad_norm_history=norms(0.0)))["NNDX205"]
+    assert gradless.severity == "info" and gradless.refuted and "weight decay" in gradless.symptom
+    assert _found(with_loop(unprobed, grad_norm_history=norms(0.8)))["NNDX205"].severity == "warning"
