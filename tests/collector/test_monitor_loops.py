@@ -654,6 +654,27 @@ def test_gradients_zeroed_by_hand_count_only_for_weights_that_are_not_zero():
     assert finding.severity == "warning" and finding.code.value == "FROZEN_PARAMETERS"
 
 
+def test_gradients_masked_before_the_second_of_two_steps_after_one_backward_are_counted():
+    """An actor-critic loop: one backward, the actor's step, then the critic's gradients masked
+    by hand and its step. Each optimizer's step is compared with the backward for its own
+    parameters."""
+    torch.manual_seed(0)
+    body, head = nn.Linear(4, 4), nn.Linear(4, 3)
+    opt_body, opt_head = torch.optim.SGD(body.parameters(), lr=0.1), torch.optim.SGD(head.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    with Monitor(nn.Sequential(body, head), [opt_body, opt_head], every=1) as mon:
+        for _ in range(3):
+            opt_body.zero_grad()
+            opt_head.zero_grad()
+            loss = F.cross_entropy(head(body(x)), y)
+            loss.backward()
+            opt_body.step()
+            head.weight.grad[head.weight.detach() < 0] = 0.0
+            opt_head.step()
+            mon.log(loss)
+    assert list(mon.report().loop.grads_masked_by_hand) == ["1.weight"]
+
+
 def test_model_names_must_be_usable():
     with pytest.raises(TypeError, match="names"):
         Monitor({"a.b": mlp()})

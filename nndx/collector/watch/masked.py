@@ -43,17 +43,18 @@ class MaskedGradients(Watcher):
             self._at_backward = {id(p): _masked_entries(p) for _, p in self.watched.params if _counted(p)}
 
     def on_step_begin(self, ctx: StepContext) -> None:
-        before, self._at_backward = self._at_backward, {}
-        if not before or ctx.optimizer is None:
+        if not self._at_backward or ctx.optimizer is None:
             return
-        named = [(n, p) for n, p in self.watched.params_of(ctx.optimizer) if id(p) in before and _counted(p)]
+        # each optimizer's own: one backward may feed several steps (an actor's and a critic's)
+        named = [(n, p) for n, p in self.watched.params_of(ctx.optimizer) if id(p) in self._at_backward and _counted(p)]
+        before = {id(p): self._at_backward.pop(id(p)) for _, p in named}
         if not named:
             return
         with torch.no_grad():
             device = named[0][1].device
             masked = torch.stack([(_masked_entries(p) - before[id(p)]).clamp(min=0).to(device) for _, p in named])
             live = torch.stack([torch.count_nonzero(p.detach()).to(device) for _, p in named]).clamp(min=1)
-            shares = masked.double() / live.double()
+            shares = masked.float() / live.float()  # float32: MPS has no float64
             ctx.defer(self.history, MaskRecord(ctx.step, tuple(n for n, _ in named), shares.max(), shares.argmax()))
 
     def report(self, window: int | None) -> dict[str, Any]:
