@@ -375,7 +375,8 @@ class EvalModeResult(ProbeResult):
         ("EVAL_MODE_FORGOTTEN",))  # fmt: skip
 
     training: bool | None = Field(None, description="model.training when the probe ran")
-    has_dropout: bool = False
+    has_dropout: bool = Field(False, description="a dropout module, or a functional dropout (F.dropout2d) the "
+                              "forward was seen calling")
     has_batchnorm: bool = False
     max_abs_diff: Float | None = Field(None, description="between two forwards of the same batch")
     batch_dependence_diff: Float | None = Field(

@@ -81,6 +81,7 @@ def test_dropout_that_ignores_eval_mode_is_caught_in_eval_mode():
     result = eval_mode_consistency(model, batch())
     assert result.status == "failed" and result.eval_abs_diff > 0 and result.ignores_eval
     assert "ignores model.eval()" in result.message
+    assert result.has_dropout  # no nn.Dropout module, but a dropout it was seen calling (Co-teaching's F.dropout2d)
 
 
 def test_batchnorm_running_stats_and_rng_of_the_user_untouched():

@@ -86,11 +86,13 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
                 except Exception:  # noqa: BLE001 - a half batch the model cannot take is the probe's doing
                     batch_diff = None
             statistics = seen.functional_batch_statistics or _batch_statistics(model_copy)
+            dropout = dropout or any(p > 0 for p, _ in seen.dropout_calls)  # F.dropout in forward too
             set_mode(model_copy, False)
             seen.dropout_calls.clear()
             evaluated = _outputs(model_copy, inputs, SEEDS[0])
             eval_diff = _max_abs_diff(evaluated, _outputs(model_copy, inputs, SEEDS[1])) or 0.0
             ignores_eval = _dropout_active(seen)
+            dropout = dropout or ignores_eval
         tolerance = roundoff_tolerance(model_copy, first + evaluated, seen.lowest_precision)
     mode = "train" if training else "eval"
     sampling = ""
