@@ -5,9 +5,10 @@ on an input pixel that is always 0) is no mask; a zero weight's masked gradient 
 weight kept at 0) is what such code is for.
 
 On recorded steps, the entries with a zero gradient and a non-zero weight are counted at
-the end of backward and again at the step; what the step has more of was zeroed between.
-One pass over each gradient at each point, counted on the device and fetched with the
-step's other values.
+the end of backward and, for the gradients the loop changed since (their version or storage),
+again at the step; what the step has more of was zeroed between. Counted over the first
+``MAX_COUNTED`` entries of each parameter (a mask applied by hand spreads over the tensor), on
+the device, and fetched with the step's other values.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any, NamedTuple
 import torch
 
 from nndx.collector.watch.base import History, StepContext, Watched, Watcher
+
+MAX_COUNTED = 1 << 16  # entries of each parameter: bounds a recorded step's cost at a few passes of this size
 
 
 class MaskRecord(NamedTuple):
@@ -35,12 +38,14 @@ class MaskedGradients(Watcher):
     def __init__(self, watched: Watched, capacity: int) -> None:
         self.watched = watched
         self.history = History(capacity)
-        self._at_backward: dict[int, torch.Tensor] = {}
+        # per parameter at the end of backward: (gradient version, storage, zero-gradient live entries)
+        self._at_backward: dict[int, tuple[int, int, torch.Tensor]] = {}
 
     def on_backward_end(self, ctx: StepContext) -> None:
         self._at_backward = {}
         if ctx.recording and not self.watched.manual:  # a manual update is heard after it, gradients maybe reset
-            self._at_backward = {id(p): _masked_entries(p) for _, p in self.watched.params if _counted(p)}
+            self._at_backward = {id(p): (p.grad._version, p.grad.data_ptr(), _masked_entries(p))
+                                 for _, p in self.watched.params if _counted(p)}  # fmt: skip
 
     def on_step_begin(self, ctx: StepContext) -> None:
         if not self._at_backward or ctx.optimizer is None:
@@ -48,12 +53,14 @@ class MaskedGradients(Watcher):
         # each optimizer's own: one backward may feed several steps (an actor's and a critic's)
         named = [(n, p) for n, p in self.watched.params_of(ctx.optimizer) if id(p) in self._at_backward and _counted(p)]
         before = {id(p): self._at_backward.pop(id(p)) for _, p in named}
+        # only gradients the loop changed since backward (a mask in place, or .grad.data replaced)
+        named = [(n, p) for n, p in named if before[id(p)][:2] != (p.grad._version, p.grad.data_ptr())]
         if not named:
             return
         with torch.no_grad():
             device = named[0][1].device
-            masked = torch.stack([(_masked_entries(p) - before[id(p)]).clamp(min=0).to(device) for _, p in named])
-            live = torch.stack([torch.count_nonzero(p.detach()).to(device) for _, p in named]).clamp(min=1)
+            masked = torch.stack([(_masked_entries(p) - before[id(p)][2]).clamp(min=0).to(device) for _, p in named])
+            live = torch.stack([torch.count_nonzero(_first(p.detach())).to(device) for _, p in named]).clamp(min=1)
             shares = masked.float() / live.float()  # float32: MPS has no float64
             ctx.defer(self.history, MaskRecord(ctx.step, tuple(n for n, _ in named), shares.max(), shares.argmax()))
 
@@ -71,4 +78,8 @@ def _counted(p: torch.Tensor) -> bool:
 
 
 def _masked_entries(p: torch.Tensor) -> torch.Tensor:
-    return ((p.grad == 0) & (p.detach() != 0)).sum()
+    return ((_first(p.grad) == 0) & (_first(p.detach()) != 0)).sum()
+
+
+def _first(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1)[:MAX_COUNTED]
