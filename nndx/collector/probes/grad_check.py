@@ -121,8 +121,8 @@ LOW_PRECISION_SAFETY = 16.0
 # share: a stop-gradient in the loss, not rounding (see _loss_stops_gradients)
 STOP_GRADIENT_GAP = 1e-2
 # the first forward's detaches whose paths are compared, and the nodes walked from each
-MAX_RECORDED_DETACHES = 256
-MAX_WALKED_NODES = 20_000
+MAX_RECORDED_DETACHES = 64  # a chain shows in its first links: bounds the walks at 64 x MAX_WALKED_NODES
+MAX_WALKED_NODES = 10_000
 
 Mode = Literal["directional", "elementwise"]
 
