@@ -622,6 +622,24 @@ def test_what_the_loop_does_to_the_outputs_before_its_own_loss_is_read_from_the_
     assert "Softmax" not in path and path[-3:] == ["LogSoftmax", "NllLoss", "Div"], path
 
 
+def test_a_sigmoid_that_is_the_losss_target_is_no_second_sigmoid():
+    """Consistency training: BCE with logits of one view against the sigmoid of another view's
+    outputs, both in the graph. The sigmoid enters the loss as its target, not its input."""
+    x, _ = data()
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, opt) as mon:
+        for _ in range(4):
+            opt.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(model(x), torch.sigmoid(model(x + 0.1 * torch.randn_like(x))))
+            loss.backward()
+            opt.step()
+            mon.log(loss)
+    paths = mon.report().loop.ops_before_loss
+    assert any(path[1:3] == ["Sigmoid", "BinaryCrossEntropyWithLogits#1"] for path in paths), paths
+    assert "NNDX314" not in {f.rule_id for f in nndx.diagnose(mon.report()).findings}
+
+
 def test_gradients_zeroed_by_hand_count_only_for_weights_that_are_not_zero():
     """The Lottery Ticket loop: weights pruned to 0, their gradients masked before the step.
     Its published mask ``w < eps`` freezes every negative weight too."""
