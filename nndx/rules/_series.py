@@ -473,3 +473,48 @@ def samples_axis(report: DiagnosticReport) -> int:
     probe = report.probes.sample_independence if report.probes is not None else None
     found = probe is not None and probe.status in ("passed", "failed") and probe.batch_axis is not None
     return probe.batch_axis if found else 0
+
+
+def step_update_ratios(report: DiagnosticReport) -> list[tuple[int, float]]:
+    """(step, median update/weight ratio over the weight matrices) per recorded step.
+
+    A ratio of exactly 0 is a step with no gradient for that tensor (dead or frozen
+    units): no evidence about the step size, so it is left out; so is a ratio of a weight that
+    was zero before the update (1, whatever the LR). Once the weights are NaN
+    every later ratio is NaN: a step whose ratios are all non-finite counts as inf."""
+    by_step: dict[int, list[float]] = {}
+    for p in weight_params(report):
+        # a weight zero before the update has ratio 1 whatever the LR: its first step is all of it
+        if p.update_ratio is not None and p.update_ratio != 0.0 and not started_at_zero(p):
+            by_step.setdefault(p.step or 0, []).append(p.update_ratio)
+    out = []
+    for step in sorted(by_step):
+        ratios = finite(by_step[step])
+        out.append((step, median(ratios) if ratios else math.inf))
+    return out
+
+
+# a peak update/weight ratio above this rewrites a tenth of the weights each step: steps that are large
+LARGE_UPDATE_RATIO = 0.1
+
+
+def update_ratio_summary(report: DiagnosticReport) -> tuple[float, float, int] | None:
+    """(peak, typical, recorded steps) of the per-step median update ratios.
+
+    ``peak`` is the largest median over a window of a fifth of the recorded steps (at
+    least one): an LR that wrecks the network in its first steps and leaves it dead —
+    tiny updates from then on — shows there, where a median over the whole run hides
+    it. ``typical`` is the median over all steps."""
+    series = step_update_ratios(report)
+    if not series:
+        return None
+    values = [v for _, v in series]
+    width = max(1, len(values) // 5)
+    peak = max(median(values[i : i + width]) for i in range(len(values) - width + 1))
+    return peak, median(values), len(values)
+
+
+def started_at_zero(param) -> bool:
+    """All zeros at its first record, or recorded after a step whose update was the whole weight
+    (||dw|| / ||w|| = 1): zero before it."""
+    return param.weight_norm == 0.0 or (param.update_ratio is not None and abs(param.update_ratio - 1.0) <= 1e-6)

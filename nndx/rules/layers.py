@@ -18,9 +18,13 @@ from nndx.rules._series import (
     loss_curve,
     loss_learned,
     lr_within_range,
+    LARGE_UPDATE_RATIO,
+    started_at_zero,
+    step_update_ratios,
     stepped_lr,
     trains_well_up_to,
     train_curve,
+    update_ratio_summary,
     weight_params,
 )
 from nndx.rules.engine import Hit, rule
@@ -327,7 +331,7 @@ def exploding(report: DiagnosticReport) -> Hit | None:
         # growth from a start near zero (a pointer network's uniform scores at init) while the loss
         # falls by half: learning breaking a symmetry, not updates blowing up
         return None
-    late = [r for step, r in _step_update_ratios(report) if step >= history[-w].step]
+    late = [r for step, r in step_update_ratios(report) if step >= history[-w].step]
     if late and max(late) <= STEADY_UPDATE_RATIO:
         return None  # an adaptive optimizer divides the gradient's scale out: the steps stayed small
     return Hit(
@@ -335,41 +339,6 @@ def exploding(report: DiagnosticReport) -> Hit | None:
         evidence={"grad_norm_start": start, "grad_norm_end": end, "growth": end / start},
         score=min(5.0, math.log10(end / start) / 2),
     )
-
-
-def _step_update_ratios(report: DiagnosticReport) -> list[tuple[int, float]]:
-    """(step, median update/weight ratio over the weight matrices) per recorded step.
-
-    A ratio of exactly 0 is a step with no gradient for that tensor (dead or frozen
-    units): no evidence about the step size, so it is left out; so is a ratio of a weight that
-    was zero before the update (1, whatever the LR). Once the weights are NaN
-    every later ratio is NaN: a step whose ratios are all non-finite counts as inf."""
-    by_step: dict[int, list[float]] = {}
-    for p in weight_params(report):
-        # a weight zero before the update has ratio 1 whatever the LR: its first step is all of it
-        if p.update_ratio is not None and p.update_ratio != 0.0 and not _started_at_zero(p):
-            by_step.setdefault(p.step or 0, []).append(p.update_ratio)
-    out = []
-    for step in sorted(by_step):
-        ratios = finite(by_step[step])
-        out.append((step, median(ratios) if ratios else math.inf))
-    return out
-
-
-def _update_ratio_summary(report: DiagnosticReport) -> tuple[float, float, int] | None:
-    """(peak, typical, recorded steps) of the per-step median update ratios.
-
-    ``peak`` is the largest median over a window of a fifth of the recorded steps (at
-    least one): an LR that wrecks the network in its first steps and leaves it dead —
-    tiny updates from then on — shows there, where a median over the whole run hides
-    it. ``typical`` is the median over all steps."""
-    series = _step_update_ratios(report)
-    if not series:
-        return None
-    values = [v for _, v in series]
-    width = max(1, len(values) // 5)
-    peak = max(median(values[i : i + width]) for i in range(len(values) - width + 1))
-    return peak, median(values), len(values)
 
 
 def _loss_healthy(report: DiagnosticReport) -> bool:
@@ -412,8 +381,8 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     + (C.UNNORMALIZED_INPUTS, C.UNNORMALIZED_TARGETS),
 )
 def update_ratio_high(report: DiagnosticReport) -> Hit | None:
-    found = _update_ratio_summary(report)
-    if found is None or found[0] <= 0.1:
+    found = update_ratio_summary(report)
+    if found is None or found[0] <= LARGE_UPDATE_RATIO:
         return None
     peak, typical, count = found
     severity = "error" if peak >= 1.0 else "warning"
@@ -462,7 +431,7 @@ def _no_loss_gradient(report: DiagnosticReport) -> bool:
     explained_by=(C.GRAD_CLIP_TOO_SMALL, C.LR_SCHEDULE_MISUSE, C.VANISHING_GRADIENTS, C.DEAD_RELU),
 )
 def update_ratio_low(report: DiagnosticReport) -> Hit | None:
-    found = _update_ratio_summary(report)
+    found = update_ratio_summary(report)
     if found is None or not 0 < found[1] < 1e-5 or found[0] > 1e-3:
         return None
     peak, ratio, count = found
@@ -593,7 +562,7 @@ def _zero_branches(at_start: list, residual_ends: set[str]) -> set[str]:
     """The modules holding a residual branch whose last layer starts at zero (RWKV's time- and
     channel-mix blocks, whose output, key and receptance weights are all initialised to 0): such a
     branch starts as nothing on purpose, and its inner zeros get a gradient once its end moved."""
-    zero = {p.name.rpartition(".")[0] for p in at_start if _started_at_zero(p)}
+    zero = {p.name.rpartition(".")[0] for p in at_start if started_at_zero(p)}
     return {name.rpartition(".")[0] for name in residual_ends & zero} - {""}
 
 
@@ -603,15 +572,9 @@ def _blocked_start(at_start: list) -> bool:
     ``zero_module`` last convolution), and at its first step no gradient passes back through that
     layer, so every zero weight before it has none yet and every earlier layer's gradient is 0.
     Every weight zero is a broken init, not this."""
-    if not at_start or not _started_at_zero(at_start[-1]):
+    if not at_start or not started_at_zero(at_start[-1]):
         return False
-    return sum(map(_started_at_zero, at_start)) <= len(at_start) // 2
-
-
-def _started_at_zero(param) -> bool:
-    """All zeros at its first record, or recorded after a step whose update was the whole weight
-    (||dw|| / ||w|| = 1): zero before it."""
-    return param.weight_norm == 0.0 or (param.update_ratio is not None and abs(param.update_ratio - 1.0) <= 1e-6)
+    return sum(map(started_at_zero, at_start)) <= len(at_start) // 2
 
 
 def _inside(name: str, modules: set[str]) -> bool:
@@ -633,7 +596,7 @@ def _moving_zero_modules(at_start: list, weights: list) -> set[str]:
     names: set[str] = set()
     for param in at_start:
         moves = param.grad_norm is not None and math.isfinite(param.grad_norm) and param.grad_norm > 0
-        if _started_at_zero(param) and (moves or blocked or param.name in moved):
+        if started_at_zero(param) and (moves or blocked or param.name in moved):
             owner = param.name.rpartition(".")[0]
             names |= {owner, owner.rpartition(".")[0]}
     return names - {""}

@@ -15,9 +15,9 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    Curve, accuracies, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range, no_floor, num_classes,
-    self_targeted, starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, used_lr,
-    window,
+    LARGE_UPDATE_RATIO, Curve, accuracies, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range,
+    no_floor, num_classes, self_targeted, starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to,
+    uninformed_loss, update_ratio_summary, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -176,6 +176,8 @@ LEARNED_DROP = 0.3
     "At an LR within 3x of "
     "the range the LR range test trains well in, the finding says so and ranks after other symptoms, and is info "
     f"when the loss first fell by {LEARNED_DROP:.0%} or more from its very first value (it learned, then stalled). "
+    "Info too, and refuted, when the measured update/weight ratios peak above 0.1 (NNDX205's reading): steps that "
+    "large are not too small, whatever holds the loss (a healthy SGD language model at lr 30 early in a short run). "
     "Silent on a "
     "loss that hovers around zero (a fifth or more of its second half on each side): an objective with no floor, "
     "as a policy gradient's, makes no progress to measure.",
@@ -217,12 +219,18 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     # model learned, and what holds the logged loss up now (a term that grows by design, as a
     # beta-VAE's capacity ramp) is no evidence against the LR
     learned_first = lr_fine and from_initial >= LEARNED_DROP
+    # the steps were measured large (NNDX205's reading): whatever holds the loss, a step too small is not it
+    updates = update_ratio_summary(report)
+    big_steps = updates is not None and updates[0] > LARGE_UPDATE_RATIO
     return Hit(
-        severity="info" if fitted or learned_first or adversarial(report) or self_targeted(report) else None,
+        severity="info" if fitted or learned_first or big_steps or adversarial(report) or self_targeted(report)
+        else None,
         symptom=("train loss did not change at all" if frozen else "train loss is not decreasing")
         + (" from a level the model already fits to (under half an uninformed prediction's loss)" if fitted else "")
         + (f" after falling {from_initial:.0%} from its first value" if learned_first else "")
         + (f" at lr {lr:.3g}, within 3x of the range the LR range test trains well in: not the LR" if lr_fine
+           else "")
+        + (f", with update/weight ratios up to {updates[0]:.3g}: the steps are large, not too small" if big_steps
            else ""),
         evidence={
             "loss_initial": curve.initial,
@@ -232,7 +240,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
             "relative_noise": curve.relative_noise,
             "points": curve.n,
         },
-        score=0.5 if lr_fine
+        refuted=big_steps,
+        score=0.5 if lr_fine or big_steps
         else 1.0 + (1.0 if frozen else 0.0) + min(3.0, max(0.0, -min(curve.progress, from_initial))),
         next_probe="lr_range and overfit_one_batch",
     )

@@ -1872,3 +1872,17 @@ def test_big_updates_with_no_gradient_from_the_loss_are_weight_decay_not_the_lr(
     gradless = _found(with_loop(unprobed, grad_norm_history=norms(0.0)))["NNDX205"]
     assert gradless.severity == "info" and gradless.refuted and "weight decay" in gradless.symptom
     assert _found(with_loop(unprobed, grad_norm_history=norms(0.8)))["NNDX205"].severity == "warning"
+
+
+def test_a_flat_loss_is_not_an_lr_too_low_when_the_measured_steps_are_large():
+    """AWD-LSTM's healthy SGD phase at lr 30 (a short run, a loss down 5%) had LR_TOO_HIGH and
+    LR_TOO_LOW warnings at once; measured steps of 0.8 of the weights are not too small."""
+    from .broken import big_updates
+    from .reports import mlp_params
+
+    unprobed = big_updates().model_copy(update={"probes": None})
+    large = _found(unprobed)
+    assert large["NNDX103"].severity == "info" and large["NNDX103"].refuted and "steps are large" in large["NNDX103"].symptom
+    assert large["NNDX205"].severity in ("warning", "error")
+    small = _found(unprobed.model_copy(update={"parameters": mlp_params(ratio=1e-4)}))
+    assert small["NNDX103"].severity == "warning" and not small["NNDX103"].refuted
