@@ -482,16 +482,20 @@ def step_update_ratios(report: DiagnosticReport) -> list[tuple[int, float]]:
     units): no evidence about the step size, so it is left out; so is a ratio of a weight that
     was zero before the update (1, whatever the LR). Once the weights are NaN
     every later ratio is NaN: a step whose ratios are all non-finite counts as inf."""
-    by_step: dict[int, list[float]] = {}
-    for p in weight_params(report):
-        # a weight zero before the update has ratio 1 whatever the LR: its first step is all of it
-        if p.update_ratio is not None and p.update_ratio != 0.0 and not started_at_zero(p):
-            by_step.setdefault(p.step or 0, []).append(p.update_ratio)
-    out = []
-    for step in sorted(by_step):
-        ratios = finite(by_step[step])
-        out.append((step, median(ratios) if ratios else math.inf))
-    return out
+
+    def compute() -> list[tuple[int, float]]:
+        by_step: dict[int, list[float]] = {}
+        for p in weight_params(report):
+            # a weight zero before the update has ratio 1 whatever the LR: its first step is all of it
+            if p.update_ratio is not None and p.update_ratio != 0.0 and not started_at_zero(p):
+                by_step.setdefault(p.step or 0, []).append(p.update_ratio)
+        out = []
+        for step in sorted(by_step):
+            ratios = finite(by_step[step])
+            out.append((step, median(ratios) if ratios else math.inf))
+        return out
+
+    return _cached(report, "step_update_ratios", compute)
 
 
 # a peak update/weight ratio above this rewrites a tenth of the weights each step: steps that are large
@@ -504,14 +508,18 @@ def update_ratio_summary(report: DiagnosticReport) -> tuple[float, float, int] |
     ``peak`` is the largest median over a window of a fifth of the recorded steps (at
     least one): an LR that wrecks the network in its first steps and leaves it dead —
     tiny updates from then on — shows there, where a median over the whole run hides
-    it. ``typical`` is the median over all steps."""
-    series = step_update_ratios(report)
-    if not series:
-        return None
-    values = [v for _, v in series]
-    width = max(1, len(values) // 5)
-    peak = max(median(values[i : i + width]) for i in range(len(values) - width + 1))
-    return peak, median(values), len(values)
+    it. ``typical`` is the median over all steps. Read by NNDX205, NNDX206 and NNDX103: computed
+    once per report."""
+
+    def compute() -> tuple[float, float, int] | None:
+        values = [v for _, v in step_update_ratios(report)]
+        if not values:
+            return None
+        width = max(1, len(values) // 5)
+        peak = max(median(values[i : i + width]) for i in range(len(values) - width + 1))
+        return peak, median(values), len(values)
+
+    return _cached(report, "update_ratio_summary", compute)
 
 
 def started_at_zero(param) -> bool:

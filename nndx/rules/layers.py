@@ -11,6 +11,7 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LayerStats
 from nndx.rules._series import (
+    LARGE_UPDATE_RATIO,
     clips_most_steps,
     finite,
     latest_layers,
@@ -18,7 +19,6 @@ from nndx.rules._series import (
     loss_curve,
     loss_learned,
     lr_within_range,
-    LARGE_UPDATE_RATIO,
     started_at_zero,
     step_update_ratios,
     stepped_lr,
