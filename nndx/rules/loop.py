@@ -1263,15 +1263,15 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
 )
 def double_softmax(report: DiagnosticReport) -> Hit | None:
     output_activation = report.model.output_activation if report.model is not None else None
-    for path in report.loop.ops_before_loss if report.loop is not None else []:
-        for first, then in (("Softmax", "LogSoftmax"), ("Sigmoid", "BinaryCrossEntropyWithLogits")):
-            if vocab.op_follows(path, first, then):
-                return Hit(
-                    symptom=f"{first.lower()} on the model's outputs, then the loss applies "
-                    f"{'log_softmax' if then == 'LogSoftmax' else 'a sigmoid'} again: {' -> '.join(path)}",
-                    evidence={"ops_before_loss": " -> ".join(path)},
-                    score=3.0,
-                )
+    found = _ops_applied(report, (("Softmax", "LogSoftmax"), ("Sigmoid", "BinaryCrossEntropyWithLogits")))
+    if found is not None:
+        first, then, path = found
+        return Hit(
+            symptom=f"{first.lower()} on the model's outputs, then the loss applies "
+            f"{'log_softmax' if then == 'LogSoftmax' else 'a sigmoid'} again: {path}",
+            evidence={"ops_before_loss": path},
+            score=3.0,
+        )
     for call in loss_calls(report):
         applies_own = call.loss_type == "CrossEntropyLoss" or call.applies is not None
         # the model's last Softmax counts when what reached the loss was not measured: one measured
@@ -1366,15 +1366,26 @@ def ignored_real_class(report: DiagnosticReport) -> Hit | None:
     "or take the evidence from the logits (relu, softplus or exp of them).",
 )
 def relu_on_log_probabilities(report: DiagnosticReport) -> Hit | None:
-    for path in report.loop.ops_before_loss if report.loop is not None else []:
-        for first in ("LogSoftmax", "LogSigmoid"):
-            if vocab.op_follows(path, first, "Relu"):
-                return Hit(
-                    symptom=f"relu of {first.lower()}'s output, which is never above 0: zero everywhere, so no "
-                    f"gradient reaches the model ({' -> '.join(path)})",
-                    evidence={"ops_before_loss": " -> ".join(path)},
-                    score=4.0,
-                )
+    found = _ops_applied(report, (("LogSoftmax", "Relu"), ("LogSigmoid", "Relu")))
+    if found is None:
+        return None
+    first, _, path = found
+    return Hit(
+        symptom=f"relu of {first.lower()}'s output, which is never above 0: zero everywhere, so no gradient reaches "
+        f"the model ({path})",
+        evidence={"ops_before_loss": path},
+        score=4.0,
+    )
+
+
+def _ops_applied(report: DiagnosticReport, pairs: tuple[tuple[str, str], ...]) -> tuple[str, str, str] | None:
+    """(first op, then op, the path written out) for the first path of ``loop.ops_before_loss``
+    where one of ``pairs`` applies in order (see :func:`nndx.vocab.op_follows`); else None."""
+    loop = _loop(report)
+    for path in loop.ops_before_loss if loop is not None else []:
+        for first, then in pairs:
+            if vocab.op_follows(path, first, then):
+                return first, then, " -> ".join(path)
     return None
 
 
@@ -1465,15 +1476,15 @@ def wrong_loss(report: DiagnosticReport) -> Hit | None:
                 evidence=evidence | {"output_min": call.output_min, "output_max": call.output_max},
                 score=3.0,
             )
-    for path in report.loop.ops_before_loss if report.loop is not None else []:
-        for first, then in ((a, t) for a in ("Softmax", "Sigmoid") for t in ("NllLoss", "NllLoss2D")):
-            if vocab.op_follows(path, first, then):
-                return Hit(
-                    symptom=f"{first.lower()} on the model's outputs, and the probabilities go to a loss that "
-                    f"takes log-probabilities ({then}): {' -> '.join(path)}",
-                    evidence={"ops_before_loss": " -> ".join(path)},
-                    score=3.0,
-                )
+    found = _ops_applied(report, tuple((a, t) for a in ("Softmax", "Sigmoid") for t in ("NllLoss", "NllLoss2D")))
+    if found is not None:
+        first, then, path = found
+        return Hit(
+            symptom=f"{first.lower()} on the model's outputs, and the probabilities go to a loss that takes "
+            f"log-probabilities ({then}): {path}",
+            evidence={"ops_before_loss": path},
+            score=3.0,
+        )
     types = {c.loss_type for c in loss_calls(report)}
     train = report.data.train if report.data is not None else None
     if train is not None and train.label_kind in ("class_index", "one_hot") and types and types <= vocab.REGRESSION_LOSS_NAMES:
