@@ -342,7 +342,7 @@ class _StopGradients(TorchFunctionMode):
                                          if n is not None and type(n).__name__ != "AccumulateGrad")})
 
 
-def _reached_nodes(node: Any, budget: int) -> set[Any]:
+def _reached_nodes(node: Any, budget: float) -> set[Any]:
     """The backward nodes reachable from ``node``, parameters' accumulators left out (shared
     by every use of a parameter, they say nothing about the path), at most ``budget``."""
     seen: set[Any] = set()
@@ -368,14 +368,8 @@ def _custom_backward_nodes(loss: torch.Tensor, params: list[torch.Tensor]) -> in
     """The backward nodes behind ``loss`` that run Python code of someone's own: custom
     ``autograd.Function``s and module backward hooks (torch's ``BackwardCFunction``), and
     gradient hooks on the parameters."""
-    count, seen, stack = 0, set(), [loss.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        count += isinstance(node, torch.autograd.function.BackwardCFunction)
-        stack.extend(next_node for next_node, _ in node.next_functions)
+    custom = torch.autograd.function.BackwardCFunction
+    count = sum(isinstance(node, custom) for node in _reached_nodes(loss.grad_fn, math.inf))
     hooked = sum(bool(getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None))
                  for p in params)  # fmt: skip
     return count + hooked
