@@ -500,6 +500,9 @@ def step_update_ratios(report: DiagnosticReport) -> list[tuple[int, float]]:
 
 # a peak update/weight ratio above this rewrites a tenth of the weights each step: steps that are large
 LARGE_UPDATE_RATIO = 0.1
+# steps at most this share of the weights are sane ones (healthy training sits near 1e-3): whatever grows
+# beside them (a gradient Adam divides out, a loss whose targets climb), it is not the step size
+STEADY_UPDATE_RATIO = 1e-2
 
 
 def update_ratio_summary(report: DiagnosticReport) -> tuple[float, float, int] | None:

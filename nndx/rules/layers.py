@@ -12,6 +12,7 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LayerStats
 from nndx.rules._series import (
     LARGE_UPDATE_RATIO,
+    STEADY_UPDATE_RATIO,
     clips_most_steps,
     finite,
     latest_layers,
@@ -282,8 +283,6 @@ def vanishing(report: DiagnosticReport) -> Hit | None:
 
 
 LEARNED_PROGRESS = 0.5  # a train loss that fell by half beside growing gradients: not an explosion
-# steps this small a share of the weights while the gradient grew: the optimizer kept them sane (Adam's)
-STEADY_UPDATE_RATIO = 1e-2
 
 
 @rule(

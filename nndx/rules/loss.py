@@ -15,7 +15,7 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    LARGE_UPDATE_RATIO, Curve, accuracies, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range,
+    LARGE_UPDATE_RATIO, STEADY_UPDATE_RATIO, Curve, accuracies, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range,
     no_floor, num_classes, self_targeted, starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to,
     uninformed_loss, update_ratio_summary, used_lr, window,
 )
@@ -158,6 +158,8 @@ def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:
 
 # a loss that fell this share from its very first value has learned: a later stall is no verdict on the LR
 LEARNED_DROP = 0.3
+# recorded steps of update ratios it takes to say the steps stayed small
+MIN_RATIO_STEPS = 10
 
 
 @rule(
@@ -268,7 +270,10 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "a loss that climbs there is not "
     "overshooting (a value network's bootstrapped targets grow as its estimates do); and when the loss hovers "
     "around zero (a fifth or more of its second half on each side): an objective with no floor, a policy "
-    "gradient's, swings by its returns. Those two refute the LR: the finding then roots no other finding.",
+    "gradient's, swings by its returns; and when the measured update/weight ratios (NNDX205's windowed median, "
+    f"{MIN_RATIO_STEPS} recorded steps or more) stay at or under 0.01: an overshoot makes large steps, and a loss "
+    "that climbs beside small ones climbs with its targets (IQL's value loss as the Q-values grow toward the "
+    "returns). Those three refute the LR: the finding then roots no other finding.",
     why="Updates that overshoot make the loss bounce and climb; healthy minibatch noise is small "
     "relative to the initial loss and rides on a downward trend, so it does not trip this rule.",
     fix="Lower the learning rate (try 10x lower), or use a warm-up; if the batch is tiny, increase it.",
@@ -309,13 +314,19 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     transient = blow_ups < max(1, curve.n // 100) and max(curve.values) < 100.0 * curve.initial
     lr_fine = (not blow_ups or transient) and lr_within_range(report)
     floorless = no_floor(report)
+    # the measured steps stayed sane (Adam's, near 1e-3 of the weights): an overshoot makes large ones,
+    # so what makes this loss climb is its targets (a value network's, regressed on returns that grow)
+    updates = update_ratio_summary(report)
+    small_steps = updates is not None and updates[2] >= MIN_RATIO_STEPS and updates[0] <= STEADY_UPDATE_RATIO
     return Hit(
-        severity="info" if noisy_but_learning or lr_fine or floorless else None,
-        refuted=lr_fine or floorless,
+        severity="info" if noisy_but_learning or lr_fine or floorless or small_steps else None,
+        refuted=lr_fine or floorless or small_steps,
         symptom="train loss swings on both sides of zero: an objective with no floor (a policy gradient's), whose "
         "swings are no overshoot" if floorless
         else f"train loss climbs or swings at lr {stepped_lr(report):.3g}, where the LR range test still trains "
         f"well (up to {trains_well_up_to(report):.3g}): not an overshoot" if lr_fine and not noisy_but_learning
+        else f"train loss climbs or swings while the steps stay at most {updates[0]:.2g} of the weights (median "
+        "update/weight ratio): not an overshoot" if small_steps and updates is not None and not noisy_but_learning
         else "train loss is diverging" if (spikes >= 2 and not noisy_but_learning) or blow_ups
         else f"train loss rises over twice its start {spikes} times; it runs through another trained network "
         "(an adversarial loss rises as its opponent improves)" if adversarial(report)

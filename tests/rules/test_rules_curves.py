@@ -390,3 +390,26 @@ def test_a_loss_that_learned_then_stalled_at_an_lr_the_range_test_trains_well_at
     assert severity(learned, 1e-7) == "warning"  # far below the range: the LR is the guess
     stuck = [300.0 + rng.gauss(0, 3) for _ in range(400)]
     assert severity(stuck, 5e-4) == "warning"  # never learned: an alarm whatever the LR
+
+
+def test_a_loss_that_climbs_while_the_steps_stay_small_is_no_overshoot():
+    """IQL's value loss, from a Monitor alone (no range test): the expectile regression of V on
+    the target critic's Q starts near 0 (both networks start near 0) and climbs 100x as the
+    Q-values grow toward the returns, while Adam's steps stay at ~2e-3 of the weights. An
+    overshoot makes large steps; the same climb with steps of a fifth of the weights is one."""
+    from nndx.report import LoopStats, LRPoint
+
+    from .reports import mlp_params
+
+    rng = np.random.default_rng(0)
+    climb = [0.006] + list(np.linspace(0.001, 0.1, 200) * rng.uniform(0.5, 1.5, 200))
+
+    def nndx104(ratio):
+        report = DiagnosticReport(loss_history={"train": points(climb)}, parameters=mlp_params(range(0, 200, 10), ratio),
+                                  loop=LoopStats(steps=200, lr_history=[LRPoint(step=0, lrs=[1e-3])]))  # fmt: skip
+        return next(f for f in diagnose(report).findings if f.rule_id == "NNDX104")
+
+    small = nndx104(2e-3)
+    assert small.severity == "info" and small.refuted and "steps" in small.symptom
+    large = nndx104(0.2)
+    assert large.severity == "warning" and not large.refuted
