@@ -9,7 +9,7 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, NanOriginResult, flat_since
 from nndx.rules._series import (
     finite, frozen_untrained, generalizes, loss_calls, loss_curve, loss_is_moving, loss_learned, no_floor, num_classes,
-    trains_well_up_to, used_lr,
+    samples_axis, trains_well_up_to, used_lr,
 )
 from nndx.rules.layers import units_died
 from nndx.rules.loss import NO_LEARNING_CAUSES
@@ -56,7 +56,8 @@ def _probe(report: DiagnosticReport, name: str):
     "are frozen trained weights (a head on a pretrained body), or by a quarter on a loss nndx cannot name "
     "(no floor it knows) while the run's own loss learned, or fell by a tenth and the probe's as far or further; "
     "info too when the copy's loss moved and then froze (every gradient zero: its units died on the one batch) "
-    f"while the run's own loss fell by {RUN_FELL:.0%} or more.",
+    f"while the run's own loss fell by {RUN_FELL:.0%} or more; and when the model has fewer trainable parameters "
+    "than the batch has samples (a calibration temperature, a linear probe): memorising takes about one a sample.",
     why="Any working model/loss pair memorises one batch. Failing means a bug between the output and "
     "the loss (wrong loss, double softmax, mismatched shapes or label dtype) or in the model (dead "
     "units, detached or frozen layers, a broken backward) — not the learning rate of your own loop.",
@@ -83,6 +84,7 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
     unnamed = (ratio is not None and ratio <= UNNAMED_FALLS and _loss_unnamed(report)
                and (loss_learned(report) or _fell_as_far_as_the_run(report, ratio)) and not nearly)  # fmt: skip
     died = _copy_died(result.losses) and loss_curve(report).n >= 6 and loss_curve(report).progress >= RUN_FELL
+    too_few = _fewer_parameters_than_samples(report)
     return Hit(
         symptom=f"overfit_one_batch failed after {result.steps} steps"
         + (f" (the loss above its floor fell at best to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
@@ -91,7 +93,10 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
            "knows, and the run's own loss learned" if unnamed and not head_only else "")
         + (f": the copy's loss moved and then froze at {result.losses[-1]:.4g} (every gradient zero, its units died "
            f"on the one batch) while the run's own loss fell by {loss_curve(report).progress:.0%}"
-           if died and not (nearly or head_only or unnamed) else ""),
+           if died and not (nearly or head_only or unnamed) else "")
+        + (f": the model has {too_few[0]} trainable parameter{'s' if too_few[0] != 1 else ''}, fewer than the batch's "
+           f"{too_few[1]} samples, and memorises no batch that size (a temperature, a linear probe)"
+           if too_few and not (nearly or head_only or unnamed or died) else ""),
         evidence={
             "steps": result.steps,
             "lr": result.lr,
@@ -102,10 +107,24 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
             "best_to_initial": ratio,
             "final_accuracy": result.final_accuracy,
         },
-        severity="info" if nearly or head_only or unnamed or died else None,
+        severity="info" if nearly or head_only or unnamed or died or too_few else None,
         score=2.0,
         next_probe="grad_check and hooks (gradient flow per layer)",
     )
+
+
+def _fewer_parameters_than_samples(report: DiagnosticReport) -> tuple[int, int] | None:
+    """(trainable parameters, samples) when the model has fewer trainable parameters than the
+    smallest batch that reached the loss has samples: memorising a batch takes about a parameter
+    per sample, so such a model (a calibration temperature, a linear probe) fails the overfit
+    probe by its size, not by a bug."""
+    model = report.model
+    axis = samples_axis(report)
+    sizes = [c.output_shape[axis] if len(c.output_shape) > axis + 1 else c.output_shape[0]
+             for c in loss_calls(report) if c.output_shape]  # fmt: skip
+    if model is None or not sizes or not 0 < model.trainable_param_count < min(sizes):
+        return None
+    return model.trainable_param_count, min(sizes)
 
 
 def _copy_died(losses: list[float]) -> bool:

@@ -583,6 +583,26 @@ def test_a_failed_overfit_warns_when_the_model_barely_learns_and_is_context_when
     assert overfit(initial_loss=1.4, final_loss=1.16, losses=[1.4, 1.3, 1.25, 1.2, 1.16])["NNDX601"] == "warning"
 
 
+def test_a_model_with_fewer_parameters_than_the_batch_has_samples_need_not_memorise_it():
+    """Temperature scaling fits one parameter to a classifier's logits: on a batch of 32 its NLL
+    falls from 0.144 to 0.082 and can go no further, as no model of fewer parameters than the batch
+    has samples memorises it (a calibration scalar, a linear probe on few features). The same curve
+    from the 55,050-parameter MLP is a model that cannot learn its batch."""
+    from nndx.report import OverfitResult
+
+    failed = OverfitResult(status="failed", task="classification", steps=300, initial_loss=0.144, final_loss=0.082,
+                           final_accuracy=0.983)  # fmt: skip
+
+    def nndx601(trainable: int):
+        report = BASE.model_copy(update={"probes": healthy_probes(overfit_one_batch=failed),
+                                         "model": mlp_model(param_count=trainable, trainable_param_count=trainable)})
+        return _found(report)["NNDX601"]
+
+    scalar = nndx601(1)
+    assert scalar.severity == "info" and "1 trainable parameter" in scalar.symptom
+    assert nndx601(55050).severity == "warning"
+
+
 def test_a_frozen_pretrained_backbone_whose_loss_starts_fitted_is_context_not_stuck():
     """A backbone trained first, then frozen under a head: the loss starts far below ln(C)
     and barely moves, with minibatch swings large next to so small a level. Not stuck, not
