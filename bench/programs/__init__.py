@@ -238,4 +238,10 @@ PROGRAMS = (
     "lottery_ticket",
     "deepsdf",
     "evidential",
+    "dlrm",
+    "flow_matching",
+    "iql",
+    "temperature_scaling",
+    "hnn",
+    "reptile",
 )
