@@ -813,9 +813,28 @@ def forwards_under_autocast(setting: tuple[str, torch.dtype] | None) -> Iterator
         _FORWARD_AUTOCAST.reset(token)
 
 
+# what autograd says when a forward differentiates by its input under no_grad
+_NO_GRAPH = "does not require grad and does not have a grad_fn"
+
+
 def forward(model: nn.Module, inputs: Any) -> Any:
     """Call the model: a tensor as one argument, a tuple/list as positional arguments, a
-    dict as keyword arguments (under autocast when the runner asks for it)."""
+    dict as keyword arguments (under autocast when the runner asks for it).
+
+    A forward that differentiates by its input (a Hamiltonian network's time derivative, a
+    PINN's differential operator, a score model's gradient of an energy) cannot run under a
+    probe's ``no_grad``: it runs again with grad enabled, and its tensors come back detached,
+    as the probe asked for no graph."""
+    try:
+        return _call(model, inputs)
+    except RuntimeError as exc:
+        if torch.is_grad_enabled() or _NO_GRAPH not in str(exc):
+            raise
+    with torch.enable_grad():
+        return _detached(_call(model, inputs))
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
     setting = _FORWARD_AUTOCAST.get()
     with torch.autocast(device_type=setting[0], dtype=setting[1]) if setting else contextlib.nullcontext():
         if isinstance(inputs, Mapping):
@@ -823,6 +842,17 @@ def forward(model: nn.Module, inputs: Any) -> Any:
         if isinstance(inputs, (tuple, list)):
             return model(*inputs)
         return model(inputs)
+
+
+def _detached(output: Any) -> Any:
+    """The output with its tensors detached, through tuples, lists and dicts."""
+    if isinstance(output, torch.Tensor):
+        return output.detach()
+    if isinstance(output, (tuple, list)):
+        return type(output)(_detached(v) for v in output)
+    if isinstance(output, dict):
+        return {k: _detached(v) for k, v in output.items()}
+    return output
 
 
 def _field(output: Any, name: str) -> Any:

@@ -1367,3 +1367,31 @@ def test_a_loss_cut_from_a_model_that_trains_is_evidence_and_a_frozen_model_meas
     frozen = nndx.probe(model.requires_grad_(False), (x, y), torch.nn.MSELoss(), probes=["hooks"],
                         optimizer=torch.optim.Adam([image]))  # fmt: skip
     assert not frozen.errors and frozen.layers and all(layer.gradient is None for layer in frozen.layers)
+
+
+class _HamiltonianField(nn.Module):
+    """A Hamiltonian network's vector field: the symplectic gradient of a learned scalar H(q, p)
+    by the input, so its forward needs autograd whatever mode the caller runs it in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.energy = nn.Sequential(nn.Linear(2, 32), nn.Tanh(), nn.Linear(32, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.requires_grad:
+            x = x.detach().requires_grad_(True)
+        (dh,) = torch.autograd.grad(self.energy(x).sum(), x, create_graph=True)
+        return torch.stack([dh[:, 1], -dh[:, 0]], dim=1)
+
+
+def test_a_forward_that_differentiates_by_its_input_is_probed_not_called_detached():
+    """The probes run their forwards under no_grad, where the field's autograd.grad has no
+    graph: that is nndx's doing, not a loss detached from the parameters."""
+    torch.manual_seed(0)
+    model = _HamiltonianField()
+    x = torch.randn(64, 2)
+    y = torch.stack([2 * x[:, 1], -2 * x[:, 0]], dim=1)  # the spring's field, H = q^2 + p^2
+    report = nndx.probe(model, (x, y), nn.MSELoss(), optimizer=torch.optim.Adam(model.parameters(), 1e-3))
+    assert report.errors == []
+    assert report.probes.grad_check.status == "passed" and report.probes.eval_mode.status == "passed"
+    assert not [f for f in nndx.diagnose(report).findings if f.severity != "info"]
