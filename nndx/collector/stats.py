@@ -134,16 +134,24 @@ def is_batchnorm(module: nn.Module) -> bool:
     return all(isinstance(getattr(module, name, None), torch.Tensor) for name in ("running_mean", "running_var"))
 
 
+def batch_statistics_only(module: nn.Module) -> bool:
+    """A torch BatchNorm built with ``track_running_stats=False`` (Reptile's, MAML's learners): it
+    normalises by the batch in eval mode too and keeps nothing for train mode to move, so the mode
+    does not change it, and it couples the samples in either."""
+    return isinstance(module, BATCHNORM_TYPES) and module.running_mean is None and module.running_var is None
+
+
 def has_batchnorm(model: nn.Module) -> bool:
     """Whether a forward in train mode moves running statistics and mixes the batch."""
-    return any(is_batchnorm(m) for m in model.modules())
+    return any(is_batchnorm(m) and not batch_statistics_only(m) for m in model.modules())
 
 
 def mode_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules whose output train mode changes (dropout with ``p > 0``, batch-norm): the model
-    is in train mode for its output when any of them is, whatever the root's own flag (makemore
-    part 3 sets ``layer.training = False`` on each layer and never calls ``model.eval()``)."""
-    return [m for m in model.modules() if is_batchnorm(m) or _drops(m)]
+    """The modules whose output train mode changes (dropout with ``p > 0``, batch-norm that keeps
+    running statistics): the model is in train mode for its output when any of them is, whatever the
+    root's own flag (makemore part 3 sets ``layer.training = False`` on each layer and never calls
+    ``model.eval()``)."""
+    return [m for m in model.modules() if is_batchnorm(m) and not batch_statistics_only(m) or _drops(m)]
 
 
 def has_dropout(model: nn.Module) -> bool:

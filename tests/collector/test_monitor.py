@@ -494,6 +494,19 @@ def test_evaluation_in_eval_mode_or_without_dropout_is_not_counted():
     assert loop.no_grad_forwards_in_train_mode == 0 and not loop.has_dropout
 
 
+def test_batchnorm_without_running_statistics_is_the_same_in_either_mode():
+    """Reptile's BatchNorm(track_running_stats=False) normalises by the batch in train and eval mode
+    alike and keeps no statistics to move: evaluating without model.eval() changes nothing."""
+    for tracking, counted in ((False, 0), (True, 1)):
+        model, opt, mon = monitored(nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16, track_running_stats=tracking),
+                                                  nn.ReLU(), nn.Linear(16, 3)))  # fmt: skip
+        train(model, opt, mon, steps=2)
+        evaluate(model, mon, torch.no_grad)
+        loop = mon.report().loop
+        mon.close()
+        assert loop.no_grad_forwards_in_train_mode == counted and loop.has_batchnorm is tracking
+
+
 def test_training_after_eval_without_train_is_counted_from_its_first_step():
     model, opt, mon = monitored(make_model(dropout=True))
     train(model, opt, mon, steps=3)

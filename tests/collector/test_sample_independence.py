@@ -225,6 +225,20 @@ def test_functional_batch_statistics_are_not_read_as_a_reshape():
     assert result.status == "skipped" and result.changed_samples > 0 and "batch_norm" in result.message
 
 
+def test_batchnorm_without_running_statistics_couples_the_samples_in_eval_mode_by_design():
+    """BatchNorm(track_running_stats=False) normalises by the batch in eval mode too (Reptile's
+    few-shot learner): moved outputs are that design, named; the same net with running
+    statistics keeps its samples apart in eval mode."""
+    x, y = torch.randn(12, 4), torch.randint(0, 3, (12,))
+    torch.manual_seed(0)
+    batch_stats = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8, track_running_stats=False), nn.Linear(8, 3))
+    result = sample_independence(batch_stats, (x, y))
+    assert result.status == "skipped" and result.changed_samples > 0 and "track_running_stats" in result.message
+    torch.manual_seed(0)
+    running = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    assert sample_independence(running, (x, y)).status == "passed"
+
+
 class MinibatchStddevCritic(nn.Module):
     """StyleGAN2's discriminator end (rosinality/stylegan2-pytorch): the standard deviation
     of each feature over groups of 4 samples, ``out.view(group, -1, ...).var(0)``, averaged

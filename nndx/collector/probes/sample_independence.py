@@ -82,6 +82,7 @@ from nndx.collector._common import (
 )
 from nndx.collector.probes import ProbeSpec
 from nndx.collector.probes._observe import ForwardObserver
+from nndx.collector.stats import batch_statistics_only
 from nndx.report import SampleIndependenceResult
 
 MIN_SAMPLES = 3
@@ -152,11 +153,14 @@ def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceRes
     common = dict(batch_axis=axis, samples=samples, replaced_samples=replaced, changed_samples=moved,
                   max_change=largest, tolerance=tolerance)  # fmt: skip
     what = f"replacing the first {replaced} samples by the last {replaced}"
-    if moved and seen.functional_batch_statistics:
+    batch_norms = [name for name, m in model.named_modules() if batch_statistics_only(m)]
+    if moved and (seen.functional_batch_statistics or batch_norms):
+        how = (f"{batch_norms[0] or 'the model'} is a BatchNorm with track_running_stats=False" if batch_norms
+               else "the forward calls batch_norm as a function with training=True")  # fmt: skip
         return SampleIndependenceResult(status="skipped", **common, message=(
-            f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward calls "
-            "batch_norm as a function with training=True: batch statistics couple the samples in any mode, by design "
-            "in a functional learner (MAML's); the eval-mode probe judges batch statistics"))  # fmt: skip
+            f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but {how}: batch "
+            "statistics couple the samples in any mode, by design in a few-shot learner (MAML's, Reptile's); the "
+            "eval-mode probe judges batch statistics"))  # fmt: skip
     spreads = [what for what, length in seen.leading_spreads if 1 < length <= samples and samples % length == 0]
     if moved and spreads:
         return SampleIndependenceResult(status="skipped", **common, message=(
