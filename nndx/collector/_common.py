@@ -845,9 +845,11 @@ def _call(model: nn.Module, inputs: Any) -> Any:
 
 
 def _detached(output: Any) -> Any:
-    """The output with its tensors detached, through tuples, lists and dicts."""
+    """The output with its tensors detached, through tuples (named ones too), lists and dicts."""
     if isinstance(output, torch.Tensor):
         return output.detach()
+    if isinstance(output, tuple) and hasattr(output, "_fields"):
+        return type(output)(*(_detached(v) for v in output))
     if isinstance(output, (tuple, list)):
         return type(output)(_detached(v) for v in output)
     if isinstance(output, dict):

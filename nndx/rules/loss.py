@@ -15,9 +15,9 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    LARGE_UPDATE_RATIO, STEADY_UPDATE_RATIO, Curve, accuracies, adversarial, finite, line_search, loss_calls, loss_curve, lr_within_range,
-    no_floor, num_classes, self_targeted, starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to,
-    uninformed_loss, update_ratio_summary, used_lr, window,
+    LARGE_UPDATE_RATIO, STEADY_UPDATE_RATIO, Curve, accuracies, adversarial, finite, line_search, loss_calls,
+    loss_curve, lr_within_range, no_floor, num_classes, self_targeted, starts_fitted, stays_fitted, stepped_lr,
+    train_curve, trains_well_up_to, uninformed_loss, update_ratio_summary, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -317,7 +317,8 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     # the measured steps stayed sane (Adam's, near 1e-3 of the weights): an overshoot makes large ones,
     # so what makes this loss climb is its targets (a value network's, regressed on returns that grow)
     updates = update_ratio_summary(report)
-    small_steps = updates is not None and updates[2] >= MIN_RATIO_STEPS and updates[0] <= STEADY_UPDATE_RATIO
+    step_peak = updates[0] if updates is not None and updates[2] >= MIN_RATIO_STEPS else None
+    small_steps = step_peak is not None and step_peak <= STEADY_UPDATE_RATIO
     return Hit(
         severity="info" if noisy_but_learning or lr_fine or floorless or small_steps else None,
         refuted=lr_fine or floorless or small_steps,
@@ -325,8 +326,8 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
         "swings are no overshoot" if floorless
         else f"train loss climbs or swings at lr {stepped_lr(report):.3g}, where the LR range test still trains "
         f"well (up to {trains_well_up_to(report):.3g}): not an overshoot" if lr_fine and not noisy_but_learning
-        else f"train loss climbs or swings while the steps stay at most {updates[0]:.2g} of the weights (median "
-        "update/weight ratio): not an overshoot" if small_steps and updates is not None and not noisy_but_learning
+        else f"train loss climbs or swings while the steps stay at most {step_peak:.2g} of the weights (median "
+        "update/weight ratio): not an overshoot" if small_steps and not noisy_but_learning
         else "train loss is diverging" if (spikes >= 2 and not noisy_but_learning) or blow_ups
         else f"train loss rises over twice its start {spikes} times; it runs through another trained network "
         "(an adversarial loss rises as its opponent improves)" if adversarial(report)

@@ -1395,3 +1395,20 @@ def test_a_forward_that_differentiates_by_its_input_is_probed_not_called_detache
     assert report.errors == []
     assert report.probes.grad_check.status == "passed" and report.probes.eval_mode.status == "passed"
     assert not [f for f in nndx.diagnose(report).findings if f.severity != "info"]
+
+
+def test_the_retried_forwards_outputs_come_back_detached_in_their_own_containers():
+    from collections import namedtuple
+
+    from nndx.collector._common import forward
+
+    Out = namedtuple("Out", "field energy")
+
+    class Named(_HamiltonianField):
+        def forward(self, x):
+            return Out(super().forward(x), {"h": self.energy(x)})
+
+    with torch.no_grad():
+        out = forward(Named(), torch.randn(8, 2))
+    assert type(out) is Out and out.field.shape == (8, 2) and not out.field.requires_grad
+    assert not out.energy["h"].requires_grad

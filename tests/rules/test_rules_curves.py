@@ -405,7 +405,8 @@ def test_a_loss_that_climbs_while_the_steps_stay_small_is_no_overshoot():
     climb = [0.006] + list(np.linspace(0.001, 0.1, 200) * rng.uniform(0.5, 1.5, 200))
 
     def nndx104(ratio):
-        report = DiagnosticReport(loss_history={"train": points(climb)}, parameters=mlp_params(range(0, 200, 10), ratio),
+        report = DiagnosticReport(loss_history={"train": points(climb)},
+                                  parameters=mlp_params(range(0, 200, 10), ratio),
                                   loop=LoopStats(steps=200, lr_history=[LRPoint(step=0, lrs=[1e-3])]))  # fmt: skip
         return next(f for f in diagnose(report).findings if f.rule_id == "NNDX104")
 
