@@ -498,6 +498,8 @@ def step_update_ratios(report: DiagnosticReport) -> list[tuple[int, float]]:
     return _cached(report, "step_update_ratios", compute)
 
 
+# healthy training's update/weight ratio (Karpathy's rule of thumb, measured so across the bench's families)
+HEALTHY_UPDATE_RATIO = 1e-3
 # a peak update/weight ratio above this rewrites a tenth of the weights each step: steps that are large
 LARGE_UPDATE_RATIO = 0.1
 # steps at most this share of the weights are sane ones (healthy training sits near 1e-3): whatever grows

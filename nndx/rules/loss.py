@@ -15,7 +15,7 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    LARGE_UPDATE_RATIO, STEADY_UPDATE_RATIO, Curve, accuracies, adversarial, finite, line_search, loss_calls,
+    HEALTHY_UPDATE_RATIO, LARGE_UPDATE_RATIO, STEADY_UPDATE_RATIO, Curve, accuracies, adversarial, finite, line_search, loss_calls,
     loss_curve, lr_within_range, no_floor, num_classes, self_targeted, starts_fitted, stays_fitted, stepped_lr,
     train_curve, trains_well_up_to, uninformed_loss, update_ratio_summary, used_lr, window,
 )
@@ -180,6 +180,8 @@ MIN_RATIO_STEPS = 10
     f"when the loss first fell by {LEARNED_DROP:.0%} or more from its very first value (it learned, then stalled). "
     "Info too, and refuted, when the measured update/weight ratios peak above 0.1 (NNDX205's reading): steps that "
     "large are not too small, whatever holds the loss (a healthy SGD language model at lr 30 early in a short run). "
+    f"When their median over the run ({MIN_RATIO_STEPS} recorded steps or more) is at healthy training's ~1e-3 or "
+    "above, the finding says so and ranks after other symptoms, as at an LR the range test trains well at. "
     "Silent on a "
     "loss that hovers around zero (a fifth or more of its second half on each side): an objective with no floor, "
     "as a policy gradient's, makes no progress to measure.",
@@ -224,6 +226,10 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     # the steps were measured large (NNDX205's reading): whatever holds the loss, a step too small is not it
     updates = update_ratio_summary(report)
     big_steps = updates is not None and updates[0] > LARGE_UPDATE_RATIO
+    # steps of healthy training's size over the run: not too small either, so the LR guess ranks after
+    # other symptoms' (labels at chance, units dead), as at an LR the range test trains well at
+    sized = (not big_steps and updates is not None and updates[2] >= MIN_RATIO_STEPS
+             and updates[1] >= HEALTHY_UPDATE_RATIO)  # fmt: skip
     return Hit(
         severity="info" if fitted or learned_first or big_steps or adversarial(report) or self_targeted(report)
         else None,
@@ -233,7 +239,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
         + (f" at lr {lr:.3g}, within 3x of the range the LR range test trains well in: not the LR" if lr_fine
            else "")
         + (f", with update/weight ratios up to {updates[0]:.3g}: the steps are large, not too small" if big_steps
-           else ""),
+           else f", with a median update/weight ratio of {updates[1]:.2g} (healthy training's is ~1e-3): the steps "
+           "are not too small" if sized and updates is not None and not lr_fine else ""),
         evidence={
             "loss_initial": curve.initial,
             "loss_start": curve.start,
@@ -243,7 +250,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
             "points": curve.n,
         },
         refuted=big_steps,
-        score=0.5 if lr_fine or big_steps
+        score=0.5 if lr_fine or big_steps or sized
         else 1.0 + (1.0 if frozen else 0.0) + min(3.0, max(0.0, -min(curve.progress, from_initial))),
         next_probe="lr_range and overfit_one_batch",
     )

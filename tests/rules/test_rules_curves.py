@@ -414,3 +414,25 @@ def test_a_loss_that_climbs_while_the_steps_stay_small_is_no_overshoot():
     assert small.severity == "info" and small.refuted and "steps" in small.symptom
     large = nndx104(0.2)
     assert large.severity == "warning" and not large.refuted
+
+
+def test_a_loss_that_does_not_fall_at_steps_of_a_healthy_size_is_not_blamed_on_the_lr_first():
+    """JEM's p(y|x) scored against another loader's labels, from its Monitor alone (no range test):
+    the loss stays at ln 10 and validation at chance while Adam's steps are 7e-3 of the weights,
+    above healthy training's ~1e-3. Steps that size are not too small: labels at chance rank first.
+    The same curve at steps of 1e-6 of the weights is an LR too low first."""
+    from nndx.report import LoopStats, LRPoint
+
+    from .reports import mlp_params
+
+    train = points([2.3026 + 0.003 * ((-1) ** i) for i in range(60)], [0.1] * 60)
+    val = points([2.3026] * 3, [0.1, 0.12, 0.09], every=20)
+
+    def first(ratio):
+        report = DiagnosticReport(num_classes=10, loss_history={"train": train, "val": val},
+                                  parameters=mlp_params(range(0, 60, 5), ratio),
+                                  loop=LoopStats(steps=60, lr_history=[LRPoint(step=0, lrs=[1e-3])]))  # fmt: skip
+        return [f.rule_id for f in diagnose(report).findings if f.rule_id in ("NNDX103", "NNDX109", "NNDX206")]
+
+    assert first(7e-3) == ["NNDX109", "NNDX103"]
+    assert first(1e-6)[0] in ("NNDX103", "NNDX206")
