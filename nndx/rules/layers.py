@@ -11,6 +11,7 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LayerStats
 from nndx.rules._series import (
+    HEALTHY_UPDATE_RATIO,
     LARGE_UPDATE_RATIO,
     STEADY_UPDATE_RATIO,
     clips_most_steps,
@@ -403,10 +404,11 @@ def update_ratio_high(report: DiagnosticReport) -> Hit | None:
            else " while every recorded gradient norm is 0: the steps are the optimizer's weight decay or momentum, "
            "not the loss's" if gradless else ""),
         refuted=in_range or clipped or gradless,
-        evidence={"peak_update_ratio": peak, "median_update_ratio": typical, "healthy_update_ratio": 1e-3,
-                  "recorded_steps": count, "lr": lr, "range_test_trains_well_up_to": top},  # fmt: skip
+        evidence={"peak_update_ratio": peak, "median_update_ratio": typical,
+                  "healthy_update_ratio": HEALTHY_UPDATE_RATIO, "recorded_steps": count, "lr": lr,
+                  "range_test_trains_well_up_to": top},  # fmt: skip
         severity=severity,
-        score=min(10.0, 1.0 + math.log10(peak / 1e-3) if math.isfinite(peak) else 10.0),
+        score=min(10.0, 1.0 + math.log10(peak / HEALTHY_UPDATE_RATIO) if math.isfinite(peak) else 10.0),
     )
 
 
@@ -431,7 +433,7 @@ def _no_loss_gradient(report: DiagnosticReport) -> bool:
 )
 def update_ratio_low(report: DiagnosticReport) -> Hit | None:
     found = update_ratio_summary(report)
-    if found is None or not 0 < found[1] < 1e-5 or found[0] > 1e-3:
+    if found is None or not 0 < found[1] < 1e-5 or found[0] > HEALTHY_UPDATE_RATIO:
         return None
     peak, ratio, count = found
     curve = loss_curve(report)
@@ -441,12 +443,12 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
         evidence={
             "median_update_ratio": ratio,
             "peak_update_ratio": peak,
-            "healthy_update_ratio": 1e-3,
+            "healthy_update_ratio": HEALTHY_UPDATE_RATIO,
             "recorded_steps": count,
             "loss_relative_progress": curve.progress if curve.n >= 6 else None,
         },
         severity="info" if moving else "warning",
-        score=min(10.0, 1.0 + math.log10(1e-3 / ratio)),
+        score=min(10.0, 1.0 + math.log10(HEALTHY_UPDATE_RATIO / ratio)),
         next_probe="lr_range",
     )
 
