@@ -831,7 +831,7 @@ def forward(model: nn.Module, inputs: Any) -> Any:
         if torch.is_grad_enabled() or _NO_GRAPH not in str(exc):
             raise
     with torch.enable_grad():
-        return _detached(_call(model, inputs))
+        return map_tensors(_call(model, inputs), torch.Tensor.detach)
 
 
 def _call(model: nn.Module, inputs: Any) -> Any:
@@ -842,19 +842,6 @@ def _call(model: nn.Module, inputs: Any) -> Any:
         if isinstance(inputs, (tuple, list)):
             return model(*inputs)
         return model(inputs)
-
-
-def _detached(output: Any) -> Any:
-    """The output with its tensors detached, through tuples (named ones too), lists and dicts."""
-    if isinstance(output, torch.Tensor):
-        return output.detach()
-    if isinstance(output, tuple) and hasattr(output, "_fields"):
-        return type(output)(*(_detached(v) for v in output))
-    if isinstance(output, (tuple, list)):
-        return type(output)(_detached(v) for v in output)
-    if isinstance(output, dict):
-        return {k: _detached(v) for k, v in output.items()}
-    return output
 
 
 def _field(output: Any, name: str) -> Any:

@@ -15,9 +15,9 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
-    HEALTHY_UPDATE_RATIO, LARGE_UPDATE_RATIO, STEADY_UPDATE_RATIO, Curve, accuracies, adversarial, finite, line_search, loss_calls,
-    loss_curve, lr_within_range, no_floor, num_classes, self_targeted, starts_fitted, stays_fitted, stepped_lr,
-    train_curve, trains_well_up_to, uninformed_loss, update_ratio_summary, used_lr, window,
+    HEALTHY_UPDATE_RATIO, LARGE_UPDATE_RATIO, STEADY_UPDATE_RATIO, Curve, accuracies, adversarial, finite,
+    line_search, loss_calls, loss_curve, lr_within_range, no_floor, num_classes, self_targeted, starts_fitted,
+    stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, update_ratio_summary, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
 

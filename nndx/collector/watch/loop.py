@@ -123,7 +123,8 @@ def ops_before_loss(root: Any, models: set[int], limit: int = WALK_LIMIT) -> lis
             paths.append((op, *after[::-1]))
             continue
         # entered through its second input or later: "KlDiv#1" (the target of kl_div(log_p, q))
-        stack.extend((child, (*after, f"{op}#{slot}" if slot else op)) for slot, (child, _) in enumerate(node.next_functions))
+        stack.extend((child, (*after, f"{op}#{slot}" if slot else op))
+                     for slot, (child, _) in enumerate(node.next_functions))  # fmt: skip
     return paths
 
 
