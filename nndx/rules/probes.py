@@ -173,6 +173,19 @@ def _lr_range(report: DiagnosticReport):
     return result
 
 
+def _readings(result) -> list[float]:
+    """The sweep's readings of an LR to train at: its suggestion and its minimum's lr / 10.
+    A sweep whose loss never clearly fell (Adadelta's first steps are tiny at any lr) has its
+    minimum at its first lr, and one whose loss went below zero (a WGAN critic's, a
+    log-likelihood's) has no floor: its minimum is where the sweep stopped. Neither reads one."""
+    if result.status != "passed":
+        return []
+    readings = [result.suggested_lr]
+    if result.min_loss is None or result.min_loss >= 0:
+        readings.append(result.min_over_10_lr)
+    return finite([v for v in readings if v is not None and v > 0])
+
+
 # an LR this many times the top of the range test's interval that killed units overshot
 ABOVE_RANGE = 4.0
 
@@ -195,10 +208,7 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     result, lr = _lr_range(report), used_lr(report)
     if result is None or lr is None or lr <= 0:
         return None
-    # a sweep whose loss never clearly fell (Adadelta's first steps are tiny at any lr) has its
-    # minimum at its first lr: no reading of it is a suggestion
-    readings = (result.suggested_lr, result.min_over_10_lr) if result.status == "passed" else ()
-    suggestions = finite([v for v in readings if v is not None])
+    suggestions = _readings(result)
     diverged = result.diverged_at_lr is not None and math.isfinite(result.diverged_at_lr) and lr >= result.diverged_at_lr
     too_far = bool(suggestions) and lr > 30 * max(suggestions)
     top = trains_well_up_to(report)
@@ -241,7 +251,8 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     "warning",
     "The learning rate used is far below the LR range test's suggestion",
     detects="The peak LR of the user's optimizer is under 1/100 of both the suggested LR and min_over_10_lr "
-    "(of a sweep whose loss clearly fell), "
+    "(of a sweep whose loss clearly fell and stayed above zero: a loss with no floor, a WGAN critic's, falls "
+    "until the sweep stops), "
     "and the train loss is not clearly decreasing (info when it is).",
     why="Steps that small need orders of magnitude more of them; the loss looks stuck.",
     fix="Raise the LR to the range test's suggestion, or inside its interval (nndx.lr_find: .suggestion, .interval).",
@@ -250,8 +261,7 @@ def lr_below_range(report: DiagnosticReport) -> Hit | None:
     result, lr = _lr_range(report), used_lr(report)
     if result is None or lr is None or lr <= 0:
         return None
-    readings = (result.suggested_lr, result.min_over_10_lr) if result.status == "passed" else ()
-    suggestions = finite([v for v in readings if v is not None and v > 0])
+    suggestions = _readings(result)
     if not suggestions or lr >= min(suggestions) / 100:
         return None
     moving = loss_is_moving(report)

@@ -9,7 +9,9 @@ import pytest
 from nndx.report import DiagnosticReport, GradCheckParam, GradCheckResult, GradNormPoint, LRPoint
 from nndx.rules import diagnose
 
-from .reports import healthy_data, healthy_mlp, healthy_probes, healthy_reports, healthy_split, mlp_layers, mlp_model, with_loop
+from .reports import (
+    flat, healthy_data, healthy_mlp, healthy_probes, healthy_reports, healthy_split, mlp_layers, mlp_model, points, with_loop,
+)
 
 BASE = healthy_mlp()
 
@@ -563,6 +565,22 @@ def test_a_warmup_is_judged_at_the_lr_it_reaches_not_at_its_first_step():
     assert "NNDX603" not in _found(report)
     stuck_low = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[1e-6]) for i in range(200)])
     assert "NNDX603" in _found(stuck_low.model_copy(update={"probes": healthy_probes(lr_range=lr_range)}))
+
+
+def test_a_sweep_whose_loss_has_no_floor_reads_no_lr_for_the_lr_rules():
+    from nndx.report import LRRangeResult
+
+    # a WGAN critic's loss falls without end on the sweep's batch (to -8e11 at lr 10): the
+    # minimum is where the sweep stopped, and its lr / 10 is no LR to train at
+    lrs = [10 ** (-7 + i * 8 / 99) for i in range(100)]
+    floorless = LRRangeResult(status="passed", lrs=lrs, losses=[0.04 - 1.1**i for i in range(100)],
+                              min_loss=-7.9e11, min_over_10_lr=1.0, valley_lr=7.6e-4)  # fmt: skip
+    critic = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[2e-4]) for i in range(200)])
+    stuck = critic.model_copy(update={"loss_history": {"train": points(flat(0, n=40, level=0.5), every=5)}})
+    assert "NNDX603" not in _found(stuck.model_copy(update={"probes": healthy_probes(lr_range=floorless)}))
+    # the same reading from a loss that stayed above zero is one
+    floored = floorless.model_copy(update={"losses": [2.3 - 0.02 * i for i in range(100)], "min_loss": 0.3})
+    assert "NNDX603" in _found(stuck.model_copy(update={"probes": healthy_probes(lr_range=floored)}))
 
 
 def test_a_failed_overfit_warns_when_the_model_barely_learns_and_is_context_when_it_nearly_fits():
@@ -1906,3 +1924,4 @@ def test_a_flat_loss_is_not_an_lr_too_low_when_the_measured_steps_are_large():
     assert large["NNDX205"].severity in ("warning", "error")
     small = _found(unprobed.model_copy(update={"parameters": mlp_params(ratio=1e-4)}))
     assert small["NNDX103"].severity == "warning" and not small["NNDX103"].refuted
+
