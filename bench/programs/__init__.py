@@ -244,4 +244,10 @@ PROGRAMS = (
     "temperature_scaling",
     "hnn",
     "reptile",
+    "fedavg",
+    "dncnn",
+    "coral_ordinal",
+    "cox_survival",
+    "binarynet",
+    "td3_bc",
 )
