@@ -301,6 +301,9 @@ class GradCheckParam(Schema):
     worst_index: list[Count] | None = Field(None, description="element with the largest error (element-wise mode)")
     autograd_zero: bool = Field(False, description="autograd gave this tensor no gradient at all (None or all "
                                 "zeros): where finite differences see a slope, the graph is cut before it")
+    loss_flat: bool = Field(False, description="finite differences saw no slope at all while autograd gave a "
+                            "gradient: the forward reads this tensor through a sign, round or step, and the backward's "
+                            "gradient is a surrogate (a straight-through estimator), not a wrong derivative")
 
 
 class GradCheckResult(ProbeResult):

@@ -283,7 +283,9 @@ def lr_below_range(report: DiagnosticReport) -> Hit | None:
     "with a smaller step and marks what it cannot resolve 'suspect', which does not fire; so is a "
     "disagreement where every backward node is torch's own derivative (no custom autograd.Function, hook, "
     ".data or detach in the forward): that is the forward's rounding (log(1 - sigmoid(x)) at large x). "
-    "Non-finite errors (weights already NaN) are no evidence and do not fire. A warning when every "
+    "Non-finite errors (weights already NaN) are no evidence and do not fire, nor does a gradient where finite "
+    "differences see no slope at all (a sign or round read through a straight-through estimator: BinaryNet's "
+    "binarized weights). A warning when every "
     f"tensor's error is under {NEARLY_RIGHT:g} (each gradient 99% right: no wrong step follows from it), info "
     "when the run's loss also learned: a term added in a backward on purpose is that small (RWKV's L2Wrap "
     "pushes the logits toward 0 by 1e-4 of their maximum: 0.15%).",
@@ -298,7 +300,9 @@ def broken_backward(report: DiagnosticReport) -> Hit | None:
     if result is None or result.status != "failed":
         return None
     # Non-finite errors come from a NaN loss (weights already blown up), not from the backward.
-    bad = [p for p in result.parameters if p.status == "bug" and math.isfinite(p.relative_error) and not p.autograd_zero]
+    # a surrogate gradient where the loss is flat (a straight-through estimator) is the design
+    bad = [p for p in result.parameters if p.status == "bug" and math.isfinite(p.relative_error) and not p.autograd_zero
+           and not p.loss_flat]
     if not result.parameters and result.max_relative_error is not None:
         error = result.max_relative_error
         if not math.isfinite(error):

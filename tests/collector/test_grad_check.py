@@ -709,3 +709,41 @@ def test_a_loss_that_loses_its_precision_is_no_broken_backward_where_every_deriv
     wrong.scale = 1.1
     broken = grad_check(_SkipGram(wrong), (pairs, None), lambda loss, _target: loss)
     assert broken.status == "failed" and "project.weight" in [p.name for p in broken.parameters if p.status == "bug"]
+
+
+class _SignSTE(torch.autograd.Function):
+    """BinaryNet's Binarize: sign forward, the gradient passed straight through."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.sign()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _BinarizedLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, _SignSTE.apply(self.weight), self.bias)
+
+
+def test_a_straight_through_estimator_is_a_surrogate_not_a_broken_backward():
+    import nndx
+    from nndx.report import DiagnosticReport, Probes
+
+    torch.manual_seed(0)
+    binary = nn.Sequential(_BinarizedLinear(8, 16), nn.BatchNorm1d(16), nn.Hardtanh(), _BinarizedLinear(16, 3))
+    result = grad_check(binary, batch(), nn.CrossEntropyLoss())
+    flat = {p.name for p in result.parameters if p.loss_flat}
+    assert result.status == "passed" and {"0.weight", "3.weight"} <= flat, result.message
+    assert "straight-through" in result.message
+    assert not any(f.code.value == "BROKEN_BACKWARD" for f in nndx.diagnose(
+        DiagnosticReport(probes=Probes(grad_check=result))).findings)  # fmt: skip
+    # a wrong backward beside it is still one, and only it is named
+    torch.manual_seed(0)
+    broken = nn.Sequential(_BinarizedLinear(8, 16), nn.Tanh(), CustomLinear(16, 16, "transposed"), nn.Tanh(),
+                           nn.Linear(16, 3))  # fmt: skip
+    result = grad_check(broken, batch(), nn.CrossEntropyLoss())
+    bugs = [p.name for p in result.parameters if p.status == "bug" and not p.loss_flat]
+    assert result.status == "failed" and bugs == ["2.weight"], result.message
