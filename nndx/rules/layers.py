@@ -283,6 +283,63 @@ def vanishing(report: DiagnosticReport) -> Hit | None:
     )
 
 
+ZERO_GRADIENT_RECORDS = 3  # recorded steps with an exactly zero gradient: a flat loss, not a lucky cancellation
+
+
+def _zero_gradient_params(report: DiagnosticReport) -> tuple[list[str], int]:
+    """Trainable parameters whose gradient norm is exactly 0 at every recorded step (at least
+    ZERO_GRADIENT_RECORDS) at which another parameter's is above 0, and how many such steps. A
+    .grad left None (a cut graph) is NNDX304's; a step where no parameter got a gradient says
+    nothing about one of them."""
+    by_step: dict[int, list] = {}
+    for p in report.parameters:
+        if p.requires_grad and p.grad_norm is not None:
+            by_step.setdefault(p.step or 0, []).append(p)
+    live = [params for params in by_step.values() if any(p.grad_norm > 0 for p in params)]
+    norms: dict[str, list[float]] = {}
+    for params in live:
+        for p in params:
+            norms.setdefault(p.name, []).append(p.grad_norm)
+    zero = [name for name, values in norms.items() if len(values) >= ZERO_GRADIENT_RECORDS and not any(values)]
+    return zero, len(live)
+
+
+@rule(
+    "NNDX210",
+    C.VANISHING_GRADIENTS,
+    "warning",
+    "Parameters get an exactly zero gradient at every step",
+    detects=f"Trainable parameters whose gradient is exactly 0 at every recorded step ({ZERO_GRADIENT_RECORDS} or "
+    "more) while other parameters get one. Info when they are at most a tenth of the trainable tensors and the "
+    "train loss still learned: a part of the model the loss never weighs (an auxiliary head at weight 0).",
+    why="Autograd reached them, and every path back from the loss multiplied by an exact zero: a derivative that "
+    "is 0 almost everywhere. A loss on the network's input derivative (a Hamiltonian network, a PINN, a gradient "
+    "penalty) differentiates each activation twice, and ReLU's second derivative is 0: its hidden biases never "
+    "train. So do the weights before a round, sign, argmax or comparison without a straight-through estimator, "
+    "and a value clamped at its bound. The optimizer still moves them by weight decay and momentum.",
+    fix="Where the loss differentiates the network, use a smooth activation (tanh, softplus, SiLU); pass a "
+    "quantizer's gradient straight through (x + (q(x) - x).detach()); check what multiplies these parameters by "
+    "zero.",
+    # units dead for every input or pinned at a hard bound pass exactly nothing back
+    explained_by=(C.DEAD_RELU, C.SATURATED_ACTIVATIONS, C.FROZEN_PARAMETERS),
+)
+def zero_gradients(report: DiagnosticReport) -> Hit | None:
+    names, steps = _zero_gradient_params(report)
+    if not names:
+        return None
+    trainable = {p.name for p in report.parameters if p.requires_grad}
+    share = len(names) / len(trainable)
+    few = share <= 0.1 and loss_learned(report)
+    return Hit(
+        symptom=f"{len(names)} trainable parameters got an exactly zero gradient at every one of {steps} recorded "
+        f"steps ({names[0]}{', ...' if len(names) > 1 else ''})",
+        evidence={"zero_gradient_params": names[:20], "zero_gradient_count": len(names), "recorded_steps": steps,
+                  "share_of_trainable": share},  # fmt: skip
+        severity="info" if few else "warning",
+        score=1.0 + share,
+    )
+
+
 LEARNED_PROGRESS = 0.5  # a train loss that fell by half beside growing gradients: not an explosion
 
 

@@ -44,6 +44,7 @@ from .reports import (
     mlp_model,
     mlp_params,
     noisy_decreasing,
+    plateau_curve,
     points,
     with_loop,
 )
@@ -159,6 +160,13 @@ def exploding() -> DiagnosticReport:
 
 def vanishing() -> DiagnosticReport:
     return update(layers=mlp_layers(grads=(1e-9, 1e-5, 0.1)))
+
+
+def zero_hidden_bias_gradients() -> DiagnosticReport:
+    """A Hamiltonian network with ReLU: its loss is on dH/dx, and each hidden bias's gradient goes
+    through ReLU's second derivative, 0: exactly zero at every step while the weights learn."""
+    params = [p.model_copy(update={"grad_norm": 0.0}) if p.name in ("0.bias", "2.bias") else p for p in mlp_params()]
+    return update(parameters=params, **train(plateau_curve(0, start=1.0, floor=0.4)))
 
 
 def big_updates() -> DiagnosticReport:
@@ -309,6 +317,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX207": bad_init,
     "NNDX208": units_died,
     "NNDX209": saturated_in_training,
+    "NNDX210": zero_hidden_bias_gradients,
     "NNDX301": no_zero_grad,
     "NNDX302": accum_unscaled,
     "NNDX303": not_in_optimizer,

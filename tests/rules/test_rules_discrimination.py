@@ -1925,3 +1925,20 @@ def test_a_flat_loss_is_not_an_lr_too_low_when_the_measured_steps_are_large():
     small = _found(unprobed.model_copy(update={"parameters": mlp_params(ratio=1e-4)}))
     assert small["NNDX103"].severity == "warning" and not small["NNDX103"].refuted
 
+
+def test_exactly_zero_gradients_at_every_step_fire_and_a_zero_start_or_a_gradless_step_does_not():
+    from .broken import zero_hidden_bias_gradients
+    from .reports import mlp_params
+
+    assert _found(zero_hidden_bias_gradients())["NNDX210"].severity == "warning"
+    params = mlp_params(steps=tuple(range(0, 100, 10)))
+    # LoRA's A or DiT's modulations: no gradient until the zero layer after them moved
+    late = [p.model_copy(update={"grad_norm": 0.0}) if p.name == "2.weight" and p.step == 0 else p for p in params]
+    assert "NNDX210" not in _found(BASE.model_copy(update={"parameters": late}))
+    # a step at which no parameter got a gradient (a masked-out batch) says nothing about any one of them
+    gradless = [p.model_copy(update={"grad_norm": 0.0}) if p.step in (0, 10, 20) else p for p in params]
+    assert "NNDX210" not in _found(BASE.model_copy(update={"parameters": gradless}))
+    # one tensor of many that the loss never weighs (an auxiliary head at weight 0), beside a loss that learns
+    wide = params + [p.model_copy(update={"name": f"block{i}.{p.name}"}) for i in range(2) for p in params]
+    aux = [p.model_copy(update={"grad_norm": 0.0}) if p.name == "block1.4.bias" else p for p in wide]
+    assert _found(BASE.model_copy(update={"parameters": aux}))["NNDX210"].severity == "info"
