@@ -217,7 +217,8 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     judged it context (info: the run learned) or when the remedy was tried with nndx's
     own Adam because no optimizer was known (context judged so stays info); one whose
     remedy did not help
-    keeps at most a warning and half its score. NNDX8xx findings (a confirmed remedy)
+    keeps at most a warning and half its score, and is context (info) when its own rule's evidence
+    already refuted its cause (``refuted``: two measurements against it). NNDX8xx findings (a confirmed remedy)
     are kept only for causes no other rule named. Where a bug only the user's loop has is
     seen (``LOOP_ONLY``: nndx's remedy loop zeroes gradients, steps its optimizer, neither
     accumulates nor schedules), a confirmation is a lead: at most a warning."""
@@ -278,7 +279,8 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
         elif result.status == "confirmed":
             update = {"confirmation": "confirmed", "severity": "error", "score": _round(f.score + 5.0)}
         else:
-            severity = "warning" if f.severity == "error" else f.severity
+            # the rule's own evidence already spoke against its cause, and the remedy did not help: context
+            severity = "info" if f.refuted else "warning" if f.severity == "error" else f.severity
             update = {"confirmation": "not_confirmed", "severity": severity, "score": _round(f.score / 2)}
         out.append(f.model_copy(update=update | {"evidence": evidence}))
     return out

@@ -176,7 +176,8 @@ MIN_RATIO_STEPS = 10
     "that runs through another trained network (a GAN's generator loss: it need not fall), and for a loss that "
     "computes its targets from the model's output (DEC's self-training: its objective moves with the model). "
     "At an LR within 3x of "
-    "the range the LR range test trains well in, the finding says so and ranks after other symptoms, and is info "
+    "the range the LR range test trains well in, the finding says so and ranks after other symptoms (info when "
+    "LR x 10 did not help either: two measurements against the LR), and is info "
     f"when the loss first fell by {LEARNED_DROP:.0%} or more from its very first value (it learned, then stalled). "
     "Info too, and refuted, when the measured update/weight ratios peak above 0.1 (NNDX205's reading): steps that "
     "large are not too small, whatever holds the loss (a healthy SGD language model at lr 30 early in a short run). "
@@ -249,7 +250,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
             "relative_noise": curve.relative_noise,
             "points": curve.n,
         },
-        refuted=big_steps,
+        refuted=big_steps or lr_fine,
         score=0.5 if lr_fine or big_steps or sized
         else 1.0 + (1.0 if frozen else 0.0) + min(3.0, max(0.0, -min(curve.progress, from_initial))),
         next_probe="lr_range and overfit_one_batch",

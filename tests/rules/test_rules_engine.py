@@ -392,3 +392,28 @@ def test_a_lower_lr_helping_an_unclipped_probe_is_no_verdict_on_a_loop_that_clip
                                                   for s in range(0, 200, 5)])  # fmt: skip
     assert nndx205(clipped) == ("info", None)
     assert all(f.severity == "info" for f in diagnose(clipped).findings if f.code.value == "LR_TOO_HIGH")
+
+
+def test_a_guess_its_own_rule_doubts_and_its_remedy_did_not_help_is_context():
+    """A Cox model's partial likelihood barely moves below its uninformed level on a noisy task:
+    the loss is 'not decreasing' at an LR the range test trains well at, and LR x 10 did not help
+    either. Two measurements against LR_TOO_LOW: context, not an alarm. Without the range test's
+    word, the unhelpful remedy alone halves the guess and keeps it a warning."""
+    from nndx.report import InterventionResult, Interventions, LRPoint, LRRangeResult
+
+    from .reports import flat, healthy_mlp, healthy_probes, points, with_loop
+
+    lr_up = InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 10",
+                               status="not_confirmed", steps=100, baseline_initial_loss=4.6, baseline_final_loss=4.5,
+                               remedied_initial_loss=4.6, remedied_final_loss=4.5)  # fmt: skip
+    sweep = LRRangeResult(status="passed", lrs=[1e-5, 1.0], losses=[4.6, 4.0], suggested_lr=3e-3,
+                          interval_low_lr=1e-3, interval_high_lr=1e-2)  # fmt: skip
+    stuck = with_loop(healthy_mlp(), lr_history=[LRPoint(step=i, lrs=[1e-2]) for i in range(0, 200, 5)])
+    stuck = stuck.model_copy(update={"loss_history": {"train": points(flat(3, level=4.45, noise=0.03))},
+                                     "interventions": Interventions(results=[lr_up])})  # fmt: skip
+    in_range = stuck.model_copy(update={"probes": healthy_probes(lr_range=sweep)})
+    found = {f.rule_id: f for f in diagnose(in_range).findings}
+    assert found["NNDX103"].severity == "info" and found["NNDX103"].confirmation == "not_confirmed"
+    out_of_range = stuck.model_copy(update={"probes": healthy_probes(lr_range=sweep.model_copy(update={
+        "interval_low_lr": 1.0, "interval_high_lr": 3.0, "suggested_lr": 2.0}))})  # fmt: skip
+    assert {f.rule_id: f for f in diagnose(out_of_range).findings}["NNDX103"].severity == "warning"
