@@ -666,6 +666,10 @@ class LossCall(Schema):
     applies: Literal["softmax", "log_softmax"] | None = Field(
         None, description="what a loss of the user's own was seen applying over the outputs' last or class axis "
         "itself (a label-smoothing cross-entropy's log_softmax): it expects logits")
+    squashes_again: str | None = Field(
+        None, description="a sigmoid or softmax (or its log) that a loss of the user's own applied to what an "
+        "activation bounded to [0, 1] made, as 'Sigmoid -> log_sigmoid': it was given probabilities where it "
+        "expects logits")
     broadcast_shape: list[Count] | None = Field(
         None, description="the shape an elementwise op inside a loss of the user's own broadcast an output-shaped "
         "and a target-shaped tensor to, larger than both ([N, 1] - [N] is [N, N]); or a tensor computed from the "

@@ -197,6 +197,9 @@ def _note_ignored(entry: dict[str, Any], target: torch.Tensor, ignore_index: int
     entry["scored_classes"] = max(entry.get("scored_classes", 0), int(scored))
 
 
+# what squashes its input into (0, 1), or its log: applied again to a probability, a second squash
+_SQUASHES = frozenset({"sigmoid", "log_sigmoid", "softmax", "log_softmax"})
+
 # where a tensor inside a loss came from (InnerLossCalls), as bits: the model's output, the targets
 FROM_OUTPUT, FROM_TARGET = 1, 2
 
@@ -214,7 +217,10 @@ class InnerLossCalls(TorchFunctionMode):
     label-smoothing cross-entropy written by hand expects logits as much as
     ``CrossEntropyLoss`` does; and an elementwise op that broadcasts an output-shaped and a
     target-shaped tensor to a larger shape (``broadcast_shape``: ``torch.mean((u - u_pred)
-    ** 2)`` with [N] against [N, 1] compares every output with every target)."""
+    ** 2)`` with [N] against [N, 1] compares every output with every target). Given the
+    ``observer`` of the forward, a sigmoid or softmax the loss applies to what an activation
+    bounded to [0, 1] made (``squashed``: CORAL's log-sigmoid cost given the probabilities
+    instead of the logits) is noted as (that activation, the op)."""
 
     def __init__(self, log: LossCallLog | None = None, output: torch.Tensor | None = None,
                  target: Any = None, observer: Any = None) -> None:  # fmt: skip
@@ -227,6 +233,7 @@ class InnerLossCalls(TorchFunctionMode):
         self.output_shape = tuple(output.shape) if isinstance(output, torch.Tensor) else None
         self.target_shape = tuple(target.shape) if isinstance(target, torch.Tensor) else None
         self.applies: str | None = None
+        self.squashed: tuple[str, str] | None = None
         self.broadcast_shape: list[int] | None = None
         self.broadcast_operands: list[list[int]] | None = None
         self.moved_axes: list[str] = []  # views of the outputs that interleave axes (classes viewed last)
@@ -249,6 +256,12 @@ class InnerLossCalls(TorchFunctionMode):
             if (rank >= 2 and over_classes and isinstance(x, torch.Tensor)
                     and sorted(x.shape) == sorted(self.output_shape)):  # fmt: skip
                 self.applies = name
+        if name in _SQUASHES and self.observer is not None and self.squashed is None:
+            x = args[0] if args else kwargs.get("input")
+            known, made = self.observer.output_activation(x) if isinstance(x, torch.Tensor) else (False, None)
+            kind = vocab.activation_kind(made) if known and made else None
+            if kind is not None and kind.bounds == (0.0, 1.0):
+                self.squashed = (made, name)
         if name in ("view", "reshape") and self.output_shape and not self.moved_axes and args:
             self._note_view(name, args[0], args[1:] or kwargs.get("shape", ()))
         kind = vocab.loss_kind(name)
@@ -323,7 +336,7 @@ _ELEMENTWISE = frozenset({
 
 
 # what only the probes see: they call a loss of the user's own themselves, inside InnerLossCalls
-_PROBE_ONLY = ("applies", "broadcast_shape", "broadcast_operands")
+_PROBE_ONLY = ("applies", "broadcast_shape", "broadcast_operands", "squashes_again")
 
 
 def merge_loss_calls(first: list[LossCall], second: list[LossCall]) -> list[LossCall]:

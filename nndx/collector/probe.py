@@ -560,13 +560,14 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
                  if setup.loss_fn is not None else None)  # fmt: skip
         # a loss of the user's own: what reaches torch's loss inside it, and any softmax it applies itself
         own_loss = setup.loss_fn is not None and vocab.loss_kind(loss_name(setup.loss_fn)) is None
-        inner = InnerLossCalls(calls, output=predicted, target=targets) if own_loss else None
+        inner = InnerLossCalls(calls, output=predicted, target=targets, observer=seen) if own_loss else None
         with inner or contextlib.nullcontext():
             seed_all(0)
             compute_loss(setup.loss_fn, output, targets)
         if inner is not None and outer is not None:
             outer.update({"applies": inner.applies, "broadcast_shape": inner.broadcast_shape,
-                          "broadcast_operands": inner.broadcast_operands})
+                          "broadcast_operands": inner.broadcast_operands,
+                          "squashes_again": " -> ".join(inner.squashed) if inner.squashed else None})
         from_output = _targets_from_output(setup.loss_fn, output, targets, inner) if inner is not None else None
     report.num_classes = num_classes(setup.loss_fn, output) if report.task == "classification" else None
     setup.position_logits = _position_logits(inputs, predicted)

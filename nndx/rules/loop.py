@@ -1251,7 +1251,9 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
     "and the loss applying log_softmax (BCE with logits) after it, with only shape ops between (indexing, views: "
     "whichever way the loop called its loss); or "
     "CrossEntropyLoss, or a loss of the user's own seen applying softmax or log_softmax to the outputs "
-    "itself, given outputs whose rows already sum to one, BCEWithLogitsLoss given "
+    "itself, given outputs whose rows already sum to one, a loss of the user's own seen applying sigmoid, "
+    "log-sigmoid, softmax or log_softmax to what a Sigmoid or Softmax made (the probabilities of a model that "
+    "returns logits and probabilities, passed where the logits belong), BCEWithLogitsLoss given "
     "outputs all inside [0, 1] (from a model ending in Sigmoid, a loss the forward computes on a sigmoid's "
     "output, or 16 or more of them when no forward was observed to show what made them), or a model whose "
     "last activation is Softmax trained with either when the loss's input was not measured (measured rows that "
@@ -1290,6 +1292,13 @@ def double_softmax(report: DiagnosticReport) -> Hit | None:
                     "output_max": call.output_max,
                     "model_output_activation": output_activation,
                 },
+                score=3.0,
+            )
+        if call.squashes_again is not None:
+            return Hit(
+                symptom=f"the loss squashes a probability again: {call.squashes_again} (it expects logits)",
+                evidence={"loss_type": call.loss_type, "squashes_again": call.squashes_again,
+                          "model_output_activation": output_activation},  # fmt: skip
                 score=3.0,
             )
         # logits of a batch of 16+ all inside [0, 1]: a sigmoid, even a functional one — unless

@@ -398,3 +398,38 @@ def test_a_loss_that_scores_the_padding_id_as_a_class_is_seen():
     assert found.evidence["padding_id"] == 0 and found.evidence["scored_share"] > 0.7
     assert nndx317(_MaskedItems(21), labels, nn.CrossEntropyLoss(ignore_index=0)) == []
     assert nndx317(_MaskedItems(5), tags, nn.CrossEntropyLoss()) == []
+
+
+class OrdinalHead(nn.Module):
+    """CORAL's ordinal regression: K - 1 binary tasks, the forward returning (logits, probas)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.fc = nn.Sequential(nn.Linear(8, 16), nn.ReLU()), nn.Linear(16, 4)
+
+    def forward(self, x):
+        logits = self.fc(self.body(x))
+        return logits, torch.sigmoid(logits)
+
+
+def coral_cost(values, levels):
+    return -(F.logsigmoid(values) * levels + (F.logsigmoid(values) - values) * (1 - levels)).sum(dim=1).mean()
+
+
+@pytest.mark.parametrize("probas", [False, True])
+def test_a_loss_of_the_users_own_given_probabilities_where_it_takes_logits_squashes_twice(probas):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=g)
+    levels = (torch.randint(0, 5, (64, 1), generator=g) > torch.arange(4)).float()
+
+    def loss_fn(output, target):
+        return coral_cost(output[1] if probas else output[0], target)
+
+    report = nndx.probe(OrdinalHead(), (x, levels), loss_fn, probes=["nan_origin"], progress=False)
+    (call,) = report.loop.loss_calls
+    assert call.squashes_again == ("Sigmoid -> log_sigmoid" if probas else None)
+    found = {f.rule_id: f for f in nndx.diagnose(report).findings}
+    assert ("NNDX314" in found) == probas
+    if probas:
+        assert nndx.diagnose(report).top().code.value == "DOUBLE_SOFTMAX"
