@@ -155,7 +155,9 @@ def dead_units(report: DiagnosticReport) -> list[Hit]:
     "step far too large (high LR, accumulated gradients); once dead they never recover.",
     fix="Lower the learning rate (and fix what makes updates too large), use LeakyReLU/GELU; "
     "nndx.fix.resurrect_dead_units re-initialises dead units.",
-    explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.UNNORMALIZED_INPUTS, C.BAD_INIT),
+    # BatchNorm left in eval mode while the weights train normalises by its initial running statistics
+    explained_by=(C.LR_TOO_HIGH, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.UNNORMALIZED_INPUTS, C.BAD_INIT,
+                  C.EVAL_MODE_FORGOTTEN),
 )
 def units_died(report: DiagnosticReport) -> list[Hit]:
     return _dead_layers(report, from_start=False)

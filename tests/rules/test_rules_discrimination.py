@@ -1942,3 +1942,18 @@ def test_exactly_zero_gradients_at_every_step_fire_and_a_zero_start_or_a_gradles
     wide = params + [p.model_copy(update={"name": f"block{i}.{p.name}"}) for i in range(2) for p in params]
     aux = [p.model_copy(update={"grad_norm": 0.0}) if p.name == "block1.4.bias" else p for p in wide]
     assert _found(BASE.model_copy(update={"parameters": aux}))["NNDX210"].severity == "info"
+
+
+def test_units_that_die_while_batchnorm_trains_in_eval_mode_are_its_symptom():
+    """DnCNN with model.train() moved out of the step loop: BatchNorm normalises by its
+    initial running statistics while the weights train, and ReLUs die. The eval mode is the
+    cause; the dead units rank under it."""
+    from .broken import trained_in_eval_mode, units_died
+
+    died = units_died()
+    both = with_loop(died, has_batchnorm=True, backward_after_eval_forward=75, first_eval_backward_step=25)
+    ranked = diagnose(both).findings
+    assert ranked[0].code.value == "EVAL_MODE_FORGOTTEN"
+    assert next(f for f in ranked if f.rule_id == "NNDX208").explained_by == ranked[0].rule_id
+    assert diagnose(died).top().code.value == "DEAD_RELU"
+    assert "NNDX208" not in _found(trained_in_eval_mode())
