@@ -10,7 +10,16 @@ from nndx.report import DiagnosticReport, GradCheckParam, GradCheckResult, GradN
 from nndx.rules import diagnose
 
 from .reports import (
-    flat, healthy_data, healthy_mlp, healthy_probes, healthy_reports, healthy_split, mlp_layers, mlp_model, points, with_loop,
+    flat,
+    healthy_data,
+    healthy_mlp,
+    healthy_probes,
+    healthy_reports,
+    healthy_split,
+    mlp_layers,
+    mlp_model,
+    points,
+    with_loop,
 )
 
 BASE = healthy_mlp()

@@ -57,7 +57,10 @@ Whose backward: torch's own derivatives are tested code. A failed check whose ba
 has no node of anyone else's (no custom ``autograd.Function``, no module or gradient hook, no
 ``.data`` or ``detach`` in the forward) is the forward's rounding, not a wrong backward: its
 tensors are "suspect" (node2vec's ``log(1 - sigmoid(x) + 1e-15)`` at x > 30 was off by 15%). A
-tensor with no autograd gradient at all stays a bug: the graph is cut.
+tensor with no autograd gradient at all stays a bug: the graph is cut. A tensor whose loss is
+flat (no difference along any checked direction, though autograd gives it a gradient) is read
+through a sign, round or step and given a surrogate gradient on purpose, a straight-through
+estimator's (BinaryNet's binarized weights): it is marked ``loss_flat`` and does not fail the check.
 
 Randomness and state: the loss must be the same function at every evaluation, so every
 forward runs with the same seed (identical dropout masks); batch-norm in train mode is
@@ -172,8 +175,7 @@ class _Problem:
         beyond round-off, whether it was smooth — crossed no kink —, whether round-off was
         small enough to resolve a bug-sized error)."""
         for _ in range(MAX_SHRINKS + 1):
-            plus, plus_pattern = self.loss({n: self.values[n] + eps * d for n, d in direction.items()})
-            minus, minus_pattern = self.loss({n: self.values[n] - eps * d for n, d in direction.items()})
+            (plus, plus_pattern), (minus, minus_pattern) = self.either_side(direction, eps)
             error, resolved = self.relative_error((plus - minus) / (2 * eps), analytic, eps)
             if self.base_pattern is None or (_same(plus_pattern, self.base_pattern)
                                              and _same(minus_pattern, self.base_pattern)):  # fmt: skip
@@ -185,11 +187,15 @@ class _Problem:
         self.kinks_unresolved += 1
         return error, False, resolved
 
+    def either_side(self, direction: Mapping[str, torch.Tensor], eps: float) -> tuple[tuple, tuple]:
+        """The loss (and its kink pattern) at w + εv and at w − εv."""
+        return tuple(self.loss({n: self.values[n] + sign * eps * d for n, d in direction.items()})
+                     for sign in (1.0, -1.0))  # fmt: skip
+
     def flat(self, direction: Mapping[str, torch.Tensor], eps: float) -> bool:
         """Whether the loss does not move at all along ``direction``, beyond its round-off: the
         forward reads the tensor through a sign, round or step, flat wherever it is defined."""
-        plus, _ = self.loss({n: self.values[n] + eps * d for n, d in direction.items()})
-        minus, _ = self.loss({n: self.values[n] - eps * d for n, d in direction.items()})
+        (plus, _), (minus, _) = self.either_side(direction, eps)
         return abs(plus - minus) <= 2 * self.roundoff * max(1.0, abs(self.base_loss))
 
     def analytic(self, direction: Mapping[str, torch.Tensor]) -> float:
