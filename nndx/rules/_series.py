@@ -198,7 +198,8 @@ FITTED_SHARE = 0.5
 def uninformed_loss(report: DiagnosticReport) -> float | None:
     """The loss of the best prediction that ignores the inputs: ln C for a softmax loss over
     C classes (a language model's vocabulary too), ln 2 for a binary one, the targets'
-    variance for MSE; None when the report cannot say."""
+    variance for MSE; None when the report cannot say. With no loss call seen, the loss the
+    logged loss's graph ends in (:func:`graph_loss`) stands in for one."""
     for call in loss_calls(report):
         if call.loss_type in vocab.SOFTMAX_LOSS_NAMES:
             classes = num_classes(report)
@@ -207,7 +208,30 @@ def uninformed_loss(report: DiagnosticReport) -> float | None:
             return math.log(2.0)
         if call.loss_type == "MSELoss" and call.target_std is not None and call.target_std > 0:
             return call.target_std * call.target_std
-    return None
+    kind = graph_loss(report)
+    if kind == "binary":
+        return math.log(2.0)
+    layers = latest_layers(report) if kind == "softmax" else []
+    width = layers[-1].activation.unit_count if layers and layers[-1].activation is not None else None
+    classes = num_classes(report) or width
+    return math.log(classes) if kind == "softmax" and classes and classes >= 2 else None
+
+
+# the autograd op each loss's graph ends in (cross_entropy is log_softmax, then nll_loss)
+_GRAPH_LOSSES = {"NllLoss": "softmax", "NllLoss2D": "softmax", "BinaryCrossEntropy": "binary",
+                 "BinaryCrossEntropyWithLogits": "binary"}  # fmt: skip
+
+
+def graph_loss(report: DiagnosticReport) -> str | None:
+    """'softmax' or 'binary' when no loss call was seen (a Monitor given no ``loss_fn``, the loop
+    calling ``F.cross_entropy`` itself) and every path of the logged loss's graph from the
+    model's output (``loop.ops_before_loss``) ends in that loss's op: the loss the run
+    minimises, with nothing added to it. None otherwise."""
+    loop = report.loop
+    if loop is None or loop.loss_calls or not loop.ops_before_loss:
+        return None
+    kinds = {_GRAPH_LOSSES.get(path[-1]) if path else None for path in loop.ops_before_loss}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def starts_fitted(report: DiagnosticReport) -> bool:

@@ -436,3 +436,26 @@ def test_a_loss_that_does_not_fall_at_steps_of_a_healthy_size_is_not_blamed_on_t
 
     assert first(7e-3) == ["NNDX109", "NNDX103"]
     assert first(1e-6)[0] in ("NNDX103", "NNDX206")
+
+
+def test_a_monitor_that_saw_no_loss_call_reads_the_loss_off_its_graph():
+    """A federated client's Monitor: the loop calls F.cross_entropy itself (no loss_fn given), and
+    the client starts from the averaged model, already fitted; its batches of 10 swing. The logged
+    loss's graph (LogSoftmax -> NllLoss) names the loss, the output layer's width the classes:
+    ln 10 is what an uninformed prediction gets, and the start is fitted, not stuck."""
+    import math
+
+    from nndx.rules._series import uninformed_loss
+
+    from .reports import healthy_mlp, points, with_loop
+
+    swings = [0.3 + (1.6 if i % 9 == 4 else 0.25 * ((i * 7) % 5) / 4) for i in range(75)]
+    client = with_loop(healthy_mlp(), loss_calls=[], ops_before_loss=[["Addmm", "LogSoftmax", "NllLoss"]])
+    client = client.model_copy(update={"loss_history": {"train": points(swings)}, "data": None, "num_classes": None,
+                                       "probes": None})
+    assert uninformed_loss(client) == pytest.approx(math.log(10))
+    found = {f.rule_id: f for f in diagnose(client).findings}
+    assert all(f.severity == "info" for f in found.values()), [(f.rule_id, f.severity) for f in found.values()]
+    # a graph that ends in no loss nndx knows (a term added to it) names none
+    summed = with_loop(client, ops_before_loss=[["Addmm", "LogSoftmax", "NllLoss", "Add"]])
+    assert uninformed_loss(summed) is None
