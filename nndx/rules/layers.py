@@ -322,8 +322,9 @@ def _zero_gradient_params(report: DiagnosticReport) -> tuple[list[str], int]:
     fix="Where the loss differentiates the network, use a smooth activation (tanh, softplus, SiLU); pass a "
     "quantizer's gradient straight through (x + (q(x) - x).detach()); check what multiplies these parameters by "
     "zero.",
-    # units dead for every input or pinned at a hard bound pass exactly nothing back
-    explained_by=(C.DEAD_RELU, C.SATURATED_ACTIVATIONS, C.FROZEN_PARAMETERS),
+    # units dead for every input or pinned at a hard bound, and weights initialised to zero, pass exactly
+    # nothing back
+    explained_by=(C.DEAD_RELU, C.SATURATED_ACTIVATIONS, C.FROZEN_PARAMETERS, C.BAD_INIT),
 )
 def zero_gradients(report: DiagnosticReport) -> Hit | None:
     names, steps = _zero_gradient_params(report)

@@ -1966,3 +1966,14 @@ def test_units_that_die_while_batchnorm_trains_in_eval_mode_are_its_symptom():
     assert next(f for f in ranked if f.rule_id == "NNDX208").explained_by == ranked[0].rule_id
     assert diagnose(died).top().code.value == "DEAD_RELU"
     assert "NNDX208" not in _found(trained_in_eval_mode())
+
+
+def test_zero_gradients_behind_weights_initialised_to_zero_are_the_inits_symptom():
+    from .broken import bad_init
+    from .reports import mlp_params
+
+    # a zero weight matrix and no gradient to move it, at every recorded step
+    params = [p.model_copy(update={"weight_norm": 0.0, "grad_norm": 0.0}) if p.name == "2.weight" else p
+              for p in mlp_params(steps=tuple(range(0, 100, 10)))]  # fmt: skip
+    findings = {f.rule_id: f for f in diagnose(bad_init().model_copy(update={"parameters": params})).findings}
+    assert findings["NNDX210"].explained_by == "NNDX207"
