@@ -211,10 +211,13 @@ def uninformed_loss(report: DiagnosticReport) -> float | None:
     kind = graph_loss(report)
     if kind == "binary":
         return math.log(2.0)
-    layers = latest_layers(report) if kind == "softmax" else []
+    if kind != "softmax":
+        return None
+    # the classes from the data, else the width of the output layer, the last in forward order
+    layers = latest_layers(report)
     width = layers[-1].activation.unit_count if layers and layers[-1].activation is not None else None
     classes = num_classes(report) or width
-    return math.log(classes) if kind == "softmax" and classes and classes >= 2 else None
+    return math.log(classes) if classes and classes >= 2 else None
 
 
 # the autograd op each loss's graph ends in (cross_entropy is log_softmax, then nll_loss)
