@@ -141,9 +141,14 @@ def batch_statistics_only(module: nn.Module) -> bool:
     return isinstance(module, BATCHNORM_TYPES) and module.running_mean is None and module.running_var is None
 
 
+def _moved_by_mode(module: nn.Module) -> bool:
+    """A batch-norm that train mode changes: one that keeps running statistics."""
+    return is_batchnorm(module) and not batch_statistics_only(module)
+
+
 def has_batchnorm(model: nn.Module) -> bool:
     """Whether a forward in train mode moves running statistics and mixes the batch."""
-    return any(is_batchnorm(m) and not batch_statistics_only(m) for m in model.modules())
+    return any(_moved_by_mode(m) for m in model.modules())
 
 
 def mode_modules(model: nn.Module) -> list[nn.Module]:
@@ -151,7 +156,7 @@ def mode_modules(model: nn.Module) -> list[nn.Module]:
     running statistics): the model is in train mode for its output when any of them is, whatever the
     root's own flag (makemore part 3 sets ``layer.training = False`` on each layer and never calls
     ``model.eval()``)."""
-    return [m for m in model.modules() if is_batchnorm(m) and not batch_statistics_only(m) or _drops(m)]
+    return [m for m in model.modules() if _moved_by_mode(m) or _drops(m)]
 
 
 def has_dropout(model: nn.Module) -> bool:
