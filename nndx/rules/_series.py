@@ -413,6 +413,12 @@ def loss_is_moving(report: DiagnosticReport) -> bool | None:
     return curve.progress > 0.1
 
 
+def share_of_trainable(names: list[str], report: DiagnosticReport) -> float | None:
+    """Share of the trainable parameter tensors that ``names`` make up, when known."""
+    trainable = {p.name for p in report.parameters if p.requires_grad} | set(names)
+    return len(set(names)) / len(trainable) if trainable and report.parameters else None
+
+
 def gradient_cut_params(report: DiagnosticReport) -> list[str]:
     """Parameters that get no gradient or no update by construction: frozen, left out of
     every optimizer, ``.grad`` never set, or cut from the loss (the gradient check's

@@ -21,6 +21,7 @@ from nndx.rules._series import (
     loss_curve,
     loss_learned,
     lr_within_range,
+    share_of_trainable,
     started_at_zero,
     step_update_ratios,
     stepped_lr,
@@ -330,8 +331,7 @@ def zero_gradients(report: DiagnosticReport) -> Hit | None:
     names, steps = _zero_gradient_params(report)
     if not names:
         return None
-    trainable = {p.name for p in report.parameters if p.requires_grad}
-    share = len(names) / len(trainable)
+    share = share_of_trainable(names, report)
     few = share <= 0.1 and loss_learned(report)
     return Hit(
         symptom=f"{len(names)} trainable parameters got an exactly zero gradient at every one of {steps} recorded "

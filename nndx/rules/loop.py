@@ -12,23 +12,13 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LoopStats, flat_since
 from nndx.rules._series import (
     clip_ratios, clipped_steps, finite, frozen_untrained, is_classification, loss_calls, loss_curve, loss_learned,
-    samples_axis, starts_fitted, train_curve, weight_shapes,
+    samples_axis, share_of_trainable, starts_fitted, train_curve, weight_shapes,
 )
 from nndx.rules.engine import Hit, rule
 
 
 def _loop(report: DiagnosticReport) -> LoopStats | None:
     return report.loop
-
-
-def _trainable_names(report: DiagnosticReport) -> set[str]:
-    return {p.name for p in report.parameters if p.requires_grad}
-
-
-def _share(names: list[str], report: DiagnosticReport) -> float | None:
-    """Share of the trainable parameter tensors that ``names`` make up, when known."""
-    trainable = _trainable_names(report) | set(names)
-    return len(set(names)) / len(trainable) if trainable and report.parameters else None
 
 
 def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
@@ -214,7 +204,7 @@ def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
     if loop is None or not (loop.params_not_in_optimizer or loop.unregistered_params):
         return None
-    share = _share(loop.params_not_in_optimizer, report) if loop.params_not_in_optimizer else None
+    share = share_of_trainable(loop.params_not_in_optimizer, report) if loop.params_not_in_optimizer else None
     symptom = (f"{len(loop.params_not_in_optimizer)} trainable parameters not in the optimizer, "
                f"{loop.optimizer_params_not_in_model} optimizer parameters not in the model")
     if loop.unregistered_params:
@@ -269,7 +259,7 @@ def detached_graph(report: DiagnosticReport) -> Hit | None:
                    score=3.0)  # fmt: skip
     if loop is None or not loop.params_grad_none or loop.backward_calls == 0:
         return None
-    share = _share(loop.params_grad_none, report)
+    share = share_of_trainable(loop.params_grad_none, report)
     severe = share is None or share >= 0.5
     unused = set(report.model.unused_modules) if report.model is not None else set()
     # or never ran: the Monitor hooks every leaf layer with parameters (JEM's energy head, which its model's
@@ -1628,8 +1618,7 @@ def params_never_changed(report: DiagnosticReport) -> Hit | None:
         return None  # (a logged loss that reaches none of them: NNDX304 names the cut)
     named_elsewhere = {*loop.params_not_in_optimizer, *loop.params_grad_none, *loop.frozen_params}
     names = [n for n in loop.params_never_changed if n not in named_elsewhere]
-    trainable = {p.name for p in report.parameters if p.requires_grad} | set(names)
-    share = len(names) / len(trainable) if trainable and report.parameters else None
+    share = share_of_trainable(names, report)
     severe = share is None or share >= 0.5
     relative_grad: dict[str, float] = {}
     for p in report.parameters:
