@@ -113,6 +113,22 @@ def std(values: list[float]) -> float:
     return math.sqrt(sum((v - mean) * (v - mean) for v in values) / (len(values) - 1))
 
 
+def slope_significance(values: list[float]) -> float:
+    """The least-squares slope of a series per point over its standard error: -2 or below, the
+    series falls however slowly, beyond what its noise could make of a flat one."""
+    n = len(values)
+    if n < 3:
+        return 0.0
+    x_mean, y_mean = (n - 1) / 2, sum(values) / n
+    sxx = sum((i - x_mean) * (i - x_mean) for i in range(n))
+    slope = sum((i - x_mean) * (v - y_mean) for i, v in enumerate(values)) / sxx
+    residuals = [v - y_mean - slope * (i - x_mean) for i, v in enumerate(values)]
+    residual = sum(r * r for r in residuals) / (n - 2)
+    if residual <= 0.0:
+        return 0.0 if slope == 0.0 else math.copysign(math.inf, slope)
+    return slope / math.sqrt(residual / sxx)
+
+
 class Curve:
     """Scale-aware summary of a loss curve (finite values only).
 
@@ -160,6 +176,10 @@ class Curve:
     @property
     def relative_noise(self) -> float:
         return self.noise / self.scale
+
+    def slope_significance(self) -> float:
+        """:func:`slope_significance` of the curve's finite values."""
+        return slope_significance(self.values)
 
     def second_half_progress(self) -> float:
         """Progress over the second half, relative to the initial level."""

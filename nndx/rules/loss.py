@@ -182,7 +182,9 @@ MIN_RATIO_STEPS = 10
     "Info too, and refuted, when the measured update/weight ratios peak above 0.1 (NNDX205's reading): steps that "
     "large are not too small, whatever holds the loss (a healthy SGD language model at lr 30 early in a short run). "
     f"When their median over the run ({MIN_RATIO_STEPS} recorded steps or more) is at healthy training's ~1e-3 or "
-    "above, the finding says so and ranks after other symptoms, as at an LR the range test trains well at. "
+    "above, the finding says so and ranks after other symptoms, as at an LR the range test trains well at; and "
+    "is info when the loss still falls at that pace (its least-squares slope two standard errors or more below "
+    "zero, ending under its first value): a short run, as a federated client's few local steps, not a small step. "
     "Silent on a "
     "loss that hovers around zero (a fifth or more of its second half on each side): an objective with no floor, "
     "as a policy gradient's, makes no progress to measure.",
@@ -231,9 +233,12 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     # other symptoms' (labels at chance, units dead), as at an LR the range test trains well at
     sized = (not big_steps and updates is not None and updates[2] >= MIN_RATIO_STEPS
              and updates[1] >= HEALTHY_UPDATE_RATIO)  # fmt: skip
+    # falling, only slowly, at steps of that size: the loss moves at healthy training's pace and the
+    # run is short for the task (a federated client's few local steps), no step too small
+    slow_fall = sized and curve.slope_significance() <= -2.0 and curve.end < curve.initial
     return Hit(
-        severity="info" if fitted or learned_first or big_steps or adversarial(report) or self_targeted(report)
-        else None,
+        severity="info" if fitted or learned_first or big_steps or slow_fall or adversarial(report)
+        or self_targeted(report) else None,
         symptom=("train loss did not change at all" if frozen else "train loss is not decreasing")
         + (" from a level the model already fits to (under half an uninformed prediction's loss)" if fitted else "")
         + (f" after falling {from_initial:.0%} from its first value" if learned_first else "")
@@ -241,7 +246,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
            else "")
         + (f", with update/weight ratios up to {updates[0]:.3g}: the steps are large, not too small" if big_steps
            else f", with a median update/weight ratio of {updates[1]:.2g} (healthy training's is ~1e-3): the steps "
-           "are not too small" if sized and updates is not None and not lr_fine else ""),
+           "are not too small" + (", and it falls steadily at that pace: the run is short for the task" if slow_fall
+                                  else "") if sized and updates is not None and not lr_fine else ""),
         evidence={
             "loss_initial": curve.initial,
             "loss_start": curve.start,

@@ -438,6 +438,32 @@ def test_a_loss_that_does_not_fall_at_steps_of_a_healthy_size_is_not_blamed_on_t
     assert first(1e-6)[0] in ("NNDX103", "NNDX206")
 
 
+def test_a_loss_that_falls_slowly_at_steps_of_a_healthy_size_is_a_short_run_not_a_small_lr():
+    """A federated client's first round (FedAvg, from scratch): 75 SGD steps on its shard take the
+    loss from 2.35 to 2.24, steadily under minibatch noise, at steps of 2.6e-3 of the weights. The
+    loss falls at healthy training's pace, the run is short: context, not an LR too low. The same
+    curve at steps of 1e-6 of the weights is an LR too low; a loss that does not fall at all at
+    steps of a healthy size stays a warning (something else holds it)."""
+    from nndx.report import LoopStats, LRPoint
+
+    from .reports import mlp_params
+
+    rng = np.random.default_rng(3)
+    falling = list(np.linspace(2.35, 2.24, 75) + rng.normal(0.0, 0.08, 75))
+    level = list(2.3 + rng.normal(0.0, 0.08, 75))
+
+    def nndx103(curve, ratio):
+        report = DiagnosticReport(loss_history={"train": points(curve)},
+                                  parameters=mlp_params(range(0, 75, 5), ratio),
+                                  loop=LoopStats(steps=75, lr_history=[LRPoint(step=0, lrs=[1e-2])]))  # fmt: skip
+        return next(f for f in diagnose(report).findings if f.rule_id == "NNDX103")
+
+    short = nndx103(falling, 2.6e-3)
+    assert short.severity == "info" and "healthy" in short.symptom, short.symptom
+    assert nndx103(falling, 1e-6).severity == "warning"
+    assert nndx103(level, 2.6e-3).severity == "warning"
+
+
 def test_a_monitor_that_saw_no_loss_call_reads_the_loss_off_its_graph():
     """A federated client's Monitor: the loop calls F.cross_entropy itself (no loss_fn given), and
     the client starts from the averaged model, already fitted; its batches of 10 swing. The logged
