@@ -9,7 +9,7 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, NanOriginResult, flat_since
 from nndx.rules._series import (
     finite, frozen_untrained, generalizes, loss_calls, loss_curve, loss_is_moving, loss_learned, no_floor, num_classes,
-    samples_axis, trains_well_up_to, used_lr,
+    samples_axis, slope_significance, trains_well_up_to, used_lr,
 )
 from nndx.rules.layers import units_died
 from nndx.rules.loss import NO_LEARNING_CAUSES
@@ -54,7 +54,9 @@ def _probe(report: DiagnosticReport, name: str):
     "but not to 1% — a term the floor cannot see (a KL penalty, targets that identical inputs "
     "contradict) stops healthy models there too; info as well when it fell by a tenth and most parameters "
     "are frozen trained weights (a head on a pretrained body), or by a quarter on a loss nndx cannot name "
-    "(no floor it knows) while the run's own loss learned, or fell by a tenth and the probe's as far or further; "
+    "(no floor it knows) while the run's own loss learned, or fell by a tenth and the probe's as far or further, or "
+    "the probe's loss was still falling when it stopped (its last half's least-squares slope two standard errors "
+    "or more below zero: Cox's partial likelihood ranks a batch slowly); "
     "info too when the copy's loss moved and then froze (every gradient zero: its units died on the one batch) "
     f"while the run's own loss fell by {RUN_FELL:.0%} or more; and when the model has fewer trainable parameters "
     "than the batch has samples (a calibration temperature, a linear probe): memorising takes about one a sample.",
@@ -81,8 +83,8 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
         ratio = (best - floor) / (result.initial_loss - floor)
     nearly = ratio is not None and ratio <= BARELY_LEARNS
     head_only = _head_on_trained_body(report) and ratio is not None and ratio <= HEAD_FALLS
-    unnamed = (ratio is not None and ratio <= UNNAMED_FALLS and _loss_unnamed(report)
-               and (loss_learned(report) or _fell_as_far_as_the_run(report, ratio)) and not nearly)  # fmt: skip
+    unnamed = (ratio is not None and ratio <= UNNAMED_FALLS and _loss_unnamed(report) and not nearly
+               and (loss_learned(report) or _fell_as_far_as_the_run(report, ratio) or _still_falling(result.losses)))
     died = _copy_died(result.losses) and loss_curve(report).n >= 6 and loss_curve(report).progress >= RUN_FELL
     too_few = _fewer_parameters_than_samples(report)
     return Hit(
@@ -90,7 +92,8 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
         + (f" (the loss above its floor fell at best to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
         + (": most parameters are frozen trained weights, and a head alone need not memorise a batch" if head_only else "")
         + (f" (the loss fell at best to {ratio:.2g} of its start, not to 0.01): a loss nndx cannot name has no floor it "
-           "knows, and the run's own loss learned" if unnamed and not head_only else "")
+           "knows, and " + ("the probe's loss was still falling when it stopped" if _still_falling(result.losses)
+                            else "the run's own loss learned") if unnamed and not head_only else "")
         + (f": the copy's loss moved and then froze at {result.losses[-1]:.4g} (every gradient zero, its units died "
            f"on the one batch) while the run's own loss fell by {loss_curve(report).progress:.0%}"
            if died and not (nearly or head_only or unnamed) else "")
@@ -132,6 +135,13 @@ def _copy_died(losses: list[float]) -> bool:
     if len(losses) < 4 or not all(map(math.isfinite, losses)):
         return False
     return 0 < flat_since(losses) <= len(losses) // 2
+
+
+def _still_falling(losses: list[float]) -> bool:
+    """The probe's loss over its last half still falls beyond its noise: the probe ran out of
+    steps before the loss reached whatever floor it has."""
+    values = finite(losses)
+    return len(values) >= 20 and slope_significance(values[len(values) // 2 :]) <= -2.0
 
 
 def _fell_as_far_as_the_run(report: DiagnosticReport, ratio: float) -> bool:

@@ -1246,6 +1246,36 @@ def test_a_failed_overfit_on_a_loss_nndx_cannot_name_that_fell_as_far_as_the_run
     assert severity(4.5) == "warning"
 
 
+def test_a_failed_overfit_on_a_loss_nndx_cannot_name_still_falling_when_the_probe_stopped_is_context():
+    """pycox's Cox partial likelihood (a user's function, no torch loss inside): on one batch of 256
+    the probe's loss fell from 4.64 to 3.11 in 300 steps and was still falling, steadily, when the
+    probe stopped; the run's own loss hardly moves (1.5%: a ranking loss over fresh risk sets) while
+    its concordance learns. A loss nndx cannot name has no floor it knows, and one still falling
+    has not failed to fit: context. The same fall that stopped halfway, flat for its second half,
+    still warns."""
+    import numpy as np
+
+    from nndx.report import LossCall, OverfitResult
+
+    from .reports import healthy_probes, points
+
+    rng = np.random.default_rng(0)
+    falling = list(4.64 - 1.53 * np.linspace(0.0, 1.0, 301) ** 0.8 + rng.normal(0.0, 0.05, 301))
+    stalled = list(4.64 - 1.53 * np.minimum(np.linspace(0.0, 2.0, 301), 1.0) + rng.normal(0.0, 0.05, 301))
+    run = points(list(4.47 - 0.07 * np.linspace(0.0, 1.0, 160) + rng.normal(0.0, 0.1, 160)))
+
+    def severity(losses: list[float]) -> str | None:
+        result = OverfitResult(status="failed", steps=300, initial_loss=4.64, final_loss=losses[-1], losses=losses)
+        call = LossCall(loss_type="loss_fn", output_shape=[256, 1], calls=1)
+        report = with_loop(BASE, loss_calls=[call])
+        report = report.model_copy(update={"probes": healthy_probes(overfit_one_batch=result),
+                                           "loss_history": {"train": run}})  # fmt: skip
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX601"), None)
+
+    assert severity(falling) == "info"
+    assert severity(stalled) == "warning"
+
+
 def test_a_failed_overfit_whose_copy_died_while_the_run_learned_is_context():
     """RankNet (Adam, ReLU6 score): on its one query the copy's every score went to 0 within
     three steps, the loss froze at ln 2 for the remaining 297, while the run's own loss fell by
