@@ -453,6 +453,21 @@ def test_behind_such_a_loss_a_wrong_backward_in_the_model_is_still_caught():
     assert {p.name: p.status for p in result.parameters}["body.2.weight"] == "bug"
 
 
+def _advantage_loss_in_place(output, targets):
+    """The advantage loss on a value head squashed in place first (``tanh_``), as losses that
+    rewrite their inputs do (CenterNet's ``sigmoid_``)."""
+    logits, value = output
+    return _advantage_loss((logits, value.tanh_()), targets)
+
+
+def test_a_loss_with_a_stop_gradient_that_works_in_place_on_the_outputs_is_checked_too():
+    """The stop-gradient check differentiates the loss at leaf copies of the outputs: a loss that
+    works in place on what it is given gets clones of those leaves, as it gets the outputs of a
+    forward in the user's loop, and the check passes instead of raising."""
+    result = grad_check(_ActorCritic(custom_backward_mlp(None)), _rl_batch(), _advantage_loss_in_place)
+    assert result.status == "passed" and result.loss_projected, result.message
+
+
 def _dice_in_float32(logits, target):
     """Pytorch-UNet's loss: cross-entropy plus a Dice term on ``.float()`` casts, which round
     in float32 whatever the model computes in."""

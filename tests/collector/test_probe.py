@@ -1412,3 +1412,49 @@ def test_the_retried_forwards_outputs_come_back_detached_in_their_own_containers
         out = forward(Named(), torch.randn(8, 2))
     assert type(out) is Out and out.field.shape == (8, 2) and not out.field.requires_grad
     assert not out.energy["h"].requires_grad
+
+
+class HeatmapNet(nn.Module):
+    """CenterNet shaped: a conv body and two heads, returned as a dict."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.hm, self.wh = nn.Conv2d(8, 2, 1), nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        z = self.body(x)
+        return {"hm": self.hm(z), "wh": self.wh(z)}
+
+
+def centernet_loss(output, batch):
+    """CenterNet's CtdetLoss: rewrites the output dict's heatmap with an in-place sigmoid_,
+    clamped, then a focal loss on it and an L1 loss on the sizes."""
+    output["hm"] = torch.clamp(output["hm"].sigmoid_(), min=1e-4, max=1 - 1e-4)
+    pred, gt = output["hm"], batch["hm"]
+    pos = gt.eq(1).float()
+    neg = 1 - pos
+    pos_loss = (torch.log(pred) * (1 - pred) ** 2 * pos).sum()
+    neg_loss = (torch.log(1 - pred) * pred**2 * (1 - gt) ** 4 * neg).sum()
+    focal = -(pos_loss + neg_loss) / pos.sum().clamp_min(1)
+    return focal + 0.1 * nn.functional.l1_loss(output["wh"] * pos[:, :1], batch["wh"] * pos[:, :1])
+
+
+def test_a_loss_that_rewrites_the_output_in_place_is_called_on_its_own_copy_of_it():
+    """CenterNet's loss applies sigmoid_ to the model's output in place and stores the result back
+    in the output dict, as its training loop allows (one loss call per forward). Every probe that
+    calls the loss more than once on one forward (the overfit probe's loss floor, the gradient
+    check, the loss-call observation) hands it its own copy, so nothing is modified under the
+    backward nndx takes, and the healthy model gets no INPLACE_AUTOGRAD from nndx's own calls."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 3, 8, 8, generator=g)
+    hm = torch.rand(6, 2, 8, 8, generator=g) * 0.5
+    hm[:, 0, 2, 3] = 1.0
+    hm[:, 1, 5, 5] = 1.0
+    targets = {"hm": hm, "wh": torch.rand(6, 2, 8, 8, generator=g)}
+    report = nndx.probe(HeatmapNet(), (x, targets), centernet_loss, **FAST)
+    assert report.errors == [], [(e.source, e.message[:200]) for e in report.errors]
+    for name in ("overfit_one_batch", "lr_range", "grad_check"):
+        assert getattr(report.probes, name).status in ("passed", "failed"), name
+    assert not any(f.code.value == "INPLACE_AUTOGRAD" for f in nndx.diagnose(report).findings)

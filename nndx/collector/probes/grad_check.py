@@ -616,7 +616,9 @@ def _loss_stops_gradients(model_copy: nn.Module, inputs: object, targets: object
     leaves = [t.detach().clone().requires_grad_() for t in floats]
     in_loss = _LowestPrecision()
     with in_loss:
-        loss = compute_loss(loss_fn, with_floats(leaves), targets)
+        # clones of the leaves: a loss that works in place on what it is given (CenterNet's sigmoid_)
+        # may not on a leaf that requires grad, and gets through a clone to the leaf all the same
+        loss = compute_loss(loss_fn, with_floats([t.clone() for t in leaves]), targets)
     if not loss.requires_grad:
         return None
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)

@@ -267,7 +267,9 @@ def loss_floor(loss_fn: LossFn, output: Any, targets: Any, initial: float) -> fl
     ideal = PerfectPredictions()
     with torch.no_grad(), ideal:
         try:
-            value = float(compute_loss(loss_fn, map_tensors(output, torch.Tensor.detach), targets))
+            # a copy of its own: a loss that works in place on what it is given (CenterNet's sigmoid_)
+            # must not modify the output the probe's backward still needs
+            value = float(compute_loss(loss_fn, map_tensors(output, lambda t: t.detach().clone()), targets))
         except Exception:  # noqa: BLE001 - an idealised output the user's loss cannot take: no floor
             return None
     if ideal.unknown or not ideal.seen or not math.isfinite(value) or not 0.0 <= value < initial:
