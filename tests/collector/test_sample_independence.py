@@ -555,3 +555,33 @@ def test_one_image_with_dense_targets_is_a_batch_of_one_not_of_its_rows():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
     result = sample_independence(model, (torch.rand(1, 3, 8, 8), torch.rand(1, 8, 8, 8)))
     assert result.status == "skipped" and "only 1 samples" in result.message
+
+
+class _BagOfWordsDecoder(nn.Module):
+    """ProdLDA's shape: a document's word counts in, a distribution over the vocabulary out, the
+    loss computed by the model (no targets); ``over`` is the axis of the decoder's softmax."""
+
+    def __init__(self, over: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.over = over
+        self.encode, self.decode = nn.Linear(40, 6), nn.Linear(6, 40)
+
+    def forward(self, counts):
+        return torch.softmax(self.decode(torch.softmax(self.encode(counts), dim=1)), dim=self.over)
+
+
+def test_without_targets_every_axis_is_tried_and_a_softmax_over_the_batch_is_caught():
+    """No targets say which axis holds the samples: each axis is tried and the batch passes when
+    one of them keeps the other samples in place. A decoder whose softmax runs over the batch
+    moves the other documents along both axes (the vocabulary mixes by design): caught. The
+    same model over the vocabulary, and a time-major recurrent model (time moves later steps,
+    the batch keeps its samples), pass; one image is no batch."""
+    counts = torch.poisson(torch.full((12, 40), 2.0), generator=torch.Generator().manual_seed(0))
+    over_batch = sample_independence(_BagOfWordsDecoder(over=0), (counts, None))
+    assert over_batch.status == "failed" and over_batch.batch_axis == 0, over_batch.message
+    assert sample_independence(_BagOfWordsDecoder(over=1), (counts, None)).status == "passed"
+    time_major = nn.LSTM(4, 5)
+    assert sample_independence(time_major, (torch.randn(7, 6, 4), None)).status == "passed"
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+    assert sample_independence(conv, (torch.rand(1, 3, 8, 8), None)).status == "skipped"

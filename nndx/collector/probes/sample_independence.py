@@ -42,7 +42,8 @@ batch, so one moving axis alone proves nothing. Targets per position (a language
 target each is one unbatched sentence as much as a batch of tokens) or no targets: the
 probe says ``skipped`` — unless one axis length is shared by every tensor of the batch: a
 decoder's ``(time, batch)`` targets beside a source of another length have the batch only
-in common.
+in common. No targets at all (a model that computes its own loss: ProdLDA's, whose decoder
+softmax ran over the batch): every axis of 3 entries or more is tried, as above.
 
 Nodes of one graph are no batch: when an input, or a tensor the model keeps beside its
 parameters (vgae_pytorch's normalised adjacency is an attribute of its layers), is a matrix
@@ -245,7 +246,7 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
     if any(t.layout != torch.strided for t in iter_tensors(inputs)):
         return [], "a sparse input (a graph's adjacency, say): its rows are not samples the probe can swap"
     if target is None or target.dim() == 0:
-        return [], "no targets to tell which axis of the inputs holds the samples"
+        return _axes_without_targets(inputs, first)
     # (a leading axis the inputs and targets agree on is the batch, of one image even: style transfer's
     # [1, 3, 8, 8] image beside [1, 8, 8, 8] features share only their 8 pixels a side, which are no samples)
     shared = _shared_length(inputs, targets) if target.dim() >= 2 and target.shape[0] != first.shape[0] else None
@@ -272,6 +273,20 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
         return [], (f"an input is a {samples} x {samples} matrix over the samples (a graph's adjacency): they "
                     "depend on each other by design")  # fmt: skip
     return axes, ""
+
+
+def _axes_without_targets(inputs: object, first: torch.Tensor) -> tuple[list[int], str]:
+    """No targets say which axis holds the samples (a model that computes its own loss, an
+    autoencoder): every axis of the first input with ``MIN_SAMPLES`` entries or more is tried, in
+    order, and the batch passes when any of them keeps the other samples in place. A leading axis
+    shorter than that is one sample (an image to fit), and a 1-D input a sequence as much as a batch."""
+    if first.dim() < 2 or first.shape[0] < MIN_SAMPLES:
+        return [], (f"no targets to tell which axis of the inputs {list(first.shape)} holds the samples, and no "
+                    f"leading axis of {MIN_SAMPLES} or more to try")  # fmt: skip
+    if relates_samples(inputs, int(first.shape[0])):
+        return [], (f"an input is a {first.shape[0]} x {first.shape[0]} matrix over the samples (a graph's "
+                    "adjacency): they depend on each other by design")  # fmt: skip
+    return [a for a in range(first.dim()) if first.shape[a] >= MIN_SAMPLES], ""
 
 
 def _held_matrix(model: nn.Module, samples: int) -> str | None:
