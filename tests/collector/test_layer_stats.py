@@ -7,16 +7,13 @@ from nndx.collector.probes.layer_stats import hook_statistics
 
 
 def test_healthy_layers_parameters_and_summary_in_forward_order():
-    """Without an optimizer the step is nndx's own Adam's: the gradients are the model's, but its
-    update/weight ratios would be Adam's at 1e-3 against these weights, nothing of the user's step
-    (an RBM trained by hand read as an LR too low): not recorded."""
     model, (x, y) = mlp(dropout=0.2), batch()
     stats = hook_statistics(model, (x, y), nn.CrossEntropyLoss())
     assert [s.name for s in stats.layers] == ["0", "1", "3", "4", "5"]  # dropout has no stats
     assert all(s.gradient is not None and s.gradient.norm > 0 for s in stats.layers)
     assert stats.layers[1].activation.dead_unit_fraction < 0.2
     assert [p.name for p in stats.parameters] == [n for n, _ in model.named_parameters()]
-    assert all(p.grad_norm > 0 and p.update_ratio is None for p in stats.parameters)
+    assert all(p.grad_norm > 0 and 0 < p.update_ratio < 0.1 for p in stats.parameters)
     assert [layer.name for layer in stats.model.layers] == ["0", "1", "2", "3", "4", "5"]
     assert stats.model.has_dropout and stats.model.last_layer == "Linear"
     assert "Adam" in stats.optimizer

@@ -65,8 +65,7 @@ def hook_statistics(
 ) -> HookStatistics:
     """Per-layer activation/gradient statistics and per-parameter weight norm, grad norm
     and update/weight ratio over one batch. ``lr`` is for nndx's own Adam, used only when
-    no usable ``optimizer`` is given: its step is then taken (the gradient flow stays the
-    model's) but no update ratio is recorded, since Adam's step is not the user's."""
+    no usable ``optimizer`` is given."""
     inputs, targets = split_batch(batch)
     with preserved_rng():
         model_copy, opt, note = copy_with_optimizer(model, optimizer, lambda p: torch.optim.Adam(p, lr=lr))
@@ -94,9 +93,6 @@ def hook_statistics(
         if trains:
             optimizer_step(opt, lambda: compute_loss(loss_fn, forward(model_copy, inputs), targets))
         parameters = parameter_stats(model_copy, before, step)
-        if note.startswith("nndx's own"):
-            # Adam's step at nndx's lr against these weights says nothing of the step the user's loop takes
-            parameters = [p.model_copy(update={"update_ratio": None}) for p in parameters]
     # the summary wants every leaf (dropout, flatten...) in the order it ran
     summary = observed_summary(summarize_model(model, [n for n in seen.timeline if n in dict(model.named_modules())]),
                                seen, output, inner.last[1] if inner.last is not None else None)  # fmt: skip
