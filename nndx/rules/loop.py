@@ -192,7 +192,10 @@ def grad_accum_scaling(report: DiagnosticReport) -> Hit | None:
     "evidence only beside these: one optimizer over two models (SAC's twin critics) holds every parameter of each. "
     "Also tensors that a module holds outside its parameters, that receive gradients and that no optimizer "
     "holds (the Monitor's final report): layers in a Python list instead of nn.ModuleList, "
-    "nn.Parameter(...).to(device) kept as an attribute (a copy, with the Parameter behind it).",
+    "nn.Parameter(...).to(device) kept as an attribute (a copy, with the Parameter behind it). Info when every "
+    "parameter outside the optimizer gets no gradient from the loss (the probe's step) or moved during the run "
+    "anyway (the Monitor's final report): a second optimizer trains them (CompressAI's aux optimizer over the "
+    "entropy bottleneck's quantiles).",
     why="optimizer.step() never updates those parameters: they keep their initial values however long "
     "training runs.",
     fix="Build the optimizer from the model you train, after any .to(device)/deepcopy/re-creation: "
@@ -204,6 +207,21 @@ def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
     if loop is None or not (loop.params_not_in_optimizer or loop.unregistered_params):
         return None
+    # what another optimizer trains (CompressAI's quantiles, in its aux optimizer): the loss sends them no
+    # gradient (the preflight's step), or they moved over the run though the watched optimizer holds none of them
+    gradless = {p.name for p in report.parameters if p.grad_norm is None}
+    unchanged = set(loop.params_never_changed) if loop.params_never_changed is not None else None
+    elsewhere = [n for n in loop.params_not_in_optimizer
+                 if n in gradless or (unchanged is not None and n not in unchanged)]
+    if elsewhere and len(elsewhere) == len(loop.params_not_in_optimizer) and not loop.unregistered_params:
+        return Hit(symptom=f"{len(elsewhere)} trainable parameters not in the optimizer, but "
+                   + ("they moved during the run: something else trains them (a second optimizer, an auxiliary loss's)"
+                      if unchanged is not None and not set(elsewhere) & gradless
+                      else "the loss sends them no gradient: they are not this loss's to train (an auxiliary loss's, "
+                      "in an optimizer of their own)"),
+                   evidence={"params_not_in_optimizer": elsewhere[:20],
+                             "params_not_in_optimizer_count": len(elsewhere)},
+                   severity="info", score=0.5)  # fmt: skip
     share = share_of_trainable(loop.params_not_in_optimizer, report) if loop.params_not_in_optimizer else None
     symptom = (f"{len(loop.params_not_in_optimizer)} trainable parameters not in the optimizer, "
                f"{loop.optimizer_params_not_in_model} optimizer parameters not in the model")

@@ -1676,6 +1676,28 @@ def test_an_optimizer_over_this_model_and_another_vs_one_over_another_model_only
     assert _found(elsewhere)["NNDX303"].severity == "error"
 
 
+def test_parameters_a_second_optimizer_trains_are_not_disconnected():
+    """CompressAI: the entropy bottleneck's quantiles are in the aux optimizer, not the main one
+    the user handed nndx. Before training (the preflight) the main loss sends them no gradient:
+    they are no parameters of this loss; in the Monitor's final report they moved though the
+    watched optimizer does not hold them: something else trains them. Context, not an error. A
+    parameter outside the optimizer that gets the loss's gradient, or never moved, is still one."""
+    names = [p.name for p in BASE.parameters]
+    extra = BASE.parameters[-1].model_copy(update={"name": "eb.quantiles", "grad_norm": None, "update_ratio": None})
+    preflight = with_loop(BASE, params_not_in_optimizer=["eb.quantiles"]).model_copy(
+        update={"parameters": [*BASE.parameters, extra]})
+    assert _found(preflight)["NNDX303"].severity == "info"
+    with_gradient = preflight.model_copy(update={"parameters": [*BASE.parameters,
+                                                               extra.model_copy(update={"grad_norm": 0.3})]})
+    assert _found(with_gradient)["NNDX303"].severity == "error"
+    moved = with_loop(BASE, params_not_in_optimizer=["eb.quantiles"], params_never_changed=[])
+    assert _found(moved)["NNDX303"].severity == "info"
+    still = with_loop(BASE, params_not_in_optimizer=["eb.quantiles"], params_never_changed=["eb.quantiles"])
+    assert _found(still)["NNDX303"].severity == "error"
+    assert _found(with_loop(BASE, params_not_in_optimizer=names, params_never_changed=names))["NNDX303"].severity \
+        == "error"
+
+
 def test_tensors_trained_by_no_optimizer_outside_the_parameters_are_not_connected():
     """A Mixture-of-Experts gate kept as nn.Parameter(...).to(device): its copy is an attribute, the
     Parameter behind it gets every gradient and no optimizer step."""
