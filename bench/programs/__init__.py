@@ -250,4 +250,10 @@ PROGRAMS = (
     "cox_survival",
     "binarynet",
     "td3_bc",
+    "darts",
+    "compressai_factorized",
+    "rbm",
+    "simcse",
+    "prodlda",
+    "centernet",
 )
