@@ -126,3 +126,27 @@ def test_a_module_whose_output_only_indexes_is_used_not_unused():
 
 def test_no_unused_modules_in_a_healthy_model():
     assert hook_statistics(mlp(dropout=0.2), batch(), nn.CrossEntropyLoss()).model.unused_modules == []
+
+
+class _Reparametrised(nn.Module):
+    """CompressAI's entropy bottleneck: its density's matrices are parameters read through
+    softplus (a positive reparametrisation), filled with one constant at init."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(20, 3)
+        self.matrix = nn.Parameter(torch.full((3, 3), 0.5))
+
+    def forward(self, x):
+        return torch.relu(self.body(x)) @ nn.functional.softplus(self.matrix)
+
+
+def test_an_activation_over_a_parameter_is_no_layer_of_the_data():
+    """softplus(self.matrix) runs on a parameter, not on the samples: its output is the same for
+    every sample by construction (a constant init: zero spread), which is no dead or constant layer.
+    It is not measured; the ReLU over the data is."""
+    x, y = torch.randn(16, 20), torch.randn(16, 3)
+    stats = hook_statistics(_Reparametrised(), (x, y), nn.MSELoss())
+    names = [s.name for s in stats.layers]
+    assert any("relu" in n for n in names) and not any("softplus" in n for n in names), names

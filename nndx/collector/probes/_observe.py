@@ -338,7 +338,9 @@ class ForwardObserver(TorchFunctionMode):
             self._permuted[id(out)] = weakref.ref(out)
         if op in ("view", "reshape") and first is not None and len(self.moved_axes) < 8:
             self._moved_axis(op, module_name, first, first_output(out))
-        kind = vocab.activation_kind(op)
+        # an activation over a parameter itself (softplus(self.matrix): a positive reparametrisation, as
+        # CompressAI's entropy bottleneck reads its density) sees no samples: no activation of the data
+        kind = vocab.activation_kind(op) if not isinstance(first, nn.Parameter) else None
         if kind is not None:
             key = (module_name, op)
             prefix = f"{module_name}.forward" if module_name else "forward"
