@@ -209,7 +209,7 @@ def optimizer_not_connected(report: DiagnosticReport) -> Hit | None:
         return None
     # what another optimizer trains (CompressAI's quantiles, in its aux optimizer): the loss sends them no
     # gradient (the preflight's step), or they moved over the run though the watched optimizer holds none of them
-    gradless = {p.name for p in report.parameters if p.grad_norm is None}
+    gradless = {p.name for p in report.parameters} - {p.name for p in report.parameters if p.grad_norm is not None}
     unchanged = set(loop.params_never_changed) if loop.params_never_changed is not None else None
     elsewhere = [n for n in loop.params_not_in_optimizer
                  if n in gradless or (unchanged is not None and n not in unchanged)]

@@ -1690,6 +1690,10 @@ def test_parameters_a_second_optimizer_trains_are_not_disconnected():
     with_gradient = preflight.model_copy(update={"parameters": [*BASE.parameters,
                                                                extra.model_copy(update={"grad_norm": 0.3})]})
     assert _found(with_gradient)["NNDX303"].severity == "error"
+    # recorded at two steps, without a gradient at one only (before its first backward): it gets the loss's
+    later = extra.model_copy(update={"grad_norm": 0.3, "step": 10})
+    once = preflight.model_copy(update={"parameters": [*preflight.parameters, later]})
+    assert _found(once)["NNDX303"].severity == "error"
     moved = with_loop(BASE, params_not_in_optimizer=["eb.quantiles"], params_never_changed=[])
     assert _found(moved)["NNDX303"].severity == "info"
     still = with_loop(BASE, params_not_in_optimizer=["eb.quantiles"], params_never_changed=["eb.quantiles"])
