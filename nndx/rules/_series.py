@@ -177,10 +177,6 @@ class Curve:
     def relative_noise(self) -> float:
         return self.noise / self.scale
 
-    def slope_significance(self) -> float:
-        """:func:`slope_significance` of the curve's finite values."""
-        return slope_significance(self.values)
-
     def second_half_progress(self) -> float:
         """Progress over the second half, relative to the initial level."""
         half = self.values[self.n // 2 :]

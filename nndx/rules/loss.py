@@ -16,8 +16,8 @@ from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LossPoint
 from nndx.rules._series import (
     HEALTHY_UPDATE_RATIO, LARGE_UPDATE_RATIO, STEADY_UPDATE_RATIO, Curve, accuracies, adversarial, finite,
-    line_search, loss_calls, loss_curve, lr_within_range, no_floor, num_classes, self_targeted, starts_fitted,
-    stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, update_ratio_summary, used_lr, window,
+    line_search, loss_calls, loss_curve, lr_within_range, no_floor, num_classes, self_targeted,
+    slope_significance, starts_fitted, stays_fitted, stepped_lr, train_curve, trains_well_up_to, uninformed_loss, update_ratio_summary, used_lr, window,
 )
 from nndx.rules.engine import Hit, rule
 
@@ -235,7 +235,7 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
              and updates[1] >= HEALTHY_UPDATE_RATIO)  # fmt: skip
     # falling, only slowly, at steps of that size: the loss moves at healthy training's pace and the
     # run is short for the task (a federated client's few local steps), no step too small
-    slow_fall = sized and curve.slope_significance() <= -2.0 and curve.end < curve.initial
+    slow_fall = sized and slope_significance(curve.values) <= -2.0 and curve.end < curve.initial
     return Hit(
         severity="info" if fitted or learned_first or big_steps or slow_fall or adversarial(report)
         or self_targeted(report) else None,

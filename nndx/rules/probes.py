@@ -83,8 +83,9 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
         ratio = (best - floor) / (result.initial_loss - floor)
     nearly = ratio is not None and ratio <= BARELY_LEARNS
     head_only = _head_on_trained_body(report) and ratio is not None and ratio <= HEAD_FALLS
+    still_falling = _still_falling(result.losses)
     unnamed = (ratio is not None and ratio <= UNNAMED_FALLS and _loss_unnamed(report) and not nearly
-               and (loss_learned(report) or _fell_as_far_as_the_run(report, ratio) or _still_falling(result.losses)))
+               and (loss_learned(report) or _fell_as_far_as_the_run(report, ratio) or still_falling))
     died = _copy_died(result.losses) and loss_curve(report).n >= 6 and loss_curve(report).progress >= RUN_FELL
     too_few = _fewer_parameters_than_samples(report)
     return Hit(
@@ -92,7 +93,7 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
         + (f" (the loss above its floor fell at best to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
         + (": most parameters are frozen trained weights, and a head alone need not memorise a batch" if head_only else "")
         + (f" (the loss fell at best to {ratio:.2g} of its start, not to 0.01): a loss nndx cannot name has no floor it "
-           "knows, and " + ("the probe's loss was still falling when it stopped" if _still_falling(result.losses)
+           "knows, and " + ("the probe's loss was still falling when it stopped" if still_falling
                             else "the run's own loss learned") if unnamed and not head_only else "")
         + (f": the copy's loss moved and then froze at {result.losses[-1]:.4g} (every gradient zero, its units died "
            f"on the one batch) while the run's own loss fell by {loss_curve(report).progress:.0%}"
