@@ -291,8 +291,8 @@ class _Setup:
                 notes.append("the weights are non-finite now: the NaN origin, eval-mode, sample-independence and "
                              "causality probes ran from the initial state too")  # fmt: skip
         if not model.training:
-            notes.append("the model was in eval mode: the trainability probes trained it in train mode, as a training "
-                         "loop does")  # fmt: skip
+            notes.append("the model was in eval mode: the trainability probes and the layer statistics ran in train "
+                         "mode, as a training loop does")  # fmt: skip
         target_device = (next((p.device for p in nn.Module.parameters(current)), None) if device is None
                          else torch.device(device))
         if target_device is not None:
@@ -320,7 +320,8 @@ class _Setup:
         mode the layer-statistics probe measures the trained model in: a layer found dead or
         saturated after training is then known to have been so at the start, or not."""
         initial = working_copy(self.initial)
-        with preserved_rng(), self.amp(), torch.no_grad(), ForwardObserver(initial, layer_stats=True) as seen:
+        with (preserved_rng(), self.amp(), torch.no_grad(), _train_mode(initial, True),
+              ForwardObserver(initial, layer_stats=True) as seen):  # fmt: skip
             forward(initial, self.batch[0])
         return seen.layer_records()
 
@@ -331,7 +332,7 @@ class _Setup:
             options: Mapping[str, Any]) -> Any:  # fmt: skip
         # the user's random streams are put back after every probe, whatever it drew (a dropout
         # forward deciding that a remedy does not apply): one guarantee for every probe
-        with preserved_rng(), self.amp(), _train_mode(model, spec.trains):
+        with preserved_rng(), self.amp(), _train_mode(model, spec.trains or spec.train_mode):
             return spec.call(model, self.batch, self.loss_fn, optimizer, data, options)
 
 
@@ -340,7 +341,8 @@ def _train_mode(model: nn.Module, trains: bool) -> Iterator[None]:
     """A trainability probe trains in train mode, as a training loop does: a model left in
     eval mode by the user's evaluation would otherwise train with BatchNorm's running
     statistics (at initialisation: none, so raw inputs pass unnormalised) and say nothing
-    about the user's training. Every module's own mode is put back afterwards."""
+    about the user's training; the layer statistics' gradients would pass through layers
+    that round or sample differently in eval mode. Every module's own mode is put back afterwards."""
     modes = [(m, m.training) for m in model.modules()]
     if trains and not model.training:
         set_mode(model, True)

@@ -742,6 +742,29 @@ def test_trainability_probes_train_a_model_left_in_eval_mode_in_train_mode():
     assert [m.training for m in model.modules()] == [False, False, True, False, False, False, False]
 
 
+class _RoundsInEval(nn.Module):
+    """CompressAI's entropy bottleneck: uniform noise in training, rounding (no gradient) in eval."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(x) - 0.5 if self.training else torch.round(x)
+
+
+def test_layer_statistics_of_a_model_left_in_eval_mode_are_those_of_training():
+    """Gradients only flow in training, which runs in train mode: measured in the eval mode the
+    user's evaluation left behind, a layer that rounds in eval mode passes no gradient to the
+    layers before it, and the encoder looks starved (VANISHING_GRADIENTS on a healthy model).
+    The user's modes are left as they were."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), _RoundsInEval(), nn.Linear(4, 8))
+    x = torch.randn(64, 8) * 3
+    model.eval()
+    report = nndx.probe(model, (x, x), nn.MSELoss(), probes=["hooks"])
+    encoder = [p for p in report.parameters if p.name == "0.weight"][0]
+    assert encoder.grad_norm is not None and encoder.grad_norm > 0
+    assert not any(m.training for m in model.modules())
+    assert not [f for f in nndx.diagnose(report).findings if f.severity.value != "info"]
+
+
 def test_a_body_frozen_before_it_was_trained_is_named_from_the_probes_alone():
     """Fine-tuning code run on a model built from scratch: freeze everything but the head,
     with no weights loaded. A preflight (no Monitor, no loss history) names it."""

@@ -47,6 +47,9 @@ class ProbeSpec:
     given as ``data=``). ``needs_finite_parameters``: meaningless on a model whose weights
     are already NaN/Inf (skipped there). ``trains``: a trainability probe, run from the
     initial state when one is known and skipped on a model that has already trained.
+    ``train_mode``: measures a training step (the layer statistics' gradients), so it runs
+    in train mode, as the user's loop does, even on a model left in eval mode; a
+    trainability probe always does.
     ``record``: puts the outcome somewhere other than ``report.probes`` and returns the
     status to show; ``record_status``: where such a probe says that it was skipped or
     failed (``report`` and the ``status`` and ``message``).
@@ -60,6 +63,7 @@ class ProbeSpec:
     needs: Literal["batch", "data"] = "batch"
     needs_finite_parameters: bool = False
     trains: bool = False
+    train_mode: bool = False
     record: Callable[[DiagnosticReport, Any], str] | None = None
     record_status: Callable[[DiagnosticReport, Literal["error", "skipped"], str], None] | None = None
 

@@ -205,4 +205,5 @@ def _record(report: DiagnosticReport, stats: HookStatistics) -> str:
 
 
 # named "hooks" in reports, options and the CLI since before this module had its name
-SPEC = ProbeSpec(name="hooks", title="layer statistics", function=hook_statistics, order=10, record=_record)
+SPEC = ProbeSpec(name="hooks", title="layer statistics", function=hook_statistics, order=10, train_mode=True,
+                 record=_record)
