@@ -346,6 +346,20 @@ def torch_optimizer(optimizer: Any) -> Any:
                     f"holding one as .optim or .optimizer, got {type(optimizer).__name__}")  # fmt: skip
 
 
+def own_optimizer(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is one of the user's own classes (fastai's ``BasicOptim``: ``step()``
+    and ``zero_grad()`` over a parameter list, no torch optimizer inside). nndx cannot copy
+    it, so the Monitor watches its updates and the probes train as for a loop that updates
+    the parameters by hand; anything without a ``step()`` stays a TypeError."""
+    if optimizer is None or not callable(getattr(optimizer, "step", None)):
+        return False
+    try:
+        torch_optimizer(optimizer)
+    except TypeError:
+        return True
+    return False
+
+
 def optimizer_coverage(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list[str], int]:
     """(trainable model parameters the optimizer does not hold, optimizer parameters that
     are not the model's). Both non-empty is the classic 'optimizer built over another

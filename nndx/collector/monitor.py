@@ -381,6 +381,8 @@ def _limitations(watched: Watched) -> list[str]:
         names = ", ".join(watched.complex_params[:3]) + (", ..." if len(watched.complex_params) > 3 else "")
         out.append(f"{len(watched.complex_params)} complex parameter tensors not watched ({names}): their updates, "
                    "gradient norms and statistics are not in the report")
+    for own in watched.own_optimizers:
+        out.append(f"{own} is no torch.optim.Optimizer and holds none: its updates are watched as updates by hand")
     for wrapper in watched.wrappers:
         out.append(f"{wrapper} wraps the optimizer watched: the learning rate recorded is the inner optimizer's, "
                    "which the wrapper may scale per parameter (LARC's trust ratio)")

@@ -73,6 +73,7 @@ from nndx.collector._common import (
     map_tensors,
     num_classes,
     optimizer_coverage,
+    own_optimizer,
     prediction,
     preserved_rng,
     seed_all,
@@ -139,9 +140,13 @@ def probe(
     ``progress`` shows a bar on stderr (default: when stderr is a terminal or in a
     notebook; see nndx.collector.progress).
     """
-    inner = torch_optimizer(optimizer)
-    wrapped = None if inner is optimizer else (f"{type(optimizer).__name__} wraps the optimizer: the probes copy "
-                                               f"the {type(inner).__name__} inside it")
+    own = own_optimizer(optimizer)
+    inner = None if own else torch_optimizer(optimizer)
+    wrapped = (f"{type(optimizer).__name__} is no torch.optim.Optimizer and holds none: the probes trained as for a "
+               "loop that updates the parameters by hand" if own
+               else None if inner is optimizer
+               else f"{type(optimizer).__name__} wraps the optimizer: the probes copy the {type(inner).__name__} "
+               "inside it")  # fmt: skip
     optimizer = inner
     data_error = None
     from_monitor = False  # the initial state is the Monitor's snapshot, not one the caller passed

@@ -94,6 +94,48 @@ def test_manual_updates_are_steps_with_update_ratios_and_an_unknown_lr(update):
     assert not fired(report, "NNDX321") and not fired(report, "NNDX322") and not fired(report, "NNDX301")
 
 
+class BasicOptim:
+    """fastbook's chapter 4 optimizer: no torch.optim.Optimizer, no state."""
+
+    def __init__(self, params, lr):
+        self.params, self.lr = list(params), lr
+
+    def step(self, *args, **kwargs):
+        for p in self.params:
+            p.data -= p.grad.data * self.lr
+
+    def zero_grad(self, *args, **kwargs):
+        for p in self.params:
+            p.grad = None
+
+
+@pytest.mark.parametrize("zero_grad", [True, False])
+def test_an_optimizer_of_the_users_own_class_is_watched_as_updates_by_hand(zero_grad):
+    """fastbook's BasicOptim is no torch optimizer and holds none: the Monitor and the probes
+    take it as a loop that updates by hand (a note says so) instead of refusing the run; its
+    missing zero_grad is then seen like any other."""
+    model = mlp()
+    opt = BasicOptim(model.parameters(), 0.05)
+    x, y = data()
+    with Monitor(model, opt, every=3) as mon:
+        for _ in range(STEPS):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            mon.log(loss)
+            opt.step()
+            if zero_grad:
+                opt.zero_grad()
+    report = nndx.probe(model, (x, y), nn.CrossEntropyLoss(), optimizer=opt, monitor=mon, probes=["hooks"])
+    assert report.errors == []
+    assert report.loop.steps == STEPS
+    assert any("BasicOptim is no torch.optim.Optimizer" in text for text in report.loop.limitations)
+    assert any("BasicOptim is no torch.optim.Optimizer" in text for text in report.run.notes)
+    codes = {f.code for f in nndx.diagnose(report).findings if f.severity != "info"}
+    assert ("MISSING_ZERO_GRAD" in codes) is not zero_grad
+    with pytest.raises(TypeError, match="optimizer must be"):
+        Monitor(model, "sgd")
+
+
 def test_manual_accumulation_and_clipping_are_seen():
     model = mlp()
     with Monitor(model, every=1) as mon:

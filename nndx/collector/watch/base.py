@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nndx.collector._common import torch_optimizer
+from nndx.collector._common import own_optimizer, torch_optimizer
 from nndx.collector.stats import Pending
 from nndx.report import ErrorRecord
 
@@ -38,6 +38,7 @@ class Watched:
     params: list[tuple[str, nn.Parameter]]
     wrappers: list[str] = field(default_factory=list)  # optimizer wrappers whose inner optimizer is watched
     complex_params: list[str] = field(default_factory=list)  # trainable but not watched: no statistic reads them
+    own_optimizers: list[str] = field(default_factory=list)  # the user's own optimizer classes, watched as updates by hand
 
     @property
     def manual(self) -> bool:
@@ -73,13 +74,15 @@ class Watched:
         if any(opt is None for opt in given):
             raise TypeError("optimizer must be a torch.optim.Optimizer (or a list of them, or None), got a list "
                             "holding None")  # fmt: skip
+        own = [type(opt).__name__ for opt in given if own_optimizer(opt)]
+        given = [opt for opt in given if not own_optimizer(opt)]
         optimizers = [torch_optimizer(opt) for opt in given]
         wrappers = [type(original).__name__ for opt, original in zip(optimizers, given) if opt is not original]
         trainable = [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad]
         # a Fourier layer's complex weights (FNO's SpectralConv1d): norms, update ratios and sampled
         # statistics are real-valued, and the rest of the model is still watched
         return cls(root, models, optimizers, [(n, p) for n, p in trainable if not p.is_complex()], wrappers,
-                   [n for n, p in trainable if p.is_complex()])  # fmt: skip
+                   [n for n, p in trainable if p.is_complex()], own)  # fmt: skip
 
 
 @dataclass
