@@ -282,8 +282,10 @@ class InnerLossCalls(TorchFunctionMode):
             if flags:
                 for t in iter_tensors(result):
                     self._mark(t, flags)
-        if name in _ELEMENTWISE and self.broadcast_shape is None and len(args) == 2:
-            self._note_broadcast(args[0], args[1], result)
+        if name in _ELEMENTWISE and self.broadcast_shape is None:
+            operands = [a for a in args if isinstance(a, torch.Tensor)]
+            if len(operands) >= 2:
+                self._note_broadcast(operands, result)
         return result
 
     def _mark(self, t: torch.Tensor, flags: int) -> None:
@@ -305,33 +307,38 @@ class InnerLossCalls(TorchFunctionMode):
         if moved_axis(list(x.shape), sizes):
             self.moved_axes.append(f"loss: {op} {list(x.shape)} -> {sizes}")
 
-    def _note_broadcast(self, a: Any, b: Any, result: Any) -> None:
+    def _note_broadcast(self, operands: list[torch.Tensor], result: Any) -> None:
+        """An op over several tensors (``u - u_pred``, ``torch.where(y == 1, 1 - p, p)``) whose
+        result is larger than every operand, from an output-shaped and a target-shaped one."""
         out, target = self.output_shape, self.target_shape
-        if out is None or not isinstance(result, torch.Tensor):
+        if out is None or not isinstance(result, torch.Tensor) or result.numel() <= max(t.numel() for t in operands):
             return
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or result.numel() <= max(a.numel(),
-                                                                                                     b.numel()):
-            return
-        shapes = {tuple(a.shape), tuple(b.shape)}
-        exact = target is not None and out != target and shapes == {out, target}
+        exact = target is not None and out != target and {tuple(t.shape) for t in operands} == {out, target}
         # or a tensor computed from the output against one computed from the targets alone, whose
         # batch axes broadcast against each other: a DQN's gathered [N, 1] Q-values minus its [N]
         # TD targets, a quantile loss's [N, 7] slice minus [N, 1, 7] targets
-        origins = {self._from(a), self._from(b)}
+        origins = [self._from(t) for t in operands]
         batch = out[0] if out else None
         crossed = (FROM_TARGET in origins and any(o & FROM_OUTPUT for o in origins) and batch is not None
-                   and batch > 1 and list(result.shape).count(batch) > max(list(t.shape).count(batch) for t in (a, b)))
-        if exact or crossed:
-            if (tuple(b.shape) == out and exact) or (crossed and self._from(b) & FROM_OUTPUT):
-                a, b = b, a  # the output's side first
-            self.broadcast_shape = list(result.shape)
-            self.broadcast_operands = [list(a.shape), list(b.shape)]
+                   and batch > 1 and list(result.shape).count(batch) > max(list(t.shape).count(batch) for t in operands))
+        if exact:  # the output's side first
+            a = next(t for t in operands if tuple(t.shape) == out)
+            b = next(t for t in operands if tuple(t.shape) == target)
+        elif crossed:
+            a = next(t for t, o in zip(operands, origins) if o & FROM_OUTPUT)
+            b = next(t for t, o in zip(operands, origins) if o == FROM_TARGET)
+        else:
+            return
+        self.broadcast_shape = list(result.shape)
+        self.broadcast_operands = [list(a.shape), list(b.shape)]
 
 
 # elementwise ops whose operands broadcast: how a loss written by hand compares outputs with targets
+# (arithmetic, a where() that picks by the label, a comparison, a hinge's maximum)
 _ELEMENTWISE = frozenset({
     "sub", "add", "mul", "div", "true_divide", "__sub__", "__rsub__", "__add__", "__radd__", "__mul__", "__rmul__",
-    "__truediv__", "__rtruediv__",
+    "__truediv__", "__rtruediv__", "where", "maximum", "minimum", "pow", "__pow__", "__rpow__", "eq", "ne", "lt",
+    "le", "gt", "ge", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "xlogy", "atan2", "hypot",
 })  # fmt: skip
 
 

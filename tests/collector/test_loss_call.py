@@ -128,6 +128,32 @@ def test_a_broadcast_in_a_loss_written_as_arithmetic_is_seen():
     assert "into [64, 64]" in codes["flat"]["NNDX312"].symptom
 
 
+def test_a_broadcast_through_where_or_a_comparison_in_the_users_loss_is_seen():
+    """fastbook's mnist_loss, ``torch.where(targets == 1, 1 - predictions, predictions).mean()``,
+    with targets left [N] beside [N, 1] predictions (``unsqueeze(1)`` forgotten): a three-operand
+    op broadcasts them into [N, N]. A hinge loss's ``torch.maximum`` does the same."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=g)
+    y = (x[:, 0] > 0).float()
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def mnist_loss(predictions, targets):
+        predictions = predictions.sigmoid()
+        return torch.where(targets == 1, 1 - predictions, predictions).mean()
+
+    def hinge(scores, targets):
+        return torch.maximum(torch.zeros_like(scores), 1 - scores * (2 * targets - 1)).mean()
+
+    def nndx312(loss, target):
+        report = nndx.probe(net, (x, target), loss, probes=["nan_origin"], progress=False)
+        return [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX312"]
+
+    for loss in (mnist_loss, hinge):
+        (found,) = nndx312(loss, y)
+        assert "into [64, 64]" in found.symptom, found.symptom
+        assert nndx312(loss, y.unsqueeze(1)) == []
+
+
 def test_batches_of_one_class_are_counted_with_their_class():
     from nndx.collector.loss_call import LossCallLog
 
