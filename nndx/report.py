@@ -419,6 +419,10 @@ class SampleIndependenceResult(ProbeResult):
         None, description="the samples moved through a reduction over every axis of a batched tensor (no dim=), "
         "broadcast back onto every sample: the reversed batch gave the same outputs reversed, and the forward "
         "computed this reduction")
+    no_context: str | None = Field(
+        None, description="the recurrent layer (its module name) of a model with targets per position whose outputs "
+        "each read their own position alone, along every axis the inputs share with the targets: it runs over "
+        "another axis (batch_first=False fed one (1, time, features) sequence)")
 
     def summary(self, num: NumberFormat = str) -> str:
         others = max(self.samples - self.replaced_samples, 0)

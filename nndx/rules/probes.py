@@ -613,6 +613,34 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
 
 
 @rule(
+    "NNDX620",
+    C.WRONG_RESHAPE,
+    "error",
+    "A recurrent layer reads no context along the sequence",
+    detects="The sample-independence probe, on a model with a recurrent layer (RNN, LSTM, GRU or a cell) and "
+    "targets per position: replacing the first half of the entries along each axis the inputs share with the "
+    "targets moved the outputs of the entries replaced and of no other, along every such axis (a batch of one "
+    "sequence, so no axis can be the batch the layer runs over).",
+    why="A recurrent layer exists to carry what came before. nn.RNN/LSTM/GRU read (time, batch, features) unless "
+    "built with batch_first=True: fed one (1, time, features) sequence, they read a batch of one-step sequences, "
+    "and each output sees its own input alone. The loss still falls, to what one step can predict.",
+    fix="Build the layer with batch_first=True for (batch, time, features) inputs, or feed it x.transpose(0, 1); "
+    "print the shapes the layer sees (its input and its hidden state).",
+)
+def no_context(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "sample_independence")
+    if result is None or result.status != "failed" or not result.no_context:
+        return None
+    return Hit(
+        symptom=f"{result.no_context} carries nothing along the sequence: replacing {result.replaced_samples} of "
+        f"{result.samples} positions moved no other position's output",
+        evidence={"recurrent_layer": result.no_context, "positions": result.samples, "axis": result.batch_axis,
+                  "max_change": result.max_change, "tolerance": result.tolerance},
+        score=3.0,
+    )
+
+
+@rule(
     "NNDX619",
     C.SHAPE_BROADCAST,
     "error",

@@ -585,3 +585,47 @@ def test_without_targets_every_axis_is_tried_and_a_softmax_over_the_batch_is_cau
     assert sample_independence(time_major, (torch.randn(7, 6, 4), None)).status == "passed"
     conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
     assert sample_independence(conv, (torch.rand(1, 3, 8, 8), None)).status == "skipped"
+
+
+class SinToCos(nn.Module):
+    """MorvanZhou's RNN regressor (403_RNN_regressor.py): reads sin, predicts cos at every step."""
+
+    def __init__(self, batch_first: bool = True, recurrent: bool = True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn = nn.RNN(1, 32, batch_first=batch_first) if recurrent else nn.Linear(1, 32)
+        self.out = nn.Linear(32, 1)
+
+    def forward(self, x, h_state=None):
+        if not isinstance(self.rnn, nn.RNN):
+            return self.out(torch.tanh(self.rnn(x))), None
+        r_out, h_state = self.rnn(x, h_state)
+        return torch.stack([self.out(r_out[:, t, :]) for t in range(r_out.size(1))], dim=1), h_state
+
+
+def sin_cos(batch=1, steps=10):
+    t = torch.linspace(0, 3.14, steps * batch).reshape(batch, steps, 1)
+    return torch.sin(t), torch.cos(t)
+
+
+@pytest.mark.parametrize("steps", [10, 3])
+def test_a_recurrent_layer_that_reads_no_context_along_the_sequence_is_caught(steps):
+    """batch_first dropped on a (1, time, 1) batch: the RNN reads one step of 10 "samples", so no
+    output depends on another position of the sequence. A batch of one cannot mix samples; its
+    positions must read each other. Healthy, with the layout right or time-major, the steps
+    read the ones before; a model with no recurrent layer is per position by design. (With a
+    batch of two, the same bug reads like a healthy time-major model over two steps: not judged.)"""
+    x, y = sin_cos(1, steps)
+
+    def loss(out, target):
+        return nn.functional.mse_loss(out[0], target)
+
+    result = sample_independence(SinToCos(batch_first=False), (x, y))
+    assert result.status == "failed" and result.no_context == "rnn", result.message
+    report = nndx.probe(SinToCos(batch_first=False), (x, y), loss, probes=["sample_independence"], progress=False)
+    assert [f.rule_id for f in nndx.diagnose(report).findings][:1] == ["NNDX620"]
+    xs, ys = sin_cos(4, steps)
+    for model, batch_ in ((SinToCos(), (x, y)), (SinToCos(batch_first=False), (xs.transpose(0, 1), ys.transpose(0, 1))),
+                          (SinToCos(recurrent=False), (x, y))):  # fmt: skip
+        result = sample_independence(model, batch_)
+        assert result.status != "failed" and not result.no_context, result.message

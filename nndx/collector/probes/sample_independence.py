@@ -100,6 +100,13 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
         axes, why = [], (f"the model holds {held}, a matrix over the samples (a graph's adjacency): they depend on "
                          "each other by design")  # fmt: skip
     if not axes:
+        recurrent = next((name for name, m in model.named_modules() if isinstance(m, (nn.RNNBase, nn.RNNCellBase))),
+                         None)  # fmt: skip
+        if recurrent is not None and _per_position(inputs, targets):
+            with preserved_rng(), torch.no_grad():
+                no_context = _reads_no_context(set_mode(working_copy(model), False), inputs, targets, recurrent)
+            if no_context is not None:
+                return no_context
         return SampleIndependenceResult(status="skipped", message=why)
     with preserved_rng(), torch.no_grad():
         model_copy = set_mode(working_copy(model), False)
@@ -210,6 +217,56 @@ def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceRes
         f"{what} left the other {samples - replaced} samples' outputs unchanged (within {tolerance:.3g})"))
 
 
+def _reads_no_context(model: nn.Module, inputs: object, targets: object, recurrent: str
+                      ) -> SampleIndependenceResult | None:  # fmt: skip
+    """Targets per position, and a recurrent layer: some axis the inputs share with the targets
+    must carry context, each position's output reading the positions before it (the sequence,
+    whichever axis it is). When replacing the first half of the entries moves the outputs of those
+    replaced along every such axis, and of no other entry along any, the recurrent layer runs over
+    an axis of its own: ``batch_first=False`` fed one ``(1, time, features)`` sequence reads
+    ``time`` as a batch of one-step sequences. None when some axis carries context, or no axis
+    could be tried."""
+    first = next(iter_tensors(inputs))
+    target = next(iter_tensors(targets))
+    axes = [a for a in range(min(first.dim(), target.dim())) if first.shape[a] == target.shape[a] > 1]
+    tried = []
+    for axis in axes:
+        length = int(first.shape[axis])
+        replaced = length // 2
+        changed_inputs = map_tensors(inputs, lambda t: _replace_first(t, axis, length, replaced))  # noqa: B023
+        (before, _), _ = _prediction(model, inputs)
+        (after, _), _ = _prediction(model, changed_inputs)
+        out_axis = _output_axis(before, length, axis)
+        if out_axis is None or after.shape != before.shape:
+            return None
+        tolerance = roundoff_tolerance(model, [before])
+        change = (after - before).abs().movedim(out_axis, 0).reshape(length, -1).amax(dim=1)
+        if bool((change[replaced:] > tolerance).any()) or not bool((change[:replaced] > tolerance).any()):
+            return None  # context along this axis, or the replaced entries' own outputs did not move
+        tried.append((axis, length, replaced, float(change[replaced:].max()), tolerance))
+    if not tried:
+        return None
+    axis, length, replaced, largest, tolerance = tried[-1]
+    return SampleIndependenceResult(
+        status="failed", batch_axis=axis, samples=length, replaced_samples=replaced, changed_samples=0,
+        max_change=largest, tolerance=tolerance, no_context=recurrent, message=(
+            f"targets per position, and along every axis they share with the inputs ({[t[0] for t in tried]}) each "
+            f"output reads its own position alone: replacing the first {replaced} of {length} positions moved their "
+            f"outputs and none of the other {length - replaced} (within {tolerance:.3g}). The recurrent layer "
+            f"{recurrent} carries nothing along the sequence: it runs over another axis (batch_first=False fed "
+            "(batch, time, features))"))  # fmt: skip
+
+
+def _per_position(inputs: object, targets: object) -> bool:
+    """Targets with an entry per position of the first input (a sequence model's)."""
+    first = next(iter_tensors(inputs), None)
+    target = next(iter_tensors(targets), None) if targets is not None else None
+    if first is None or target is None or target.dim() < 2:
+        return False
+    return tuple(target.shape) == tuple(first.shape[: target.dim()]) or (
+        target.dim() >= 3 and target.dim() == first.dim() and tuple(target.shape[:-1]) == tuple(first.shape[:-1]))
+
+
 def _reversal(model: nn.Module, inputs: object, axis: int, before: torch.Tensor, out_axis: int,
               tolerance: float) -> str | None:  # fmt: skip
     """What the reversed batch gives: "reordered" when its outputs are the batch's outputs,
@@ -250,12 +307,10 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
     # (a leading axis the inputs and targets agree on is the batch, of one image even: style transfer's
     # [1, 3, 8, 8] image beside [1, 8, 8, 8] features share only their 8 pixels a side, which are no samples)
     shared = _shared_length(inputs, targets) if target.dim() >= 2 and target.shape[0] != first.shape[0] else None
-    # a trailing axis of one (a regression's (N, 1) targets for (N, 1) inputs) is no time axis
-    per_position = target.dim() >= 2 and tuple(target.shape) == tuple(first.shape[: target.dim()])
-    # or per step, with features of another width ((time, batch, 4) next latents for (time, batch, 3) actions)
-    per_position = per_position or (target.dim() >= 3 and target.dim() == first.dim()
-                                    and tuple(target.shape[:-1]) == tuple(first.shape[:-1]))
-    if per_position and max(target.shape[1:]) > 1 and shared is None:
+    # per position, or per step with features of another width ((time, batch, 4) next latents for
+    # (time, batch, 3) actions); a trailing axis of one (a regression's (N, 1) targets for (N, 1)
+    # inputs) is no time axis
+    if _per_position(inputs, targets) and max(target.shape[1:]) > 1 and shared is None:
         return [], (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
                       "the batch axis cannot be told from a time axis")  # fmt: skip
     if first.dim() == 1 and not first.is_floating_point() and tuple(target.shape) == tuple(first.shape):
