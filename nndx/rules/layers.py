@@ -421,7 +421,9 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     "training sits near 1e-3). Error from 1.0 or when every ratio is non-finite. Info when the train "
     "loss still fell by over 30%, or ended under 70% of an uninformed prediction's loss (ln C; the targets' "
     "variance), and stayed finite: Adam at a high-ish LR on small weights has large "
-    "ratios and trains fine. Info too when the LR the loop stepped with (without an optimizer: the "
+    "ratios and trains fine; before training (no loss from the loop), info when the interventions' baseline (a "
+    "copy trained with the user's optimizer at the user's LR on the probe's batch) fitted it to a tenth of its "
+    "start, and the ratio stays under 1. Info too when the LR the loop stepped with (without an optimizer: the "
     "measured step size) is within twice the top of the interval where the LR range test trains well "
     "(the sweep reads the LR to about that factor) and the ratio stays under 1: the LR is then not too "
     "high (a fresh small head's weights are small); and when the loop's gradient clip cut most recorded steps "
@@ -455,7 +457,7 @@ def update_ratio_high(report: DiagnosticReport) -> Hit | None:
     # no gradient from the loss at any recorded step: the steps are weight decay and momentum, which Adam
     # scales up to a full-size step whatever the LR; why the loss sends nothing is the finding to read
     gradless = _no_loss_gradient(report)
-    if _loss_healthy(report) or in_range or clipped or gradless:
+    if _loss_healthy(report) or in_range or clipped or gradless or (_user_setup_fits(report) and peak < 1.0):
         severity = "info"
     return Hit(
         symptom=f"median update/weight ratio reaches {peak:.3g}"
@@ -470,6 +472,18 @@ def update_ratio_high(report: DiagnosticReport) -> Hit | None:
         severity=severity,
         score=min(10.0, 1.0 + math.log10(peak / HEALTHY_UPDATE_RATIO) if math.isfinite(peak) else 10.0),
     )
+
+
+def _user_setup_fits(report: DiagnosticReport) -> bool:
+    """Before training (no loss from the loop): the interventions' baseline, a copy trained with a
+    copy of the user's optimizer at the user's LR on the probe's batch, fitted it to a tenth of its
+    start and stayed finite. One probe step of Adam on small weights makes a large ratio at any
+    sensible LR; a hundred steps that converge say the LR does not overshoot."""
+    runs = report.interventions
+    if runs is None or runs.optimizer != "user" or train_curve(report):
+        return False
+    start, end = runs.baseline_initial_loss, runs.baseline_final_loss
+    return start is not None and end is not None and start > 0 and math.isfinite(end) and end <= 0.1 * start
 
 
 def _no_loss_gradient(report: DiagnosticReport) -> bool:

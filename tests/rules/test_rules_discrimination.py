@@ -335,6 +335,26 @@ def test_large_update_ratios_with_a_falling_loss_are_context_not_an_alarm():
     assert {f.rule_id: f.severity for f in diagnosis.findings} == {"NNDX205": "info"}
 
 
+def test_large_update_ratios_before_training_are_context_when_the_users_setup_fits_the_batch():
+    """The preflight: no loss from the loop yet, one probe step of the user's Adam at lr 0.02 on an
+    RNN's small weights (ratio 0.19). The interventions' baseline, a copy trained with the user's
+    optimizer at the user's LR, fitted the batch to 2e-5 of its start: the steps are large and converge,
+    no alarm. With nndx's own Adam, or a baseline that did not fit, the ratio stays a warning."""
+    from nndx.report import Interventions
+
+    from .reports import mlp_params
+
+    def severity(final, optimizer="user"):
+        report = DiagnosticReport(parameters=mlp_params(steps=(0,), ratio=0.19), interventions=Interventions(
+            steps=100, baseline_initial_loss=0.54, baseline_final_loss=final, optimizer=optimizer))
+        return _found(report)["NNDX205"].severity
+
+    assert severity(1.2e-5) == "info"
+    assert severity(0.3) == "warning"
+    assert severity(1.2e-5, optimizer="default") == "warning"
+    assert severity(float("nan")) == "warning"
+
+
 def test_a_symptom_never_outranks_a_cause_with_direct_evidence():
     from nndx.report import OverfitResult
 
