@@ -648,6 +648,13 @@ class GraphPoint(Schema):
     older_graphs_alive: Count = Field(
         0, description="recorded steps before the previous one whose output graph is still alive now (held by "
         "something that outlives the step: a running sum of loss tensors, outputs kept without .detach())")
+    stored_nodes: Count = Field(
+        0, description="autograd nodes reachable, at the end of the step, from the tensors the model keeps beside "
+        "its parameters (buffers, plain attributes: moving statistics, a recurrent state)")
+    stored_earlier_nodes: Count = Field(0, description="of those, nodes created at an earlier recorded step")
+    stored_holder: str | None = Field(
+        None, description="the kept tensor whose graph reaches back to an earlier step (else the first kept tensor "
+        "with a graph)")
 
 
 class LossCall(Schema):

@@ -374,6 +374,16 @@ def optimizer_coverage(model: nn.Module, optimizer: torch.optim.Optimizer) -> tu
 _MODULE_DICTS = frozenset({"_parameters", "_buffers", "_modules"})
 
 
+def kept_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(qualified name, tensor) of every tensor a module keeps beside its parameters: its buffers
+    and its plain tensor attributes (d2l's scratch batch norm keeps its moving statistics so)."""
+    for prefix, module in model.named_modules():
+        for name, value in [*module._buffers.items(), *vars(module).items()]:
+            if name not in _MODULE_DICTS and isinstance(value, (torch.Tensor, tuple, list)):
+                for tensor in iter_tensors(value):
+                    yield f"{prefix}.{name}" if prefix else name, tensor
+
+
 def _state_attributes(model: nn.Module) -> Iterator[tuple[nn.Module, str, Any]]:
     """(module, name, value) of each tensor a module keeps as a plain attribute, neither
     parameter nor buffer (or in a tuple/list there): a recurrent state carried on ``self``

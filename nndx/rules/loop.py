@@ -1535,13 +1535,18 @@ GRAPHS_HELD_MANY = 32  # older graphs alive at once that no healthy loop holds (
     "created at an earlier step (at 2 or more of them), and grows at each of the last 4 to at least 1.5x its "
     "first size; error from 3x or when the bounded walk hit its cap. Or: the output graphs of earlier recorded "
     "steps (before the previous one) still alive pile up — more at each of the last 4 recorded steps, 2 or "
-    "more now (error from 4), or 32 at once — as a running sum of loss tensors keeps them. A recurrent state detached each batch (truncated "
-    "BPTT), or a graph that varies in size, does not fire.",
+    "more now (error from 4), or 32 at once — as a running sum of loss tensors keeps them. Or: the graph behind the "
+    "tensors the model keeps beside its parameters (buffers, plain attributes), walked at the end of each recorded "
+    "step, holds nodes of earlier steps at 2 or more of them and grows at each of the last 4 to at least 1.5x its "
+    "first size (error from 3x): moving statistics reassigned from the batch's mean without .data. A recurrent state "
+    "detached each batch (truncated BPTT), a state holding only the current step's graph, or a graph that varies in "
+    "size, does not fire.",
     why="A tensor carried from step to step without .detach() (an RNN hidden state, a running sum of "
     "losses) links every new graph to all the old ones: memory and step time grow with every step until "
     "the run dies, and backward needs retain_graph=True to run at all.",
     fix="Detach what crosses steps: hidden = hidden.detach() (repackage_hidden) at each batch; log "
-    "loss.item() instead of summing loss tensors; drop retain_graph=True.",
+    "loss.item() instead of summing loss tensors; update running statistics from .detach()ed (or .data) values; "
+    "drop retain_graph=True.",
 )
 def graph_retained(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
@@ -1562,6 +1567,9 @@ def graph_retained(report: DiagnosticReport) -> Hit | None:
             score=1.0 + min(3.0, last.older_graphs_alive / 2),
             step=held[0].step,
         )
+    kept = _kept_graph(points)
+    if kept is not None:
+        return kept
     if len(points) < 4 or sum(1 for p in points if p.earlier_nodes > 0) < 2:
         return None
     tail = points[-4:]
@@ -1584,6 +1592,32 @@ def graph_retained(report: DiagnosticReport) -> Hit | None:
         severity="error" if growth >= 3 or last.truncated else "warning",
         score=1.0 + min(3.0, math.log10(growth) * 2),
         step=next((p.step for p in points if p.earlier_nodes > 0), None),
+    )
+
+
+def _kept_graph(points: list) -> Hit | None:
+    """A graph kept on the model itself, where no output leads (moving statistics reassigned
+    without .data), grows from recorded step to recorded step."""
+    if len(points) < 4 or sum(1 for p in points if p.stored_earlier_nodes > 0) < 2:
+        return None
+    tail = points[-4:]
+    if not all(b.stored_nodes > a.stored_nodes for a, b in zip(tail, tail[1:])):
+        return None
+    first = next(p for p in points if p.stored_nodes > 0)
+    last = points[-1]
+    if last.stored_nodes < 1.5 * first.stored_nodes:
+        return None
+    growth = last.stored_nodes / first.stored_nodes
+    return Hit(
+        symptom=f"{last.stored_holder}, a tensor the model keeps beside its parameters, holds an autograd graph that "
+        f"grew from {first.stored_nodes} nodes at step {first.step} to {last.stored_nodes} at step {last.step}, "
+        "reaching back to earlier steps",
+        evidence={"kept_tensor": last.stored_holder, "kept_graph_nodes_first": first.stored_nodes,
+                  "kept_graph_nodes_last": last.stored_nodes, "first_step": first.step, "last_step": last.step,
+                  "earlier_nodes_last": last.stored_earlier_nodes},  # fmt: skip
+        severity="error" if growth >= 3 else "warning",
+        score=1.0 + min(3.0, math.log10(growth) * 2),
+        step=next((p.step for p in points if p.stored_earlier_nodes > 0), None),
     )
 
 

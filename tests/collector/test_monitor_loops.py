@@ -886,6 +886,70 @@ def test_a_running_sum_of_loss_tensors_keeps_every_graph_alive(keep):
         assert not fired(report, "NNDX320")
 
 
+class ScratchBatchNorm(nn.Module):
+    """d2l's batch norm from scratch (chapter 8.5): the moving statistics are plain attributes,
+    reassigned each training step; before d2l's fix (PR #1342) they kept their graph."""
+
+    def __init__(self, features, detach):
+        super().__init__()
+        self.gamma, self.beta = nn.Parameter(torch.ones(features)), nn.Parameter(torch.zeros(features))
+        self.moving_mean, self.moving_var = torch.zeros(features), torch.ones(features)
+        self.detach = detach
+
+    def forward(self, x):
+        mean, var = x.mean(dim=0), x.var(dim=0, unbiased=False)
+        moving_mean = 0.9 * self.moving_mean + 0.1 * mean
+        moving_var = 0.9 * self.moving_var + 0.1 * var
+        self.moving_mean, self.moving_var = ((moving_mean.data, moving_var.data) if self.detach
+                                             else (moving_mean, moving_var))  # fmt: skip
+        return self.gamma * (x - mean) / torch.sqrt(var + 1e-5) + self.beta
+
+
+class TaggerState(nn.Module):
+    """The LSTM tagger tutorial's ``self.hidden``: this step's state, reset before each sentence."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.out = nn.LSTM(8, 16), nn.Linear(16, 3)
+        self.hidden = None
+
+    def forward(self, x):
+        out, self.hidden = self.lstm(x[:, None, :], self.hidden)
+        return self.out(out[:, 0])
+
+
+@pytest.mark.parametrize("model", ["kept", "detached", "tagger"])
+def test_a_graph_the_model_keeps_on_itself_across_steps_is_seen(model):
+    """The moving statistics keep each step's graph, chained to the step before, on the module:
+    no output leads to them and no loss reads them in training, so the outputs' graph never
+    grows; memory does. Detached (``.data``), or a state that holds only the current step's
+    graph (reset every step), nothing is kept."""
+    torch.manual_seed(0)
+    if model == "tagger":
+        net = TaggerState()
+    else:
+        net = nn.Sequential(nn.Linear(8, 16), ScratchBatchNorm(16, detach=model == "detached"), nn.ReLU(),
+                            nn.Linear(16, 3))  # fmt: skip
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = data()
+    with Monitor(net, opt, every=2) as mon:
+        for _ in range(STEPS):
+            if model == "tagger":
+                net.hidden = None
+            opt.zero_grad()
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            mon.log(loss)
+    report = mon.report()
+    found = fired(report, "NNDX320")
+    if model == "kept":
+        (finding,) = found
+        assert "1.moving_mean" in finding.symptom and finding.severity == "error", finding.symptom
+    else:
+        assert found == [] and all(p.stored_earlier_nodes == 0 for p in report.loop.graph_nodes_history)
+
+
 def test_graph_walk_is_bounded():
     from nndx.collector.watch.graph import GraphSize
 

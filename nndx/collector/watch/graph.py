@@ -14,6 +14,12 @@ loss`` holds every step's graph in a chain no model output leads to. So each rec
 step's output nodes also carry a token object in their metadata, of which the watcher
 keeps only a weak reference: the token lives exactly as long as that graph. Tokens of
 recorded steps before the previous one that are still alive count as graphs kept.
+
+And a graph can be kept on the model itself, where no output leads: d2l's batch norm from
+scratch reassigns its moving statistics each step from the batch's mean, and without
+``.data`` each one holds its step's graph chained to the one before. At the end of each
+recorded step the same walk starts from the tensors the model keeps beside its parameters
+(buffers, plain attributes): nodes tagged at an earlier step there are a graph kept.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from nndx.collector._common import iter_tensors
+from nndx.collector._common import iter_tensors, kept_tensors
 from nndx.collector.watch.base import History, StepContext, Watcher, recorded_steps
 from nndx.report import GraphPoint
 
@@ -43,6 +49,9 @@ class GraphRecord(NamedTuple):
     earlier_nodes: int
     truncated: bool
     older_graphs_alive: int = 0
+    stored_nodes: int = 0
+    stored_earlier_nodes: int = 0
+    stored_holder: str | None = None
 
 
 class GraphSize(Watcher):
@@ -98,8 +107,17 @@ class GraphSize(Watcher):
         return len(seen), earlier, bool(stack)
 
     def on_step_end(self, ctx: StepContext) -> None:
-        if self._current is not None and self._current.step == ctx.step:
-            self.history.append(self._current)
+        current = self._current if self._current is not None and self._current.step == ctx.step else None
+        if ctx.recording:
+            kept = [(name, t.grad_fn) for name, t in kept_tensors(ctx.watched.root) if t.grad_fn is not None]
+            if kept:
+                walks = [(name, self.walk([node], ctx.step)) for name, node in kept]
+                holder = next((name for name, (_, earlier, _) in walks if earlier), kept[0][0])
+                current = (current or GraphRecord(ctx.step, 0, 0, False))._replace(
+                    stored_nodes=sum(w[0] for _, w in walks), stored_earlier_nodes=sum(w[1] for _, w in walks),
+                    stored_holder=holder)
+        if current is not None:
+            self.history.append(current)
         self._current = None
 
     def report(self, window: int | None) -> dict[str, Any]:
@@ -108,4 +126,5 @@ class GraphSize(Watcher):
 
 def _points(record: GraphRecord) -> list[GraphPoint]:
     return [GraphPoint(step=record.step, nodes=record.nodes, earlier_nodes=record.earlier_nodes, truncated=record.truncated,
-                       older_graphs_alive=record.older_graphs_alive)]
+                       older_graphs_alive=record.older_graphs_alive, stored_nodes=record.stored_nodes,
+                       stored_earlier_nodes=record.stored_earlier_nodes, stored_holder=record.stored_holder)]
