@@ -269,7 +269,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Loss is oscillating or diverging",
     detects="A train loss that jumps above 10x its first values (10x its level over the first fifth of the run, "
-    "when larger, for a loss that goes below zero or runs through another trained network), or is above twice "
+    "when larger, for a loss that goes below zero or runs through another trained network; a single such jump under "
+    "10x the run's median that the loss comes back from, the median of the points after it under the jump, is one "
+    "hard batch), or is above twice "
     "its initial level at "
     "least twice in its second half (for a loss that starts under half an uninformed prediction's, "
     "both also above that prediction's loss), or whose step-to-step swings "
@@ -306,7 +308,15 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     spikes = sum(1 for v in after if v > max(2.0 * curve.start, floor))
     # a jump to 10x the first values: healthy noise never does that, an overshoot does
     reference = _jump_reference(report, curve)
-    blow_ups = sum(1 for v in curve.values[1:] if reference > 0 and v > max(10.0 * reference, floor))
+    jump = max(10.0 * reference, floor)
+    blow_ups = sum(1 for v in curve.values[1:] if reference > 0 and v > jump)
+    # one jump, under 10x the run's median and come back from (the median of the points after it back
+    # under the jump), is one hard batch of a small batch measured against a lucky first one: no divergence
+    if blow_ups == 1:
+        at = next(i for i, v in enumerate(curve.values) if i > 0 and v > jump)
+        after = curve.values[at + 1 :]
+        hard_batch = curve.values[at] < 10.0 * median(curve.values) and len(after) >= 5 and median(after) <= jump
+        blow_ups = 0 if hard_batch else blow_ups
     if line_search(report):  # a line search's rejected trial points: only a sustained climb counts
         spikes = spikes if spikes >= max(2, len(after) // 10) else 0
         blow_ups = blow_ups if blow_ups >= max(2, curve.n // 10) else 0

@@ -857,6 +857,31 @@ def test_regression_targets_sorted_by_value_are_unshuffled_data():
     assert "NNDX508" not in found(0.04)  # random order
 
 
+def test_one_hard_batch_of_a_fitted_model_is_no_divergence():
+    """A FedAvg client in a late round: the global model already fits (losses around 0.4 against
+    ln 10 = 2.3), batches of 10 swing from 0.02 to 1.5, the first one lucky (0.07), and one batch
+    reaches 2.38, just over an uninformed prediction's loss, before the loss goes back to its level.
+    One jump the loss recovers from is a hard batch; jumps that keep coming, or a loss that stays up,
+    diverge."""
+    from nndx.report import LossCall
+
+    from .reports import points
+
+    ce = LossCall(loss_type="CrossEntropyLoss", output_shape=[10, 10], target_shape=[10], target_dtype="int64",
+                  calls=75)  # fmt: skip
+    level = [0.36, 0.6, 0.58, 0.17, 0.1, 0.5, 0.46, 0.44, 1.16, 0.19, 0.38, 0.63, 0.32, 0.63, 0.23]
+
+    def severity(values: list[float]) -> str | None:
+        report = with_loop(BASE, loss_calls=[ce]).model_copy(
+            update={"num_classes": 10, "loss_history": {"train": points(values)}, "parameters": [], "probes": None})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX104"), None)
+
+    run = [0.074] + level * 4 + [2.38] + level[:10]
+    assert severity(run) in ("info", None)
+    assert severity([0.074] + level * 4 + [2.38, 2.5, 3.1, 2.9, 3.4, 3.0, 2.8, 3.3, 3.5, 3.2]) == "warning"
+    assert severity([0.074] + (level + [2.6]) * 4 + level[:10]) == "warning"
+
+
 def test_large_updates_on_a_run_that_ends_well_under_chance_are_context():
     """The PyTorch word-language-model example: SGD at lr 20 clipped to 0.25 makes large early
     updates; its loss falls only from 3.3 to 2.6 (a text with a high entropy floor) — yet that
