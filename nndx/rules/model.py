@@ -382,7 +382,9 @@ def narrow_bottleneck(report: DiagnosticReport) -> Hit | None:
     "boundary between two, with the length of an input axis: x.view(T, B, F) for x.transpose(0, 1), "
     "x.view(B, nh, T, hs) to split attention heads; and (N, C, *positions) viewed as (N * positions, C), in the "
     "forward or in a loss of the user's own (per-pixel logits flattened without moving the classes last). "
-    "torch's own modules are not read, nor a view of a tensor "
+    "An axis that takes a whole-number share of one input axis and every axis after it groups consecutive "
+    "entries into the features (WaveNet-style FlattenConsecutive) and is not flagged, unless the output's sizes "
+    "are the input's own reordered. torch's own modules are not read, nor a view of a tensor "
     "just padded by cat or pad: relative attention's skew (Transformer-XL's _rel_shift) interleaves on purpose.",
     why="view and reshape only regroup memory in order: asking for the sizes of a permuted tensor gives the "
     "right shape with the elements interleaved across the two axes (time steps mixed with samples, or with "

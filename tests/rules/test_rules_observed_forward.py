@@ -412,6 +412,11 @@ def test_splits_and_merges_of_axes_are_not_interleaving():
                   ([16, 32, 2, 16], [16, 32, 32])]  # GPT-2's 2 heads of 16 merged back over 32 positions  # fmt: skip
     # a class axis viewed last: pixelcnn's logits flattened without the permute (a 4-class head on 8 x 8)
     interleaving += [([32, 4, 8, 8], [2048, 4]), ([32, 4, 8, 8], [32, 64, 4])]
+    # the sizes swapped (iTransformer's embedding reshaped where permuted, even when one divides the other;
+    # view(T, B, F) for a (B, T, F) batch) against consecutive steps grouped into the features (makemore
+    # part 5's FlattenConsecutive: 8 steps of 16 as 4 of 32, whose 32 is the batch's size by chance)
+    interleaving += [([32, 96, 7], [32, 7, 96]), ([32, 96, 8], [32, 8, 96]), ([32, 8, 16], [8, 32, 16])]
+    regrouping += [([32, 8, 16], [32, 4, 32]), ([32, 4, 32], [32, 2, 64])]
     assert all(moved_axis(before, after) for before, after in interleaving)
     assert not any(moved_axis(before, after) for before, after in regrouping)
 

@@ -469,7 +469,9 @@ def moved_axis(before: list[int], after: list[int]) -> bool:
     input axis nor whole input axes merged, but straddles a boundary between two, and whose
     length is the length of an input axis. That is what ``x.view(T, B, F)`` for
     ``x.transpose(0, 1)``, or ``x.view(B, nh, T, hs)`` for ``x.view(B, T, nh, hs).transpose(1, 2)``,
-    does: the sizes asked for are right, the elements are interleaved."""
+    does: the sizes asked for are right, the elements are interleaved. An output axis that takes a
+    whole-number share of one input axis and every axis after it groups consecutive entries into the
+    features (unless the sizes are the input's own, reordered: a swap written as a view)."""
     if math.prod(before) != math.prod(after) or len(before) < 2 or 0 in before:
         return False
     edges = {math.prod(before[:i]) for i in range(len(before) + 1)}  # input axes' boundaries, in
@@ -480,10 +482,17 @@ def moved_axis(before: list[int], after: list[int]) -> bool:
     if classes_viewed_last(before, after):
         return True
     spans = [(math.prod(before[:i]), math.prod(before[: i + 1])) for i in range(len(before))]  # element strides
+    # sizes that are not the input's own, reordered: consecutive steps grouped into the features, the last
+    # axis a whole-number share of one input axis with every axis after it (makemore's FlattenConsecutive,
+    # 8 steps of 16 features as 4 of 32)
+    permuted = sorted(after) == sorted(before)
     for j, size in enumerate(after):
         lo, hi = math.prod(after[:j]), math.prod(after[: j + 1])
         if size < 2 or (lo in edges and hi in edges) or any(a <= lo and hi <= b for a, b in spans):
             continue  # whole axes merged, or a piece of one
+        if not permuted and hi == math.prod(before) and any(
+                a < lo < b and lo % a == 0 and (b // a) % (lo // a) == 0 for a, b in spans):  # fmt: skip
+            continue  # a share of one axis, then every axis after it
         if size in before:
             return True
     return False
