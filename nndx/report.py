@@ -464,6 +464,9 @@ class CausalityResult(ProbeResult):
     target_input: Count | None = Field(
         None, description="which input tensor holds the float targets verbatim (a forecaster's decoder input), if any")
     target_start: Count | None = Field(None, description="where along its time axis the targets sit in that input")
+    target_position: Count | None = Field(
+        None, description="one target per sample, found as the input token at this position of (nearly) every "
+        "sample's window, a position the model reads")
     autoregressive: bool | None = Field(
         None, description="read as an autoregressive density model over float inputs (PixelCNN, MADE): positions "
         "changed one at a time; changed_positions counts those whose own output moved with them")

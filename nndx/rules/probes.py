@@ -821,7 +821,9 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     "at a step moves with that step's own input. Which target goes with which output is read from the loss's "
     "gradient, so a loss that shifts internally (labels = input_ids) is not flagged; with several targets and "
     "outputs (BERT's "
-    "next-sentence and masked-token heads), the per-token ones are read. What a position reads is measured: a "
+    "next-sentence and masked-token heads), the per-token ones are read. With one target per sample over a "
+    "window of tokens (a next-character MLP): the target is, in >= 0.9 of the samples, the input token at one "
+    "position the model reads (the window slid before the target was taken). What a position reads is measured: a "
     "teacher-forced decoder handed its targets reads trg[t - 1] for output t, so output[:-1] against trg[1:] "
     "asks two tokens ahead.",
     why="A next-token model must predict inputs[t + 1] from inputs[..t]; a masked language model must "
@@ -848,6 +850,11 @@ def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
         evidence = {"own_input_steps": result.changed_positions, "steps_changed": result.scored_positions}
         symptom = (f"the targets are the steps the model is given: at {result.changed_positions} of "
                    f"{result.scored_positions} steps the output moved with its own input")  # fmt: skip
+    elif result.unshifted and result.target_position is not None:
+        evidence = {"copy_fraction": result.copy_fraction, "target_position": result.target_position,
+                    "samples": result.samples}  # fmt: skip
+        symptom = (f"in {result.copy_fraction:.0%} of the samples the target is the input token at position "
+                   f"{result.target_position} of the window, which the model reads")  # fmt: skip
     elif result.unshifted:
         symptom = (f"{result.copy_fraction:.0%} of the scored positions' targets are their own input token (the next "
                    f"token: {result.next_fraction:.0%})")  # fmt: skip

@@ -707,3 +707,48 @@ def test_a_next_frame_predictor_trained_to_reproduce_the_frame_it_sees_is_caught
         found = {f.rule_id: f for f in nndx.diagnose(nndx.DiagnosticReport(probes=nndx.report.Probes(
             causality=result))).findings}  # fmt: skip
         assert found["NNDX613"].code.value == "LABELS_MISALIGNED" and "NNDX614" not in found
+
+
+class ContextMLP(nn.Module):
+    """makemore's MLP over a window of the last characters: one next character per sample."""
+
+    def __init__(self, vocab=27, block=3, reads_last=True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.head = nn.Embedding(vocab, 8), nn.Linear(8 * block, vocab)
+        self.reads_last = reads_last
+
+    def forward(self, idx):
+        e = self.emb(idx)
+        if not self.reads_last:
+            e = torch.cat([e[:, :-1], torch.zeros_like(e[:, -1:])], dim=1)
+        return self.head(e.flatten(1))
+
+
+def context_windows(shifted_before_append, n=64, block=3):
+    """makemore's build_dataset: for each character, append (context, ch), then slide the window;
+    the bug slides first, so the context ends with the character it must predict."""
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(1, 27, (n + block,), generator=g).tolist()
+    xs, ys, context = [], [], [0] * block
+    for ch in text[:n]:
+        if shifted_before_append:
+            context = context[1:] + [ch]
+        xs.append(list(context))
+        ys.append(ch)
+        if not shifted_before_append:
+            context = context[1:] + [ch]
+    return torch.tensor(xs), torch.tensor(ys)
+
+
+def test_a_context_window_that_ends_with_its_own_target_is_caught():
+    """One target per sample, and in every sample it is the window's last input token: the model is
+    handed its answer (the loss falls to ~0). The window built right, or a model that does not read
+    that position, is no finding."""
+    report = nndx.probe(ContextMLP(), context_windows(True), nn.CrossEntropyLoss(), probes=["causality"],
+                        progress=False)  # fmt: skip
+    result = report.probes.causality
+    assert result.status == "failed" and result.target_position == 2 and result.copy_fraction == 1.0, result.message
+    assert [f.rule_id for f in nndx.diagnose(report).findings][:1] == ["NNDX613"]
+    assert causality(ContextMLP(), context_windows(False), nn.CrossEntropyLoss()).status == "skipped"
+    assert causality(ContextMLP(reads_last=False), context_windows(True), nn.CrossEntropyLoss()).status == "skipped"

@@ -123,7 +123,7 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     found = _token_inputs(inputs, targets)
     if isinstance(found, str):
         return (_density_model(model, inputs, targets) or _targets_in_inputs(model, inputs, targets)
-                or CausalityResult(status="skipped", message=found))
+                or _target_among_tokens(model, inputs, targets) or CausalityResult(status="skipped", message=found))
     target, candidates = found
     tokens = candidates[0]
     # what depends on which token does not depend on the dtype, and float32 resolves it: a
@@ -333,6 +333,47 @@ def _order(model: nn.Module, inputs: object, x: torch.Tensor, grid: torch.Tensor
         return None
     max_change = float((laid_out[1:] - laid_out[:1]).abs().max())
     return int(changed.numel()), int(reads.diagonal().sum()), one_way, both_ways, max_change, tolerance
+
+
+def _target_among_tokens(model: nn.Module, inputs: object, targets: object) -> CausalityResult | None:
+    """One class id per sample (a next-character model over a window of context: makemore's MLP)
+    that is, in NEXT_TOKEN_SHARE of the samples or more, the input token at one position of the
+    window: the window was slid before the target was taken, and the model is handed its answer.
+    Only when the model reads that position (its eval-mode outputs move when that column's tokens
+    are rolled between samples). None otherwise."""
+    target = next((t for t in iter_tensors(targets) if t.dim() == 1 and not t.is_floating_point()
+                   and not t.is_complex() and t.dtype != torch.bool), None)  # fmt: skip
+    if target is None or target.numel() < 2 * MIN_POSITIONS or torch.unique(target).numel() < 2:
+        return None
+    for x in iter_tensors(inputs):
+        if x.dim() != 2 or x.shape[0] != target.numel() or x.is_floating_point() or x.is_complex() \
+                or x.dtype == torch.bool or x.shape[1] < 2:  # fmt: skip
+            continue
+        share = (x == target[:, None].to(x.device)).float().mean(dim=0)
+        position = int(share.argmax())
+        if float(share[position]) < NEXT_TOKEN_SHARE:
+            continue
+        rolled = x.clone()
+        rolled[:, position] = x[:, position].roll(1)
+        with preserved_rng(), torch.no_grad():
+            model_copy = set_mode(working_copy(model), False)
+            seed_all(SEED)
+            before = next(iter_tensors(prediction(forward(model_copy, inputs))), None)
+            seed_all(SEED)
+            after = next(iter_tensors(prediction(forward(model_copy, map_tensors(inputs, lambda t: rolled if t is x
+                                                                                  else t)))), None)  # fmt: skip
+        if before is None or after is None or before.shape != after.shape:
+            return None
+        if float((after.float() - before.float()).abs().max()) <= roundoff_tolerance(model_copy, [before]):
+            return None  # the model does not read that position: the copy is harmless
+        n = target.numel()
+        return CausalityResult(
+            status="failed", unshifted=True, samples=n, positions=int(x.shape[1]), scored_positions=n,
+            copy_fraction=float(share[position]), target_position=position, message=(
+                f"one target per sample, and in {float(share[position]):.0%} of the {n} samples it is the input token "
+                f"at position {position} of {x.shape[1]}, which the model reads: the context was advanced before the "
+                "target was taken, and the model is handed its answer"))  # fmt: skip
+    return None
 
 
 def _targets_in_inputs(model: nn.Module, inputs: object, targets: object) -> CausalityResult | None:
