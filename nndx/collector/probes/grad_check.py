@@ -139,6 +139,10 @@ Difference = tuple[float, bool, bool]
 MAX_SHRINKS = 4
 
 
+class _OutOfForwards(Exception):
+    """The check's budget of forwards is spent."""
+
+
 class _Problem:
     """The function under test: flat float64 parameter vectors, their analytic
     gradients, and L evaluated at substituted parameter values (counting forwards).
@@ -156,6 +160,7 @@ class _Problem:
         base_loss: float,
         base_pattern: Pattern | None = None,
         roundoff: float = ROUNDOFF,
+        max_forwards: int | None = None,
     ) -> None:
         self.values, self.grads, self.shapes = values, grads, shapes
         self.roundoff = roundoff
@@ -165,8 +170,13 @@ class _Problem:
         self.forward_passes = 0
         self.kinks_avoided = 0  # differences redone with a smaller ε
         self.kinks_unresolved = 0
+        self.max_forwards = self.budget = max_forwards
+        self.out_of_forwards = False
 
     def loss(self, substituted: Mapping[str, torch.Tensor]) -> tuple[float, Pattern | None]:
+        if self.max_forwards is not None and self.forward_passes >= self.max_forwards:
+            self.out_of_forwards = True
+            raise _OutOfForwards
         self.forward_passes += 1
         return self._loss_at(substituted)
 
@@ -258,14 +268,17 @@ def grad_check(
     elements_per_tensor: int = 8,
     eps: float = 1e-5,
     seed: int = 0,
+    max_forwards: int = 300,
 ) -> GradCheckResult:
     """Check the model's autograd gradients of ``loss_fn`` on ``batch`` in float64 (in
-    float32 when the model cannot run in float64)."""
+    float32 when the model cannot run in float64). ``max_forwards`` bounds the check's cost on
+    a model whose differences cross kinks wherever they go (hundreds of tensors behind ReLUs
+    and max-pools): the check stops there and says so."""
     inputs, targets = split_batch(batch)
 
     def check(dtype: torch.dtype, **options: Any) -> GradCheckResult:
         return _check_in(dtype, model, inputs, targets, loss_fn, mode, directions, elements_per_tensor, eps, seed,
-                         **options)  # fmt: skip
+                         max_forwards, **options)  # fmt: skip
 
     with preserved_rng(), _no_autocast(model):
         try:
@@ -459,7 +472,7 @@ def _no_autocast(model: nn.Module) -> contextlib.AbstractContextManager:
 
 
 def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, mode: Mode,
-              directions: int, elements_per_tensor: int, eps: float, seed: int,
+              directions: int, elements_per_tensor: int, eps: float, seed: int, max_forwards: int | None = None,
               project: bool = False, through: _StopGradients | None = None) -> GradCheckResult:  # fmt: skip
     model_copy = dense_gradients(working_copy(model)).to(dtype)
     for module in nn.Module.modules(model_copy):
@@ -522,7 +535,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
 
             roundoff = torch.finfo(precision).eps * (1.0 if precision == torch.float64 else LOW_PRECISION_SAFETY)
             problem = _Problem(values, grads, {n: list(p.shape) for n, p in named}, loss_at,
-                               float(base.detach()), base_pattern, roundoff)  # fmt: skip
+                               float(base.detach()), base_pattern, roundoff, max_forwards)  # fmt: skip
             problem.forward_passes = 1  # the forward behind the analytic gradient
             unstable = _not_a_function(problem)
             if unstable is None:
@@ -772,12 +785,17 @@ def _run(problem: _Problem, mode: Mode, directions: int, elements_per_tensor: in
         raise ValueError("directions and elements_per_tensor must be >= 1 and eps > 0")
     generator = torch.Generator(device="cpu").manual_seed(seed)
     joint: Difference | None = None
-    if mode == "directional":
-        joint, parameters = _directional(problem, directions, eps, generator, device)
-    elif mode == "elementwise":
-        parameters = _elementwise(problem, elements_per_tensor, eps, generator)
-    else:
+    if mode not in ("directional", "elementwise"):
         raise ValueError(f"mode must be 'directional' or 'elementwise', got {mode!r}")
+    try:
+        if mode == "directional":
+            joint, parameters = _directional(problem, directions, eps, generator, device)
+        else:
+            parameters = _elementwise(problem, elements_per_tensor, eps, generator)
+    except _OutOfForwards:
+        return GradCheckResult(status="skipped", mode=mode, eps=eps, forward_passes=problem.forward_passes, message=(
+            f"the budget of {problem.budget} forwards ran out before every tensor was checked once "
+            "(max_forwards)"))  # fmt: skip
     worst = max([p.relative_error for p in parameters] + ([joint[0]] if joint else []), default=0.0)
     bugs = [p.name for p in parameters if p.status == "bug" and not p.loss_flat]
     suspects = [p.name for p in parameters if p.status == "suspect"]
@@ -803,6 +821,9 @@ def _run(problem: _Problem, mode: Mode, directions: int, elements_per_tensor: in
     if problem.kinks_avoided:
         text += (f"; {problem.kinks_avoided} differences crossed a kink (ReLU-like) and were redone with a smaller ε"
                  + (f", {problem.kinks_unresolved} still crossing one" if problem.kinks_unresolved else ""))
+    if problem.out_of_forwards:
+        text += (f"; the search for the tensors behind it stopped at its budget of {problem.budget} forwards "
+                 f"({len(parameters)} of {len(problem.values)} tensors checked on their own)")
     return GradCheckResult(status=status, message=text, mode=mode, eps=eps, max_relative_error=worst,
                            forward_passes=problem.forward_passes, parameters=parameters)  # fmt: skip
 
@@ -820,9 +841,11 @@ def _directional(problem: _Problem, directions: int, eps: float, generator: torc
     if _status(*joint) == "ok":
         return joint, []
     found: dict[str, Difference] = {}
-    _localise(problem, names, directions, eps, generator, device, found)
+    with contextlib.suppress(_OutOfForwards):  # what was found so far is reported, and that it stopped
+        _localise(problem, names, directions, eps, generator, device, found)
     parameters = [GradCheckParam(name=n, relative_error=found[n][0], status=_status(*found[n]),
-                                 autograd_zero=not bool(problem.grads[n].any())) for n in names]  # fmt: skip
+                                 autograd_zero=not bool(problem.grads[n].any())) for n in names if n in found]  # fmt: skip
+    problem.max_forwards = None  # a few forwards more, to tell a surrogate from a bug already found
     for param in parameters:
         if param.status == "bug" and not param.autograd_zero:
             param.loss_flat = all(
