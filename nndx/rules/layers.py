@@ -314,7 +314,9 @@ def _zero_gradient_params(report: DiagnosticReport) -> tuple[list[str], int]:
     "Parameters get an exactly zero gradient at every step",
     detects=f"Trainable parameters whose gradient is exactly 0 at every recorded step ({ZERO_GRADIENT_RECORDS} or "
     "more) while other parameters get one. Info when they are at most a tenth of the trainable tensors and the "
-    "train loss still learned: a part of the model the loss never weighs (an auxiliary head at weight 0).",
+    "train loss still learned: a part of the model the loss never weighs (an auxiliary head at weight 0); or when "
+    "they are biases whose weights get a gradient: a shift the loss is invariant to (a critic's hinge or "
+    "Wasserstein loss over as many real as fake samples gives its last bias mean(1) - mean(1) = 0).",
     why="Autograd reached them, and every path back from the loss multiplied by an exact zero: a derivative that "
     "is 0 almost everywhere. A loss on the network's input derivative (a Hamiltonian network, a PINN, a gradient "
     "penalty) differentiates each activation twice, and ReLU's second derivative is 0: its hidden biases never "
@@ -332,7 +334,11 @@ def zero_gradients(report: DiagnosticReport) -> Hit | None:
     if not names:
         return None
     share = share_of_trainable(names, report)
-    few = share <= 0.1 and loss_learned(report)
+    # biases alone, each beside a weight that gets a gradient: the loss is invariant to shifting that
+    # layer's output (a critic's hinge or Wasserstein loss over as many real as fake samples)
+    trained = {p.name for p in report.parameters if p.grad_norm}
+    shifts_only = all(n.endswith("bias") and n.removesuffix("bias") + "weight" in trained for n in names)
+    few = share <= 0.1 and (loss_learned(report) or shifts_only)
     return Hit(
         symptom=f"{len(names)} trainable parameters got an exactly zero gradient at every one of {steps} recorded "
         f"steps ({names[0]}{', ...' if len(names) > 1 else ''})",

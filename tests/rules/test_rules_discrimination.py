@@ -2052,6 +2052,18 @@ def test_exactly_zero_gradients_at_every_step_fire_and_a_zero_start_or_a_gradles
     wide = params + [p.model_copy(update={"name": f"block{i}.{p.name}"}) for i in range(2) for p in params]
     aux = [p.model_copy(update={"grad_norm": 0.0}) if p.name == "block1.4.bias" else p for p in wide]
     assert _found(BASE.model_copy(update={"parameters": aux}))["NNDX210"].severity == "info"
+    # MelGAN's critics: the hinge loss over as many real as fake samples, every output inside the margin,
+    # gives the last bias mean(1) - mean(1) = 0 exactly while its weight trains, and an adversarial loss
+    # need not fall: a bias the loss is invariant to, context. The whole head without gradient is not.
+    # (the rule's own verdict: the flat loss's LR_TOO_LOW warning would be linked under it)
+    from nndx.rules.layers import zero_gradients
+
+    from .broken import flat, train
+
+    critic = BASE.model_copy(update={"parameters": aux, **train(flat(0, level=1.9, noise=0.05))})
+    assert zero_gradients(critic).severity == "info"
+    head = [p.model_copy(update={"grad_norm": 0.0}) if p.name.startswith("block1.4.") else p for p in wide]
+    assert zero_gradients(critic.model_copy(update={"parameters": head})).severity == "warning"
 
 
 def test_units_that_die_while_batchnorm_trains_in_eval_mode_are_its_symptom():
