@@ -851,6 +851,39 @@ def warmup_stepped_rarely(report: DiagnosticReport) -> Hit | None:
     )
 
 
+@rule(
+    "NNDX331",
+    C.LR_SCHEDULE_MISUSE,
+    "warning",
+    "The scheduler keeps the LR at a hundredth of its own from the first step",
+    detects="Every recorded LR of the run (5 records or more) is under a hundredth of the LR its scheduler scales "
+    "(the param groups' initial_lr), and the LR never rose to over twice its first value (a warm-up rises: "
+    "NNDX327's).",
+    why="LambdaLR multiplies the optimizer's lr by what its lambda returns: a lambda written to return the learning "
+    "rate itself (cosine_annealing(step, total, lr, lr_min) where cosine_annealing(step, total, 1, lr_min / lr) was "
+    "meant) trains at lr x lr — 1e-6 for lr 1e-3 — from the first step. Nothing crashes; the loss barely moves.",
+    fix="Return a factor from a LambdaLR's lambda (1 at the start: cosine_annealing(step, total, 1, lr_min / lr)), "
+    "or use a scheduler that takes learning rates (CosineAnnealingLR(optimizer, T_max, eta_min=lr_min)).",
+)
+def lr_scaled_twice(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    scheduled = finite(loop.scheduled_lrs) if loop is not None else []
+    history = sorted(loop.lr_history, key=lambda p: p.step) if loop is not None else []
+    lrs = [max(finite(p.lrs) or [0.0]) for p in history]
+    if not scheduled or max(scheduled) <= 0 or len(lrs) < 5 or lrs[0] <= 0:
+        return None
+    base, peak = max(scheduled), max(lrs)
+    if peak >= 0.01 * base or peak > 2 * lrs[0]:
+        return None
+    return Hit(
+        symptom=f"the LR was {lrs[0]:.3g} from the first recorded step and at most {peak:.3g}, under a hundredth of the "
+        f"{base:.3g} its scheduler scales",
+        evidence={"scheduled_lr": base, "lr_first": lrs[0], "lr_peak": peak, "recorded_steps": len(lrs)},
+        score=2.0 + min(2.0, math.log10(base / peak) - 2),
+        step=history[0].step,
+    )
+
+
 def _gradual_rises(lrs: list[float], peak: float) -> list[int]:
     """Indices where the LR reached 90% of ``peak`` from under 10% of it through at least
     one value between: a cosine run past its end. A warm restart jumps in one step."""

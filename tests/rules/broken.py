@@ -371,6 +371,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
         update={"loss_history": {**BASE.loss_history, "val": points([2.3] * 5, [0.1] * 5, every=20)}}),
     "NNDX611": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", batch_axis=0, samples=32, changed_samples=31, max_change=0.4, tolerance=1e-5)),
     "NNDX618": lambda: probe(grad_check=GradCheckResult(status="passed", max_relative_error=1e-8, stop_gradients=2)),
+    "NNDX331": lambda: with_loop(BASE, scheduled_lrs=[1e-3], lr_history=[LRPoint(step=i, lrs=[1e-6 * (1 - i / 200)]) for i in range(100)]),
     "NNDX327": lambda: with_loop(BASE, scheduled_lrs=[1e-3], lr_history=[LRPoint(step=i, lrs=[1e-6 * (1 + i // 20)]) for i in range(100)]),
     "NNDX619": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", batch_axis=0, samples=32, replaced_samples=16, changed_samples=16, max_change=0.4, tolerance=1e-5, batch_reduction="sum of a [32, 8] tensor in fm")),
     "NNDX620": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", batch_axis=1, samples=10, replaced_samples=5, changed_samples=0, max_change=0.0, tolerance=1e-5, no_context="rnn")),

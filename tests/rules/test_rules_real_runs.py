@@ -3,6 +3,8 @@ rules name the planted bug — and say nothing alarming about the same run done 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -99,3 +101,21 @@ def test_a_warm_up_stepped_once_per_epoch_never_reaches_its_lr(step_every, warmu
                             step_every)  # fmt: skip
     assert report.loop.scheduled_lrs == [1e-3]
     assert ("NNDX327" in {f.rule_id for f in nndx.diagnose(report).findings}) == (step_every == 20)
+
+
+def _cosine_annealing(step, total_steps, lr_max, lr_min):
+    """outlier-exposure's schedule, a LambdaLR factor: lr_max and lr_min are meant as 1 and lr_min / lr."""
+    return lr_min + (lr_max - lr_min) * 0.5 * (1 + math.cos(step / total_steps * math.pi))
+
+
+@pytest.mark.parametrize("factor", [True, False])
+def test_a_lambda_that_returns_an_lr_instead_of_a_factor_is_a_schedule_misuse(factor):
+    """outlier-exposure's LambdaLR with the lambda given the LR itself (cosine_annealing(step, T, lr, 1e-6)
+    instead of (step, T, 1, 1e-6 / lr)): LambdaLR multiplies the optimizer's lr by it, and the run
+    trains at lr x lr = 1e-6 from its first step. As a factor, the same cosine is healthy."""
+    report = _scheduled_run(lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: _cosine_annealing(
+        s, 100, 1.0, 1e-6 / 1e-3) if factor else _cosine_annealing(s, 100, 1e-3, 1e-6)), 1)  # fmt: skip
+    found = {f.rule_id: f for f in nndx.diagnose(report).findings}
+    assert ("NNDX331" in found) is not factor
+    if not factor:
+        assert found["NNDX331"].code.value == "LR_SCHEDULE_MISUSE" and found["NNDX331"].evidence["lr_peak"] < 2e-6
