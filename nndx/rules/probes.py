@@ -267,6 +267,7 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     "and the train loss is not clearly decreasing (info when it is).",
     why="Steps that small need orders of magnitude more of them; the loss looks stuck.",
     fix="Raise the LR to the range test's suggestion, or inside its interval (nndx.lr_find: .suggestion, .interval).",
+    explained_by=(C.LR_SCHEDULE_MISUSE,),  # a schedule that drove the LR down is why it is low
 )
 def lr_below_range(report: DiagnosticReport) -> Hit | None:
     result, lr = _lr_range(report), used_lr(report)

@@ -2090,3 +2090,13 @@ def test_zero_gradients_behind_weights_initialised_to_zero_are_the_inits_symptom
               for p in mlp_params(steps=tuple(range(0, 100, 10)))]  # fmt: skip
     findings = {f.rule_id: f for f in diagnose(bad_init().model_copy(update={"parameters": params})).findings}
     assert findings["NNDX210"].explained_by == "NNDX207"
+
+
+def test_an_lr_far_below_the_range_test_is_explained_by_the_schedule_that_put_it_there():
+    """outlier-exposure's LambdaLR returning an LR: the LR sits at 1e-6 from the first step, four
+    decades under the range test's suggestion. The schedule is the cause; the low LR its symptom."""
+    from .broken import BROKEN
+
+    report = BROKEN["NNDX331"]()
+    findings = {f.rule_id: f for f in diagnose(report).findings}
+    assert findings["NNDX603"].explained_by == "NNDX331", findings
