@@ -319,8 +319,8 @@ class InnerLossCalls(TorchFunctionMode):
         # TD targets, a quantile loss's [N, 7] slice minus [N, 1, 7] targets
         origins = [self._from(t) for t in operands]
         batch = out[0] if out else None
-        crossed = (FROM_TARGET in origins and any(o & FROM_OUTPUT for o in origins) and batch is not None
-                   and batch > 1 and list(result.shape).count(batch) > max(list(t.shape).count(batch) for t in operands))
+        crossed = (FROM_TARGET in origins and any(o & FROM_OUTPUT for o in origins) and batch is not None and batch > 1
+                   and list(result.shape).count(batch) > max(list(t.shape).count(batch) for t in operands))
         if exact:  # the output's side first
             a = next(t for t in operands if tuple(t.shape) == out)
             b = next(t for t in operands if tuple(t.shape) == target)

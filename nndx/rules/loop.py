@@ -876,8 +876,8 @@ def lr_scaled_twice(report: DiagnosticReport) -> Hit | None:
     if peak >= 0.01 * base or peak > 2 * lrs[0]:
         return None
     return Hit(
-        symptom=f"the LR was {lrs[0]:.3g} from the first recorded step and at most {peak:.3g}, under a hundredth of the "
-        f"{base:.3g} its scheduler scales",
+        symptom=f"the LR was {lrs[0]:.3g} from the first recorded step and at most {peak:.3g}, under a hundredth "
+        f"of the {base:.3g} its scheduler scales",
         evidence={"scheduled_lr": base, "lr_first": lrs[0], "lr_peak": peak, "recorded_steps": len(lrs)},
         score=2.0 + min(2.0, math.log10(base / peak) - 2),
         step=history[0].step,

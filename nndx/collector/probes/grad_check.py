@@ -844,7 +844,8 @@ def _directional(problem: _Problem, directions: int, eps: float, generator: torc
     with contextlib.suppress(_OutOfForwards):  # what was found so far is reported, and that it stopped
         _localise(problem, names, directions, eps, generator, device, found)
     parameters = [GradCheckParam(name=n, relative_error=found[n][0], status=_status(*found[n]),
-                                 autograd_zero=not bool(problem.grads[n].any())) for n in names if n in found]  # fmt: skip
+                                 autograd_zero=not bool(problem.grads[n].any()))
+                  for n in names if n in found]  # fmt: skip
     problem.max_forwards = None  # a few forwards more, to tell a surrogate from a bug already found
     for param in parameters:
         if param.status == "bug" and not param.autograd_zero:

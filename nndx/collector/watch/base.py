@@ -38,7 +38,7 @@ class Watched:
     params: list[tuple[str, nn.Parameter]]
     wrappers: list[str] = field(default_factory=list)  # optimizer wrappers whose inner optimizer is watched
     complex_params: list[str] = field(default_factory=list)  # trainable but not watched: no statistic reads them
-    own_optimizers: list[str] = field(default_factory=list)  # the user's own optimizer classes, watched as updates by hand
+    own_optimizers: list[str] = field(default_factory=list)  # the user's own optimizer classes: updates by hand
 
     @property
     def manual(self) -> bool:
