@@ -351,6 +351,8 @@ class NanOriginResult(ProbeResult):
         ("LOG_OF_ZERO", "DIVISION_BY_ZERO", "NUMERICAL_OVERFLOW"))  # fmt: skip
 
     input_nonfinite_count: Count = 0
+    input_minus_inf_count: Count = Field(0, description="of the inputs' non-finite values, those that are -inf (what "
+                                         "log(0) gives; 0/0 gives NaN)")
     loss_finite: bool | None = None
     forward_module: str | None = Field(None, description="first module, in forward order, with a non-finite output")
     forward_module_type: str | None = None

@@ -25,7 +25,8 @@ def _splits(report: DiagnosticReport) -> list[tuple[str, SplitStats]]:
     "error",
     "NaN or Inf in the inputs or labels",
     detects="Non-zero NaN/Inf counts in a split's inputs or labels, a non-finite input-batch norm seen by "
-    "the Monitor, or inputs the nan_origin probe found non-finite.",
+    "the Monitor, or inputs the nan_origin probe found non-finite. Named LOG_OF_ZERO when every non-finite input "
+    "value the probe saw is -inf and no split counted a NaN: a log of 0 in the preprocessing.",
     why="One NaN input makes that batch's loss and every gradient NaN, and the next update spreads it "
     "into all weights.",
     fix="Find and drop or impute the rows (torch.isnan(x).any(1)); check the preprocessing that produced "
@@ -47,6 +48,13 @@ def nan_in_data(report: DiagnosticReport) -> Hit | None:
         evidence["probe_input_nonfinite_count"] = origin.input_nonfinite_count
     if not evidence:
         return None
+    if origin is not None and origin.input_nonfinite_count and origin.input_minus_inf_count == \
+            origin.input_nonfinite_count and not any(v for k, v in evidence.items() if "nan_count" in k):  # fmt: skip
+        return Hit(symptom=f"every non-finite input value the probe saw is -inf ({origin.input_minus_inf_count}): what "
+                   "a log of 0 gives, in the preprocessing before the model (a log-spectrogram or log-count without "
+                   "its clamp)", evidence=evidence, score=3.0, code=C.LOG_OF_ZERO,
+                   fix="Clamp before the log (torch.log(x.clamp(min=1e-5)), or log1p for counts) where the inputs "
+                   "are made; then check no input is non-finite (torch.isfinite(x).all()).")  # fmt: skip
     return Hit(symptom="non-finite values in the data", evidence=evidence, score=3.0)
 
 

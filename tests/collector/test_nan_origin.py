@@ -224,3 +224,16 @@ class LastStateOnly(nn.Module):
 def test_an_output_the_loss_never_reads_is_no_error():
     result = nan_origin(LastStateOnly(), (torch.randn(5, 4, 3), torch.randn(4, 1)), nn.MSELoss())
     assert result.status == "passed", result.message
+
+
+@pytest.mark.parametrize("bad", ["-inf", "nan"])
+def test_inputs_whose_only_non_finite_values_are_minus_inf_are_a_log_of_zero_upstream(bad):
+    """MelGAN's mel-spectrogram without its clamp: log10 of the zero-padded frames' 0 energy is -inf,
+    in the data pipeline, before the model. -inf is what a log of 0 gives (0/0 gives NaN): the
+    finding names LOG_OF_ZERO; a NaN in the inputs stays NAN_IN_DATA."""
+    x, y = batch()
+    x[3, 2] = x[5, 0] = float(bad)
+    report = nndx.probe(mlp(), (x, y), nn.CrossEntropyLoss(), probes=["nan_origin"], progress=False)
+    assert report.probes.nan_origin.input_minus_inf_count == (2 if bad == "-inf" else 0)
+    (found,) = [f for f in nndx.diagnose(report).findings if f.rule_id == "NNDX501"]
+    assert found.code.value == ("LOG_OF_ZERO" if bad == "-inf" else "NAN_IN_DATA")

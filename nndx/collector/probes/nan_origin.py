@@ -92,7 +92,8 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
                 h.remove()
     bwd = backward_hit[0] if backward_hit else (None, None)
     mask_note = ""
-    if input_bad and input_bad == _minus_inf_count(inputs) and loss_finite and bwd[0] is None:
+    minus_inf = _minus_inf_count(inputs) if input_bad else 0
+    if input_bad and input_bad == minus_inf and loss_finite and bwd[0] is None:
         # nn.Transformer.generate_square_subsequent_mask: -inf where attention is hidden, passed
         # in as an input and added to the scores; the softmax turns it into exact zeros
         mask_note = f"; {input_bad} -inf input values reach neither the loss nor a gradient (an additive mask)"
@@ -133,6 +134,7 @@ def nan_origin(model: nn.Module, batch: Batch, loss_fn: LossFn) -> NanOriginResu
         status="failed" if problems else "passed",
         message=message,
         input_nonfinite_count=input_bad + target_bad,
+        input_minus_inf_count=minus_inf if input_bad else 0,
         loss_finite=loss_finite,
         forward_module=fwd[0], forward_module_type=fwd[1], forward_op=fwd[2],
         backward_module=bwd[0], backward_module_type=bwd[1],
