@@ -505,7 +505,8 @@ def _no_loss_gradient(report: DiagnosticReport) -> bool:
     "Updates far smaller than ~1e-3 of the weights",
     detects="A median update/weight ratio over the weight matrices and recorded steps below 1e-5 (and "
     "above 0), never above 1e-3 in any window of the run. Warning when the loss is not moving either; "
-    "info when it still decreases.",
+    "info when it still decreases, or learned (fell by over 30%, or ended under 70% of an uninformed prediction's "
+    "loss) and stayed finite: a model that converged early takes tiny steps whatever the LR.",
     why="Steps that small barely change the model: training needs orders of magnitude more steps.",
     fix="Raise the learning rate (run the LR range test); check that a scheduler or clipping is not "
     "shrinking the updates.",
@@ -517,7 +518,9 @@ def update_ratio_low(report: DiagnosticReport) -> Hit | None:
         return None
     peak, ratio, count = found
     curve = loss_curve(report)
-    moving = curve.n >= 6 and curve.progress > 0.1
+    # or a loss that learned and converged (fell from its first value to under an uninformed prediction's
+    # within the first window): the steps of a fitted model shrink, whatever the LR
+    moving = curve.n >= 6 and curve.progress > 0.1 or _loss_healthy(report)
     return Hit(
         symptom=f"median update/weight ratio is {ratio:.3g}",
         evidence={

@@ -2100,3 +2100,22 @@ def test_an_lr_far_below_the_range_test_is_explained_by_the_schedule_that_put_it
     report = BROKEN["NNDX331"]()
     findings = {f.rule_id: f for f in diagnose(report).findings}
     assert findings["NNDX603"].explained_by == "NNDX331", findings
+
+
+def test_tiny_updates_of_a_model_that_converged_early_are_context():
+    """NYU's regression notebook with its nonlinearity dropped: full-batch Adam fits the best line to the
+    cubic in 40 of 1,000 steps (0.30 -> 0.029, under an uninformed prediction's loss), then its steps shrink
+    to 4e-6 of the weights. Every window after the first is flat: a model that converged, not an LR too low
+    (the missing activation is the finding). The same ratios beside a loss that never fell stay a warning."""
+    from nndx.rules.layers import update_ratio_low
+
+    from .broken import train
+    from .reports import mlp_params
+
+    # (here on a 10-class report: from ln 10 down to a tenth of it within the first window, or stuck at ln 10)
+    converged = [0.23 + 2.07 * math.exp(-i / 8) for i in range(1000)]
+    stuck = [2.3 - 1e-6 * i for i in range(1000)]
+    params = mlp_params(steps=tuple(range(0, 1000, 10)), ratio=3.9e-6)
+    for values, severity in ((converged, "info"), (stuck, "warning")):
+        report = BASE.model_copy(update={"parameters": params, **train(values)})
+        assert update_ratio_low(report).severity == severity
