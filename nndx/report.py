@@ -466,6 +466,9 @@ class CausalityResult(ProbeResult):
     target_input: Count | None = Field(
         None, description="which input tensor holds the float targets verbatim (a forecaster's decoder input), if any")
     target_start: Count | None = Field(None, description="where along its time axis the targets sit in that input")
+    batch_next_fraction: Fraction | None = Field(
+        None, description="share of positions whose target in the batch is the next input token, when the loss "
+        "pairs the outputs with other positions' targets")
     target_position: Count | None = Field(
         None, description="one target per sample, found as the input token at this position of (nearly) every "
         "sample's window, a position the model reads")

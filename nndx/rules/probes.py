@@ -824,7 +824,9 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     "outputs (BERT's "
     "next-sentence and masked-token heads), the per-token ones are read. With one target per sample over a "
     "window of tokens (a next-character MLP): the target is, in >= 0.9 of the samples, the input token at one "
-    "position the model reads (the window slid before the target was taken). What a position reads is measured: a "
+    "position the model reads (the window slid before the target was taken). Or: the batch's targets are the next "
+    "input tokens (>= 0.9), but the loss pairs the outputs with other positions' targets (outputs and targets "
+    "flattened in different orders). What a position reads is measured: a "
     "teacher-forced decoder handed its targets reads trg[t - 1] for output t, so output[:-1] against trg[1:] "
     "asks two tokens ahead.",
     why="A next-token model must predict inputs[t + 1] from inputs[..t]; a masked language model must "
@@ -839,8 +841,15 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
 )
 def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "causality")
-    if result is None or result.status != "failed" or not (result.unshifted or result.target_offset is not None):
+    if result is None or result.status != "failed" or not (result.unshifted or result.target_offset is not None
+                                                           or result.batch_next_fraction):  # fmt: skip
         return None
+    if result.batch_next_fraction:
+        return Hit(symptom=f"the batch's targets are the next tokens at {result.batch_next_fraction:.0%} of the "
+                   "positions, but the loss pairs them with outputs of other positions (outputs and targets flattened "
+                   "in different orders)",
+                   evidence={"batch_next_fraction": result.batch_next_fraction, "next_fraction": result.next_fraction,
+                             "scored_positions": result.scored_positions}, score=4.0)  # fmt: skip
     evidence = {
         "copy_fraction": result.copy_fraction,
         "next_fraction": result.next_fraction,

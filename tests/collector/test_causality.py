@@ -752,3 +752,46 @@ def test_a_context_window_that_ends_with_its_own_target_is_caught():
     assert [f.rule_id for f in nndx.diagnose(report).findings][:1] == ["NNDX613"]
     assert causality(ContextMLP(), context_windows(False), nn.CrossEntropyLoss()).status == "skipped"
     assert causality(ContextMLP(reads_last=False), context_windows(True), nn.CrossEntropyLoss()).status == "skipped"
+
+
+class ScratchRNN(nn.Module):
+    """d2l's RNN from scratch (rnn-scratch.md): one-hot of X.T, a tanh loop over time, and the
+    outputs stacked time-major; ``batch_major`` is d2l's fix (the targets are flattened as Y.T)."""
+
+    def __init__(self, vocab=12, hidden=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.W_xh, self.W_hh = nn.Parameter(torch.randn(vocab, hidden) * 0.1), nn.Parameter(torch.randn(hidden, hidden) * 0.1)
+        self.head = nn.Linear(hidden, vocab)
+        self.vocab = vocab
+
+    def forward(self, X):
+        h = torch.zeros(X.shape[0], self.W_hh.shape[0])
+        outs = []
+        for x in F.one_hot(X.T, self.vocab).float():
+            h = torch.tanh(x @ self.W_xh + h @ self.W_hh)
+            outs.append(self.head(h))
+        return torch.cat(outs, dim=0)  # (T * B, vocab), time-major
+
+
+@pytest.mark.parametrize("transposed", [True, False])
+def test_targets_that_are_the_next_tokens_paired_with_other_positions_by_the_loss_are_misaligned(transposed):
+    """The batch says next-token prediction (Y is X shifted by one); the loss flattens the targets
+    batch-major against time-major outputs (d2l's first edition without Y.T), so each output is
+    scored against another position's token. Flattened the same way, it is a healthy language model."""
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(0, 12, (16 * 9,), generator=g).view(16, 9)
+    X, Y = text[:, :-1], text[:, 1:]
+
+    def loss(out, y):
+        return F.cross_entropy(out, (y.T if transposed else y).reshape(-1))
+
+    report = nndx.probe(ScratchRNN(), (X, Y), loss, probes=["causality"], progress=False)
+    result = report.probes.causality
+    codes = [f.code.value for f in nndx.diagnose(report).findings if f.severity != "info"]
+    if transposed:
+        assert result.status == "passed", result.message
+        assert "LABELS_MISALIGNED" not in codes
+    else:
+        assert result.status == "failed" and result.batch_next_fraction == 1.0, result.message
+        assert codes[:1] == ["LABELS_MISALIGNED"]

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -202,6 +203,20 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
                 "changing one token per sample moved no output: the outputs do not depend on the tokens the targets "
                 "follow (a network whose prediction no longer depends on its input, or tokens the model does not "
                 "read), so what each position sees cannot be told"))  # fmt: skip
+        batch_next = _best_share(target.reshape(tokens.shape).to(tokens.device), tokens, 1)[1] \
+            if target.numel() == tokens.numel() else 0.0  # fmt: skip
+        # the loss pairs the outputs with the targets row by row; when the rows it pairs with one sample's
+        # targets move with another sample's tokens, outputs and targets were flattened in different orders
+        crossed = time_axis is not None and batch_next >= NEXT_TOKEN_SHARE and _mixes_samples(
+            model_copy, inputs, tokens, time_axis, which_output, before_raw, tolerance)  # fmt: skip
+        if crossed or (time_axis is None and batch_next >= NEXT_TOKEN_SHARE
+                       and next_share < 1 - NEXT_TOKEN_SHARE + COPY_MARGIN):  # fmt: skip
+            return CausalityResult(status="failed", unshifted=False, batch_next_fraction=batch_next, **common, message=(
+                f"the batch's targets are the next input tokens at {batch_next:.0%} of the positions, but the outputs "
+                "the loss pairs with them " + ("move with other samples' tokens" if crossed else
+                                               f"are the next token's only at {next_share:.0%}")
+                + ": outputs and targets are flattened in different orders (time-major outputs against batch-major "
+                "targets: d2l's Y.T left out), so each output is scored against another position's token"))  # fmt: skip
         if time_axis is None:
             return CausalityResult(status="skipped", unshifted=False, **common, message=(
                 f"the loss's targets are the next input token at only {next_share:.0%} of the scored positions (the "
@@ -514,7 +529,7 @@ def _tokens_for(inputs: object, target: torch.Tensor) -> list[torch.Tensor] | st
 
 
 def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: LossFn, tokens: torch.Tensor,
-                  target: torch.Tensor) -> tuple[torch.Tensor, int, bool] | str:  # fmt: skip
+                  target: torch.Tensor) -> tuple[torch.Tensor, _Which, bool] | str:  # fmt: skip
     """For each position of ``tokens``, the token the loss pushes that position's output
     towards (its most negative gradient), or -1 where the loss ignores the position; and
     which of the model's outputs (:func:`_float_outputs`) has an entry per position. An
@@ -541,12 +556,40 @@ def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: Lo
             reasons.append(grad)
             continue
         one_value = grad.shape[-1] == 1
-        aimed = target.reshape(tokens.shape).to(grad.device) if one_value else grad.argmin(dim=-1)
-        aimed = torch.where(grad.abs().amax(dim=-1) > 0, aimed, torch.full_like(aimed, -1)).to(tokens.device)
-        return aimed, index, one_value
+        aimed = _aimed(grad, target, tokens, one_value)
+        which = _Which(index)
+        if out.dim() == 2 and not one_value and tokens.shape[0] != tokens.shape[1] and tokens.shape[0] > 1:
+            # rows flattened from (time, batch) — d2l's RNN stacks its steps — read the same loss
+            # the other way: the layout that makes the targets the next tokens, when one does
+            flipped = _Which(index, (int(tokens.shape[1]), int(tokens.shape[0])))
+            other = _aimed(_per_position(flipped.batch_major(out.grad.detach().float()), tokens.shape, None), target,
+                           tokens, one_value)  # fmt: skip
+            if _best_share(other, tokens, 1)[1] > _best_share(aimed, tokens, 1)[1]:
+                aimed, which = other, flipped
+        return aimed, which, one_value
     if reasons:
         return reasons[0]
     return "the loss does not depend on the model's outputs: no way to tell what each position predicts"
+
+
+class _Which(NamedTuple):
+    """Which of the model's outputs has an entry per position, and, for rows flattened from
+    (time, batch) rather than (batch, time), those two lengths."""
+
+    index: int
+    rows_time_major: tuple[int, int] | None = None
+
+    def batch_major(self, out: torch.Tensor) -> torch.Tensor:
+        if self.rows_time_major is None:
+            return out
+        time, batch = self.rows_time_major
+        return out.reshape(time, batch, -1).transpose(0, 1).reshape(time * batch, -1)
+
+
+def _aimed(grad: torch.Tensor, target: torch.Tensor, tokens: torch.Tensor, one_value: bool) -> torch.Tensor:
+    """Per position, the token its gradient pushes up (-1 where the loss ignores it)."""
+    aimed = target.reshape(tokens.shape).to(grad.device) if one_value else grad.argmin(dim=-1)
+    return torch.where(grad.abs().amax(dim=-1) > 0, aimed, torch.full_like(aimed, -1)).to(tokens.device)
 
 
 def _forward(model: nn.Module, inputs: object) -> tuple[object, list[torch.Tensor]]:
@@ -630,7 +673,7 @@ def _offset_shares(aimed: torch.Tensor, tokens: torch.Tensor, offset: int) -> di
     return shares
 
 
-def _mixes_samples(model: nn.Module, inputs: object, tokens: torch.Tensor, axis: int, which: int,
+def _mixes_samples(model: nn.Module, inputs: object, tokens: torch.Tensor, axis: int, which: _Which,
                    before_raw: torch.Tensor, tolerance: float) -> bool:  # fmt: skip
     """Whether changing the first sample's tokens moves another sample's outputs."""
     ids = torch.unique(tokens)
@@ -651,7 +694,7 @@ def _shift_in_words(shift: int) -> str:
             "shifts its inputs itself, as a decoder handed its targets does)")
 
 
-def _input_shift(model: nn.Module, inputs: object, tokens: torch.Tensor, axis: int, which: int,
+def _input_shift(model: nn.Module, inputs: object, tokens: torch.Tensor, axis: int, which: _Which,
                  before_raw: torch.Tensor, tolerance: float) -> int | None:  # fmt: skip
     """How many positions back the last token each output position reads sits: 0 for a
     language model (output t reads token t), 1 for a decoder handed its targets that reads
@@ -724,12 +767,12 @@ def _with_tokens(inputs: object, tokens: torch.Tensor, changed: tuple[torch.Tens
     return map_tensors(inputs, lambda t: changed[0] if t is tokens else t)
 
 
-def _outputs(model: nn.Module, inputs: object, which: int) -> torch.Tensor:
+def _outputs(model: nn.Module, inputs: object, which: _Which) -> torch.Tensor:
     seed_all(SEED)  # the same random draws in both forwards: only the changed tokens differ
     outputs = _forward(model, inputs)[1]
-    if len(outputs) <= which:
+    if len(outputs) <= which.index:
         raise ValueError("the model returned fewer floating-point tensors than in the first forward")
-    return outputs[which].detach().float()
+    return which.batch_major(outputs[which.index].detach().float())
 
 
 SPEC = ProbeSpec(name="causality", title=CausalityResult.title, function=causality, result=CausalityResult,
