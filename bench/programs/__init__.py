@@ -268,4 +268,10 @@ PROGRAMS = (
     "melgan",
     "spiral_classification",
     "makemore_wavenet",
+    "lsgan",
+    "yunjey_ffnn",
+    "nyu_regression",
+    "introyt_training",
+    "convs2s",
+    "d2l_rnn_scratch",
 )
