@@ -315,7 +315,8 @@ def _zero_gradient_params(report: DiagnosticReport) -> tuple[list[str], int]:
     detects=f"Trainable parameters whose gradient is exactly 0 at every recorded step ({ZERO_GRADIENT_RECORDS} or "
     "more) while other parameters get one. Info when they are at most a tenth of the trainable tensors and the "
     "train loss still learned: a part of the model the loss never weighs (an auxiliary head at weight 0); or when "
-    "they are biases whose weights get a gradient: a shift the loss is invariant to (a critic's hinge or "
+    "they are biases whose module's weights get a gradient (weight_norm's weight_g and weight_v count): a shift "
+    "the loss is invariant to (a critic's hinge or "
     "Wasserstein loss over as many real as fake samples gives its last bias mean(1) - mean(1) = 0).",
     why="Autograd reached them, and every path back from the loss multiplied by an exact zero: a derivative that "
     "is 0 almost everywhere. A loss on the network's input derivative (a Hamiltonian network, a PINN, a gradient "
@@ -336,8 +337,9 @@ def zero_gradients(report: DiagnosticReport) -> Hit | None:
     share = share_of_trainable(names, report)
     # biases alone, each beside a weight that gets a gradient: the loss is invariant to shifting that
     # layer's output (a critic's hinge or Wasserstein loss over as many real as fake samples)
-    trained = {p.name for p in report.parameters if p.grad_norm}
-    shifts_only = all(n.endswith("bias") and n.removesuffix("bias") + "weight" in trained for n in names)
+    # (the weight by any name: weight_norm splits it into weight_g and weight_v)
+    trained = {_module_of(p.name) for p in report.parameters if p.grad_norm and not p.name.endswith("bias")}
+    shifts_only = all(n.endswith("bias") and _module_of(n) in trained for n in names)
     few = share <= 0.1 and (loss_learned(report) or shifts_only)
     return Hit(
         symptom=f"{len(names)} trainable parameters got an exactly zero gradient at every one of {steps} recorded "
@@ -490,6 +492,11 @@ def _user_setup_fits(report: DiagnosticReport) -> bool:
         return False
     start, end = runs.baseline_initial_loss, runs.baseline_final_loss
     return start is not None and end is not None and start > 0 and math.isfinite(end) and end <= 0.1 * start
+
+
+def _module_of(name: str) -> str:
+    """The module a parameter belongs to, from its qualified name."""
+    return name.rsplit(".", 1)[0] if "." in name else ""
 
 
 def _no_loss_gradient(report: DiagnosticReport) -> bool:

@@ -2062,6 +2062,9 @@ def test_exactly_zero_gradients_at_every_step_fire_and_a_zero_start_or_a_gradles
 
     critic = BASE.model_copy(update={"parameters": aux, **train(flat(0, level=1.9, noise=0.05))})
     assert zero_gradients(critic).severity == "info"
+    # MelGAN's layers are weight-normalised: the weight trains as weight_g and weight_v
+    normed = [p.model_copy(update={"name": p.name.replace("4.weight", "4.weight_v")}) for p in aux]
+    assert zero_gradients(critic.model_copy(update={"parameters": normed})).severity == "info"
     head = [p.model_copy(update={"grad_norm": 0.0}) if p.name.startswith("block1.4.") else p for p in wide]
     assert zero_gradients(critic.model_copy(update={"parameters": head})).severity == "warning"
 
