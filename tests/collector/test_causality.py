@@ -795,3 +795,13 @@ def test_targets_that_are_the_next_tokens_paired_with_other_positions_by_the_los
     else:
         assert result.status == "failed" and result.batch_next_fraction == 1.0, result.message
         assert codes[:1] == ["LABELS_MISALIGNED"]
+
+
+def test_a_loss_that_pushes_away_from_the_next_tokens_is_no_misalignment():
+    """A sign-flipped cross-entropy (or MSE on class ids) on a healthy language model: the loss's gradient
+    names no next token, but every output is paired with its own position's target, so nothing is
+    misaligned (the benchmark's loss_sign_flipped and mse_on_class_index on char_lm)."""
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(0, 12, (16 * 9,), generator=g).view(16, 9)
+    result = causality(ScratchRNN(), (text[:, :-1], text[:, 1:]), lambda out, y: -F.cross_entropy(out, y.T.reshape(-1)))
+    assert not result.batch_next_fraction, result.message

@@ -209,14 +209,12 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         # targets move with another sample's tokens, outputs and targets were flattened in different orders
         crossed = time_axis is not None and batch_next >= NEXT_TOKEN_SHARE and _mixes_samples(
             model_copy, inputs, tokens, time_axis, which_output, before_raw, tolerance)  # fmt: skip
-        if crossed or (time_axis is None and batch_next >= NEXT_TOKEN_SHARE
-                       and next_share < 1 - NEXT_TOKEN_SHARE + COPY_MARGIN):  # fmt: skip
+        if crossed:
             return CausalityResult(status="failed", unshifted=False, batch_next_fraction=batch_next, **common, message=(
                 f"the batch's targets are the next input tokens at {batch_next:.0%} of the positions, but the outputs "
-                "the loss pairs with them " + ("move with other samples' tokens" if crossed else
-                                               f"are the next token's only at {next_share:.0%}")
-                + ": outputs and targets are flattened in different orders (time-major outputs against batch-major "
-                "targets: d2l's Y.T left out), so each output is scored against another position's token"))  # fmt: skip
+                "the loss pairs with one sample's targets move with other samples' tokens: outputs and targets are "
+                "flattened in different orders (time-major outputs against batch-major targets: d2l's Y.T left out), "
+                "so each output is scored against another position's token"))  # fmt: skip
         if time_axis is None:
             return CausalityResult(status="skipped", unshifted=False, **common, message=(
                 f"the loss's targets are the next input token at only {next_share:.0%} of the scored positions (the "
