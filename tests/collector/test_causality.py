@@ -758,9 +758,10 @@ class ScratchRNN(nn.Module):
     """d2l's RNN from scratch (rnn-scratch.md): one-hot of X.T, a tanh loop over time, and the
     outputs stacked time-major; ``batch_major`` is d2l's fix (the targets are flattened as Y.T)."""
 
-    def __init__(self, vocab=12, hidden=16):
+    def __init__(self, vocab=12, hidden=16, stacked=False):
         super().__init__()
         torch.manual_seed(0)
+        self.stacked = stacked  # the book's own code: (time, batch, vocab), reshaped by the loss
         self.W_xh, self.W_hh = nn.Parameter(torch.randn(vocab, hidden) * 0.1), nn.Parameter(torch.randn(hidden, hidden) * 0.1)
         self.head = nn.Linear(hidden, vocab)
         self.vocab = vocab
@@ -771,11 +772,12 @@ class ScratchRNN(nn.Module):
         for x in F.one_hot(X.T, self.vocab).float():
             h = torch.tanh(x @ self.W_xh + h @ self.W_hh)
             outs.append(self.head(h))
-        return torch.cat(outs, dim=0)  # (T * B, vocab), time-major
+        return torch.stack(outs, dim=0) if self.stacked else torch.cat(outs, dim=0)  # time-major
 
 
+@pytest.mark.parametrize("stacked", [False, True])
 @pytest.mark.parametrize("transposed", [True, False])
-def test_targets_that_are_the_next_tokens_paired_with_other_positions_by_the_loss_are_misaligned(transposed):
+def test_targets_that_are_the_next_tokens_paired_with_other_positions_by_the_loss_are_misaligned(transposed, stacked):
     """The batch says next-token prediction (Y is X shifted by one); the loss flattens the targets
     batch-major against time-major outputs (d2l's first edition without Y.T), so each output is
     scored against another position's token. Flattened the same way, it is a healthy language model."""
@@ -784,9 +786,9 @@ def test_targets_that_are_the_next_tokens_paired_with_other_positions_by_the_los
     X, Y = text[:, :-1], text[:, 1:]
 
     def loss(out, y):
-        return F.cross_entropy(out, (y.T if transposed else y).reshape(-1))
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), (y.T if transposed else y).reshape(-1))
 
-    report = nndx.probe(ScratchRNN(), (X, Y), loss, probes=["causality"], progress=False)
+    report = nndx.probe(ScratchRNN(stacked=stacked), (X, Y), loss, probes=["causality"], progress=False)
     result = report.probes.causality
     codes = [f.code.value for f in nndx.diagnose(report).findings if f.severity != "info"]
     if transposed:

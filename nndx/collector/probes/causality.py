@@ -209,12 +209,19 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
         # targets move with another sample's tokens, outputs and targets were flattened in different orders
         crossed = time_axis is not None and batch_next >= NEXT_TOKEN_SHARE and _mixes_samples(
             model_copy, inputs, tokens, time_axis, which_output, before_raw, tolerance)  # fmt: skip
-        if crossed:
+        # or the loss pulls every output toward one of the batch's targets (the same tokens, as many of each),
+        # none of them its own position's next token: d2l's (time, batch) outputs flattened against (batch, time)
+        # targets. A loss whose gradient names no target (its sign flipped) pulls toward other tokens.
+        paired_elsewhere = (time_axis is None and not read_off_target and batch_next >= NEXT_TOKEN_SHARE
+                            and next_share < 1 - NEXT_TOKEN_SHARE + COPY_MARGIN
+                            and _same_tokens(aimed[scored], target) >= NEXT_TOKEN_SHARE)  # fmt: skip
+        if crossed or paired_elsewhere:
             return CausalityResult(status="failed", unshifted=False, batch_next_fraction=batch_next, **common, message=(
-                f"the batch's targets are the next input tokens at {batch_next:.0%} of the positions, but the outputs "
-                "the loss pairs with one sample's targets move with other samples' tokens: outputs and targets are "
-                "flattened in different orders (time-major outputs against batch-major targets: d2l's Y.T left out), "
-                "so each output is scored against another position's token"))  # fmt: skip
+                f"the batch's targets are the next input tokens at {batch_next:.0%} of the positions, but the loss "
+                + ("pairs one sample's targets with outputs that move with other samples' tokens" if crossed else
+                   f"pulls the outputs toward the batch's targets, {next_share:.0%} of them their own next token")
+                + ": outputs and targets are flattened in different orders (time-major outputs against batch-major "
+                "targets: d2l's Y.T left out), so each output is scored against another position's token"))  # fmt: skip
         if time_axis is None:
             return CausalityResult(status="skipped", unshifted=False, **common, message=(
                 f"the loss's targets are the next input token at only {next_share:.0%} of the scored positions (the "
@@ -647,6 +654,18 @@ def _reading(aimed: torch.Tensor, tokens: torch.Tensor) -> tuple[int, int, float
         if other_axis is not None and share >= NEXT_TOKEN_SHARE and share - next_share >= COPY_MARGIN:
             return other_axis, offset, share
     return (axis, 1, next_share) if axis is not None and next_share >= NEXT_TOKEN_SHARE else None
+
+
+def _same_tokens(aimed: torch.Tensor, target: torch.Tensor) -> float:
+    """The share of ``aimed`` that the batch's targets hold as many of (the overlap of the two
+    histograms): 1 when the loss pulls the outputs toward the targets in another order."""
+    wanted = target.reshape(-1)
+    wanted, aimed = wanted[wanted >= 0].long().cpu(), aimed[aimed >= 0].long().cpu()
+    if aimed.numel() == 0 or wanted.numel() == 0:
+        return 0.0
+    size = int(max(aimed.max(), wanted.max())) + 1
+    return float(torch.minimum(torch.bincount(aimed, minlength=size), torch.bincount(wanted, minlength=size)).sum()
+                 / aimed.numel())  # fmt: skip
 
 
 def _best_share(aimed: torch.Tensor, tokens: torch.Tensor, offset: int) -> tuple[int | None, float]:
