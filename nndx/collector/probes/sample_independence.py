@@ -230,11 +230,11 @@ def _reads_no_context(model: nn.Module, inputs: object, targets: object, recurre
     target = next(iter_tensors(targets))
     axes = [a for a in range(min(first.dim(), target.dim())) if first.shape[a] == target.shape[a] > 1]
     tried = []
+    (before, _), _ = _prediction(model, inputs) if axes else ((None, None), None)
     for axis in axes:
         length = int(first.shape[axis])
         replaced = length // 2
         changed_inputs = map_tensors(inputs, lambda t: _replace_first(t, axis, length, replaced))  # noqa: B023
-        (before, _), _ = _prediction(model, inputs)
         (after, _), _ = _prediction(model, changed_inputs)
         out_axis = _output_axis(before, length, axis)
         if out_axis is None or after.shape != before.shape:

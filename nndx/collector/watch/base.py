@@ -74,15 +74,15 @@ class Watched:
         if any(opt is None for opt in given):
             raise TypeError("optimizer must be a torch.optim.Optimizer (or a list of them, or None), got a list "
                             "holding None")  # fmt: skip
-        own = [type(opt).__name__ for opt in given if own_optimizer(opt)]
-        given = [opt for opt in given if not own_optimizer(opt)]
+        own = [opt for opt in given if own_optimizer(opt)]
+        given = [opt for opt in given if not any(opt is o for o in own)]
         optimizers = [torch_optimizer(opt) for opt in given]
         wrappers = [type(original).__name__ for opt, original in zip(optimizers, given) if opt is not original]
         trainable = [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad]
         # a Fourier layer's complex weights (FNO's SpectralConv1d): norms, update ratios and sampled
         # statistics are real-valued, and the rest of the model is still watched
         return cls(root, models, optimizers, [(n, p) for n, p in trainable if not p.is_complex()], wrappers,
-                   [n for n, p in trainable if p.is_complex()], own)  # fmt: skip
+                   [n for n, p in trainable if p.is_complex()], [type(opt).__name__ for opt in own])  # fmt: skip
 
 
 @dataclass
