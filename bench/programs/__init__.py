@@ -274,4 +274,10 @@ PROGRAMS = (
     "introyt_training",
     "convs2s",
     "d2l_rnn_scratch",
+    "nyu_echo_data",
+    "morvan_batch_norm",
+    "cs231n_barebones",
+    "llm_spam_classifier",
+    "makemore_backprop_ninja",
+    "d2l_weight_decay",
 )
