@@ -180,6 +180,8 @@ def loss_on_copies(loss_fn: LossFn, model: nn.Module | None = None) -> LossFn:
     copied = functools.partial(_copied, model=model)
     if isinstance(loss_fn, nn.Module):
         return copied(loss_fn)
+    if isinstance(loss_fn, types.MethodType) and model is not None and loss_fn.__self__ is model:
+        return _on_latest_copy(loss_fn, LatestCopy(model))
     if isinstance(loss_fn, types.MethodType) and (owner := copied(loss_fn.__self__)) is not loss_fn.__self__:
         return types.MethodType(loss_fn.__func__, owner)
     if isinstance(loss_fn, functools.partial):
@@ -190,6 +192,18 @@ def loss_on_copies(loss_fn: LossFn, model: nn.Module | None = None) -> LossFn:
         if memo:
             return _with_cells(loss_fn, tuple(_cell_copy(cell, memo) for cell in loss_fn.__closure__))
     return loss_fn
+
+
+def _on_latest_copy(method: types.MethodType, latest: LatestCopy) -> LossFn:
+    """A loss that is a method of the probed model, called on the probe's copy that ran the
+    last forward itself, not on a stand-in: the method may call ``super().loss(...)`` (d2l's
+    ``WeightDecay``), which needs an instance of the model's class."""
+
+    @functools.wraps(method)
+    def loss(*args: Any, **kwargs: Any) -> Any:
+        return method.__func__(latest._target(), *args, **kwargs)
+
+    return loss
 
 
 def _copied(value: Any, model: nn.Module | None = None) -> Any:

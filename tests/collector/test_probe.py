@@ -1277,6 +1277,36 @@ def test_a_loss_that_reads_what_the_forward_kept_on_the_model_reads_the_probes_c
     assert not hasattr(model, "mean")  # the probes' forwards kept theirs on their copies
 
 
+class SquaredLossModule(nn.Module):
+    def loss(self, y_hat, y):
+        return ((y_hat - y) ** 2 / 2).mean()
+
+
+class PenalisedLinear(SquaredLossModule):
+    """d2l's WeightDecay: the loss is a method of the model that calls ``super().loss``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(20, 1)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss(self, y_hat, y):
+        return super().loss(y_hat, y) + 0.01 * (self.net.weight**2).sum()
+
+
+def test_a_loss_that_is_a_method_of_the_model_calling_super_runs_on_the_probes_copy():
+    model = PenalisedLinear()
+    x, y = torch.randn(32, 20, generator=torch.Generator().manual_seed(0)), torch.randn(32, 1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = nndx.probe(model, (x, y), model.loss, optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+    assert report.errors == [], report.errors
+    assert report.probes.overfit_one_batch.status in ("passed", "failed")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 class ActorCritic(nn.Module):
     """pytorch-a2c-ppo-acktr's Policy: ``forward`` raises NotImplementedError, the loop calls
     ``act`` and ``evaluate_actions``."""
