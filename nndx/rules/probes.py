@@ -37,6 +37,10 @@ UNNAMED_FALLS = 0.75
 # every document of RankNet's one query) -- when the run's own loss fell by this share, the copy
 # stopped, not the model
 RUN_FELL = 0.5
+# a run whose own train loss ended under this share of its start (and not below zero) fit its data: the
+# model and the loss can fit, so a probe that failed to fit one batch ran out of steps (a 4-unit ReLU RNN
+# that needs a thousand steps to leave ln 2)
+RUN_FIT = 0.1
 
 
 def _probe(report: DiagnosticReport, name: str):
@@ -57,6 +61,8 @@ def _probe(report: DiagnosticReport, name: str):
     "(no floor it knows) while the run's own loss learned, or fell by a tenth and the probe's as far or further, or "
     "the probe's loss was still falling when it stopped (its last half's least-squares slope two standard errors "
     "or more below zero: Cox's partial likelihood ranks a batch slowly); "
+    f"info when the run's own train loss ended under {RUN_FIT:.0%} of its start (and not below zero): the run fit "
+    "its data, so the probe's budget ran out (a small ReLU RNN that takes a thousand steps to leave ln 2); "
     "info too when the copy's loss moved and then froze (every gradient zero: its units died on the one batch) "
     f"while the run's own loss fell by {RUN_FELL:.0%} or more; and when the model has fewer trainable parameters "
     "than the batch has samples (a calibration temperature, a linear probe): memorising takes about one a sample.",
@@ -88,6 +94,7 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
                and (loss_learned(report) or _fell_as_far_as_the_run(report, ratio) or still_falling))
     died = _copy_died(result.losses) and loss_curve(report).n >= 6 and loss_curve(report).progress >= RUN_FELL
     too_few = _fewer_parameters_than_samples(report)
+    run_fit = _run_fit_its_data(report) and not (nearly or head_only or unnamed or died or too_few)
     return Hit(
         symptom=f"overfit_one_batch failed after {result.steps} steps"
         + (f" (the loss above its floor fell at best to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
@@ -100,7 +107,9 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
            if died and not (nearly or head_only or unnamed) else "")
         + (f": the model has {too_few[0]} trainable parameter{'s' if too_few[0] != 1 else ''}, fewer than the batch's "
            f"{too_few[1]} samples, and memorises no batch that size (a temperature, a linear probe)"
-           if too_few and not (nearly or head_only or unnamed or died) else ""),
+           if too_few and not (nearly or head_only or unnamed or died) else "")
+        + (f": the run's own train loss fell to {loss_curve(report).end / loss_curve(report).start:.2g} of its start, "
+           f"so the model and the loss can fit; the probe's {result.steps} steps were too few" if run_fit else ""),
         evidence={
             "steps": result.steps,
             "lr": result.lr,
@@ -111,7 +120,7 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
             "best_to_initial": ratio,
             "final_accuracy": result.final_accuracy,
         },
-        severity="info" if nearly or head_only or unnamed or died or too_few else None,
+        severity="info" if nearly or head_only or unnamed or died or too_few or run_fit else None,
         score=2.0,
         next_probe="grad_check and hooks (gradient flow per layer)",
     )
@@ -143,6 +152,13 @@ def _still_falling(losses: list[float]) -> bool:
     steps before the loss reached whatever floor it has."""
     values = finite(losses)
     return len(values) >= 20 and slope_significance(values[len(values) // 2 :]) <= -2.0
+
+
+def _run_fit_its_data(report: DiagnosticReport) -> bool:
+    """Whether the run's own train loss ended at or above zero and under :data:`RUN_FIT` of its
+    (positive) start: a model and loss that fit the whole training set can fit one batch."""
+    curve = loss_curve(report)
+    return curve.n >= 6 and curve.start > 0 and 0 <= curve.end <= RUN_FIT * curve.start
 
 
 def _fell_as_far_as_the_run(report: DiagnosticReport, ratio: float) -> bool:

@@ -1345,6 +1345,32 @@ def test_a_failed_overfit_whose_copy_died_while_the_run_learned_is_context():
     assert severity(never_moved, learned) == "warning"
 
 
+def test_a_failed_overfit_while_the_run_fit_its_data_far_better_is_context():
+    """NYU-DLSP20's echo task: a 4-unit ReLU RNN under BCEWithLogitsLoss takes over a thousand
+    steps to leave ln 2; the probe's 300 steps on one batch took its loss from 0.755 to 0.65,
+    while the run's own loss fell from 0.69 to 0.003 (99.98% accuracy). A run that fit its data
+    to under a tenth of its start shows the model and loss can fit: the probe's budget ran out,
+    context. A run that fell by half, or a loss that went negative, still warns."""
+    from nndx.report import LossCall, OverfitResult
+
+    from .reports import healthy_probes, points
+
+    def severity(run: list[float]) -> str | None:
+        probes = healthy_probes(overfit_one_batch=OverfitResult(status="failed", steps=300, initial_loss=0.755,
+                                                                final_loss=0.65, loss_floor=0.0))  # fmt: skip
+        call = LossCall(loss_type="BCEWithLogitsLoss", output_shape=[5, 20, 1], target_shape=[5, 20, 1], calls=300)
+        report = with_loop(BASE, loss_calls=[call])
+        report = report.model_copy(update={"probes": probes, "loss_history": {"train": points(run)}})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX601"), None)
+
+    def decay(end: float) -> list[float]:
+        return [end + (0.69 - end) * math.exp(-i / 30) for i in range(200)]
+
+    assert severity(decay(0.003)) == "info"
+    assert severity(decay(0.35)) == "warning"
+    assert severity(decay(-5.0)) == "warning"
+
+
 def test_units_zero_on_a_batch_of_one_sample_are_not_dead():
     """An n-gram model trained one context at a time: the probes' batch is that one context,
     on which half of a live ReLU layer is zero, so "zero for every sample". Counted over at
