@@ -160,7 +160,7 @@ def check_data(
 
     overlap = 0
     if test_result is not None:
-        overlap = _count_overlap(train_result.rows, test_result.rows)
+        overlap = _count_overlap(train_result.rows, test_result.rows, *_real_targets(train_result, test_result))
     return DataStats(
         train=train_result.to_split_stats(),
         test=test_result.to_split_stats() if test_result is not None else None,
@@ -643,17 +643,37 @@ def _count_duplicates(rows: _Rows) -> int:
     return duplicates
 
 
-def _count_overlap(train: _Rows, test: _Rows) -> int:
+def _count_overlap(train: _Rows, test: _Rows, train_y: np.ndarray | None = None,
+                   test_y: np.ndarray | None = None) -> int:
     """Test rows that also occur in train (leakage), confirmed byte for byte. A row of one
     value repeated (all padding: knowledge tracing's sequences cut to a fixed length leave
-    rows of -1 that the mask removes) carries no sample to leak and is not counted."""
+    rows of -1 that the mask removes) carries no sample to leak and is not counted. With
+    real-valued targets (``train_y``, ``test_y``), a row counts only when a train row with
+    the same inputs has the same target too: inputs on a grid both splits share (two
+    ``linspace`` ranges with the same ends) meet with different noisy targets, and are
+    different samples."""
     maybe_in_train = np.isin(test.hashes, train.hashes)
     if not maybe_in_train.any():
         return 0
     shared = np.unique(test.hashes[maybe_in_train])
-    train_keys = {train.row_bytes(int(i)) for i in np.flatnonzero(np.isin(train.hashes, shared))}
-    return sum(test.row_bytes(int(i)) in train_keys and not _one_value(test.x2d[i])
+    train_keys: dict[bytes, set[bytes]] = {}
+    for i in np.flatnonzero(np.isin(train.hashes, shared)):
+        train_keys.setdefault(train.row_bytes(int(i)), set()).add(_target_key(train_y, int(i)))
+    return sum(not _one_value(test.x2d[i])
+               and _target_key(test_y, int(i)) in train_keys.get(test.row_bytes(int(i)), ())
                for i in np.flatnonzero(maybe_in_train))  # fmt: skip
+
+
+def _real_targets(train: _SplitResult, test: _SplitResult) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Both splits' targets when both are real-valued (a regression's), else (None, None)."""
+    if not all(r.labels is not None and r.labels.kind == "float_continuous" and r.split.y is not None
+               for r in (train, test)):  # fmt: skip
+        return None, None
+    return train.split.y, test.split.y
+
+
+def _target_key(y: np.ndarray | None, i: int) -> bytes:
+    return b"" if y is None else np.asarray(y[i], dtype=np.float64).tobytes()
 
 
 def _one_value(row: np.ndarray) -> bool:

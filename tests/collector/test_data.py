@@ -126,6 +126,20 @@ def test_rows_of_padding_in_both_splits_are_no_leak():
     assert stats.train_test_overlap == 1
 
 
+def test_a_grid_both_splits_share_with_noisy_targets_is_no_leak():
+    """MorvanZhou's batch-norm tutorial: train and test inputs are two ``linspace(-7, 10)``
+    grids, so both ends are in both, each with its own noisy target. The same input with a
+    different real-valued target is a different sample; a regression row copied whole (input
+    and target) is a leak."""
+    rng = np.random.default_rng(0)
+    x_train, x_test = np.linspace(-7, 10, 2000)[:, None], np.linspace(-7, 10, 200)[:, None]
+    y_train = x_train**2 - 5 + rng.normal(0, 2, x_train.shape)
+    y_test = x_test**2 - 5 + rng.normal(0, 2, x_test.shape)
+    assert check_data(x_train, y_train, x_test=x_test, y_test=y_test).train_test_overlap == 0
+    x_test[50:60], y_test[50:60] = x_train[500:510], y_train[500:510]
+    assert check_data(x_train, y_train, x_test=x_test, y_test=y_test).train_test_overlap == 10
+
+
 def _implicit_feedback(seed: int, leak_every: int = 0):
     """A recommender's (user id, item id) rows: each user's picks as 1s and 4 items drawn
     from the ones not picked as 0s; the test split holds each user's last pick and 40
