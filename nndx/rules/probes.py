@@ -8,8 +8,8 @@ from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, NanOriginResult, flat_since
 from nndx.rules._series import (
-    finite, frozen_untrained, generalizes, loss_calls, loss_curve, loss_is_moving, loss_learned, no_floor, num_classes,
-    samples_axis, slope_significance, trains_well_up_to, used_lr,
+    RANGE_READING, finite, frozen_untrained, generalizes, loss_calls, loss_curve, loss_is_moving, loss_learned,
+    no_floor, num_classes, samples_axis, slope_significance, trains_well_up_to, used_lr,
 )
 from nndx.rules.layers import units_died
 from nndx.rules.loss import NO_LEARNING_CAUSES
@@ -200,6 +200,21 @@ def _lr_range(report: DiagnosticReport):
     return result
 
 
+def _collapsed_after_overshoot(report: DiagnosticReport) -> tuple[float, float] | None:
+    """(the early peak, ln C) when a classification run's loss rose to :data:`OVERSHOOT` times
+    its start within its first quarter and ended within 5% of ln C, the loss of a constant
+    prediction; None otherwise (or when the report cannot tell)."""
+    classes, curve = num_classes(report), loss_curve(report)
+    if classes is None or classes < 2 or curve.n < 10 or curve.start <= 0:
+        return None
+    chance = math.log(classes)
+    early = finite(curve.values[: max(3, curve.n // 4)])
+    peak = max(early, default=0.0)
+    if abs(curve.end - chance) > 0.05 * chance or peak < OVERSHOOT * max(curve.start, chance):
+        return None
+    return peak, chance
+
+
 def _readings(result) -> list[float]:
     """The sweep's readings of an LR to train at: its suggestion and its minimum's lr / 10.
     A sweep whose loss never clearly fell (Adadelta's first steps are tiny at any lr) has its
@@ -215,6 +230,8 @@ def _readings(result) -> list[float]:
 
 # an LR this many times the top of the range test's interval that killed units overshot
 ABOVE_RANGE = 4.0
+# a run whose loss rose to this multiple of its start in its first quarter overshot there
+OVERSHOOT = 2.0
 
 
 @rule(
@@ -225,7 +242,10 @@ ABOVE_RANGE = 4.0
     detects="The peak LR of the user's optimizer is at or above the LR where the range "
     "test's loss diverged, or over 30x the suggested LR (of a sweep whose loss clearly fell), or over "
     f"{ABOVE_RANGE:g}x the top of the range where the sweep trains well while units died during training "
-    "(NNDX208 at warning or above: the harm an overshoot does that no divergence shows). Error when the "
+    "(NNDX208 at warning or above: the harm an overshoot does that no divergence shows), or over "
+    f"{RANGE_READING:g}x that top while the run's classification loss rose to {OVERSHOOT:g}x its start in its "
+    "first quarter and ended at chance, ln(C) (the model collapsed to a constant prediction after the overshoot, "
+    "with no NaN and no unit to die: a transformer under AdamW at 3e-2). Error when the "
     "loss also misbehaves; info when the train loss is decreasing anyway, or hovers around zero (a policy "
     "gradient's objective has no floor: its sweep reads no LR).",
     why="Beyond the divergence point each step overshoots the minimum.",
@@ -241,8 +261,19 @@ def lr_above_range(report: DiagnosticReport) -> Hit | None:
     top = trains_well_up_to(report)
     killed = [h for h in units_died(report) if h.severity != "info"] if top is not None and lr > ABOVE_RANGE * top \
         else []  # fmt: skip
-    if not (diverged or too_far or killed):
+    collapsed = _collapsed_after_overshoot(report) if top is not None and lr > RANGE_READING * top else None
+    if not (diverged or too_far or killed or collapsed):
         return None
+    if collapsed and not (diverged or too_far or killed):
+        peak, chance = collapsed
+        return Hit(
+            symptom=f"lr {lr:.3g} is {lr / top:.1f}x the top of the range where the LR range test trains well "
+            f"({top:.3g}); the run's loss jumped to {peak:.3g} early, then settled at chance ({chance:.4g}): the model "
+            "collapsed to a constant prediction",
+            evidence={"used_lr": lr, "interval_high_lr": top, "suggested_lr": result.suggested_lr,
+                      "diverged_at_lr": result.diverged_at_lr, "early_peak_loss": peak, "chance_loss": chance},
+            score=1.5,
+        )
     if killed and not (diverged or too_far):
         return Hit(
             symptom=f"lr {lr:.3g} is {lr / top:.0f}x the top of the range where the LR range test trains well "

@@ -1827,6 +1827,37 @@ def test_an_lr_several_times_above_the_range_where_the_sweep_trains_well_that_ki
     assert "NNDX602" not in found(1.5e-3, 0.7)  # within the range test's reading
 
 
+def test_an_lr_above_the_range_whose_loss_jumped_then_settled_at_chance_is_the_root():
+    """LLMs-from-scratch ch06 with AdamW at 3e-2 (the chapter's issue #335): the range test
+    trains well up to 8.9e-3; the run's loss jumped from 0.99 to 3.75 on its second step,
+    swung, then settled at ln 2 for good: the classifier collapsed to a constant prediction,
+    with no NaN and no ReLU to die. Within the range, a run stuck at chance from the start
+    (no jump), or a run that learned after its jump is left alone."""
+    from nndx.report import LRRangeResult, Probes
+
+    from .reports import mlp_params, points
+
+    sweep = LRRangeResult(status="passed", suggested_lr=4.5e-3, interval_low_lr=2.2e-3, interval_high_lr=8.9e-3,
+                          diverged_at_lr=1.56, min_over_10_lr=2e-2)  # fmt: skip
+    jumped = [0.985, 3.75, 0.73, 0.66, 0.59, 1.67, 0.61, 0.80, 0.72, 0.83, 0.67, 0.81, 0.46, 1.69, 0.71]
+    collapsed = jumped + [0.6931 + 0.002 * ((-1) ** i) for i in range(150)]
+    learned = jumped + [0.6 * math.exp(-i / 40) + 0.05 for i in range(150)]
+    flat_from_start = [0.6931 + 0.002 * ((-1) ** i) for i in range(165)]
+
+    def found(lr: float, run: list[float]) -> dict:
+        report = with_loop(BASE, lr_history=[LRPoint(step=i, lrs=[lr]) for i in range(0, 161, 10)]).model_copy(
+            update={"num_classes": 2, "parameters": mlp_params(ratio=0.004), "probes": Probes(lr_range=sweep),
+                    "loss_history": {"train": points(run)}})  # fmt: skip
+        return _found(report)
+
+    high = found(3e-2, collapsed)
+    assert high["NNDX602"].code.value == "LR_TOO_HIGH" and high["NNDX602"].severity == "warning"
+    assert high["NNDX106"].explained_by == "NNDX602"
+    assert "NNDX602" not in found(1e-2, collapsed)  # within the range test's reading
+    assert "NNDX602" not in found(3e-2, learned)
+    assert "NNDX602" not in found(3e-2, flat_from_start)
+
+
 def test_misplaced_targets_say_where_they_sit():
     from nndx.report import CausalityResult, Probes
 
