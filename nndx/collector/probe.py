@@ -46,6 +46,7 @@ import contextlib
 import math
 import os
 import statistics
+import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ from nndx.collector._common import (
     LossFn,
     compute_loss,
     copy_pair,
+    copy_together,
     follow_copies,
     forward,
     forwards_under_autocast,
@@ -71,6 +73,7 @@ from nndx.collector._common import (
     loss_name,
     loss_on_copies,
     map_tensors,
+    model_deepcopy,
     num_classes,
     optimizer_coverage,
     own_optimizer,
@@ -148,6 +151,7 @@ def probe(
                else f"{type(optimizer).__name__} wraps the optimizer: the probes copy the {type(inner).__name__} "
                "inside it")  # fmt: skip
     optimizer = inner
+    model, optimizer, loss_fn, lazy = _initialised(model, optimizer, loss_fn, batch)
     data_error = None
     from_monitor = False  # the initial state is the Monitor's snapshot, not one the caller passed
     if data is not None and (not isinstance(data, (tuple, list)) or len(data) not in (2, 4)):
@@ -174,7 +178,7 @@ def probe(
     stand_in, note = (None, None) if optimizer is not None else _measured_sgd(model, watched)
     setup = _Setup.make(model, batch, loss_fn, optimizer or stand_in, device, amp, initial_state, _peak_lrs(watched),
                         from_monitor)  # fmt: skip
-    report.run.notes = setup.notes + [n for n in (wrapped, note) if n]
+    report.run.notes = setup.notes + [n for n in (wrapped, note, lazy) if n]
 
     guard.attempt("model", lambda: _describe_model(report, model, optimizer, watched))
     guard.attempt("describe", lambda: _describe_run(report, setup), warn=True, reraise=UsageError)
@@ -356,6 +360,34 @@ def _train_mode(model: nn.Module, trains: bool) -> Iterator[None]:
     finally:
         for module, training in modes:
             module.training = training
+
+
+def _initialised(model: nn.Module, optimizer: torch.optim.Optimizer | None, loss_fn: LossFn,
+                 batch: Batch) -> tuple[nn.Module, torch.optim.Optimizer | None, LossFn, str | None]:
+    """A model with lazy parameters (``nn.LazyLinear``: d2l's concise models) has no shapes
+    until its first forward, which a preflight comes before. The probes then run on a copy
+    of the model (and its optimizer; a loss that is a method of the model bound to it) that
+    one forward of the batch initialised, under the user's RNG state put back after: the
+    user's model still draws its own values at its own first forward. The note says so."""
+    if not isinstance(model, nn.Module):
+        return model, optimizer, loss_fn, None
+    lazy = [name for name, p in model.named_parameters() if nn.parameter.is_lazy(p)]
+    if not lazy:
+        return model, optimizer, loss_fn, None
+    inputs, _ = _split(_first_batch(batch)[0], loss_fn)
+    model_copy, optimizer_copy = (copy_together(model, optimizer) if optimizer is not None
+                                  else (model_deepcopy(model, model), None))  # fmt: skip
+    try:
+        with preserved_rng(), torch.no_grad():
+            forward(model_copy, inputs)
+    except Exception as exc:
+        raise UsageError(f"the model has uninitialised lazy parameters ({', '.join(lazy[:3])}), and the forward "
+                         f"that would initialise a copy of it raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(loss_fn, types.MethodType) and loss_fn.__self__ is model:
+        loss_fn = types.MethodType(loss_fn.__func__, model_copy)
+    return model_copy, optimizer_copy, loss_fn, (
+        f"{len(lazy)} lazy parameter{'s' if len(lazy) != 1 else ''} ({', '.join(lazy[:3])}) had no values yet: the "
+        "probes ran on a copy that one forward of the batch initialised, with values of its own")
 
 
 def _first_batch(batch: Batch) -> tuple[Batch, str | None]:

@@ -1297,6 +1297,37 @@ class PenalisedLinear(SquaredLossModule):
         return super().loss(y_hat, y) + 0.01 * (self.net.weight**2).sum()
 
 
+class LazyPenalisedLinear(SquaredLossModule):
+    """d2l's concise WeightDecay: an ``nn.LazyLinear``, uninitialised until its first forward,
+    and the loss a method of the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.LazyLinear(1)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss(self, y_hat, y):
+        return super().loss(y_hat, y) + 0.01 * (self.net.weight**2).sum()
+
+
+def test_a_model_with_lazy_parameters_is_probed_on_a_copy_a_forward_initialised():
+    torch.manual_seed(0)
+    model = LazyPenalisedLinear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 20, generator=torch.Generator().manual_seed(0)), torch.randn(32, 1)
+    rng = torch.get_rng_state()
+    report = nndx.probe(model, (x, y), model.loss, optimizer=optimizer)
+    assert report.errors == [], report.errors
+    assert report.probes.overfit_one_batch.status in ("passed", "failed")
+    assert any("lazy" in note for note in report.run.notes), report.run.notes
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert nn.parameter.is_lazy(model.net.weight)  # the user's model is initialised by its own first forward
+    model(x).sum().backward()  # and still trains with its own optimizer
+    optimizer.step()
+
+
 def test_a_loss_that_is_a_method_of_the_model_calling_super_runs_on_the_probes_copy():
     model = PenalisedLinear()
     x, y = torch.randn(32, 20, generator=torch.Generator().manual_seed(0)), torch.randn(32, 1)
