@@ -219,9 +219,30 @@ class Monitor:
             hooks.add("clip_grad_norm_", lambda: hooks.patch_clip_grad_norm(
                 self, self._guard("clip_grad_norm", self.grad_norm.clipped)) or [])  # fmt: skip
         parameter_hook = self._guard("backward", self._backward.parameter_hook)
-        hooks.add("parameters", lambda: [p.register_hook(parameter_hook) for _, p in watched.params])
+        ready = [p for _, p in watched.params if not nn.parameter.is_lazy(p)]
+        hooks.add("parameters", lambda: [p.register_hook(parameter_hook) for p in ready])
+        if len(ready) < len(watched.params):
+            hooks.add("lazy parameters", lambda: self._hook_when_initialised(parameter_hook))
         hooks.add("layer statistics", self.layers.attach)
         self._dispatch("on_record_start")
+
+    def _hook_when_initialised(self, parameter_hook: Callable[[torch.Tensor], Any]) -> list[Any]:
+        """Lazy parameters (``nn.LazyLinear``) take no hook until their model's first forward
+        gives them values: hook them at the end of the first forward after which none is
+        lazy (the backward comes after it)."""
+        lazy = [p for _, p in self.watched.params if nn.parameter.is_lazy(p)]
+        handles: list[Any] = []
+
+        def initialised(*_: Any) -> None:
+            if handles and not any(nn.parameter.is_lazy(p) for p in lazy):
+                for handle in handles:
+                    handle.remove()
+                handles.clear()
+                self.hooks.handles.extend(p.register_hook(parameter_hook) for p in lazy)
+
+        handles.extend(m.register_forward_hook(self._guard("lazy parameters", initialised))
+                       for m in self.watched.models.values())  # fmt: skip
+        return list(handles)
 
     def close(self) -> None:
         """Remove every hook and wrapper; the model and optimizer are as before. Idempotent."""

@@ -1644,3 +1644,26 @@ def test_a_logged_loss_whose_graph_cannot_be_read_is_an_error_in_the_report_not_
     with Monitor(model, opt) as mon:
         optimizer_loop(mon, model, opt)
     assert any("graph walk failed" in e.message for e in mon.report().errors)
+
+
+def test_a_model_with_lazy_parameters_is_watched_once_its_first_forward_gives_them_values():
+    """d2l's concise models are built of ``nn.LazyLinear``: no values until the first
+    forward, which comes after the Monitor attaches. The Monitor attaches anyway, hooks the
+    parameters once they have values, says it kept no initial state, and removes it all."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.LazyLinear(1))
+    x, y = torch.randn(64, 20), torch.randn(64, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = nndx.Monitor(model, optimizer)
+    for _ in range(20):
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()  # no zero_grad: the gradients accumulate
+        optimizer.step()
+        mon.log(loss)
+    report = mon.report()
+    mon.close()
+    assert report.loop.steps == 20 and report.errors == []
+    assert any("initial state not kept" in line and "lazy" in line for line in report.loop.limitations)
+    assert {p.name for p in report.parameters if p.grad_norm} >= {"0.weight", "2.weight"}
+    assert "MISSING_ZERO_GRAD" in {f.code.value for f in nndx.diagnose(report).findings}
+    assert all(not p._backward_hooks for p in model.parameters())

@@ -4,6 +4,7 @@ parameters never moved from it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -27,6 +28,11 @@ class InitialState(Watcher):
         if device is None:
             return
         tensors = watched.root.state_dict(keep_vars=True)
+        lazy = [k for k, t in tensors.items() if nn.parameter.is_lazy(t)]
+        if lazy:
+            self.limitation = (f"initial state not kept: {len(lazy)} lazy parameters ({', '.join(lazy[:3])}) had no "
+                               "values when the Monitor attached; attach it after a first forward to keep one")  # fmt: skip
+            return
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if size > max_bytes:
             self.limitation = (f"initial state not kept: its {size / 2**20:.0f} MiB of parameters and buffers are over "
@@ -62,6 +68,8 @@ class UnchangedParameters(Watcher):
         self._initial = self._norms()
 
     def _norms(self) -> list[float]:
+        if any(nn.parameter.is_lazy(p) for _, p in self.watched.params):  # no values yet: changed once they have
+            return [math.nan] * len(self.watched.params)
         params = [p.detach() for _, p in self.watched.params]
         if not params:
             return []
