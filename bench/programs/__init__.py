@@ -280,4 +280,10 @@ PROGRAMS = (
     "llm_spam_classifier",
     "makemore_backprop_ninja",
     "d2l_weight_decay",
+    "makemore_mlp",
+    "llm_instruction_finetune",
+    "nyu_seq_classification",
+    "bow_classifier",
+    "morvan_gan",
+    "d2l_dropout",
 )
