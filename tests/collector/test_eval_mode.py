@@ -132,6 +132,46 @@ def test_sampling_inside_the_model_is_not_dropout_that_ignores_eval():
     assert "EVAL_MODE_FORGOTTEN" not in [f.code.value for f in nndx.diagnose(report).findings]
 
 
+class HandDropout(nn.Module):
+    """d2l's ``dropout_layer``: a mask drawn by hand, ``(torch.rand(X.shape) > p)``, applied
+    whatever the mode unless the module checks ``self.training`` itself."""
+
+    def __init__(self, checks_mode: bool):
+        super().__init__()
+        self.checks_mode = checks_mode
+        self.lin1, self.lin2 = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.lin1(x))
+        if self.training or not self.checks_mode:
+            h = (torch.rand(h.shape) > 0.5).float() * h / 0.5
+        return self.lin2(h)
+
+
+class StochasticUnits(nn.Module):
+    """An RBM-style layer: each unit fires with its own probability (a tensor, not one p),
+    in every mode: sampling is the model's purpose."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin1, self.lin2 = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        p = torch.sigmoid(self.lin1(x))
+        return self.lin2((torch.rand_like(p) < p).float())
+
+
+def test_a_mask_drawn_by_hand_that_ignores_eval_mode_is_dropout_that_ignores_eval():
+    torch.manual_seed(0)
+    result = eval_mode_consistency(HandDropout(checks_mode=False).eval(), batch())
+    assert result.status == "failed" and result.ignores_eval and result.has_dropout
+    guarded = eval_mode_consistency(HandDropout(checks_mode=True).eval(), batch())
+    assert guarded.status == "passed" and not guarded.ignores_eval
+    assert eval_mode_consistency(HandDropout(checks_mode=True), batch()).status == "failed"  # train mode: active
+    sampled = eval_mode_consistency(StochasticUnits().eval(), batch())
+    assert sampled.ignores_eval is False and "sampling" in sampled.message
+
+
 class Recentre(nn.Module):
     """x - mean + mean: x exactly in arithmetic, but rounded differently for every batch."""
 

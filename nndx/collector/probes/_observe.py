@@ -55,6 +55,11 @@ OP_ALIASES = {"__truediv__": "div", "__rtruediv__": "div", "__rdiv__": "div", "_
               "__div__": "div", "true_divide": "div", "divide": "div", "div_": "div", "reciprocal": "div",
               "rsqrt": "div", "log_": "log", "exp_": "exp", "__pow__": "pow", "pow_": "pow"}  # fmt: skip
 RESIDUAL_ADDS = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
+# a uniform draw compared with one number is a mask drawn by hand, each entry kept with one probability
+# (d2l's dropout_layer: (torch.rand(X.shape) > p).float() * X / (1 - p)): a dropout, whatever its name
+UNIFORM_DRAWS = frozenset({"rand", "rand_like", "uniform_"})
+MASK_COMPARISONS = {"gt": 1, "__gt__": 1, "ge": 1, "__ge__": 1, "greater": 1, "lt": -1, "__lt__": -1, "le": -1,
+                    "__le__": -1, "less": -1}  # fmt: skip
 DROPOUT_OPS = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
                          "feature_alpha_dropout", "feature_dropout"})  # fmt: skip
 # reductions that, given no dim=, reduce every axis at once: over a batched tensor, every sample's
@@ -161,6 +166,9 @@ class ForwardObserver(TorchFunctionMode):
         self.timeline: list[str] = []  # leaf modules and functional activations, in the order they first ran
         self.first_nonfinite: tuple[str, str, str | None] | None = None  # (module, module type, op or None)
         self.dropout_calls: list[tuple[float, bool]] = []  # (p, training) of every dropout call
+        # the drop share of every mask drawn by hand (a uniform draw compared with one number), in any mode
+        self.drawn_masks: list[float] = []
+        self._uniform: dict[int, weakref.ref] = {}  # uniform draws the forward made
         self.kink_pattern: list[torch.Tensor] = []
         self.lowest_precision: torch.dtype | None = None  # of any floating value computed inside
         self._stack: list[tuple[str, nn.Module]] = []
@@ -293,6 +301,10 @@ class ForwardObserver(TorchFunctionMode):
         first = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if op in DROPOUT_OPS:
             self._dropout(op, args, kwargs)
+        if op in UNIFORM_DRAWS and isinstance(out, torch.Tensor):
+            self._uniform[id(out)] = weakref.ref(out)
+        elif op in MASK_COMPARISONS and first is not None and _held(self._uniform, first):
+            self._drawn_mask(op, args[1] if len(args) > 1 else kwargs.get("other"))
         if first is not None and (op in SHAPE_OPS or op in DROPOUT_OPS) and not _is_torch_module(self._stack[-1][1]):
             self._made(out, self._maker(first))
         if first is not None and op in SHAPE_OPS:
@@ -381,6 +393,14 @@ class ForwardObserver(TorchFunctionMode):
         default = op not in ("alpha_dropout", "feature_alpha_dropout")  # their training defaults to False
         training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else default))
         self.dropout_calls.append((float(p), bool(training)))
+
+    def _drawn_mask(self, op: str, threshold: Any) -> None:
+        """A uniform draw compared with one number (not a tensor of per-unit probabilities:
+        an RBM's stochastic units sample on purpose): the share of entries it drops."""
+        if isinstance(threshold, torch.Tensor) and threshold.numel() == 1:
+            threshold = float(threshold)
+        if isinstance(threshold, (int, float)) and 0 < threshold < 1:
+            self.drawn_masks.append(threshold if MASK_COMPARISONS[op] > 0 else 1 - threshold)
 
     def _kinks(self, op: str, func: Any, args: tuple, kwargs: dict, first: torch.Tensor | None, out: Any) -> None:
         keep = self.kink_pattern.append

@@ -75,7 +75,7 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
         with ForwardObserver(model_copy) as seen:
             first = _outputs(model_copy, inputs, SEEDS[0])
             diff = _max_abs_diff(first, _outputs(model_copy, inputs, SEEDS[1])) or 0.0
-            active = _dropout_active(seen)
+            active = _dropout_active(seen) or bool(seen.drawn_masks)
             axis = _sample_axis(inputs, targets)
             half = _first_half(inputs, axis) if axis is not None else None
             batch_diff = None
@@ -86,14 +86,16 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
                 except Exception:  # noqa: BLE001 - a half batch the model cannot take is the probe's doing
                     batch_diff = None
             statistics = seen.functional_batch_statistics or _batch_statistics(model_copy)
-            dropout = dropout or any(p > 0 for p, _ in seen.dropout_calls)  # F.dropout in forward too
+            # F.dropout in forward too, and masks drawn by hand
+            dropout = dropout or any(p > 0 for p, _ in seen.dropout_calls) or bool(seen.drawn_masks)
             set_mode(model_copy, False)
             seen.dropout_calls.clear()
+            seen.drawn_masks.clear()
             evaluated = _outputs(model_copy, inputs, SEEDS[0])
             eval_diff = _max_abs_diff(evaluated, _outputs(model_copy, inputs, SEEDS[1])) or 0.0
-            ignores_eval = _dropout_active(seen)
+            tolerance = roundoff_tolerance(model_copy, first + evaluated, seen.lowest_precision)
+            ignores_eval = _dropout_active(seen) or (bool(seen.drawn_masks) and eval_diff > tolerance)
             dropout = dropout or ignores_eval
-        tolerance = roundoff_tolerance(model_copy, first + evaluated, seen.lowest_precision)
     mode = "train" if training else "eval"
     sampling = ""
     if eval_diff > tolerance and not ignores_eval:
@@ -101,7 +103,8 @@ def eval_mode_consistency(model: nn.Module, batch: Batch) -> EvalModeResult:
                     "that are not dropout (sampling, e.g. a VAE's reparameterisation): the model's own purpose")
     if ignores_eval:
         status, message = "failed", (f"outputs differ by {eval_diff:.3g} between two forwards even in eval mode: "
-                                     "a dropout ignores model.eval() (e.g. F.dropout(x, training=True))")
+                                     "a dropout ignores model.eval() (e.g. F.dropout(x, training=True), or a mask "
+                                     "drawn by hand, torch.rand(x.shape) > p, with no check of self.training)")
     elif active and diff > tolerance:
         status, message = "failed", (f"two forwards of the same batch in {mode} mode differ by {diff:.3g}: dropout "
                                      "is active; call model.eval() (and torch.no_grad()) before evaluating")
