@@ -1371,6 +1371,27 @@ def test_a_failed_overfit_while_the_run_fit_its_data_far_better_is_context():
     assert severity(decay(-5.0)) == "warning"
 
 
+def test_a_failed_overfit_whose_loss_fell_below_zero_to_minus_infinity_is_context():
+    """MorvanZhou's GAN: the generator's loss mean(log(1 - D(G(z)))) against a fixed
+    discriminator has no floor; on one batch the probe drove it from -0.72 to -9.6 and then
+    to -inf (D's output reached 1). It fitted all the way down: there was nothing to fail.
+    A loss that rose to +inf, or stalled above zero, still warns."""
+    from nndx.report import OverfitResult
+
+    from .reports import healthy_probes
+
+    def severity(losses: list[float]) -> str | None:
+        result = OverfitResult(status="failed", steps=len(losses) - 1, task="regression", initial_loss=losses[0],
+                               final_loss=losses[-1], losses=losses)  # fmt: skip
+        report = BASE.model_copy(update={"probes": healthy_probes(overfit_one_batch=result)})
+        return next((f.severity for f in diagnose(report).findings if f.rule_id == "NNDX601"), None)
+
+    falling = [-0.72 - 0.4 * i for i in range(22)]
+    assert severity(falling + [-math.inf]) == "info"
+    assert severity([0.72 + 0.4 * i for i in range(22)] + [math.inf]) == "warning"
+    assert severity([0.72 - 0.01 * i for i in range(22)]) == "warning"
+
+
 def test_units_zero_on_a_batch_of_one_sample_are_not_dead():
     """An n-gram model trained one context at a time: the probes' batch is that one context,
     on which half of a live ReLU layer is zero, so "zero for every sample". Counted over at
