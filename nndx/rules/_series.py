@@ -562,13 +562,17 @@ def update_ratio_summary(report: DiagnosticReport) -> tuple[float, float, int] |
     ``peak`` is the largest median over a window of a fifth of the recorded steps (at
     least one): an LR that wrecks the network in its first steps and leaves it dead —
     tiny updates from then on — shows there, where a median over the whole run hides
-    it. ``typical`` is the median over all steps. Read by NNDX205, NNDX206 and NNDX103: computed
+    it. Steps after the first non-finite one count only when the first already is. ``typical`` is the median over all steps. Read by NNDX205, NNDX206 and NNDX103: computed
     once per report."""
 
     def compute() -> tuple[float, float, int] | None:
         values = [v for _, v in step_update_ratios(report)]
         if not values:
             return None
+        if math.isfinite(values[0]):
+            # the steps after the weights went NaN: they say the weights are NaN (the NaN rules say why),
+            # not how large a step the LR makes; a run NaN from its first step keeps them
+            values = values[: next((i for i, v in enumerate(values) if not math.isfinite(v)), len(values))]
         width = max(1, len(values) // 5)
         peak = max(median(values[i : i + width]) for i in range(len(values) - width + 1))
         return peak, median(values), len(values)

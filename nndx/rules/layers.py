@@ -425,7 +425,8 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     "Updates far larger than ~1e-3 of the weights",
     detects="Per recorded step, the median update/weight ratio ‖Δw‖/‖w‖ over the weight matrices; over "
     "the window of steps where it is largest (a fifth of the run; a weight zero before its update, whose ratio is 1 "
-    "at any LR, left out), a median above 0.1 (healthy "
+    "at any LR, left out; so are the steps after the weights went non-finite, unless from the first: NaN weights say "
+    "nothing of the step size), a median above 0.1 (healthy "
     "training sits near 1e-3). Error from 1.0 or when every ratio is non-finite. Info when the train "
     "loss still fell by over 30%, or ended under 70% of an uninformed prediction's loss (ln C; the targets' "
     "variance), and stayed finite: Adam at a high-ish LR on small weights has large "

@@ -258,6 +258,25 @@ def test_steps_without_gradient_do_not_hide_huge_updates():
     assert "NNDX205" in _found(BASE.model_copy(update={"parameters": huge + no_gradient}))
 
 
+def test_steps_after_the_weights_went_nan_are_no_evidence_of_the_step_size():
+    """MorvanZhou's GAN with the discriminator's Adam over the generator's parameters: the
+    generator's steps were ~1e-3 of its weights until a log(0) made them NaN at step 1250,
+    and every later ratio is NaN. Those say the weights are NaN (the NaN rules' business),
+    not that the LR overshot. Ratios that climbed to 5 before the NaN, or NaN from the first
+    step, still point at the LR."""
+    from .reports import mlp_params
+
+    def nan_after(finite: list[float]) -> list:
+        before = [p for i, ratio in enumerate(finite) for p in mlp_params(steps=(i * 10,), ratio=ratio)]
+        after = [p.model_copy(update={"update_ratio": math.nan, "weight_norm": math.nan})
+                 for p in mlp_params(steps=tuple(range(len(finite) * 10, 400, 10)))]  # fmt: skip
+        return before + after
+
+    assert "NNDX205" not in _found(BASE.model_copy(update={"parameters": nan_after([1.2e-3] * 12)}))
+    assert _found(BASE.model_copy(update={"parameters": nan_after([1e-3, 0.05, 0.5, 5.0])}))["NNDX205"]
+    assert "NNDX205" in _found(BASE.model_copy(update={"parameters": nan_after([])}))
+
+
 def test_a_converged_model_with_tiny_gradients_everywhere_is_not_vanishing():
     from .reports import grad
 
