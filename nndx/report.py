@@ -888,6 +888,10 @@ class SplitStats(Schema):
     imbalance_ratio: Float | None = None
     duplicate_count: Count = Field(0, description="rows that repeat an earlier row exactly")
     duplicate_fraction: Fraction = 0.0
+    duplicate_label_conflict: Fraction | None = Field(
+        None, description="share of the duplicate rows whose label differs from their input's first occurrence's: "
+        "inputs that do not determine their label (a language model's n-gram contexts), not copied samples",
+    )
     zero_sample_fraction: Fraction = Field(0.0, description="samples whose inputs are all zero")
     label_runs_fraction: Fraction | None = Field(
         None, description="share of consecutive samples with the same label (order check)"

@@ -504,7 +504,7 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
     bar.close()
 
     rows = _Rows(x2d, hash_dtype, hashes)
-    duplicates = _count_duplicates(rows)
+    duplicates, conflicts = _count_duplicates(rows, split.y)
     inputs = moments.summary(exclude=excluded)
     inputs["index_features"] = index_features
     inputs["scaled_features"] = scaled_features
@@ -519,6 +519,7 @@ def _check_split(split: _Split, hash_dtype: np.dtype, task: Task | None, progres
         input_inf_count=inf_count,
         duplicate_count=duplicates,
         duplicate_fraction=duplicates / n,
+        duplicate_label_conflict=conflicts / duplicates if duplicates and split.y is not None else None,
         zero_sample_fraction=zero_rows / n,
     )
     labels = _Labels.measure(split.y, split.y_dtype, task, num_classes) if split.y is not None else None
@@ -623,8 +624,9 @@ def _row_hashes(rows: np.ndarray, multipliers: np.ndarray) -> np.ndarray:
     return (words.astype(np.uint64) * multipliers[: words.shape[1]]).sum(axis=1, dtype=np.uint64)
 
 
-def _count_duplicates(rows: _Rows) -> int:
-    """Rows equal to an earlier row of the same split."""
+def _count_duplicates(rows: _Rows, y: np.ndarray | None = None) -> tuple[int, int]:
+    """Rows equal to an earlier row of the same split, and how many of them, not all zero,
+    have another label (``y``) than that row's first occurrence."""
     order = np.argsort(rows.hashes, kind="stable")
     sorted_hashes = rows.hashes[order]
     repeated = np.zeros(rows.n, dtype=bool)
@@ -632,15 +634,17 @@ def _count_duplicates(rows: _Rows) -> int:
     repeated[1:] |= same
     repeated[:-1] |= same
     candidates = np.sort(order[repeated])
-    seen: set[bytes] = set()
-    duplicates = 0
+    first: dict[bytes, bytes] = {}
+    duplicates = conflicts = 0
     for i in candidates:
-        key = rows.row_bytes(int(i))
-        if key in seen:
+        key, label = rows.row_bytes(int(i)), _target_key(y, int(i))
+        if key in first:
             duplicates += 1
+            # zeroed rows (a decode that failed) carry every label: no sign of inputs that are contexts
+            conflicts += label != first[key] and bool(rows.x2d[i].any())
         else:
-            seen.add(key)
-    return duplicates
+            first[key] = label
+    return duplicates, conflicts
 
 
 def _count_overlap(train: _Rows, test: _Rows, train_y: np.ndarray | None = None,
@@ -673,7 +677,12 @@ def _real_targets(train: _SplitResult, test: _SplitResult) -> tuple[np.ndarray |
 
 
 def _target_key(y: np.ndarray | None, i: int) -> bytes:
-    return b"" if y is None else np.asarray(y[i], dtype=np.float64).tobytes()
+    if y is None:
+        return b""
+    try:
+        return np.asarray(y[i], dtype=np.float64).tobytes()
+    except (TypeError, ValueError):  # labels that are no numbers (strings)
+        return repr(y[i]).encode()
 
 
 def _one_value(row: np.ndarray) -> bool:

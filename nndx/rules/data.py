@@ -58,6 +58,15 @@ def nan_in_data(report: DiagnosticReport) -> Hit | None:
     return Hit(symptom="non-finite values in the data", evidence=evidence, score=3.0)
 
 
+# duplicate rows this often labelled otherwise than their first occurrence are contexts of a target they do not
+# determine (a character model's last three characters), not copied samples
+CONTEXTS = 0.25
+
+
+def _contexts(split: SplitStats | None) -> bool:
+    return split is not None and (split.duplicate_label_conflict or 0.0) >= CONTEXTS
+
+
 @rule(
     "NNDX502",
     C.DATA_LEAKAGE,
@@ -67,7 +76,10 @@ def nan_in_data(report: DiagnosticReport) -> Hit | None:
     "from 10%. When the inputs are integers from a small space of possible rows (a recommender's user and "
     "item ids), only the rows beyond what chance gives (the train split's distinct rows over that space; 3 "
     "standard deviations above it) count — unless the train split lists its ids once each (under 1% repeats "
-    "where random draws would give a tenth): a graph's nodes split in two, where any overlap counts.",
+    "where random draws would give a tenth): a graph's nodes split in two, where any overlap counts. Info when "
+    f"at least {CONTEXTS:.0%} of the train split's repeated rows (not all zero) carry another label than their "
+    "first occurrence and the overlap is no larger than train's own share of repeats (+5%): the inputs are contexts "
+    "of a target they do not determine (a character model's last three characters), which recur by nature.",
     why="Test metrics then measure memorisation, not generalisation: the model looks better than it is.",
     fix="Split before any augmentation or deduplicate across splits (hash rows); split by entity/time "
     "when samples are correlated.",
@@ -83,10 +95,15 @@ def data_leakage(report: DiagnosticReport) -> Hit | None:
         chance = min(1.0, distinct / data.input_space_size)
         if not _beyond_chance(data.train_test_overlap, test.checked_samples or test.n_samples, chance):
             return None  # the test rows land on train rows as often as rows drawn at random would
+    # inputs that repeat with other labels within train recur in test as often by nature: no sign of a copy
+    natural = train is not None and _contexts(train) and fraction <= train.duplicate_fraction + 0.05
     return Hit(
-        symptom=f"{fraction:.1%} of the test rows are in the train split",
+        symptom=f"{fraction:.1%} of the test rows are in the train split"
+        + (f", no more than train repeats its own rows ({train.duplicate_fraction:.0%}), "
+           f"{train.duplicate_label_conflict:.0%} of them with another label: the inputs are contexts of a target "
+           "they do not determine (a language model's last tokens), which recur by nature" if natural else ""),
         evidence={"train_test_overlap": data.train_test_overlap, "train_test_overlap_fraction": fraction},
-        severity="error" if fraction >= 0.1 else "warning",
+        severity="info" if natural else "error" if fraction >= 0.1 else "warning",
         score=1.0 + fraction,
     )
 
@@ -122,7 +139,9 @@ def _chance_repeats(n: int, space: float) -> float:
     "Many samples are exact duplicates",
     detects="At least 10% of a split's rows repeat an earlier row exactly; not when the inputs are integers "
     "from a small space of possible rows, only repeats beyond what as many rows drawn at random from it would "
-    "give (3 standard deviations above it) count: negatives sampled for a recommender repeat by chance.",
+    "give (3 standard deviations above it) count: negatives sampled for a recommender repeat by chance. Info "
+    f"when at least {CONTEXTS:.0%} of the repeated rows (not all zero) carry another label than their first "
+    "occurrence: inputs that do not determine their label are contexts (a character model's last characters).",
     why="Duplicates over-weight some samples, inflate apparent accuracy and, across splits, leak.",
     fix="Deduplicate (hash rows) before splitting; if repetition is oversampling, use a weighted sampler.",
 )
@@ -133,9 +152,14 @@ def duplicates(report: DiagnosticReport) -> list[Hit]:
         rows = split.checked_samples or split.n_samples
         beyond = _beyond_chance(split.duplicate_count, rows, _chance_repeats(rows, space)) if space else True
         if split.duplicate_fraction >= 0.1 and beyond:
+            contexts = _contexts(split)
             hits.append(
                 Hit(
-                    symptom=f"{split.duplicate_fraction:.0%} of the {name} rows are duplicates",
+                    symptom=f"{split.duplicate_fraction:.0%} of the {name} rows are duplicates"
+                    + (f", {split.duplicate_label_conflict:.0%} of them with another label than their first "
+                       "occurrence: the inputs are contexts of a target they do not determine (a language model's "
+                       "last tokens), not copied samples" if contexts else ""),
+                    severity="info" if contexts else None,
                     evidence={
                         "split": name,
                         "duplicate_count": split.duplicate_count,

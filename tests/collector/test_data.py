@@ -140,6 +140,21 @@ def test_a_grid_both_splits_share_with_noisy_targets_is_no_leak():
     assert check_data(x_train, y_train, x_test=x_test, y_test=y_test).train_test_overlap == 10
 
 
+def test_duplicates_with_other_labels_are_counted_and_zeroed_rows_are_not():
+    """A character model's contexts repeat with other next characters; copied rows repeat with
+    their own label; zeroed rows (a failed decode) carry every label but say nothing of that."""
+    rng = np.random.default_rng(0)
+    contexts = rng.integers(1, 4, size=(3000, 2))
+    assert check_data(contexts, rng.integers(0, 5, 3000)).train.duplicate_label_conflict > 0.5
+    rows, labels = rng.normal(size=(400, 4)), rng.integers(0, 3, 400)
+    copied = check_data(np.concatenate([rows, rows[:100]]), np.concatenate([labels, labels[:100]])).train
+    assert copied.duplicate_fraction == pytest.approx(0.2) and copied.duplicate_label_conflict == 0.0
+    rows[:60] = 0.0
+    zeroed = check_data(rows, labels).train
+    assert zeroed.duplicate_count == 59 and zeroed.duplicate_label_conflict == 0.0
+    assert check_data(rows).train.duplicate_label_conflict is None
+
+
 def _implicit_feedback(seed: int, leak_every: int = 0):
     """A recommender's (user id, item id) rows: each user's picks as 1s and 4 items drawn
     from the ones not picked as 0s; the test split holds each user's last pick and 40

@@ -2219,3 +2219,22 @@ def test_tiny_updates_of_a_model_that_converged_early_are_context():
     for values, severity in ((converged, "info"), (stuck, "warning")):
         report = BASE.model_copy(update={"parameters": params, **train(values)})
         assert update_ratio_low(report).severity == severity
+
+
+def test_inputs_that_repeat_with_other_labels_are_contexts_not_copies():
+    """makemore's MLP given data=: each row is a name's last three characters, the label the
+    next one. 85% of the train rows repeat an earlier row, 60% of those with another next
+    character, and 83% of the dev rows are in train: a language's contexts recur by nature.
+    The same overlap with rows that repeat with their own labels is a leak."""
+    from .reports import healthy_data, healthy_split
+
+    def found(conflict: float | None) -> dict:
+        train = healthy_split(duplicate_count=18797, duplicate_fraction=0.85, duplicate_label_conflict=conflict)
+        test = healthy_split(duplicate_count=1616, duplicate_fraction=0.59, duplicate_label_conflict=conflict)
+        data = healthy_data(train=train, test=test, train_test_overlap=2278, train_test_overlap_fraction=0.83)
+        return _found(BASE.model_copy(update={"data": data}))
+
+    contexts, copies = found(0.6), found(0.0)
+    assert contexts["NNDX502"].severity == "info" and contexts["NNDX503"].severity == "info"
+    assert copies["NNDX502"].severity == "error" and copies["NNDX503"].severity == "warning"
+    assert found(None)["NNDX502"].severity == "error"  # no labels: nothing says what the rows are
