@@ -23,7 +23,9 @@ same CNN and batch, same number of steps, interleaved, median of per-round ratio
 torch-lr-finder is a bench-only package (``pip install torch-lr-finder``), never a
 dependency of nndx; without it those columns are left out.
 
-Run: ``python bench/lr_suggestion.py [--seeds 5] [--steps 300] [--save raw.json]``
+``--orders K`` averages every score over K batch orders (:func:`mean_score` says why).
+
+Run: ``python bench/lr_suggestion.py [--seeds 5] [--steps 300] [--orders 1] [--save raw.json]``
 """
 
 from __future__ import annotations
@@ -210,6 +212,16 @@ def train(task: Task, init: nn.Module, data, lr: float, steps: int, seed: int) -
     return score(task, model, x_val, y_val)
 
 
+def mean_score(task: Task, init: nn.Module, data, lr: float, steps: int, seed: int, orders: int) -> float:
+    """:func:`train`'s score averaged over ``orders`` batch orders (the first is ``seed``'s own).
+
+    Why: near the best lr a run's score depends on its batch order by about as much as on
+    the lr (one order's grid jitters by 1–2% between neighbouring lrs), so the best of one
+    order's grid is partly a lucky draw that no reading taken before training can aim at.
+    A user's run gets one random order; the mean over several is what an lr is worth to it."""
+    return statistics.fmean(train(task, init, data, lr, steps, seed + 10_000 * k) for k in range(orders))
+
+
 def grid(task: Task, per_decade: int = 4) -> list[float]:
     lo, hi = (math.log10(v) for v in task.grid)
     n = round((hi - lo) * per_decade)
@@ -256,11 +268,11 @@ def finder_suggestion(task: Task, init: nn.Module, data, seed: int, mode: str) -
 READINGS = ("suggested_lr", "interval_low_lr", "interval_high_lr", "valley_lr", "min_over_10_lr")
 
 
-def run_task(task: Task, seed: int, steps: int, baseline: bool) -> dict:
+def run_task(task: Task, seed: int, steps: int, baseline: bool, orders: int = 1) -> dict:
     data = task.data(seed)
     torch.manual_seed(seed)
     init = task.model()
-    grid_scores = {lr: train(task, init, data, lr, steps, seed) for lr in grid(task)}
+    grid_scores = {lr: mean_score(task, init, data, lr, steps, seed, orders) for lr in grid(task)}
     best_lr = max(grid_scores, key=grid_scores.__getitem__)
     row = {"task": task.name, "seed": seed, "grid": grid_scores, "best_lr": best_lr, "best": grid_scores[best_lr]}
     for mode in ("batch", "loader"):
@@ -268,7 +280,8 @@ def run_task(task: Task, seed: int, steps: int, baseline: bool) -> dict:
         read = {name: getattr(result, name) for name in READINGS}
         if baseline:
             read["torch_lr_finder"] = finder_suggestion(task, init, data, seed, mode)
-        trained = {name: (train(task, init, data, lr, steps, seed) if lr else None) for name, lr in read.items()}
+        trained = {name: (mean_score(task, init, data, lr, steps, seed, orders) if lr else None)
+                   for name, lr in read.items()}
         row[mode] = {"readings": read, "scores": trained, "lrs": result.lrs, "losses": result.losses,
                      "smoothed": result.smoothed, "diverged_at_lr": result.diverged_at_lr, "status": result.status}  # fmt: skip
     return row
@@ -370,6 +383,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="training steps per grid point and per suggestion")
     parser.add_argument("--tasks", nargs="+", choices=[t.name for t in TASKS], help="default: all")
     parser.add_argument("--speed-rounds", type=int, default=5, help="0 skips the sweep-speed comparison")
+    parser.add_argument("--orders", type=int, default=1,
+                        help="batch orders each score is averaged over (mean_score says why)")
     parser.add_argument("--save", help="write every grid score, sweep and reading to this JSON file")
     args = parser.parse_args()
     torch.set_num_threads(1)  # this machine is shared: one intra-op thread keeps runs comparable
@@ -381,13 +396,14 @@ def main() -> None:
     bar = progress_bar(runs, desc="bench lr_suggestion", unit="run")
     for task, seed in bar:
         bar.set_postfix_str(f"{task.name} seed {seed}")
-        rows.append(run_task(task, seed, args.steps, baseline))
+        rows.append(run_task(task, seed, args.steps, baseline, args.orders))
     if not baseline:
         print("torch-lr-finder is not installed (pip install torch-lr-finder): its column is left out")
     if args.save:
         with open(args.save, "w") as f:
             json.dump(rows, f)
-    print(f"\nseeds whose score at each lr reached {TARGET} of the best grid lr's ({args.steps} steps, grid 4 per "
+    print(f"\nseeds whose score at each lr reached {TARGET} of the best grid lr's ({args.steps} steps, "
+          f"mean of {args.orders} batch order(s), grid 4 per "
           f"decade; {', '.join(HELD_OUT)} held out while the knee rule was chosen, "
           f"{', '.join(HELD_OUT_REGRESSION)} while the regression rule was)\n")  # fmt: skip
     print_table(summary(rows))
