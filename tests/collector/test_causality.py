@@ -147,6 +147,26 @@ def test_targets_equal_to_inputs_are_unshifted():
     assert codes(TinyGPT(), lm_batch(shift=False))[:1] == ["LABELS_MISALIGNED"]
 
 
+def runs(n: int = 6, seed: int = 3) -> torch.Tensor:
+    """(n, BLOCK + 1) windows where 60% of the tokens repeat the one before (templated text,
+    a padded response's run of end-of-text tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    steps = torch.randint(1, VOCAB, (n, BLOCK + 1), generator=g) * (torch.rand(n, BLOCK + 1, generator=g) > 0.6)
+    return steps.cumsum(dim=1) % VOCAB
+
+
+def test_targets_equal_to_inputs_are_unshifted_in_text_that_repeats_its_tokens():
+    """LLMs-from-scratch ch07 with targets = padded[:-1] (not [1:]): on its templated data the next
+    token equals the current one at 63% of the positions, the unshifted targets the inputs at
+    100%. That is still unshifted; the same text shifted right is still next-token prediction."""
+    windows = runs()
+    x = windows[:, :-1]
+    unshifted = causality(TinyGPT(), (x, x.clone()), flat_cross_entropy)
+    assert unshifted.status == "failed" and unshifted.unshifted and unshifted.copy_fraction == 1.0
+    assert 0.4 < unshifted.next_fraction < 0.8
+    assert causality(TinyGPT(), (x, windows[:, 1:]), flat_cross_entropy).status == "passed"
+
+
 def test_loss_that_shifts_itself_is_read_right():
     """Hugging Face style: labels = input_ids, the loss drops the last logit and the first label."""
 

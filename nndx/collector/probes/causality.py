@@ -102,7 +102,9 @@ MIN_POSITIONS = 4
 # a correct language model's targets are the next inputs at (nearly) every scored position;
 # so are an unshifted one's the inputs themselves, or a misaligned one's those at another offset
 NEXT_TOKEN_SHARE = 0.9
-# ... and far more often than the next inputs (text that repeats one token cannot tell the two)
+# ... and far more often than the next inputs: at over half the positions where the next input is not the
+# target (text that repeats one token cannot tell the two; templated text whose next token equals the current
+# one at 63% of the positions, unshifted, has its inputs as targets at 100%)
 COPY_MARGIN = 0.5
 SEED = 0
 # targets this far ahead of their position (2: labels shifted by hand for a model that shifts
@@ -646,12 +648,13 @@ def _per_position(out: torch.Tensor, shape: torch.Size, time_axis: int | None):
 def _reading(aimed: torch.Tensor, tokens: torch.Tensor) -> tuple[int, int, float] | None:
     """(axis, offset, share): the one offset ``k`` such that the targets are ``tokens[t + k]``
     at ``NEXT_TOKEN_SHARE`` of the scored positions — 1 (next token) unless another offset
-    (0: unshifted; ``MISPLACED_OFFSETS``) holds far more often than it; None when none
+    (0: unshifted; ``MISPLACED_OFFSETS``) holds far more often than it (``COPY_MARGIN``); None when none
     holds (a tagger, a masked language model)."""
     axis, next_share = _best_share(aimed, tokens, 1)
     for offset in (0, *MISPLACED_OFFSETS):
         other_axis, share = _best_share(aimed, tokens, offset)
-        if other_axis is not None and share >= NEXT_TOKEN_SHARE and share - next_share >= COPY_MARGIN:
+        beats_next = share - next_share >= COPY_MARGIN * (1 - next_share)
+        if other_axis is not None and share >= NEXT_TOKEN_SHARE and beats_next:
             return other_axis, offset, share
     return (axis, 1, next_share) if axis is not None and next_share >= NEXT_TOKEN_SHARE else None
 
