@@ -562,8 +562,9 @@ def update_ratio_summary(report: DiagnosticReport) -> tuple[float, float, int] |
     ``peak`` is the largest median over a window of a fifth of the recorded steps (at
     least one): an LR that wrecks the network in its first steps and leaves it dead —
     tiny updates from then on — shows there, where a median over the whole run hides
-    it. Steps after the first non-finite one count only when the first already is. ``typical`` is the median over all steps. Read by NNDX205, NNDX206 and NNDX103: computed
-    once per report."""
+    it. ``typical`` is the median over all steps. Steps after the first non-finite one
+    count in neither, unless the first step already is. Read by NNDX205, NNDX206 and
+    NNDX103: computed once per report."""
 
     def compute() -> tuple[float, float, int] | None:
         values = [v for _, v in step_update_ratios(report)]

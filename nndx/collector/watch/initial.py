@@ -30,8 +30,8 @@ class InitialState(Watcher):
         tensors = watched.root.state_dict(keep_vars=True)
         lazy = [k for k, t in tensors.items() if nn.parameter.is_lazy(t)]
         if lazy:
-            self.limitation = (f"initial state not kept: {len(lazy)} lazy parameters ({', '.join(lazy[:3])}) had no "
-                               "values when the Monitor attached; attach it after a first forward to keep one")  # fmt: skip
+            self.limitation = (f"initial state not kept: {len(lazy)} lazy parameters ({', '.join(lazy[:3])}) "
+                               "had no values when the Monitor attached; attach it after a first forward to keep one")
             return
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if size > max_bytes:
