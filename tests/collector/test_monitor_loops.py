@@ -1667,3 +1667,39 @@ def test_a_model_with_lazy_parameters_is_watched_once_its_first_forward_gives_th
     assert {p.name for p in report.parameters if p.grad_norm} >= {"0.weight", "2.weight"}
     assert "MISSING_ZERO_GRAD" in {f.code.value for f in nndx.diagnose(report).findings}
     assert all(not p._backward_hooks for p in model.parameters())
+
+
+class PlainTensorSoftmax(nn.Module):
+    """d2l's SoftmaxRegressionScratch: W and b are plain tensors with requires_grad, handed to
+    the optimizer through an overridden ``parameters()``; the module registers none."""
+
+    def __init__(self):
+        super().__init__()
+        self.W = torch.normal(0, 0.01, size=(16, 4), requires_grad=True)
+        self.b = torch.zeros(4, requires_grad=True)
+
+    def parameters(self, recurse: bool = True):
+        return [self.W, self.b]
+
+    def forward(self, x):
+        return x @ self.W + self.b
+
+
+def test_a_model_that_registers_no_parameter_is_not_cut_from_its_loss():
+    """Its logged loss reaches no registered trainable parameter because there is none: that
+    says nothing of a cut graph (the run learns). NNDX304 stays quiet."""
+    torch.manual_seed(0)
+    model = PlainTensorSoftmax()
+    x, y = torch.randn(128, 16), torch.randint(0, 4, (128,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = nndx.Monitor(model, optimizer)
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        mon.log(loss)
+    report = mon.report()
+    mon.close()
+    assert report.loop.logged_loss_reaches_params is None
+    assert "NNDX304" not in {f.rule_id for f in nndx.diagnose(report).findings}
