@@ -286,4 +286,10 @@ PROGRAMS = (
     "bow_classifier",
     "morvan_gan",
     "d2l_dropout",
+    "yunjey_cnn",
+    "fastbook_foundations",
+    "d2l_mlp",
+    "d2l_softmax_scratch",
+    "morvan_dropout",
+    "morvan_autoencoder",
 )
