@@ -338,8 +338,8 @@ def zero_gradients(report: DiagnosticReport) -> Hit | None:
     # biases alone, each beside a weight that gets a gradient: the loss is invariant to shifting that
     # layer's output (a critic's hinge or Wasserstein loss over as many real as fake samples)
     # (the weight by any name: weight_norm splits it into weight_g and weight_v)
-    trained = {_module_of(p.name) for p in report.parameters if p.grad_norm and not p.name.endswith("bias")}
-    shifts_only = all(n.endswith("bias") and _module_of(n) in trained for n in names)
+    trained = {p.name.rpartition(".")[0] for p in report.parameters if p.grad_norm and not p.name.endswith("bias")}
+    shifts_only = all(n.endswith("bias") and n.rpartition(".")[0] in trained for n in names)
     few = share <= 0.1 and (loss_learned(report) or shifts_only)
     return Hit(
         symptom=f"{len(names)} trainable parameters got an exactly zero gradient at every one of {steps} recorded "
@@ -493,11 +493,6 @@ def _user_setup_fits(report: DiagnosticReport) -> bool:
         return False
     start, end = runs.baseline_initial_loss, runs.baseline_final_loss
     return start is not None and end is not None and start > 0 and math.isfinite(end) and end <= 0.1 * start
-
-
-def _module_of(name: str) -> str:
-    """The module a parameter belongs to, from its qualified name."""
-    return name.rsplit(".", 1)[0] if "." in name else ""
 
 
 def _no_loss_gradient(report: DiagnosticReport) -> bool:
