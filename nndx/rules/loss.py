@@ -278,7 +278,9 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     "exceed 25% of the initial loss while it makes under 50% progress (info when those swings are all "
     "there is and the loss still made 20% progress, or started under half an uninformed prediction's loss; info "
     "too when the loss ends under half its start without a jump to 10x: spikes around so low a level are single "
-    "hard samples of a small batch; and without a jump to 10x for a logged loss that runs through another trained "
+    "hard samples of a small batch; and when its jumps to 10x all fall in the run's first tenth and it ends under half "
+    "its first value: an early overshoot the run recovered from; and without a jump to 10x for a logged loss that runs "
+    "through another trained "
     "network, as a GAN's generator loss does). Losses logged inside optimizer.step(), several per step (L-BFGS's "
     "closure evaluations, its line search's rejected trial points among them), count jumps and spikes only when "
     "they are a tenth of the points or more. Info too, without jumps to 10x on 1% of the points or more (or any to "
@@ -317,6 +319,10 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
         after = curve.values[at + 1 :]
         hard_batch = curve.values[at] < 10.0 * median(curve.values) and len(after) >= 5 and median(after) <= jump
         blow_ups = 0 if hard_batch else blow_ups
+    # jumps confined to the run's first tenth, the loss then ending under half its first value: an overshoot
+    # the run recovered from (fastbook's from-scratch MLP, 3.4 -> 115 -> 0.2), context for a warm-up
+    jumps_at = [i for i, v in enumerate(curve.values) if i > 0 and reference > 0 and v > jump]
+    recovered = bool(jumps_at) and max(jumps_at) < max(3, curve.n // 10) and curve.end < 0.5 * curve.initial
     if line_search(report):  # a line search's rejected trial points: only a sustained climb counts
         spikes = spikes if spikes >= max(2, len(after) // 10) else 0
         blow_ups = blow_ups if blow_ups >= max(2, curve.n // 10) else 0
@@ -330,7 +336,7 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     # or on a loss that ends under half its start: spikes over twice the start around so low a
     # level are single hard samples of a small batch (one sample per step: a misclassified
     # one's loss is several times the mean), not a loss that climbs
-    noisy_but_learning = not blow_ups and (adversarial(report) or curve.progress >= 0.5 or spikes < 2 and (
+    noisy_but_learning = recovered and spikes < 2 or not blow_ups and (adversarial(report) or curve.progress >= 0.5 or spikes < 2 and (
         curve.progress >= 0.2 or starts_fitted(report)))
     # the range test, on a copy from the same start, trains well at this LR: whatever makes the
     # loss climb (targets that move with the model, as TD learning's do), it is not the step size
@@ -352,6 +358,9 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
         f"well (up to {trains_well_up_to(report):.3g}): not an overshoot" if lr_fine and not noisy_but_learning
         else f"train loss climbs or swings while the steps stay at most {step_peak:.2g} of the weights (median "
         "update/weight ratio): not an overshoot" if small_steps and not noisy_but_learning
+        else f"train loss jumped to {max(curve.values) / curve.initial:.3g}x its first value in its first "
+        f"{max(jumps_at) + 1} points, then fell to {curve.end:.3g}: an early overshoot the run recovered from (a "
+        "warm-up avoids it)" if recovered and noisy_but_learning
         else "train loss is diverging" if (spikes >= 2 and not noisy_but_learning) or blow_ups
         else f"train loss rises over twice its start {spikes} times; it runs through another trained network "
         "(an adversarial loss rises as its opponent improves)" if adversarial(report)

@@ -485,3 +485,19 @@ def test_a_monitor_that_saw_no_loss_call_reads_the_loss_off_its_graph():
     # a graph that ends in no loss nndx knows (a term added to it) names none
     summed = with_loop(client, ops_before_loss=[["Addmm", "LogSoftmax", "NllLoss", "Add"]])
     assert uninformed_loss(summed) is None
+
+
+def test_an_early_overshoot_the_run_recovers_from_is_context():
+    """fastbook's from-scratch MLP: the loss jumps from 3.4 to 115 in its first steps, then falls
+    steadily to 0.2. Jumps confined to the run's first tenth, with the loss ending under half its
+    first value, are an overshoot the run recovered from (a warm-up would avoid it), not a
+    divergence; the same jumps late in the run, or a loss that ends above its start, are."""
+    recovered = [3.36, 15.7, 114.8, 85.9, 1.31] + [1.0 * 0.97**i for i in range(60)]
+
+    def severity(values: list[float]) -> str | None:
+        found = diagnose(DiagnosticReport(loss_history={"train": points(values)})).findings
+        return next((f.severity for f in found if f.rule_id == "NNDX104"), None)
+
+    assert severity(recovered) in ("info", None)
+    assert severity(recovered[:5] + [3.0 + 0.01 * i for i in range(60)]) == "warning"  # never came back down
+    assert severity(recovered[:1] + recovered[5:40] + recovered[1:5] + recovered[40:]) == "warning"  # jumps mid-run
