@@ -67,6 +67,19 @@ def _contexts(split: SplitStats | None) -> bool:
     return split is not None and (split.duplicate_label_conflict or 0.0) >= CONTEXTS
 
 
+def _token_ids(split: SplitStats) -> bool:
+    """Integer inputs other than uint8 images are indices (token ids, categories): their
+    scale is an index, not a magnitude the first layer multiplies."""
+    dtype = (split.input_dtype or "").removeprefix("torch.")
+    return dtype.startswith(("int", "long")) and dtype != "uint8"
+
+
+def _language(split: SplitStats | None) -> bool:
+    """Token ids whose rows are contexts: a language model's windows. The next token's counts follow the
+    language, and the first window of every text is all padding (makemore's '...' is [0, 0, 0])."""
+    return split is not None and _token_ids(split) and _contexts(split)
+
+
 @rule(
     "NNDX502",
     C.DATA_LEAKAGE,
@@ -184,7 +197,8 @@ WEIGHTED_CLASSES = 2.0  # per-class loss weights this far apart are a deliberate
     "per sample; a segmentation mask's pixels are left alone: background outnumbers every object by nature). "
     f"Info when the loss was given per-class weights {WEIGHTED_CLASSES:g}x apart or more (weight=, as LDAM-DRW's "
     "deferred re-weighting sets them): the imbalance is being handled. A sampler that balances the batches shows "
-    "as balanced counts when the data checks read the DataLoader.",
+    "as balanced counts when the data checks read the DataLoader. Info for token ids whose rows are contexts (at "
+    f"least {CONTEXTS:.0%} of the repeated rows labelled otherwise): the next token's counts follow the language.",
     why="The model can score high accuracy by predicting the majority class; minority classes get few "
     "gradient signals.",
     fix="Use class weights in the loss or a weighted sampler; report per-class metrics, not accuracy.",
@@ -205,6 +219,9 @@ def class_imbalance(report: DiagnosticReport) -> Hit | None:
     absent = len({k for k, count in train.class_counts.items() if count == 0} | set(train.missing_classes))
     weighted = max((c.class_weight_ratio or 1.0 for c in loss_calls(report)), default=1.0)
     handled = weighted >= WEIGHTED_CLASSES
+    if _language(train):
+        return Hit(symptom=f"largest class {ratio:.1f}x the smallest: the next token of a language model's contexts, "
+                   "whose counts follow the language", evidence={"imbalance_ratio": ratio}, severity="info", score=0.1)
     symptom = f"largest class {ratio:.1f}x the smallest" + (f"; {absent} expected classes have no sample" if absent else "")
     return Hit(
         symptom=symptom + (f"; the loss weights the classes ({weighted:.3g}x apart)" if handled else ""),
@@ -213,13 +230,6 @@ def class_imbalance(report: DiagnosticReport) -> Hit | None:
         severity="info" if handled else None,
         score=min(5.0, math.log10(ratio)) / (4 if handled else 1),
     )
-
-
-def _token_ids(split: SplitStats) -> bool:
-    """Integer inputs other than uint8 images are indices (token ids, categories): their
-    scale is an index, not a magnitude the first layer multiplies."""
-    dtype = (split.input_dtype or "").removeprefix("torch.")
-    return dtype.startswith(("int", "long")) and dtype != "uint8"
 
 
 def _value_range(split: SplitStats) -> float | None:
@@ -554,7 +564,9 @@ def _call_order(call, counts: list[int], train: SplitStats | None, axis: int) ->
     C.SILENT_DATA_LOSS,
     "warning",
     "Samples whose inputs are all zeros",
-    detects="At least 5% of a split's samples with every input exactly zero.",
+    detects="At least 5% of a split's samples with every input exactly zero. Info for token ids whose rows are "
+    f"contexts (at least {CONTEXTS:.0%} of the repeated rows labelled otherwise): a language model's first window "
+    "is padding.",
     why="All-zero samples usually come from a failed load or decode that was swallowed; the model trains "
     "on nothing for them.",
     fix="Find where the samples are zeroed (decode errors, masks, padding) and fix or drop them.",
@@ -563,10 +575,13 @@ def zero_samples(report: DiagnosticReport) -> list[Hit]:
     hits = []
     for name, split in _splits(report):
         if split.zero_sample_fraction >= 0.05:
+            padding = _language(split)
             hits.append(
                 Hit(
-                    symptom=f"{split.zero_sample_fraction:.0%} of the {name} samples are all zeros",
+                    symptom=f"{split.zero_sample_fraction:.0%} of the {name} samples are all zeros"
+                    + (": token 0 throughout, a language model's first context (padding)" if padding else ""),
                     evidence={"split": name, "zero_sample_fraction": split.zero_sample_fraction},
+                    severity="info" if padding else None,
                     score=1.0 + split.zero_sample_fraction,
                 )
             )

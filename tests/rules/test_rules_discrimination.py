@@ -2238,3 +2238,26 @@ def test_inputs_that_repeat_with_other_labels_are_contexts_not_copies():
     assert contexts["NNDX502"].severity == "info" and contexts["NNDX503"].severity == "info"
     assert copies["NNDX502"].severity == "error" and copies["NNDX503"].severity == "warning"
     assert found(None)["NNDX502"].severity == "error"  # no labels: nothing says what the rows are
+
+
+def test_a_language_models_contexts_are_neither_imbalanced_classes_nor_zeroed_samples():
+    """makemore's MLP given data=: rows of three character ids, the label the next character.
+    Every name starts from the context [0, 0, 0] ('...'), 11% of the rows; the next character's
+    counts follow the language ('e' 24x 'q'). With token ids whose rows are contexts (repeated
+    with other labels), both are the data's nature: info. Float rows that are all zeros, and the
+    same imbalance over rows that are samples, keep their warnings."""
+    from .reports import healthy_data, healthy_split
+
+    counts = {str(c): 40 * (c + 1) for c in range(27)}
+    counts["0"] = 30
+
+    def severities(conflict: float, dtype: str) -> dict:
+        split = healthy_split(duplicate_count=18797, duplicate_fraction=0.85, duplicate_label_conflict=conflict,
+                              input_dtype=dtype, input_shape=[3], input_min=0.0, input_max=26.0,
+                              zero_sample_fraction=0.11, class_counts=counts, imbalance_ratio=1080 / 30)  # fmt: skip
+        found = _found(BASE.model_copy(update={"data": healthy_data(train=split, test=None, expected_num_classes=27)}))
+        return {rule_id: found[rule_id].severity for rule_id in ("NNDX504", "NNDX509") if rule_id in found}
+
+    assert severities(0.6, "torch.int64") == {"NNDX504": "info", "NNDX509": "info"}
+    assert severities(0.0, "torch.int64") == {"NNDX504": "warning", "NNDX509": "warning"}
+    assert severities(0.6, "torch.float32") == {"NNDX504": "warning", "NNDX509": "warning"}
