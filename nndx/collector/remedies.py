@@ -147,7 +147,8 @@ def _far_from_standard(x: torch.Tensor) -> bool:
 
 def standardize_inputs(setup: Setup) -> Setup:
     """One floating-point input tensor standardised; of several (a score network's ``(x, noise
-    level)``), those on a raw scale (mean or std over 5: pixels in 0..255), the rest as they are."""
+    level)``), those on a raw scale (mean or std over 5: pixels in 0..255), the rest as they are.
+    Targets equal to the one input (an autoencoder's) are scaled with it, both to [0, 1]."""
     x = setup.inputs
     if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
         size = x[0].shape[0] if x[0].dim() else 0
@@ -160,6 +161,13 @@ def standardize_inputs(setup: Setup) -> Setup:
         raise NotApplicable("the inputs are not one floating-point tensor of several samples")
     if not _far_from_standard(x):
         raise NotApplicable("the inputs are already near mean 0, std 1")
+    y = setup.targets
+    if isinstance(y, torch.Tensor) and y.shape == x.shape and y.dtype == x.dtype and torch.equal(x, y):
+        # a reconstruction (an autoencoder's input is its target): both sides scaled to [0, 1], as ToTensor
+        # scales pixels, so that a sigmoid output still reaches its targets
+        low, high = x.min(), x.max()
+        scaled = (x - low) / (high - low + torch.finfo(x.dtype).tiny)
+        return replace(setup, inputs=scaled, targets=scaled.clone())
     return replace(setup, inputs=_standardized(x))
 
 

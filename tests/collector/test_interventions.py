@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -436,3 +437,23 @@ def test_of_several_inputs_the_one_on_a_raw_scale_is_standardised_and_confirmed(
     setup = remedies.Setup(model=model, optimizer=None, inputs=(x, level), targets=y, loss_fn=nn.CrossEntropyLoss())
     with pytest.raises(remedies.NotApplicable, match="raw scale"):
         remedies.standardize_inputs(setup)  # standard inputs beside an index: nothing to standardise
+
+
+def test_raw_pixels_an_autoencoder_reconstructs_are_scaled_on_both_sides():
+    """MorvanZhou's autoencoder fed raw pixels (0..16) as its input and as its MSE target behind
+    a sigmoid: standardising the inputs alone leaves targets no sigmoid reaches, so the remedy
+    would not help and read as "not confirmed". Targets that are the inputs are scaled with them."""
+    gen = torch.Generator().manual_seed(0)
+    pixels = (torch.rand(64, 64, generator=gen) * 17).floor()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 64), nn.Sigmoid())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.005)
+    result = interventions(model, (pixels, pixels), nn.MSELoss(), optimizer=optimizer)
+    assert _statuses(result)["UNNORMALIZED_INPUTS"] == "confirmed"
+    from nndx.collector import remedies
+
+    setup = remedies.Setup(model=model, optimizer=optimizer, inputs=pixels, targets=pixels.clone(), loss_fn=nn.MSELoss())
+    scaled = remedies.standardize_inputs(setup)
+    assert float(scaled.targets.max()) <= 1.0 and torch.equal(scaled.inputs, scaled.targets)
+    labels = torch.zeros(64, dtype=torch.long)
+    assert remedies.standardize_inputs(replace(setup, targets=labels)).targets is labels  # classes: left alone
