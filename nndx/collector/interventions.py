@@ -15,7 +15,9 @@ or turns non-finite), each applicable remedy of :mod:`nndx.collector.remedies` i
 applied to a fresh copy and the same run is repeated with the same random seed. A
 remedy that brings the loss to 75% of its start or below, and that share at least 0.2
 below the baseline's, is ``confirmed``; one that does not lower the share by 0.02 is
-``not_confirmed``. A slower learning rate is also ``confirmed`` when the baseline's loss
+``not_confirmed``. A remedy that keeps the loss and the targets must also end, measured against the
+baseline's start, 0.2 below the baseline's share (a sigmoid removed from outputs it rightly bounds starts
+worse and falls further, to about where the baseline ends). A slower learning rate is also ``confirmed`` when the baseline's loss
 ended 1.5x above its start and the slower one's does not end above its start: on one
 fixed batch that climb is an overshoot, even where the batch leaves little to learn.
 When the baseline learns, there is nothing to explain on this batch:
@@ -173,7 +175,8 @@ def interventions(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                losses = _run(apply(fresh()), steps, seed, deadline)
+                remedied = apply(fresh())
+                losses = _run(remedied, steps, seed, deadline)
         except _OutOfTime:
             if not any(r.cause == cause for r in results):
                 results.append(out_of_time)
@@ -190,6 +193,12 @@ def interventions(
             confirmed = ratio is not None and ratio < 1.0
         else:
             confirmed = ratio is not None and ratio <= CONFIRM_RATIO and ratio <= base_ratio - CONFIRM_GAIN
+            if remedied.targets is targets and remedied.loss_fn is loss_fn:
+                # the same loss of the same targets: the remedy must also end lower than the baseline on the
+                # baseline's scale; a remedy that starts worse (a sigmoid removed from outputs it rightly
+                # bounds) would otherwise be rewarded for falling from there
+                reached = _ratio([baseline[0], losses[-1]], chance)
+                confirmed &= reached is not None and reached <= base_ratio - CONFIRM_GAIN
             # on one fixed batch a loss that climbs far above its start overshoots; a slower LR that
             # stops the climb confirms it even where the batch leaves little to learn (a loss
             # that starts near its floor, as soft targets near uniform do)
