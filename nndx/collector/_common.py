@@ -398,6 +398,18 @@ def kept_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                     yield f"{prefix}.{name}" if prefix else name, tensor
 
 
+def plain_trainables(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(qualified name, tensor) of each floating-point leaf tensor that requires grad and that a
+    module keeps as a plain attribute, not as a parameter: a model written from scratch
+    (``self.w = torch.normal(0, 0.01, (n, 1), requires_grad=True)``) trains those."""
+    found: dict[int, tuple[str, torch.Tensor]] = {}
+    for name, tensor in kept_tensors(model):
+        if (tensor.is_leaf and tensor.requires_grad and tensor.is_floating_point()
+                and not isinstance(tensor, nn.Parameter)):  # fmt: skip
+            found.setdefault(id(tensor), (name, tensor))
+    return list(found.values())
+
+
 def _state_attributes(model: nn.Module) -> Iterator[tuple[nn.Module, str, Any]]:
     """(module, name, value) of each tensor a module keeps as a plain attribute, neither
     parameter nor buffer (or in a tuple/list there): a recurrent state carried on ``self``

@@ -398,6 +398,10 @@ def _limitations(watched: Watched) -> list[str]:
                    "the learning rate is unknown")  # fmt: skip
     if not watched.params:
         out.append("no trainable parameters: backward passes and updates cannot be seen")
+    if watched.plain:
+        names = ", ".join(watched.plain[:5]) + (", ..." if len(watched.plain) > 5 else "")
+        out.append(f"the model registers no parameter: the {len(watched.plain)} tensors it holds that require grad "
+                   f"({names}) are watched in their place")
     if watched.complex_params:
         names = ", ".join(watched.complex_params[:3]) + (", ..." if len(watched.complex_params) > 3 else "")
         out.append(f"{len(watched.complex_params)} complex parameter tensors not watched ({names}): their updates, "

@@ -1686,8 +1686,8 @@ class PlainTensorSoftmax(nn.Module):
 
 
 def test_a_model_that_registers_no_parameter_is_not_cut_from_its_loss():
-    """Its logged loss reaches no registered trainable parameter because there is none: that
-    says nothing of a cut graph (the run learns). NNDX304 stays quiet."""
+    """It registers no trainable parameter; the plain tensors it holds that require grad are
+    watched in their place, and its logged loss reaches them (the run learns). NNDX304 stays quiet."""
     torch.manual_seed(0)
     model = PlainTensorSoftmax()
     x, y = torch.randn(128, 16), torch.randint(0, 4, (128,))
@@ -1701,5 +1701,46 @@ def test_a_model_that_registers_no_parameter_is_not_cut_from_its_loss():
         mon.log(loss)
     report = mon.report()
     mon.close()
-    assert report.loop.logged_loss_reaches_params is None
+    assert report.loop.logged_loss_reaches_params is True
     assert "NNDX304" not in {f.rule_id for f in nndx.diagnose(report).findings}
+
+
+class LinearRegressionScratch(nn.Module):
+    """d2l's from-scratch linear regression: its weights are plain tensors that require grad,
+    no nn.Parameter, trained by a hand-written SGD over [w, b]."""
+
+    def __init__(self, inputs: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.normal(0, 0.01, (inputs, 1), requires_grad=True)
+        self.b = torch.zeros(1, requires_grad=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w + self.b
+
+
+@pytest.mark.parametrize("zero_grad", [True, False])
+def test_plain_tensors_a_model_trains_are_watched_like_parameters(zero_grad):
+    """The model registers no parameter: before, the Monitor saw no backward and no update, and
+    d2l's fit without zero_grad read only as a loss that swings (LR_TOO_HIGH). The tensors the
+    model holds that require grad are watched instead, and a note names them."""
+    model = LinearRegressionScratch(2)
+    opt = BasicOptim([model.w, model.b], 0.03)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(320, 2, generator=gen)
+    y = x @ torch.tensor([[2.0], [-3.4]]) + 4.2 + 0.01 * torch.randn(320, 1, generator=gen)
+    with Monitor(model, opt, every=3) as mon:
+        for epoch in range(3):
+            for i in range(0, 320, 32):
+                loss = ((model(x[i : i + 32]) - y[i : i + 32]) ** 2 / 2).mean()
+                loss.backward()
+                mon.log(loss)
+                opt.step()
+                if zero_grad:
+                    opt.zero_grad()
+    report = mon.report()
+    assert report.loop.steps == 30 and report.loop.backward_calls == 30
+    assert any("w, b" in text for text in report.loop.limitations)
+    assert {p.name for p in report.parameters} == {"w", "b"}
+    codes = {f.code for f in nndx.diagnose(report).findings if f.severity != "info"}
+    assert codes == ({"MISSING_ZERO_GRAD"} if not zero_grad else set())

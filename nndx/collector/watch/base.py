@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nndx.collector._common import own_optimizer, torch_optimizer
+from nndx.collector._common import own_optimizer, plain_trainables, torch_optimizer
 from nndx.collector.stats import Pending
 from nndx.report import ErrorRecord
 
@@ -39,6 +39,12 @@ class Watched:
     wrappers: list[str] = field(default_factory=list)  # optimizer wrappers whose inner optimizer is watched
     complex_params: list[str] = field(default_factory=list)  # trainable but not watched: no statistic reads them
     own_optimizers: list[str] = field(default_factory=list)  # the user's own optimizer classes: updates by hand
+    plain: list[str] = field(default_factory=list)  # tensors watched as parameters: the model registers none
+
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The root's parameters, trainable or not, and the plain tensors watched in their place."""
+        plain = set(self.plain)
+        return list(nn.Module.named_parameters(self.root)) + [(n, p) for n, p in self.params if n in plain]
 
     @property
     def manual(self) -> bool:
@@ -79,10 +85,15 @@ class Watched:
         optimizers = [torch_optimizer(opt) for opt in given]
         wrappers = [type(original).__name__ for opt, original in zip(optimizers, given) if opt is not original]
         trainable = [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad]
+        # a model that registers no parameter but holds tensors that require grad (d2l's and fastai's models
+        # from scratch: self.w = torch.normal(..., requires_grad=True)) trains those: they are watched instead
+        plain = [] if trainable else plain_trainables(root)
+        trainable = trainable or plain
         # a Fourier layer's complex weights (FNO's SpectralConv1d): norms, update ratios and sampled
         # statistics are real-valued, and the rest of the model is still watched
         return cls(root, models, optimizers, [(n, p) for n, p in trainable if not p.is_complex()], wrappers,
-                   [n for n, p in trainable if p.is_complex()], [type(opt).__name__ for opt in own])  # fmt: skip
+                   [n for n, p in trainable if p.is_complex()], [type(opt).__name__ for opt in own],
+                   [n for n, _ in plain])  # fmt: skip
 
 
 @dataclass

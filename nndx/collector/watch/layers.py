@@ -116,7 +116,7 @@ class ParameterUpdates(Watcher):
     def on_step_end(self, ctx: StepContext) -> None:
         if not ctx.recording or self._snapshot is None:
             return
-        named = list(nn.Module.named_parameters(self.watched.root))
+        named = self.watched.named_tensors()
         grads = self._grads if self.watched.manual else None
         pending = parameter_records(named, self._snapshot, ctx.step, self.max_elements, ctx.grad_norms, grads)
         self._spent = self._snapshot if _nbytes(self._snapshot) <= PENDING_BYTES else None

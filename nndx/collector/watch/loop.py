@@ -308,7 +308,7 @@ class LoopCounts(Watcher):
         self.logged_losses_through_others += other
 
     def report(self, window: int | None) -> dict[str, Any]:
-        named = list(nn.Module.named_parameters(self.watched.root))
+        named = self.watched.named_tensors()
         trainable = [(n, p) for n, p in named if p.requires_grad]
         # a pass over every frozen weight: not for the live rules' windowed report, which none of them reads it from
         at_init, checked = frozen_at_init(self.watched.root) if window is None else ([], 0)
