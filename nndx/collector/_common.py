@@ -410,6 +410,13 @@ def plain_trainables(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return list(found.values())
 
 
+def trainable_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """What the model trains, by name: its parameters that require grad or, when it registers none,
+    the plain tensors it holds that require grad (:func:`plain_trainables`). Probes, copies and the
+    Monitor all ask this one question."""
+    return [(n, p) for n, p in nn.Module.named_parameters(model) if p.requires_grad] or plain_trainables(model)
+
+
 def _state_attributes(model: nn.Module) -> Iterator[tuple[nn.Module, str, Any]]:
     """(module, name, value) of each tensor a module keeps as a plain attribute, neither
     parameter nor buffer (or in a tuple/list there): a recurrent state carried on ``self``
@@ -739,7 +746,7 @@ def copy_with_optimizer(
             except Exception:  # noqa: BLE001 - fall through to a fresh optimizer
                 pass
     model_copy = working_copy(model)
-    params = [p for p in nn.Module.parameters(model_copy) if p.requires_grad]
+    params = [p for _, p in trainable_tensors(model_copy)]
     if not params:
         raise ValueError("the model has no trainable parameters (all requires_grad=False)")
     if optimizer is not None:

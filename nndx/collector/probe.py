@@ -83,6 +83,7 @@ from nndx.collector._common import (
     set_mode,
     split_batch,
     torch_optimizer,
+    trainable_tensors,
     working_copy,
 )
 from nndx.collector.data import check_data
@@ -447,7 +448,7 @@ def _why_not(spec: ProbeSpec, setup: _Setup, have_data: bool, trained_steps: int
                 f"model the {spec.title} measures the training already done (overfitting 'in 0 steps'); "
                 "probe before training, or pass initial_state= a state_dict saved before training")  # fmt: skip
     model, _ = setup.state_for(spec)
-    if spec.trains and not any(p.requires_grad for p in nn.Module.parameters(model)):
+    if spec.trains and not trainable_tensors(model):
         outside = setup.optimizer is not None and optimizer_coverage(model, setup.optimizer)[1]
         return ("the model has no trainable parameters" + (
             f": the optimizer trains {outside} tensors outside it (an input or a latent being optimised, as style "
@@ -542,7 +543,7 @@ def _measured_sgd(model: nn.Module, watched: DiagnosticReport | None) -> tuple[t
     like a cure. Never stepped: the probes copy it."""
     history = watched.loop.effective_lr_history if watched is not None and watched.loop is not None else []
     sizes = [lr for point in history for lr in point.lrs if math.isfinite(lr) and lr > 0]
-    params = [p for p in nn.Module.parameters(model) if p.requires_grad]
+    params = [p for _, p in trainable_tensors(model)]
     if not sizes or not params:
         return None, None
     lr = statistics.median(sizes)

@@ -1744,3 +1744,7 @@ def test_plain_tensors_a_model_trains_are_watched_like_parameters(zero_grad):
     assert {p.name for p in report.parameters} == {"w", "b"}
     codes = {f.code for f in nndx.diagnose(report).findings if f.severity != "info"}
     assert codes == ({"MISSING_ZERO_GRAD"} if not zero_grad else set())
+    # the probes train a copy's plain tensors too (before: "the model has no trainable parameters")
+    probed = nndx.probe(model, (x[:32], y[:32]), lambda out, t: ((out - t) ** 2 / 2).mean(), optimizer=opt,
+                        probes=["hooks", "overfit_one_batch"])  # fmt: skip
+    assert probed.errors == [] and probed.probes.overfit_one_batch.status in ("passed", "failed")  # it ran

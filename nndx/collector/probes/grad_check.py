@@ -100,6 +100,7 @@ from nndx.collector._common import (
     preserved_rng,
     seed_all,
     split_batch,
+    trainable_tensors,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -480,7 +481,7 @@ def _check_in(dtype: torch.dtype, model: nn.Module, inputs: object, targets: obj
             module.padding_idx = None
     inputs, targets = (map_tensors(t, lambda x: x.to(dtype) if x.is_floating_point() else x)
                        for t in (inputs, targets))  # fmt: skip
-    named = [(n, p) for n, p in nn.Module.named_parameters(model_copy) if p.requires_grad]
+    named = trainable_tensors(model_copy)
     if not named:
         return GradCheckResult(status="skipped", mode=mode, eps=eps, message="no trainable parameters")
     checked_loss = loss_fn is not None

@@ -66,6 +66,7 @@ from nndx.collector._common import (
     seed_all,
     split_batch,
     train_in_float32,
+    trainable_tensors,
     working_copy,
 )
 from nndx.collector.loss_call import InnerLossCalls
@@ -142,7 +143,7 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
     floor: float | None = None
     slopes: list[float] = []  # |d loss / d output| per step, where the floor is unknown
     model_copy = dense_gradients(working_copy(model))
-    params = [p for p in nn.Module.parameters(model_copy) if p.requires_grad]
+    params = [p for _, p in trainable_tensors(model_copy)]
     if not params:
         return None
     precision = train_in_float32(model_copy)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nndx.collector._common import own_optimizer, plain_trainables, torch_optimizer
+from nndx.collector._common import own_optimizer, torch_optimizer, trainable_tensors
 from nndx.collector.stats import Pending
 from nndx.report import ErrorRecord
 
@@ -84,11 +84,10 @@ class Watched:
         given = [opt for opt in given if not any(opt is o for o in own)]
         optimizers = [torch_optimizer(opt) for opt in given]
         wrappers = [type(original).__name__ for opt, original in zip(optimizers, given) if opt is not original]
-        trainable = [(n, p) for n, p in nn.Module.named_parameters(root) if p.requires_grad]
         # a model that registers no parameter but holds tensors that require grad (d2l's and fastai's models
         # from scratch: self.w = torch.normal(..., requires_grad=True)) trains those: they are watched instead
-        plain = [] if trainable else plain_trainables(root)
-        trainable = trainable or plain
+        trainable = trainable_tensors(root)
+        plain = [] if any(isinstance(p, nn.Parameter) for _, p in trainable) else trainable
         # a Fourier layer's complex weights (FNO's SpectralConv1d): norms, update ratios and sampled
         # statistics are real-valued, and the rest of the model is still watched
         return cls(root, models, optimizers, [(n, p) for n, p in trainable if not p.is_complex()], wrappers,
