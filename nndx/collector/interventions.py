@@ -41,7 +41,8 @@ The remedies and their causes: the learning rate ÷10, ÷100, ÷1000 (LR_TOO_HIG
 ×10, ×100, ×1000 (LR_TOO_LOW), tried only when the baseline's loss ends above 90% of its
 start (slow is not stuck); the activation on the output removed (WRONG_OUTPUT_ACTIVATION, or
 DOUBLE_SOFTMAX before a loss that applies its own); inputs standardised
-(UNNORMALIZED_INPUTS); regression targets standardised (UNNORMALIZED_TARGETS); dead ReLU
+(UNNORMALIZED_INPUTS); regression targets standardised, or scaled to [0, 1] when none is negative
+(UNNORMALIZED_TARGETS); dead ReLU
 units re-initialised (DEAD_RELU); PyTorch's default init restored in layers whose
 weights no standard init gives (BAD_INIT); cross-entropy for class labels given to a
 regression loss (WRONG_LOSS). Each run is bounded by ``steps``; the whole probe by

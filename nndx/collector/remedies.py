@@ -177,6 +177,8 @@ def _raw_scale(x: torch.Tensor) -> bool:
 
 
 def standardize_targets(setup: Setup) -> Setup:
+    """Regression targets standardised; scaled to [0, 1] when none is negative (a sigmoid output
+    cannot reach the negative half of standardised pixels)."""
     y = setup.targets
     if vocab.loss_task(loss_name(setup.loss_fn)) != "regression":
         raise NotApplicable("the loss is not a regression loss")
@@ -184,6 +186,9 @@ def standardize_targets(setup: Setup) -> Setup:
         raise NotApplicable("the targets are not floating-point values of several samples")
     if not _far_from_standard(y):
         raise NotApplicable("the targets are already near mean 0, std 1")
+    if float(y.min()) >= 0:
+        # none negative (pixels in 0..255, counts): scaled to [0, 1], which a sigmoid output reaches too
+        return replace(setup, targets=y / (y.max() + torch.finfo(y.dtype).tiny))
     mean, std = y.mean(), y.std()
     return replace(setup, targets=(y - mean) / (std + torch.finfo(y.dtype).tiny))
 

@@ -32,7 +32,7 @@ REMEDIES: tuple[tuple[str, C, str, str], ...] = (
      "Pass raw logits to CrossEntropyLoss / BCEWithLogitsLoss; apply softmax only to report probabilities."),
     ("NNDX805", C.UNNORMALIZED_INPUTS, "the inputs standardised per feature",
      "Standardise the inputs with the train split's mean and std."),
-    ("NNDX806", C.UNNORMALIZED_TARGETS, "the regression targets standardised",
+    ("NNDX806", C.UNNORMALIZED_TARGETS, "the regression targets standardised (scaled to [0, 1] when none is negative)",
      "Standardise the targets for training and invert the transform for predictions."),
     ("NNDX807", C.DEAD_RELU, "the dead units re-initialised",
      "Use Kaiming init with zero biases or a LeakyReLU/GELU; nndx.fix.resurrect_dead_units re-initialises dead units."),
@@ -41,6 +41,11 @@ REMEDIES: tuple[tuple[str, C, str, str], ...] = (
     ("NNDX808", C.WRONG_LOSS, "the loss that matches the targets (cross-entropy for classes)",
      "Use CrossEntropyLoss on logits with integer class labels; MSE only for continuous targets."),
 )  # fmt: skip
+
+
+# a remedy confirmed beside a deeper one: a sigmoid output is right for targets in [0, 1], and out of reach only
+# of unscaled ones (raw 0..255 pixels); when scaling the targets made the copy learn too, that is the cause
+EXPLAINED_BY: dict[str, tuple[C, ...]] = {"NNDX803": (C.UNNORMALIZED_TARGETS,)}
 
 
 def _check(code: C):
@@ -120,10 +125,12 @@ for rule_id, code, remedy, fix in REMEDIES:
             "gradients on most steps, which bounds each step as the probe's loop does not); a warning when the runs "
             "trained with nndx's own Adam (no optimizer was given). A 10x LR is no verdict when clipping shrinks every "
             "step or parameters get no gradient (frozen, outside the optimizer, cut from the loss): it speeds up the "
-            "rest.",
+            "rest." + (" Explained by UNNORMALIZED_TARGETS when scaling the targets made the copy learn too: an output "
+                       "activation is out of reach of unscaled targets only." if rule_id in EXPLAINED_BY else ""),
             why=WHY,
             fix=fix,
             family="interventions",
             check=_check(code),
+            explained_by=EXPLAINED_BY.get(rule_id, ()),
         )
     )

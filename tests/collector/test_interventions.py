@@ -472,3 +472,20 @@ def test_a_remedy_that_starts_worse_and_ends_near_the_baseline_is_not_confirmed(
     result = interventions(model, (noisy, noisy), nn.MSELoss(), optimizer=torch.optim.Adam(model.parameters()))
     assert result.baseline_final_loss > 0.5 * result.baseline_initial_loss  # the baseline counts as stuck
     assert _statuses(result).get("WRONG_OUTPUT_ACTIVATION") != "confirmed"
+
+
+def test_non_negative_targets_out_of_a_sigmoids_reach_are_scaled_to_its_range():
+    """Udacity's denoising autoencoder given raw 0..255 pixels as its targets, its input scaled:
+    standardised targets (mean 0, std 1) stay out of the sigmoid's reach below zero, so that
+    remedy showed nothing, while removing the sigmoid did. Targets none of which is negative are
+    scaled to [0, 1] instead, which a sigmoid reaches."""
+    gen = torch.Generator().manual_seed(0)
+    clean = (torch.rand(32, 64, generator=gen) > 0.6).float() * torch.rand(32, 64, generator=gen)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 64), nn.Sigmoid())
+    result = interventions(model, (clean, clean * 255), nn.MSELoss(), optimizer=torch.optim.Adam(model.parameters()))
+    assert _statuses(result)["UNNORMALIZED_TARGETS"] == "confirmed"
+    from nndx.collector import remedies
+
+    signed = remedies.Setup(model=model, optimizer=None, inputs=clean, targets=clean * 255 - 100, loss_fn=nn.MSELoss())
+    assert float(remedies.standardize_targets(signed).targets.min()) < 0  # signed targets: standardised

@@ -417,3 +417,33 @@ def test_a_guess_its_own_rule_doubts_and_its_remedy_did_not_help_is_context():
     out_of_range = stuck.model_copy(update={"probes": healthy_probes(lr_range=sweep.model_copy(update={
         "interval_low_lr": 1.0, "interval_high_lr": 3.0, "suggested_lr": 2.0}))})  # fmt: skip
     assert {f.rule_id: f for f in diagnose(out_of_range).findings}["NNDX103"].severity == "warning"
+
+
+def test_an_output_activation_that_only_unscaled_targets_put_out_of_reach_is_their_symptom():
+    """Udacity's denoising autoencoder given raw 0..255 pixels as targets behind its sigmoid: both
+    removing the sigmoid and scaling the targets to [0, 1] made a copy learn. The sigmoid is right
+    for [0, 1] images; the targets' scale is the cause, and the output-activation finding folds under
+    it. When scaling the targets did not help, the output activation stands on its own."""
+    from nndx.report import InterventionResult, Interventions
+
+    from .reports import flat, healthy_data, healthy_split, points
+
+    def tried(cause: str, status: str) -> InterventionResult:
+        return InterventionResult(cause=cause, remedy="r", status=status, steps=100, baseline_initial_loss=12500.0,
+                                  baseline_final_loss=12420.0, remedied_initial_loss=0.26,
+                                  remedied_final_loss=0.02 if status == "confirmed" else 0.25)  # fmt: skip
+
+    split = healthy_split(label_kind="float_continuous", label_dtype="torch.float32", class_counts={},
+                          imbalance_ratio=None, target_mean=75.1, target_std=83.3)  # fmt: skip
+    report = DiagnosticReport(loss_history={"train": points(flat(1, level=12400.0))},
+                              data=healthy_data(train=split, test=None, expected_num_classes=None))  # fmt: skip
+
+    def ranked(targets_status: str) -> list:
+        results = [tried("WRONG_OUTPUT_ACTIVATION", "confirmed"), tried("UNNORMALIZED_TARGETS", targets_status)]
+        return diagnose(report.model_copy(update={"interventions": Interventions(results=results)})).findings
+
+    both = ranked("confirmed")
+    assert (both[0].code.value, both[0].confirmation) == ("UNNORMALIZED_TARGETS", "confirmed")
+    activation = next(f for f in both if f.code.value == "WRONG_OUTPUT_ACTIVATION")
+    assert activation.explained_by == both[0].rule_id
+    assert ranked("not_confirmed")[0].code.value == "WRONG_OUTPUT_ACTIVATION"
