@@ -425,6 +425,10 @@ class SampleIndependenceResult(ProbeResult):
         None, description="the recurrent layer (its module name) of a model with targets per position whose outputs "
         "each read their own position alone, along every axis the inputs share with the targets: it runs over "
         "another axis (batch_first=False fed one (1, time, features) sequence)")
+    position_dependent: bool | None = Field(
+        None, description="each sample's output depends on its position in the batch: replacing half of the samples "
+        "moved no other, yet the reversed batch gave outputs that are no reordering of the batch's (a table indexed "
+        "along the batch axis, such as a time-major positional encoding added to batch-first inputs)")
 
     def summary(self, num: NumberFormat = str) -> str:
         others = max(self.samples - self.replaced_samples, 0)

@@ -726,6 +726,36 @@ def batch_reduction(report: DiagnosticReport) -> Hit | None:
 
 
 @rule(
+    "NNDX621",
+    C.SHAPE_BROADCAST,
+    "error",
+    "A sample's output depends on its position in the batch",
+    detects="The sample-independence probe: replacing half of the batch moved no other sample's eval-mode output "
+    "(each sample is computed on its own), yet the reversed batch gave outputs that are no reordering of the "
+    "batch's. With targets per position, only the leading axis is tried, and only when its entries are computed "
+    "each on its own (a time-major model's positions read each other). A forward that draws random numbers in eval "
+    "mode is not judged.",
+    why="A table indexed along the batch axis broadcasts onto the samples without an error: the PyTorch tutorial's "
+    "time-major PositionalEncoding, a (max_len, 1, d) buffer added as pe[:x.size(0)], adds to batch-first "
+    "(batch, time, d) inputs row b of the table to every position of sample b. The model loses its positions (a "
+    "transformer can no longer reverse a sequence) and each prediction changes with where its sample sits in the "
+    "batch. The loss still falls, to what a bag of tokens predicts.",
+    fix="Index the table along the time axis (pe[:, :x.size(1)] on a (1, max_len, d) table for batch-first "
+    "inputs), or feed the layer the (time, batch, d) layout it was written for; print its shapes.",
+)
+def position_in_batch(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "sample_independence")
+    if result is None or result.status != "failed" or not result.position_dependent:
+        return None
+    return Hit(
+        symptom=f"the reversed batch of {result.samples} samples did not give the outputs reversed, though replacing "
+        f"{result.replaced_samples} of them moved no other: each output depends on its position in the batch",
+        evidence={"samples": result.samples, "batch_axis": result.batch_axis, "tolerance": result.tolerance},
+        score=3.0,
+    )
+
+
+@rule(
     "NNDX617",
     C.LABELS_MISALIGNED,
     "error",

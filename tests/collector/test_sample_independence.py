@@ -629,3 +629,53 @@ def test_a_recurrent_layer_that_reads_no_context_along_the_sequence_is_caught(st
                           (SinToCos(recurrent=False), (x, y))):  # fmt: skip
         result = sample_independence(model, batch_)
         assert result.status != "failed" and not result.no_context, result.message
+
+
+class PositionalTagger(nn.Module):
+    """A batch-first encoder with the PyTorch tutorial's time-major (max_len, 1, d) positional table:
+    ``x + pe[:x.size(0)]`` on (batch, time, d) inputs adds row b of the table to every position of
+    sample b (the bug: uvadlc's reversal task loses its positions); ``x + pe[:, :x.size(1)]`` on a
+    (1, max_len, d) table is right. A time-major model adds it along time, which is no sample."""
+
+    def __init__(self, on_batch_axis: bool, time_major: bool = False, tokens: int = 6):
+        super().__init__()
+        torch.manual_seed(0)
+        self.on_batch_axis, self.time_major = on_batch_axis, time_major
+        self.embed = nn.Linear(tokens, 16)
+        self.register_buffer("pe", torch.randn(64, 1, 16))
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=not time_major)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(16, tokens)
+
+    def forward(self, x):
+        x = self.embed(x)
+        if self.on_batch_axis or self.time_major:
+            x = x + self.pe[: x.size(0)]
+        else:
+            x = x + self.pe.transpose(0, 1)[:, : x.size(1)]
+        return self.head(self.encoder(x))
+
+
+def _reversal_batch(samples: int = 12, steps: int = 8, time_major: bool = False):
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 6, (samples, steps), generator=g)
+    x, y = torch.nn.functional.one_hot(tokens, 6).float(), tokens.flip(1)
+    return (x.transpose(0, 1), y.transpose(0, 1)) if time_major else (x, y)
+
+
+@pytest.mark.parametrize("targets", ["per_position", "per_sample"])
+def test_a_table_indexed_along_the_batch_axis_makes_outputs_depend_on_batch_position(targets):
+    """Replacing half of the samples moves no other (each sample is computed on its own), but the
+    reversed batch does not give the outputs reversed: sample b's output depends on b."""
+    x, y = _reversal_batch()
+    y = y if targets == "per_position" else y[:, 0]
+    broken = sample_independence(PositionalTagger(on_batch_axis=True), (x, y))
+    assert broken.status == "failed" and broken.position_dependent and broken.changed_samples == 0
+    report = nndx.probe(PositionalTagger(on_batch_axis=True), (x, y), lambda out, t: out.sum() * 0 + 1.0,
+                        probes=["sample_independence"])  # fmt: skip
+    assert [f.code.value for f in nndx.diagnose(report).findings][:1] == ["SHAPE_BROADCAST"]
+    healthy = sample_independence(PositionalTagger(on_batch_axis=False), (x, y))
+    assert healthy.status in ("passed", "skipped") and not healthy.position_dependent
+    time_major = sample_independence(PositionalTagger(on_batch_axis=False, time_major=True),
+                                     _reversal_batch(time_major=True))  # fmt: skip
+    assert time_major.status == "skipped" and not time_major.position_dependent  # positions along time

@@ -45,6 +45,15 @@ decoder's ``(time, batch)`` targets beside a source of another length have the b
 in common. No targets at all (a model that computes its own loss: ProdLDA's, whose decoder
 softmax ran over the batch): every axis of 3 entries or more is tried, as above.
 
+A sample's output must not depend on where the sample sits in the batch either. When half
+the batch moved no other sample (and the inputs have one axis of the samples' count), the
+reversed batch must give the outputs reversed; outputs that are no reordering of the batch's
+fail with ``position_dependent``: a table indexed along the batch axis (the PyTorch
+tutorial's time-major ``(max_len, 1, d)`` positional encoding added as ``pe[:x.size(0)]`` to
+batch-first inputs). With targets per position the leading axis alone is tried this way, and
+only this failure is reported: a time-major model's positions read each other, so its leading
+axis never passes the first test. A forward that draws random numbers in eval mode is not judged.
+
 Nodes of one graph are no batch: when an input, or a tensor the model keeps beside its
 parameters (vgae_pytorch's normalised adjacency is an attribute of its layers), is a matrix
 over the samples, they depend on each other by design and the probe says ``skipped``.
@@ -107,12 +116,20 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
                 no_context = _reads_no_context(set_mode(working_copy(model), False), inputs, targets, recurrent)
             if no_context is not None:
                 return no_context
+        if _per_position(inputs, targets) and next(iter_tensors(inputs)).shape[0] >= MIN_SAMPLES:
+            # batch-first or time-major cannot be told; but entries of the leading axis computed each on its own
+            # are samples, and an output that then depends on where a sample sits in the batch is a table indexed
+            # along the batch axis (a time-major positional encoding added to batch-first inputs)
+            with preserved_rng(), torch.no_grad():
+                leading = _trial(set_mode(working_copy(model), False), inputs, 0, check_position=True)
+            if leading.position_dependent:
+                return leading
         return SampleIndependenceResult(status="skipped", message=why)
     with preserved_rng(), torch.no_grad():
         model_copy = set_mode(working_copy(model), False)
         trials = []
         for axis in axes:
-            trial = _trial(model_copy, inputs, axis)
+            trial = _trial(model_copy, inputs, axis, check_position=len(axes) == 1)
             if trial.status == "passed":
                 if len(axes) > 1:
                     trial.message += f" (of the axes {axes} with as many entries as samples, the one that holds them)"
@@ -128,8 +145,9 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
         f"outputs in place: {trials[0].message}"))  # fmt: skip
 
 
-def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceResult:
-    """The probe with ``axis`` as the samples' axis, on the eval-mode copy."""
+def _trial(model: nn.Module, inputs: object, axis: int, check_position: bool = False) -> SampleIndependenceResult:
+    """The probe with ``axis`` as the samples' axis, on the eval-mode copy; with ``check_position``,
+    samples that did not move are also reversed: their outputs must come back reversed."""
     first = next(iter_tensors(inputs))
     samples = int(first.shape[axis])
     replaced = samples // 2
@@ -213,6 +231,13 @@ def _trial(model: nn.Module, inputs: object, axis: int) -> SampleIndependenceRes
             f"{largest:.3g}, tolerance {tolerance:.3g}): the model mixes samples along the batch axis — a recurrent "
             "layer run over the batch (batch_first), a view/reshape where permute was meant, or statistics over "
             "the batch in eval mode"))  # fmt: skip
+    if check_position and _reversal(model, inputs, axis, before, out_axis, tolerance) is None \
+            and not _stochastic(model, inputs, before, tolerance):  # fmt: skip
+        return SampleIndependenceResult(status="failed", position_dependent=True, **common, message=(
+            f"{what} left the other {samples - replaced} samples' outputs unchanged, but the reversed batch gave "
+            "outputs that are no reordering of the batch's: each sample's output depends on its position in the "
+            "batch (a table indexed along the batch axis: a time-major (max_len, 1, d) positional encoding added "
+            "to batch-first inputs)"))  # fmt: skip
     return SampleIndependenceResult(status="passed", **common, message=(
         f"{what} left the other {samples - replaced} samples' outputs unchanged (within {tolerance:.3g})"))
 
@@ -273,15 +298,16 @@ def _reversal(model: nn.Module, inputs: object, axis: int, before: torch.Tensor,
     row for row, in an order other than reversed (each sample computed on its own, returned
     in the model's own order: sorted by length, say); "reversed" when they are the batch's
     outputs reversed (samples coupled only through a statistic of the whole batch, which
-    no order changes); None when rows match none (samples mixed by position)."""
+    no order changes); None when rows match none (samples mixed by position); "unknown" when
+    the model refused the reversed batch or returned another shape."""
     samples = int(before.shape[out_axis])
     reversed_inputs = map_tensors(inputs, lambda t: t.flip(axis) if t.dim() > axis and t.shape[axis] == samples else t)
     try:
         (flipped, _), _ = _prediction(model, reversed_inputs)
     except Exception:  # noqa: BLE001 - a model that takes its batches in one order only: no verdict
-        return None
+        return "unknown"
     if flipped.shape != before.shape:
-        return None
+        return "unknown"
     # compared directly first: saturated outputs (sigmoids at 1.0) match many rows at once
     if float((flipped.flip(out_axis) - before).abs().max()) <= tolerance:
         return "reversed"
