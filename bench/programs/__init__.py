@@ -292,4 +292,10 @@ PROGRAMS = (
     "d2l_softmax_scratch",
     "morvan_dropout",
     "morvan_autoencoder",
+    "persson_rnn",
+    "uvadlc_reverse_transformer",
+    "morvan_rnn_classifier",
+    "morvan_rnn_regressor",
+    "d2l_linreg_scratch",
+    "udacity_denoising_ae",
 )
