@@ -15,11 +15,12 @@ or turns non-finite), each applicable remedy of :mod:`nndx.collector.remedies` i
 applied to a fresh copy and the same run is repeated with the same random seed. A
 remedy that brings the loss to 75% of its start or below, and that share at least 0.2
 below the baseline's, is ``confirmed``; one that does not lower the share by 0.02 is
-``not_confirmed``. A remedy that keeps the loss and the targets must also end, measured against the
-baseline's start, 0.2 below the baseline's share (a sigmoid removed from outputs it rightly bounds starts
-worse and falls further, to about where the baseline ends). A slower learning rate is also ``confirmed`` when the baseline's loss
-ended 1.5x above its start and the slower one's does not end above its start: on one
-fixed batch that climb is an overshoot, even where the batch leaves little to learn.
+``not_confirmed``. A remedy that keeps the loss and the targets must also end, measured
+against the baseline's start, 0.2 below the baseline's share (a sigmoid removed from outputs
+it rightly bounds starts worse and falls further, to about where the baseline ends). A
+slower learning rate is also ``confirmed`` when the baseline's loss ended 1.5x above its
+start and the slower one's does not end above its start: on one fixed batch that climb is
+an overshoot, even where the batch leaves little to learn.
 When the baseline learns, there is nothing to explain on this batch:
 no remedy is tried (the bug, if any, lives in the user's loop or data, which the other
 probes and the Monitor see). The learning-rate remedies come last and are skipped once

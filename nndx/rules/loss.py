@@ -336,8 +336,8 @@ def oscillating(report: DiagnosticReport) -> Hit | None:
     # or on a loss that ends under half its start: spikes over twice the start around so low a
     # level are single hard samples of a small batch (one sample per step: a misclassified
     # one's loss is several times the mean), not a loss that climbs
-    noisy_but_learning = recovered and spikes < 2 or not blow_ups and (adversarial(report) or curve.progress >= 0.5 or spikes < 2 and (
-        curve.progress >= 0.2 or starts_fitted(report)))
+    noisy_but_learning = (recovered and spikes < 2) or not blow_ups and (
+        adversarial(report) or curve.progress >= 0.5 or spikes < 2 and (curve.progress >= 0.2 or starts_fitted(report)))
     # the range test, on a copy from the same start, trains well at this LR: whatever makes the
     # loss climb (targets that move with the model, as TD learning's do), it is not the step size
     # (a few jumps to 10x, none to 100x, are a hard target-network sync, not an overshoot: a DQN's TD loss)

@@ -452,7 +452,8 @@ def test_raw_pixels_an_autoencoder_reconstructs_are_scaled_on_both_sides():
     assert _statuses(result)["UNNORMALIZED_INPUTS"] == "confirmed"
     from nndx.collector import remedies
 
-    setup = remedies.Setup(model=model, optimizer=optimizer, inputs=pixels, targets=pixels.clone(), loss_fn=nn.MSELoss())
+    setup = remedies.Setup(model=model, optimizer=optimizer, inputs=pixels, targets=pixels.clone(),
+                           loss_fn=nn.MSELoss())  # fmt: skip
     scaled = remedies.standardize_inputs(setup)
     assert float(scaled.targets.max()) <= 1.0 and torch.equal(scaled.inputs, scaled.targets)
     labels = torch.zeros(64, dtype=torch.long)

@@ -43,8 +43,7 @@ class Watched:
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """The root's parameters, trainable or not, and the plain tensors watched in their place."""
-        plain = set(self.plain)
-        return list(nn.Module.named_parameters(self.root)) + [(n, p) for n, p in self.params if n in plain]
+        return list(nn.Module.named_parameters(self.root)) + (list(self.params) if self.plain else [])
 
     @property
     def manual(self) -> bool:
