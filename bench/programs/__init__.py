@@ -298,4 +298,10 @@ PROGRAMS = (
     "morvan_rnn_regressor",
     "d2l_linreg_scratch",
     "udacity_denoising_ae",
+    "persson_cnn",
+    "persson_bilstm",
+    "morvan_classification",
+    "morvan_regression",
+    "uvadlc_activations",
+    "d2l_gru",
 )
