@@ -180,6 +180,30 @@ class Recentre(nn.Module):
         return (x - centre) + centre
 
 
+class CorruptedInput(nn.Module):
+    """ELECTRA's pretraining wrapper: 15% of the tokens chosen by a uniform draw, prob_mask_like's
+    ``uniform_(0, 1) < 0.15``, replaced by the mask id in every mode; the mask selects tokens, it
+    multiplies no activation. Sampling the corruption is the model's purpose, not a dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(10, 16), nn.Linear(16, 3)
+
+    def forward(self, tokens):
+        chosen = torch.zeros_like(tokens).float().uniform_(0, 1) < 0.15
+        return self.head(self.embed(tokens.masked_fill(chosen, 9)).mean(1))
+
+
+def test_a_mask_that_corrupts_inputs_is_sampling_not_a_dropout():
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 9, (32, 12))
+    result = eval_mode_consistency(CorruptedInput().eval(), (tokens, None))
+    assert result.ignores_eval is False and not result.has_dropout and "sampling" in result.message
+    report = nndx.probe(CorruptedInput().eval(), (tokens, torch.randint(0, 3, (32,))), nn.CrossEntropyLoss(),
+                        probes=["eval_mode"])  # fmt: skip
+    assert "EVAL_MODE_FORGOTTEN" not in [f.code.value for f in nndx.diagnose(report).findings]
+
+
 def test_rounding_differences_of_a_half_batch_are_not_batch_dependence():
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(8, 64), Recentre(), nn.ReLU(), nn.Linear(64, 10)).eval()

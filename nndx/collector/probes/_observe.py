@@ -60,6 +60,10 @@ RESIDUAL_ADDS = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
 UNIFORM_DRAWS = frozenset({"rand", "rand_like", "uniform_"})
 MASK_COMPARISONS = {"gt": 1, "__gt__": 1, "ge": 1, "__ge__": 1, "greater": 1, "lt": -1, "__lt__": -1, "le": -1,
                     "__le__": -1, "less": -1}  # fmt: skip
+# such a mask is a dropout once it multiplies a floating tensor (an activation); one that selects tokens to corrupt
+# (ELECTRA's and BERT's masking: masked_fill of ids, torch.where) is sampling, the model's purpose
+MASK_CASTS = frozenset({"float", "to", "type", "type_as", "half", "double", "bfloat16"})
+MASK_PRODUCTS = frozenset({"mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"})
 DROPOUT_OPS = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
                          "feature_alpha_dropout", "feature_dropout"})  # fmt: skip
 # reductions that, given no dim=, reduce every axis at once: over a batched tensor, every sample's
@@ -169,6 +173,7 @@ class ForwardObserver(TorchFunctionMode):
         # the drop share of every mask drawn by hand (a uniform draw compared with one number), in any mode
         self.drawn_masks: list[float] = []
         self._uniform: dict[int, weakref.ref] = {}  # uniform draws the forward made
+        self._masks: dict[int, tuple[weakref.ref, float]] = {}  # masks drawn from them: the share each drops
         self.kink_pattern: list[torch.Tensor] = []
         self.lowest_precision: torch.dtype | None = None  # of any floating value computed inside
         self._stack: list[tuple[str, nn.Module]] = []
@@ -304,7 +309,15 @@ class ForwardObserver(TorchFunctionMode):
         if op in UNIFORM_DRAWS and isinstance(out, torch.Tensor):
             self._uniform[id(out)] = weakref.ref(out)
         elif op in MASK_COMPARISONS and first is not None and _held(self._uniform, first):
-            self._drawn_mask(op, args[1] if len(args) > 1 else kwargs.get("other"))
+            self._drawn_mask(op, args[1] if len(args) > 1 else kwargs.get("other"), out)
+        elif op in MASK_CASTS and first is not None and (rate := self._mask_rate(first)) is not None:
+            for t in iter_tensors(out):
+                self._masks[id(t)] = (weakref.ref(t), rate)
+        elif op in MASK_PRODUCTS:
+            operands = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+            rates = [r for a in operands if (r := self._mask_rate(a)) is not None]
+            if rates and any(a.is_floating_point() and self._mask_rate(a) is None for a in operands):
+                self.drawn_masks.append(rates[0])
         if first is not None and (op in SHAPE_OPS or op in DROPOUT_OPS) and not _is_torch_module(self._stack[-1][1]):
             self._made(out, self._maker(first))
         if first is not None and op in SHAPE_OPS:
@@ -394,13 +407,19 @@ class ForwardObserver(TorchFunctionMode):
         training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else default))
         self.dropout_calls.append((float(p), bool(training)))
 
-    def _drawn_mask(self, op: str, threshold: Any) -> None:
+    def _drawn_mask(self, op: str, threshold: Any, mask: Any) -> None:
         """A uniform draw compared with one number (not a tensor of per-unit probabilities:
-        an RBM's stochastic units sample on purpose): the share of entries it drops."""
+        an RBM's stochastic units sample on purpose): the share of entries it drops, kept until
+        the mask multiplies an activation (``drawn_masks``)."""
         if isinstance(threshold, torch.Tensor) and threshold.numel() == 1:
             threshold = float(threshold)
-        if isinstance(threshold, (int, float)) and 0 < threshold < 1:
-            self.drawn_masks.append(threshold if MASK_COMPARISONS[op] > 0 else 1 - threshold)
+        if isinstance(threshold, (int, float)) and 0 < threshold < 1 and isinstance(mask, torch.Tensor):
+            self._masks[id(mask)] = (weakref.ref(mask), threshold if MASK_COMPARISONS[op] > 0 else 1 - threshold)
+
+    def _mask_rate(self, t: torch.Tensor) -> float | None:
+        """The share a mask drawn by hand drops, when ``t`` is one (or its cast)."""
+        held = self._masks.get(id(t))
+        return held[1] if held is not None and held[0]() is t else None
 
     def _kinks(self, op: str, func: Any, args: tuple, kwargs: dict, first: torch.Tensor | None, out: Any) -> None:
         keep = self.kink_pattern.append
