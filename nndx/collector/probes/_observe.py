@@ -61,7 +61,7 @@ UNIFORM_DRAWS = frozenset({"rand", "rand_like", "uniform_"})
 MASK_COMPARISONS = {"gt": 1, "__gt__": 1, "ge": 1, "__ge__": 1, "greater": 1, "lt": -1, "__lt__": -1, "le": -1,
                     "__le__": -1, "less": -1}  # fmt: skip
 # such a mask is a dropout once it multiplies a floating tensor (an activation); one that selects tokens to corrupt
-# (ELECTRA's and BERT's masking: masked_fill of ids, torch.where) is sampling, the model's purpose
+# (ELECTRA's and BERT's masking: masked_fill of token ids) is sampling, the model's purpose
 MASK_CASTS = frozenset({"float", "to", "type", "type_as", "half", "double", "bfloat16"})
 MASK_PRODUCTS = frozenset({"mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"})
 DROPOUT_OPS = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
@@ -170,7 +170,8 @@ class ForwardObserver(TorchFunctionMode):
         self.timeline: list[str] = []  # leaf modules and functional activations, in the order they first ran
         self.first_nonfinite: tuple[str, str, str | None] | None = None  # (module, module type, op or None)
         self.dropout_calls: list[tuple[float, bool]] = []  # (p, training) of every dropout call
-        # the drop share of every mask drawn by hand (a uniform draw compared with one number), in any mode
+        # the drop share of every mask drawn by hand (a uniform draw compared with one number) that multiplied a
+        # floating tensor, in any mode
         self.drawn_masks: list[float] = []
         self._uniform: dict[int, weakref.ref] = {}  # uniform draws the forward made
         self._masks: dict[int, tuple[weakref.ref, float]] = {}  # masks drawn from them: the share each drops
