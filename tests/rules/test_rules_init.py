@@ -292,3 +292,32 @@ def test_zero_layers_behind_a_zero_output_layer_are_a_deliberate_start(digits, z
         assert any(f.rule_id == "NNDX207" for f in findings), [f.symptom for f in findings]
     else:
         assert not findings, [(f.rule_id, f.symptom) for f in findings]
+
+
+class ChannelMix(nn.Module):
+    """RWKV-v4's channel-mix: receptance and value initialised to zero, key random; the gate
+    sigmoid(receptance(x)) is 0.5 for every sample at the start and multiplies the value's output,
+    so the branch starts as nothing added. Without the residual, nothing else feeds the stream."""
+
+    def __init__(self, residual: bool) -> None:
+        super().__init__()
+        self.residual = residual
+        self.key, self.value, self.receptance = (nn.Linear(32, 32, bias=False) for _ in range(3))
+        for layer in (self.value, self.receptance):
+            nn.init.zeros_(layer.weight)
+
+    def forward(self, x):
+        out = torch.sigmoid(self.receptance(x)) * self.value(torch.square(torch.relu(self.key(x))))
+        return x + out if self.residual else out
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_gated_residual_branch_that_starts_at_zero_is_no_bad_init(digits, residual):
+    """RWKV's healthy run got a BAD_INIT warning per block for its channel-mix: a sigmoid gate
+    over a zero-initialised receptance, times a zero-initialised value, added to the stream. The
+    product ends the branch as a layer's own output would; without the residual it is a dead layer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), ChannelMix(residual), nn.LayerNorm(32), ChannelMix(residual),
+                          nn.Linear(32, 10))  # fmt: skip
+    findings = probe_findings(model, digits[0][:128], digits[1][:128])
+    assert bool(findings) == (not residual), [f.symptom for f in findings]

@@ -183,6 +183,7 @@ class ForwardObserver(TorchFunctionMode):
         # data flow between leaf modules: tensor id -> (tensor, the layer that made it), kept
         # through reshapes, dropout and normalisation; and each layer's first input's maker
         self._producer: dict[int, tuple[weakref.ref, str]] = {}
+        self._factors: dict[int, tuple[weakref.ref, tuple[str, ...]]] = {}  # products: the makers of their factors
         self._input_from: dict[int, str | None] = {}  # id(module) -> maker of its latest input
         self.input_from: dict[str, str | None] = {}  # layer name -> maker of its first input
         self.readers: Counter[str] = Counter()  # layer name -> layers and ops that read its output
@@ -279,7 +280,8 @@ class ForwardObserver(TorchFunctionMode):
 
     def _residual_add(self, args: tuple) -> None:
         """``out += identity``: the layers whose own outputs meet another tensor of their
-        shape in an addition end a residual branch (ResNet's last norm, LoRA's B)."""
+        shape in an addition end a residual branch (ResNet's last norm, LoRA's B), and so do
+        the factors of a product that does (a gate times a layer's output)."""
         operands = [a for a in args[:2] if isinstance(a, torch.Tensor)]
         if len(operands) != 2 or operands[0].shape != operands[1].shape:
             return
@@ -289,6 +291,9 @@ class ForwardObserver(TorchFunctionMode):
                 self.residual_ends.add(made[1])
             if (maker := self._maker(t)) is not None:
                 self.residual_ends.add(maker)
+            factors = self._factors.get(id(t))
+            if factors is not None and factors[0]() is t:
+                self.residual_ends.update(factors[1])
 
     # -- every torch call
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -336,6 +341,11 @@ class ForwardObserver(TorchFunctionMode):
             for t in {id(t): t for t in iter_tensors(args)}.values():
                 if (maker := self._maker(t)) is not None:
                     self.readers[maker] += 1
+        if op in MASK_PRODUCTS and isinstance(out, torch.Tensor):
+            # a gated branch (RWKV's sigmoid(r) * value(k)) ends where its factors' layers end
+            makers = tuple(m for a in args[:2] if isinstance(a, torch.Tensor) and (m := self._maker(a)) is not None)
+            if makers:
+                self._factors[id(out)] = (weakref.ref(out), makers)
         if op in RESIDUAL_ADDS:
             self._residual_add(args)
         if first is not None and _in_place(op) and op not in SHAPE_OPS and op not in DROPOUT_OPS and out is first:
