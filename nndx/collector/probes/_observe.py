@@ -239,8 +239,7 @@ class ForwardObserver(TorchFunctionMode):
                 self.readers[maker] += 1
 
     def _maker(self, t: torch.Tensor) -> str | None:
-        made = self._producer.get(id(t))
-        return made[1] if made is not None and made[0]() is t else None
+        return _held_value(self._producer, t)
 
     def _made(self, out: Any, maker: str | None) -> None:
         for t in iter_tensors(out):
@@ -286,14 +285,11 @@ class ForwardObserver(TorchFunctionMode):
         if len(operands) != 2 or operands[0].shape != operands[1].shape:
             return
         for t in operands:
-            made = self._leaf_output.get(id(t))
-            if made is not None and made[0]() is t:
-                self.residual_ends.add(made[1])
+            if (leaf := _held_value(self._leaf_output, t)) is not None:
+                self.residual_ends.add(leaf)
             if (maker := self._maker(t)) is not None:
                 self.residual_ends.add(maker)
-            factors = self._factors.get(id(t))
-            if factors is not None and factors[0]() is t:
-                self.residual_ends.update(factors[1])
+            self.residual_ends.update(_held_value(self._factors, t) or ())
 
     # -- every torch call
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -316,13 +312,13 @@ class ForwardObserver(TorchFunctionMode):
             self._uniform[id(out)] = weakref.ref(out)
         elif op in MASK_COMPARISONS and first is not None and _held(self._uniform, first):
             self._drawn_mask(op, args[1] if len(args) > 1 else kwargs.get("other"), out)
-        elif op in MASK_CASTS and first is not None and (rate := self._mask_rate(first)) is not None:
+        elif op in MASK_CASTS and first is not None and (rate := _held_value(self._masks, first)) is not None:
             for t in iter_tensors(out):
                 self._masks[id(t)] = (weakref.ref(t), rate)
         elif op in MASK_PRODUCTS:
             operands = [a for a in args[:2] if isinstance(a, torch.Tensor)]
-            rates = [r for a in operands if (r := self._mask_rate(a)) is not None]
-            if rates and any(a.is_floating_point() and self._mask_rate(a) is None for a in operands):
+            rates = [r for a in operands if (r := _held_value(self._masks, a)) is not None]
+            if rates and any(a.is_floating_point() and _held_value(self._masks, a) is None for a in operands):
                 self.drawn_masks.append(rates[0])
         if first is not None and (op in SHAPE_OPS or op in DROPOUT_OPS) and not _is_torch_module(self._stack[-1][1]):
             self._made(out, self._maker(first))
@@ -426,11 +422,6 @@ class ForwardObserver(TorchFunctionMode):
             threshold = float(threshold)
         if isinstance(threshold, (int, float)) and 0 < threshold < 1 and isinstance(mask, torch.Tensor):
             self._masks[id(mask)] = (weakref.ref(mask), threshold if MASK_COMPARISONS[op] > 0 else 1 - threshold)
-
-    def _mask_rate(self, t: torch.Tensor) -> float | None:
-        """The share a mask drawn by hand drops, when ``t`` is one (or its cast)."""
-        held = self._masks.get(id(t))
-        return held[1] if held is not None and held[0]() is t else None
 
     def _kinks(self, op: str, func: Any, args: tuple, kwargs: dict, first: torch.Tensor | None, out: Any) -> None:
         keep = self.kink_pattern.append
@@ -604,6 +595,12 @@ def _held(table: dict[int, weakref.ref], t: torch.Tensor) -> bool:
     """Whether ``t`` itself (not a later tensor reusing its id) is in ``table``."""
     ref = table.get(id(t))
     return ref is not None and ref() is t
+
+
+def _held_value(table: dict[int, tuple[weakref.ref, Any]], t: Any) -> Any:
+    """What ``table`` holds for ``t`` itself (not for a later tensor reusing its id), or None."""
+    entry = table.get(id(t))
+    return entry[1] if entry is not None and entry[0]() is t else None
 
 
 def _reduced_back(out: torch.Tensor, ndim: int, args: tuple, kwargs: dict) -> torch.Tensor:
