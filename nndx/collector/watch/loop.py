@@ -327,7 +327,8 @@ class LoopCounts(Watcher):
             "params_grad_none": (
                 [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
             ),
-            # a model that registers no trainable parameter (plain tensors, d2l's scratch models): nothing to reach
+            # nothing trainable watched (no parameter, and no plain tensor that requires grad in its place, as d2l's
+            # scratch models hold): nothing to reach
             "logged_loss_reaches_params": (
                 self.logged_losses_reaching > 0 if self.logged_losses_checked and trainable else None
             ),
