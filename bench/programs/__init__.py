@@ -304,4 +304,10 @@ PROGRAMS = (
     "morvan_regression",
     "uvadlc_activations",
     "d2l_gru",
+    "fastbook_lm",
+    "dlwpt_thermometer",
+    "mrdbourke_circles",
+    "loeber_logistic",
+    "yunjey_language_model",
+    "uvadlc_autoencoder",
 )
