@@ -417,14 +417,20 @@ def trainable_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(n, p) for n, p in nn.Module.named_parameters(model) if p.requires_grad] or plain_trainables(model)
 
 
+_NOTHING = object()
+
+
+def _holds_tensor(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, tuple, list)) and any(True for _ in iter_tensors(value))
+
+
 def _state_attributes(model: nn.Module) -> Iterator[tuple[nn.Module, str, Any]]:
     """(module, name, value) of each tensor a module keeps as a plain attribute, neither
     parameter nor buffer (or in a tuple/list there): a recurrent state carried on ``self``
     from one forward to the next, as the PyTorch LSTM tagger tutorial's ``self.hidden``."""
     for module in model.modules():
         for name, value in vars(module).items():
-            if name not in _MODULE_DICTS and isinstance(value, (torch.Tensor, tuple, list)) and any(
-                    True for _ in iter_tensors(value)):  # fmt: skip
+            if name not in _MODULE_DICTS and _holds_tensor(value):
                 yield module, name, value
 
 
@@ -612,15 +618,22 @@ class _StateReset:
     elements (a frozen pretrained backbone is not doubled in memory: no forward writes it)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.kept = list(_state_attributes(model))
+        # every plain attribute, tensor or not: a state may start as ``self.h = 0`` and become a
+        # tensor at the first forward (fastbook's stateful LMModel3)
+        self.kept = [(m, {n: v for n, v in vars(m).items() if n not in _MODULE_DICTS}) for m in model.modules()]
         self.written = _untrained_tensors(model)
         self.marks = [_mark(w.tensor) for w in self.written]
         self.rewrote: list[str] = []  # the tensors a forward wrote, which were put back
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        for owner, name, value in self.kept:
-            if vars(owner).get(name) is not value:
-                vars(owner)[name] = value
+        for owner, kept in self.kept:
+            attributes = vars(owner)
+            for name in [n for n, v in attributes.items() if n not in _MODULE_DICTS and kept.get(n, _NOTHING) is not v
+                         and _holds_tensor(v)]:  # fmt: skip
+                if name in kept:
+                    attributes[name] = kept[name]
+                else:
+                    del attributes[name]
         for i, w in enumerate(self.written):
             current = getattr(w.owner, w.where).get(w.name)
             if current is None:

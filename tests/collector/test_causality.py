@@ -827,3 +827,38 @@ def test_a_loss_that_pushes_away_from_the_next_tokens_is_no_misalignment():
     text = torch.randint(0, 12, (16 * 9,), generator=g).view(16, 9)
     result = causality(ScratchRNN(), (text[:, :-1], text[:, 1:]), lambda out, y: -F.cross_entropy(out, y.T.reshape(-1)))
     assert not result.batch_next_fraction, result.message
+
+
+class StatefulRNNLM(nn.Module):
+    """fastbook's LMModel3/4: the hidden state kept on ``self`` across calls (``self.h = 0``, a tensor
+    from the first forward on, detached after each), so the next batch continues where this one left."""
+
+    def __init__(self, vocab=12, hidden=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.i_h, self.h_h, self.h_o = nn.Embedding(vocab, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, vocab)
+        self.h = 0
+
+    def forward(self, x):
+        outs = []
+        for i in range(x.shape[1]):
+            self.h = torch.relu(self.h_h(self.h + self.i_h(x[:, i])))
+            outs.append(self.h_o(self.h))
+        self.h = self.h.detach()
+        return torch.stack(outs, dim=1)
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_a_state_the_model_carries_from_call_to_call_is_put_back_before_each_probe_forward(shift):
+    """Carried over, the state from the probe's previous forward moved every output between two
+    forwards of one batch: the healthy model read as pairing outputs with other samples' targets
+    (an error), and its unshifted targets went unseen. The state starts as ``0``, not a tensor."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 12, (8, 17), generator=g)
+    model = StatefulRNNLM()
+    result = causality(model, (ids[:, :16], ids[:, shift : shift + 16]), flat_cross_entropy)
+    if shift:
+        assert result.status == "passed" and not result.batch_next_fraction, result.message
+    else:
+        assert result.status == "failed" and result.unshifted, result.message
+    assert model.h == 0  # the user's model untouched
