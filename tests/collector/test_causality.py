@@ -829,6 +829,38 @@ def test_a_loss_that_pushes_away_from_the_next_tokens_is_no_misalignment():
     assert not result.batch_next_fraction, result.message
 
 
+class FlatRNNLM(nn.Module):
+    """yunjey's language model: a batch-first LSTM whose outputs are flattened to (batch * time, V)
+    for ``criterion(outputs, targets.reshape(-1))``, with its states passed in and returned."""
+
+    def __init__(self, vocab=12, hidden=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.lstm = nn.Embedding(vocab, hidden), nn.LSTM(hidden, hidden, batch_first=True)
+        self.linear = nn.Linear(hidden, vocab)
+
+    def forward(self, x, states):
+        out, states = self.lstm(self.embed(x), states)
+        return self.linear(out.reshape(out.size(0) * out.size(1), out.size(2))), states
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_batch_major_rows_with_unshifted_targets_are_read_in_their_own_layout(shift):
+    """Rows flattened batch-major are tried time-major too (d2l stacks its steps), and the layout
+    that reads the targets better is kept. With unshifted targets neither layout makes them the
+    next tokens, so "better" must count the copied token as well: read by the next-token share
+    alone, a layout that pairs the rows at random won by chance and the copy went unseen."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 12, (6, 21), generator=g)
+    states = (torch.zeros(1, 6, 16), torch.zeros(1, 6, 16))
+    batch = ((ids[:, :20], states), ids[:, shift : shift + 20])
+    result = causality(FlatRNNLM(), batch, lambda out, y: F.cross_entropy(out[0], y.reshape(-1)))
+    if shift:
+        assert result.status == "passed" and result.next_fraction == 1.0, result.message
+    else:
+        assert result.status == "failed" and result.unshifted and result.copy_fraction == 1.0, result.message
+
+
 class StatefulRNNLM(nn.Module):
     """fastbook's LMModel3/4: the hidden state kept on ``self`` across calls (``self.h = 0``, a tensor
     from the first forward on, detached after each), so the next batch continues where this one left."""

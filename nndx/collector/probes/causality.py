@@ -567,11 +567,12 @@ def _loss_targets(model: nn.Module, inputs: object, targets: object, loss_fn: Lo
         which = _Which(index)
         if out.dim() == 2 and not one_value and tokens.shape[0] != tokens.shape[1] and tokens.shape[0] > 1:
             # rows flattened from (time, batch) — d2l's RNN stacks its steps — read the same loss
-            # the other way: the layout that makes the targets the next tokens, when one does
+            # the other way: the layout that makes the targets some offset of the tokens (the next
+            # ones, or the tokens themselves when unshifted), when one does
             flipped = _Which(index, (int(tokens.shape[1]), int(tokens.shape[0])))
             other = _aimed(_per_position(flipped.batch_major(out.grad.detach().float()), tokens.shape, None), target,
                            tokens, one_value)  # fmt: skip
-            if _best_share(other, tokens, 1)[1] > _best_share(aimed, tokens, 1)[1]:
+            if _matched_share(other, tokens) > _matched_share(aimed, tokens):
                 aimed, which = other, flipped
         return aimed, which, one_value
     if reasons:
@@ -669,6 +670,12 @@ def _same_tokens(aimed: torch.Tensor, target: torch.Tensor) -> float:
     size = int(max(aimed.max(), wanted.max())) + 1
     return float(torch.minimum(torch.bincount(aimed, minlength=size), torch.bincount(wanted, minlength=size)).sum()
                  / aimed.numel())  # fmt: skip
+
+
+def _matched_share(aimed: torch.Tensor, tokens: torch.Tensor) -> float:
+    """The largest share of scored positions whose target is ``tokens[t + k]`` for one offset ``k``
+    the probe reads (next, same, or misplaced)."""
+    return max(_best_share(aimed, tokens, offset)[1] for offset in (1, 0, *MISPLACED_OFFSETS))
 
 
 def _best_share(aimed: torch.Tensor, tokens: torch.Tensor, offset: int) -> tuple[int | None, float]:
