@@ -117,8 +117,9 @@ RANGE_SLACK = 1e-3
     "ReLU or Sigmoid trained with CrossEntropyLoss (logits clipped to >= 0 or squashed to [0, 1]: from the "
     "observed forward, or from the values reaching the loss when no forward was observed); a "
     "model ending in ReLU/Sigmoid/Tanh regressing targets outside that activation's range (mean ± std beyond "
-    "it, and, where the data checks measured them, the smallest or largest target too: images in [-1, 1], mostly "
-    "background at -1, fit a Tanh however lopsided their spread).",
+    "it, and, where measured, the smallest or largest target too: images in [-1, 1], mostly background at -1, "
+    "fit a Tanh however lopsided their spread). The targets are the data checks' training split's; without "
+    "data checks, those a regression loss, or a loss of the user's own, was given shaped as the outputs.",
     why="The output layer then cannot express what the loss asks for: the loss is constant or stalls "
     "above its minimum.",
     fix="End classifiers with a plain Linear producing C >= 2 logits (or 1 logit with BCEWithLogitsLoss); "
@@ -161,24 +162,40 @@ def wrong_output_activation(report: DiagnosticReport) -> Hit | None:
                 },
                 score=2.0,
             )
-    train = report.data.train if report.data is not None else None
     bounds = {"ReLU": (0.0, None), "Sigmoid": (0.0, 1.0), "Tanh": (-1.0, 1.0)}
-    if output_activation in bounds and train is not None and train.label_kind == "float_continuous":
+    targets = _value_targets(report) if output_activation in bounds else None
+    if targets is not None:
         low, high = bounds[output_activation]
-        mean, std = train.target_mean, train.target_std
-        if mean is not None and std is not None:
-            # the extremes, where measured, say whether any target lies outside at all
-            slack = RANGE_SLACK * max(1.0, abs(mean) + std)
-            below = low is not None and mean - std < low and (train.target_min is None or train.target_min < low - slack)
-            above = high is not None and mean + std > high and (
-                train.target_max is None or train.target_max > high + slack)
-            if below or above:
-                return Hit(
-                    symptom=f"targets of mean {mean:.3g} ± {std:.3g} through a final {output_activation}",
-                    evidence={"output_activation": output_activation, "target_mean": mean, "target_std": std,
-                              "target_min": train.target_min, "target_max": train.target_max},
-                    score=2.0,
-                )
+        mean, std, smallest, largest = targets
+        # the extremes, where measured, say whether any target lies outside at all
+        slack = RANGE_SLACK * max(1.0, abs(mean) + std)
+        below = low is not None and mean - std < low and (smallest is None or smallest < low - slack)
+        above = high is not None and mean + std > high and (largest is None or largest > high + slack)
+        if below or above:
+            return Hit(
+                symptom=f"targets of mean {mean:.3g} ± {std:.3g} through a final {output_activation}",
+                evidence={"output_activation": output_activation, "target_mean": mean, "target_std": std,
+                          "target_min": smallest, "target_max": largest},  # fmt: skip
+                score=2.0,
+            )
+    return None
+
+
+def _value_targets(report: DiagnosticReport) -> tuple[float, float, float | None, float | None] | None:
+    """(mean, std, min, max) of the targets the outputs are regressed on: the data checks' training
+    split when it holds continuous targets; else the floating-point targets, shaped as the outputs, that
+    a regression loss or one of the user's own was given (an autoencoder's images, no data checks run)."""
+    train = report.data.train if report.data is not None else None
+    if train is not None and train.label_kind == "float_continuous":
+        if train.target_mean is None or train.target_std is None:
+            return None
+        return train.target_mean, train.target_std, train.target_min, train.target_max
+    for call in loss_calls(report):
+        kind = vocab.loss_kind(call.loss_type)
+        if (kind is None or kind.task == "regression") and call.target_mean is not None \
+                and call.target_std is not None and "float" in (call.target_dtype or "") \
+                and list(call.target_shape) == list(call.output_shape):  # fmt: skip
+            return call.target_mean, call.target_std, call.target_min, call.target_max
     return None
 
 

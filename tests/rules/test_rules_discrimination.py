@@ -1841,6 +1841,27 @@ def test_an_output_activation_is_judged_against_the_targets_extremes_not_only_th
     assert not fired("Sigmoid", target_mean=0.2, target_std=0.3, target_min=0.0, target_max=1.0)
 
 
+def test_without_data_checks_the_targets_the_loss_was_given_are_judged_against_the_output_activation():
+    """uvadlc's autoencoder given a Sigmoid in place of its Tanh, its images still in [-1, 1], and a
+    loss of its own (summed MSE): no data checks ran, but the probes' loss call saw the targets. A
+    classification loss's targets, or targets shaped unlike the outputs, say nothing of their range."""
+    from .broken import loss_call
+
+    def fired(activation: str, **call) -> bool:
+        fields = dict(loss_type="reconstruction_loss", output_shape=[256, 1, 16, 16], target_shape=[256, 1, 16, 16],
+                      target_dtype="torch.float32", output_min=0.5, output_max=0.53, target_mean=-0.38,
+                      target_std=0.64, target_min=-1.0, target_max=1.0) | call  # fmt: skip
+        report = with_loop(BASE, loss_calls=[loss_call(**fields)]).model_copy(update={
+            "task": "regression", "model": mlp_model(output_activation=activation), "data": None})  # fmt: skip
+        return "NNDX402" in _found(report)
+
+    assert fired("Sigmoid")
+    assert not fired("Tanh")
+    assert not fired("Sigmoid", target_mean=0.3, target_std=0.3, target_min=0.0, target_max=1.0)
+    assert not fired("Sigmoid", loss_type="BCELoss", target_mean=0.5, target_std=0.5, target_min=0.0, target_max=1.0)
+    assert not fired("Sigmoid", target_shape=[256])  # one target per sample: not the outputs' values
+
+
 def test_an_lr_several_times_above_the_range_where_the_sweep_trains_well_that_killed_units_is_the_root():
     """crnn.pytorch with Adam at its default 1e-2: the range test trains well up to 1.2e-3,
     diverges only at 0.74; in training half the units of a ReLU layer died (no update ratio
