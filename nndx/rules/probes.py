@@ -922,6 +922,9 @@ def label_noise(report: DiagnosticReport) -> Hit | None:
     "logits[:, :-1] against labels[:, 1:] in the loss; a Hugging Face model wants labels = input_ids). "
     "Masked language model: replace the scored positions' input tokens "
     "(80% by the mask id, 10% by random ids, 10% kept) before the forward.",
+    # a recurrent layer run over the batch, or a view that interleaves batch and time, hands the loss
+    # outputs in another layout than the targets: the reshape is the cause, the pairing its effect
+    explained_by=(C.WRONG_RESHAPE,),
 )
 def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "causality")

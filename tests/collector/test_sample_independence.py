@@ -679,3 +679,72 @@ def test_a_table_indexed_along_the_batch_axis_makes_outputs_depend_on_batch_posi
     time_major = sample_independence(PositionalTagger(on_batch_axis=False, time_major=True),
                                      _reversal_batch(time_major=True))  # fmt: skip
     assert time_major.status == "skipped" and not time_major.position_dependent  # positions along time
+
+
+class TokenGRU(nn.Module):
+    """d2l's concise GRU language model: ids (batch, time) one-hot encoded time-major for a GRU built
+    without batch_first. ``one_hot(X)`` in place of ``one_hot(X.T)`` (the bug) makes the GRU run
+    its recurrence over the batch. ``stateful`` keeps the last hidden state for the next call, as
+    fastbook's LMModel3 does across its ordered batches (``self.h = h.detach()``, from ``self.h = 0``),
+    or ``"in_place"`` appends it to a list it keeps."""
+
+    def __init__(self, over_batch: bool = False, stateful: bool | str = False, vocab: int = 7):
+        super().__init__()
+        torch.manual_seed(0)
+        self.over_batch, self.stateful, self.vocab = over_batch, stateful, vocab
+        self.gru = nn.GRU(vocab, 16)
+        self.head = nn.Linear(16, vocab)
+        self.h, self.states = 0, []
+
+    def forward(self, x):
+        steps = nn.functional.one_hot(x if self.over_batch else x.T, self.vocab).float()
+        state = self.states[-1] if self.stateful == "in_place" and self.states else None
+        out, h = self.gru(steps, self.h if self.stateful is True and torch.is_tensor(self.h) else state)
+        if self.stateful is True:
+            self.h = h.detach()
+        self.states.append(h.detach())
+        return self.head(out).swapaxes(0, 1)
+
+
+def next_tokens(samples=12, steps=9, vocab=7, time_major=False):
+    g = torch.Generator().manual_seed(4)
+    text = torch.randint(0, vocab, (samples, steps + 1), generator=g)
+    x, y = text[:, :-1], text[:, 1:]
+    return (x.T.contiguous(), y.T.contiguous()) if time_major else (x, y)
+
+
+def test_targets_that_are_the_next_inputs_tell_the_batch_axis_of_a_language_model():
+    """Targets per position leave batch and time ambiguous, but a language model's targets are its
+    inputs shifted by one along time: the other axis holds the samples. A GRU run over that axis
+    mixes them (WRONG_RESHAPE); the right layout passes; so does a time-major batch, read along its
+    second axis. A model that carries its hidden state from call to call (fastbook's stateful
+    LMModel3) has it put back before each of the probe's forwards, as when the copy was made; one that
+    keeps it where nndx does not put it back (appended to a list) moves every output between two calls
+    of one batch: no verdict, never a failure."""
+    broken = sample_independence(TokenGRU(over_batch=True), next_tokens())
+    assert broken.status == "failed" and broken.batch_axis == 0 and broken.changed_samples > 0, broken.message
+    healthy = sample_independence(TokenGRU(), next_tokens())
+    assert healthy.status == "passed" and healthy.batch_axis == 0, healthy.message
+
+    class TimeMajor(TokenGRU):
+        def forward(self, x):
+            return self.head(self.gru(nn.functional.one_hot(x, self.vocab).float())[0])
+
+    time_major = sample_independence(TimeMajor(), next_tokens(time_major=True))
+    assert time_major.status == "passed" and time_major.batch_axis == 1, time_major.message
+    stateful = sample_independence(TokenGRU(stateful=True), next_tokens())
+    assert stateful.status == "passed", stateful.message
+    in_place = sample_independence(TokenGRU(over_batch=True, stateful="in_place"), next_tokens())
+    assert in_place.status == "skipped" and "state" in in_place.message, in_place.message
+    # a tagger's labels are no shifted inputs: still ambiguous
+    x, _ = next_tokens()
+    assert sample_independence(TokenGRU(over_batch=True), (x, (x * 3) % 5)).status == "skipped"
+
+
+def test_a_recurrent_layer_run_over_a_language_models_batch_outranks_the_misaligned_targets_it_causes():
+    """The GRU over the batch hands the loss time-major outputs against batch-major targets: the
+    causality probe reads misaligned targets (NNDX613), which the layout explains."""
+    report = nndx.probe(TokenGRU(over_batch=True), next_tokens(), lambda out, y: nn.functional.cross_entropy(
+        out.reshape(-1, out.shape[-1]), y.reshape(-1)), probes=["sample_independence", "causality"], progress=False)
+    findings = nndx.diagnose(report).findings
+    assert [f.rule_id for f in findings][:1] == ["NNDX611"], [(f.rule_id, f.explained_by) for f in findings]

@@ -96,6 +96,7 @@ from nndx.collector.stats import batch_statistics_only
 from nndx.report import SampleIndependenceResult
 
 MIN_SAMPLES = 3
+NEXT_SHARE = 0.9  # of a sequence's targets that are its next inputs, for the axis to be read as time
 SEED = 0
 
 
@@ -179,6 +180,12 @@ def _trial(model: nn.Module, inputs: object, axis: int, check_position: bool = F
     common = dict(batch_axis=axis, samples=samples, replaced_samples=replaced, changed_samples=moved,
                   max_change=largest, tolerance=tolerance)  # fmt: skip
     what = f"replacing the first {replaced} samples by the last {replaced}"
+    if moved and _carries_state(model, inputs, before, tolerance):
+        return SampleIndependenceResult(status="skipped", **common, message=(
+            f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the same batch "
+            "forwarded twice gives other outputs the second time: the model keeps a state from call to call (a "
+            "hidden state carried over to the next batch, as stateful language models do), so this cannot tell "
+            "mixing from that state"))  # fmt: skip
     batch_norms = [name for name, m in model.named_modules() if batch_statistics_only(m)]
     if moved and (seen.functional_batch_statistics or batch_norms):
         how = (f"{batch_norms[0] or 'the model'} is a BatchNorm with track_running_stats=False" if batch_norms
@@ -337,8 +344,13 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
     # (time, batch, 3) actions); a trailing axis of one (a regression's (N, 1) targets for (N, 1)
     # inputs) is no time axis
     if _per_position(inputs, targets) and max(target.shape[1:]) > 1 and shared is None:
-        return [], (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
-                      "the batch axis cannot be told from a time axis")  # fmt: skip
+        batch_axis = _beside_time(first, target)
+        if batch_axis is None:
+            return [], (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
+                          "the batch axis cannot be told from a time axis")  # fmt: skip
+        if first.shape[batch_axis] < MIN_SAMPLES:
+            return [], f"only {first.shape[batch_axis]} samples; need {MIN_SAMPLES}"
+        return [batch_axis], ""
     if first.dim() == 1 and not first.is_floating_point() and tuple(target.shape) == tuple(first.shape):
         return [], (f"token ids {list(first.shape)} with a target each: one unbatched sequence (an LSTM tagger "
                       "fed a sentence at a time) cannot be told from a batch of single tokens")  # fmt: skip
@@ -354,6 +366,26 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
         return [], (f"an input is a {samples} x {samples} matrix over the samples (a graph's adjacency): they "
                     "depend on each other by design")  # fmt: skip
     return axes, ""
+
+
+def _beside_time(first: torch.Tensor, target: torch.Tensor) -> int | None:
+    """The batch axis of a sequence batch whose targets are its inputs one step on (a language
+    model's next tokens, a forecaster's next values): time is the one of the first two axes along
+    which ``target[t] == inputs[t + 1]`` nearly everywhere, the batch the other. None when neither
+    or both are (windows that overlap row to row, in order)."""
+    if first.dim() < 2 or tuple(target.shape) != tuple(first.shape):
+        return None
+    along = []
+    for axis in (0, 1):
+        length = int(first.shape[axis])
+        if length < MIN_SAMPLES:
+            continue
+        same = target.narrow(axis, 0, length - 1) == first.narrow(axis, 1, length - 1)
+        along.append((axis, float(same.float().mean())))
+    times = [axis for axis, share in along if share >= NEXT_SHARE]
+    if len(times) != 1 or any(share >= 0.5 for axis, share in along if axis != times[0]):
+        return None
+    return 1 - times[0]
 
 
 def _axes_without_targets(inputs: object, first: torch.Tensor) -> tuple[list[int], str]:
@@ -396,6 +428,12 @@ def _replace_first(t: torch.Tensor, axis: int, samples: int, count: int) -> torc
     changed = t.clone()
     changed.narrow(axis, 0, count).copy_(t.narrow(axis, samples - count, count))
     return changed
+
+
+def _carries_state(model: nn.Module, inputs: object, before: torch.Tensor, tolerance: float) -> bool:
+    """Whether the same batch, under the same seed, gives other outputs than it did the first time."""
+    (again, _), _ = _prediction(model, inputs)
+    return again.shape != before.shape or float((again - before).abs().max()) > tolerance
 
 
 def _stochastic(model: nn.Module, inputs: object, before: torch.Tensor, tolerance: float) -> bool:
