@@ -483,6 +483,14 @@ class CausalityResult(ProbeResult):
         None, description="the id that ends the target sequences in runs of varying length (padding), if any")
     scored_padding_fraction: Fraction | None = Field(
         None, description="share of the scored positions that are padding after each run's first token")
+    time_information: Float | None = Field(
+        None, description="what adjacent input tokens along the time axis tell of each other (mutual information, "
+        "nats, above that of the same tokens paired at random)")
+    batch_information: Float | None = Field(
+        None, description="the same across the batch axis: adjacent samples' tokens at one position")
+    text_across_batch: bool | None = Field(
+        None, description="the text runs across the batch, not along time: each sequence holds every B-th token "
+        "(a batchify that views (-1, B) where (B, -1) was meant)")
 
     @property
     def offset_in_words(self) -> str | None:

@@ -1016,6 +1016,34 @@ def lm_sees_future(report: DiagnosticReport) -> Hit | None:
     )
 
 
+@rule(
+    "NNDX622",
+    C.WRONG_RESHAPE,
+    "error",
+    "The text runs across the batch, not along each sequence",
+    detects="The causality probe, on a next-token model (targets the next inputs along the time axis): adjacent "
+    "input tokens across the batch tell each other at least 0.1 nats more than the same tokens paired at random "
+    "do (their mutual information), and over 3x what adjacent tokens along time tell.",
+    why="A language model learns from what each token says of the next along its sequence. Text batched as "
+    "data.view(-1, batch_size) where data.view(batch_size, -1) was meant (or the PyTorch example's batchify "
+    "without its .t(), or with one too many) puts consecutive tokens in consecutive samples: each sequence then "
+    "holds every batch_size-th token. The targets are still the next inputs, nothing crashes, and the loss "
+    "stays near that of predicting the unigram frequencies.",
+    fix="Batch-first: data[: n * batch_size].view(batch_size, -1), each row a stretch of the text; time-major: "
+    "data.view(batch_size, -1).t().contiguous(). Print one decoded row of a batch: it must read as text.",
+)
+def text_across_batch(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "causality")
+    if result is None or result.status != "failed" or not result.text_across_batch:
+        return None
+    return Hit(
+        symptom=f"adjacent tokens across the batch tell each other {result.batch_information:.2f} nats, along time "
+        f"{result.time_information:.2f}",
+        evidence={"batch_information": result.batch_information, "time_information": result.time_information,
+                  "time_axis": result.time_axis},  # fmt: skip
+        score=4.0,
+    )
+
 
 # padding after each run's first token, as a share of the scored positions: above this the padding
 # is a large part of what the model is trained and scored on

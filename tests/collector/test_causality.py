@@ -894,3 +894,43 @@ def test_a_state_the_model_carries_from_call_to_call_is_put_back_before_each_pro
     else:
         assert result.status == "failed" and result.unshifted, result.message
     assert model.h == 0  # the user's model untouched
+
+
+def markov_corpus(length: int = 2400, seed: int = 0) -> torch.Tensor:
+    """A token stream with structure along it: each token is followed by one of two successors."""
+    g = torch.Generator().manual_seed(seed)
+    tokens, choices = [0], torch.randint(0, 2, (length,), generator=g)
+    for pick in choices[1:].tolist():
+        v = tokens[-1]
+        tokens.append((3 * v + 1) % VOCAB if pick else (5 * v + 2) % VOCAB)
+    return torch.tensor(tokens)
+
+
+@pytest.mark.parametrize("time_major", [False, True])
+def test_text_that_runs_across_the_batch_instead_of_along_each_sequence_is_a_reshape(time_major):
+    """yunjey's get_data as ids.view(-1, batch_size).t() for ids.view(batch_size, -1) (and the PyTorch
+    example's batchify without its .t()): each row holds every batch_size-th token, and the text runs
+    down the batch. The targets are still the next inputs along time, so nothing else looks wrong;
+    adjacent tokens tell each other far more across the batch than along time."""
+    corpus, bsz, steps = markov_corpus(), 20, 30
+    right = corpus.view(bsz, -1)  # (batch, time): each row a stretch of the text
+    wrong = corpus.view(-1, bsz).t()  # each row every 20th token
+    outcomes = {}
+    for name, ids in (("right", right), ("wrong", wrong)):
+        x, y = ids[:, :steps], ids[:, 1 : steps + 1]
+        batch = (x.t().contiguous(), y.t().contiguous()) if time_major else (x, y)
+        outcomes[name] = causality(LSTMLM(time_major=time_major), batch, flat_cross_entropy)
+    assert outcomes["right"].status == "passed" and not outcomes["right"].text_across_batch, outcomes["right"].message
+    broken = outcomes["wrong"]
+    assert broken.status == "failed" and broken.text_across_batch, broken.message
+    assert broken.batch_information > 3 * max(broken.time_information, 0.0)
+    # random text (no structure along either axis) says nothing
+    assert not causality(LSTMLM(), lm_batch(), flat_cross_entropy).text_across_batch
+
+
+def test_text_across_the_batch_is_named_wrong_reshape():
+    corpus = markov_corpus().view(-1, 20).t()
+    report = nndx.probe(LSTMLM(), (corpus[:, :30], corpus[:, 1:31]), flat_cross_entropy, probes=["causality"],
+                        progress=False)  # fmt: skip
+    findings = nndx.diagnose(report).findings
+    assert [(f.rule_id, f.code.value, f.severity) for f in findings][:1] == [("NNDX622", "WRONG_RESHAPE", "error")]

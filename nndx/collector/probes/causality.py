@@ -117,6 +117,11 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 DENSITY_POSITIONS = 256
 # pairs of positions that read each other, as a share of the one-way reads: above it, no one order
 MUTUAL_READS = 0.01
+# adjacent tokens across the batch telling each other this much (nats above chance), and this many times
+# what those along time tell, is text laid down the batch; judged on at least this many pairs per axis
+TEXT_INFORMATION = 0.1
+TEXT_RATIO = 3.0
+TEXT_PAIRS = 64
 
 
 def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResult:
@@ -247,9 +252,51 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
             f"earlier positions (by up to {largest:.3g}, tolerance {tolerance:.3g}): each position sees tokens it "
             "must predict — a missing or wrong causal mask, a bidirectional recurrent layer, a convolution "
             "not padded on the left only"))  # fmt: skip
+    information = _adjacent_information(tokens, time_axis)
+    if information is not None:
+        common.update(time_information=information[0], batch_information=information[1])
+        if information[1] >= TEXT_INFORMATION and information[1] > TEXT_RATIO * max(information[0], 0.0):
+            return CausalityResult(status="failed", future_visible=False, text_across_batch=True, **common, message=(
+                f"adjacent tokens across the batch tell each other {information[1]:.2f} nats, along time "
+                f"{information[0]:.2f}: the text runs down the batch, and each sequence holds tokens far apart in it "
+                "(batchify as data.view(-1, batch_size) where data.view(batch_size, -1) was meant, or a transpose "
+                "left out), so the model learns from no text"))  # fmt: skip
     return CausalityResult(status="passed", future_visible=False, **common, message=(
         f"targets are the next tokens at {next_share:.0%} of the scored positions{reads}, and changing the tokens "
         f"after position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
+
+
+def _adjacent_information(tokens: torch.Tensor, time_axis: int) -> tuple[float, float] | None:
+    """(along time, across the batch): the mutual information of adjacent tokens' ids, in nats,
+    less what the same tokens paired at random show (a small sample's plug-in estimate is far
+    above 0 for unrelated tokens). Both from as many pairs. Text tells its next token; samples of
+    a batch, drawn from places far apart, do not tell each other. None for too few pairs."""
+    if tokens.dim() != 2 or min(tokens.shape) < 2:
+        return None
+    pairs = [(tokens.narrow(axis, 0, tokens.shape[axis] - 1).reshape(-1),
+              tokens.narrow(axis, 1, tokens.shape[axis] - 1).reshape(-1)) for axis in (time_axis, 1 - time_axis)]
+    count = min(a.numel() for a, _ in pairs)
+    if count < TEXT_PAIRS:
+        return None
+    generator = torch.Generator().manual_seed(SEED)
+    found = []
+    for first, second in pairs:
+        keep = torch.randperm(first.numel(), generator=generator)[:count].to(first.device)
+        first, second = first[keep], second[keep]
+        shuffled = [_information(first, second[torch.randperm(count, generator=generator).to(first.device)])
+                    for _ in range(4)]  # fmt: skip
+        found.append(_information(first, second) - sum(shuffled) / len(shuffled))
+    return found[0], found[1]
+
+
+def _information(first: torch.Tensor, second: torch.Tensor) -> float:
+    """The plug-in mutual information of two aligned id sequences, in nats."""
+    ids, inverse = torch.unique(torch.cat([first, second]), return_inverse=True)
+    k, n = ids.numel(), first.numel()
+    joint = torch.bincount(inverse[:n] * k + inverse[n:], minlength=k * k).double().view(k, k) / n
+    independent = joint.sum(1, keepdim=True) * joint.sum(0, keepdim=True)
+    seen = joint > 0
+    return float((joint[seen] * (joint[seen] / independent[seen]).log()).sum())
 
 
 def _wake_zero_parameters(model: nn.Module) -> None:
