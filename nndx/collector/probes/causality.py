@@ -50,6 +50,13 @@ whole sequence). Targets flattened to one axis (``targets.reshape(-1)`` against
 ``output.view(-1, V)``, as PyTorch's language-model examples write it) are read in the
 layout of the token tensor they flatten.
 
+Which axis holds the text: once time is known, adjacent input tokens must tell each other
+more along it than across the batch (``time_information``, ``batch_information``: their
+mutual information, less that of the same tokens paired at random). Text that tells far
+more across the batch was batched down it (``data.view(-1, batch_size)`` where
+``data.view(batch_size, -1)`` was meant): each sequence holds every batch_size-th token
+(``text_across_batch``), and the targets, still the next inputs, hide it.
+
 Two more readings cover models fed floats rather than tokens, when the targets are no
 integer tokens. An autoregressive density model (PixelCNN over pixels, MADE over binary
 dimensions) has the inputs themselves as targets, or intensities quantised from them: one

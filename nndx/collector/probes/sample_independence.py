@@ -37,12 +37,16 @@ batch ``(time, batch, features)`` with targets ``(batch,)`` is read right; targe
 that length (64 reviews of 64 tokens) are both tried: the batch passes when either keeps
 the other samples in place, and fails only when both move them (whichever holds the
 samples, they mix); a recurrent model is as causal along time as a bug is along the
-batch, so one moving axis alone proves nothing. Targets per position (a language model's
+batch, so one moving axis alone proves nothing. Targets per position (a tagger's
 ``(batch, time)`` labels look the same as time-major ones; a 1-D run of token ids with a
 target each is one unbatched sentence as much as a batch of tokens) or no targets: the
 probe says ``skipped`` — unless one axis length is shared by every tensor of the batch: a
 decoder's ``(time, batch)`` targets beside a source of another length have the batch only
-in common. No targets at all (a model that computes its own loss: ProdLDA's, whose decoder
+in common; or the targets are the inputs one step on along exactly one of the first two axes
+(a language model's next tokens, a forecaster's next values): that axis is time, the other
+the batch. Windows that overlap row to row in order shift along both: still ``skipped``.
+A model whose outputs for one batch differ between two calls (a state it keeps from call to
+call where the probe's copy does not put it back) moves every output: ``skipped``. No targets at all (a model that computes its own loss: ProdLDA's, whose decoder
 softmax ran over the batch): every axis of 3 entries or more is tried, as above.
 
 A sample's output must not depend on where the sample sits in the batch either. When half
