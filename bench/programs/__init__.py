@@ -310,4 +310,10 @@ PROGRAMS = (
     "loeber_logistic",
     "yunjey_language_model",
     "uvadlc_autoencoder",
+    "mrdbourke_tinyvgg",
+    "loeber_feedforward",
+    "d2l_house_prices",
+    "dlwpt_birds",
+    "yunjey_vae",
+    "polynomial_module",
 )
