@@ -8,7 +8,7 @@ import math
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, SplitStats
-from nndx.rules._series import is_classification, loss_calls, loss_learned, samples_axis
+from nndx.rules._series import is_classification, loss_calls, loss_curve, loss_learned, samples_axis
 from nndx.rules.engine import Hit, rule
 
 
@@ -337,7 +337,10 @@ def _normalised_first_layer(report: DiagnosticReport) -> str | None:
     detects="Continuous regression targets (from the data checks, or as they reached a regression loss) whose "
     "mean or std exceeds 20 in absolute value; error when no output ever came within half of any target (sigmoid "
     "colours in [0, 1] against pixels in 0..255), which a loss of the user's own comparing float outputs with float "
-    "targets of their shape also shows; info when the loss's gradient is bounded (L1, smooth L1, Huber).",
+    "targets of their shape also shows; info when the loss's gradient is bounded (L1, smooth L1, Huber), or when "
+    "under MSE the run's train loss fell to under half the share of its start that predicting the targets' mean "
+    "reaches (std^2 / (mean^2 + std^2)): the model learned their spread at that scale (an optimizer whose step "
+    "was sized for it: d2l's house prices under Adam at lr 5).",
     why="An output layer initialised near 0 needs huge weights to reach targets in the hundreds: the "
     "first gradients are enormous (MSE grows with the square of the scale) and training is unstable "
     "or slow. An L1-type loss caps each sample's gradient, so there the scale only slows the fit.",
@@ -369,17 +372,36 @@ def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
         return None
     bounded = bool(calls) and all(c.loss_type in vocab.BOUNDED_GRADIENT_LOSS_NAMES for c in calls)
     unreached = _outputs_never_reach(calls)
+    fit = None if unreached else _fit_beyond_mean(report, calls, mean, std)
     return Hit(
         symptom=(f"targets of mean {mean} and std {std}" if mean is None or std is None else
                  f"targets of mean {mean:.3g} and std {std:.3g}")
         + (f" into {calls[0].loss_type}, whose gradient is bounded" if bounded else "")
         + (f"; no output reached any target (outputs {unreached[0]:.3g} to {unreached[1]:.3g}, targets "
-           f"{unreached[2]:.3g} to {unreached[3]:.3g})" if unreached else ""),
+           f"{unreached[2]:.3g} to {unreached[3]:.3g})" if unreached else "")
+        + (f"; the run's train loss fell to {fit:.2g} of its start, under what predicting their mean reaches: the "
+           "scale did not stop it learning" if fit is not None else ""),
         evidence={"target_mean": mean, "target_std": std, "loss_type": calls[0].loss_type if calls else None,
-                  "outputs_and_targets_range": list(unreached) if unreached else None},  # fmt: skip
-        severity="info" if bounded else "error" if unreached else None,
+                  "outputs_and_targets_range": list(unreached) if unreached else None,
+                  "train_loss_end_to_start": fit},  # fmt: skip
+        severity="info" if bounded or fit is not None else "error" if unreached else None,
+        refuted=fit is not None,
         score=min(5.0, math.log10(scale)) / (2 if bounded else 1) + (1.0 if unreached else 0.0),
     )
+
+
+def _fit_beyond_mean(report: DiagnosticReport, calls: list, mean: float | None, std: float | None) -> float | None:
+    """The run's train loss, end over start, when under MSE it fell to under half what predicting the
+    targets' mean reaches from outputs near 0 (std^2 over mean^2 + std^2, whatever the reduction): the
+    model learned the targets' spread at their scale, which therefore did not stop it. None otherwise."""
+    if mean is None or std is None or not std > 0 or not calls or any(c.loss_type != "MSELoss" for c in calls):
+        return None
+    curve = loss_curve(report)
+    if curve.n < 10 or not curve.start > 0 or not math.isfinite(curve.end):
+        return None
+    share = curve.end / curve.start
+    mean_only = 1.0 / (1.0 + min(abs(mean) / std, 1e150) ** 2)
+    return share if share < 0.5 * mean_only else None
 
 
 def _outputs_never_reach(calls: list) -> tuple[float, float, float, float] | None:
