@@ -748,3 +748,15 @@ def test_a_recurrent_layer_run_over_a_language_models_batch_outranks_the_misalig
         out.reshape(-1, out.shape[-1]), y.reshape(-1)), probes=["sample_independence", "causality"], progress=False)
     findings = nndx.diagnose(report).findings
     assert [f.rule_id for f in findings][:1] == ["NNDX611"], [(f.rule_id, f.explained_by) for f in findings]
+
+
+def test_outputs_that_are_not_finite_are_not_compared():
+    """d2l's house prices with fillna(0) left out: NaN features make NaN outputs for their samples, and
+    NaN equals nothing, so the reversed batch "did not give the outputs reversed" (a SHAPE_BROADCAST
+    error beside the real NAN_IN_DATA). Non-finite outputs leave nothing to compare: skipped."""
+    x, y = batch()
+    x = x.clone()
+    x[::3, 0] = float("nan")
+    result = sample_independence(mlp(), (x, y))
+    assert result.status == "skipped" and "finite" in result.message, result.message
+    assert not result.position_dependent

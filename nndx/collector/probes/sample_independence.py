@@ -170,6 +170,10 @@ def _trial(model: nn.Module, inputs: object, axis: int, check_position: bool = F
                 f"the model refused the batch with its first {replaced} samples replaced by its last ones "
                 f"({type(exc).__name__}: {first_line}): it takes only batches in an order of its own (sorted by "
                 "length for pack_padded_sequence, say), so samples cannot be swapped to compare"))  # fmt: skip
+    if not bool(torch.isfinite(before).all()):
+        return SampleIndependenceResult(status="skipped", batch_axis=axis, samples=samples, message=(
+            "the eval-mode outputs are not all finite (NaN in the inputs or the weights): NaN equals nothing, so "
+            "there is nothing to compare"))  # fmt: skip
     # both forwards start from one seed: the same draws in both (a teacher-forcing coin per
     # step) leave the streams where each other left them; draws that follow the samples do not
     draws = drawn != drawn_after
