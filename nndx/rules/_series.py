@@ -322,6 +322,13 @@ def loss_calls(report: DiagnosticReport) -> list[LossCall]:
     return list(report.loop.loss_calls) if report.loop is not None else []
 
 
+def float_targets_like_outputs(call: LossCall) -> bool:
+    """A call comparing float outputs with float targets of their very shape: what a regression, or a
+    loss of the user's own that reconstructs its inputs, is given."""
+    return bool(call.output_shape) and list(call.output_shape) == list(call.target_shape) and (
+        (call.target_dtype or "").removeprefix("torch.").startswith(("float", "bfloat")))
+
+
 def is_classification(report: DiagnosticReport) -> bool | None:
     """True/False when the report says, None when it cannot tell."""
     if report.task is not None:

@@ -8,7 +8,14 @@ import math
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, SplitStats
-from nndx.rules._series import is_classification, loss_calls, loss_curve, loss_learned, samples_axis
+from nndx.rules._series import (
+    float_targets_like_outputs,
+    is_classification,
+    loss_calls,
+    loss_curve,
+    loss_learned,
+    samples_axis,
+)
 from nndx.rules.engine import Hit, rule
 
 
@@ -354,9 +361,7 @@ def unnormalized_targets(report: DiagnosticReport) -> Hit | None:
     # their very shape (NeRF's img2mse lambda), only where no output came near a target: such a loss may
     # scale what it compares itself (fast neural style's images in 0..255 normalised inside the loss)
     calls = [c for c in loss_calls(report) if c.loss_type in vocab.REGRESSION_LOSS_NAMES]
-    own = [c for c in loss_calls(report) if vocab.loss_kind(c.loss_type) is None and c.output_shape
-           and c.output_shape == c.target_shape
-           and (c.target_dtype or "").removeprefix("torch.").startswith(("float", "bfloat"))]  # fmt: skip
+    own = [c for c in loss_calls(report) if vocab.loss_kind(c.loss_type) is None and float_targets_like_outputs(c)]
     if not calls and own and _outputs_never_reach(own):
         calls = own
     train = report.data.train if report.data is not None else None

@@ -5,7 +5,14 @@ from __future__ import annotations
 from nndx import vocab
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport, LayerInfo, LossCall, ModelSummary
-from nndx.rules._series import is_classification, loss_calls, loss_curve, num_classes, weight_shapes
+from nndx.rules._series import (
+    float_targets_like_outputs,
+    is_classification,
+    loss_calls,
+    loss_curve,
+    num_classes,
+    weight_shapes,
+)
 from nndx.rules.engine import Hit, rule
 
 # Layers that keep a stack linear: anything affine or that only reshapes/masks.
@@ -193,8 +200,7 @@ def _value_targets(report: DiagnosticReport) -> tuple[float, float, float | None
     for call in loss_calls(report):
         kind = vocab.loss_kind(call.loss_type)
         if (kind is None or kind.task == "regression") and call.target_mean is not None \
-                and call.target_std is not None and "float" in (call.target_dtype or "") \
-                and list(call.target_shape) == list(call.output_shape):  # fmt: skip
+                and call.target_std is not None and float_targets_like_outputs(call):  # fmt: skip
             return call.target_mean, call.target_std, call.target_min, call.target_max
     return None
 
