@@ -316,4 +316,10 @@ PROGRAMS = (
     "dlwpt_birds",
     "yunjey_vae",
     "polynomial_module",
+    "yunjey_logistic",
+    "loeber_cnn",
+    "loeber_linear_regression",
+    "mrdbourke_workflow",
+    "udacity_mnist_mlp",
+    "udacity_intro_training",
 )
