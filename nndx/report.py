@@ -788,6 +788,10 @@ class LoopStats(Schema):
     no_grad_train_forward_steps: Count = Field(
         0, description="the steps at which such forwards ran: nearly every step is part of the training step "
         "(MixMatch's label guessing, pseudo-labels), a few steps an evaluation")
+    train_mode_evaluations: Count = Field(
+        0, description="losses logged under an evaluation split (val, test...) after forwards with grad enabled in "
+        "train mode and no backward since, in a model with dropout or batch-norm: a validation loop with neither "
+        "torch.no_grad() nor model.eval()")
     backward_after_eval_forward: Count = Field(
         0, description="backward passes whose last forward of the model ran in eval mode, in a model with dropout "
         "or batch-norm: training after model.eval() without model.train() back")

@@ -62,6 +62,7 @@ def merge_ranks(reports: Sequence[DiagnosticReport]) -> DiagnosticReport:
         loop.frozen_tracking = _union(l.frozen_tracking for l in loops)
         loop.limitations = _union(l.limitations for l in loops)
         loop.no_grad_forwards_in_train_mode = max(l.no_grad_forwards_in_train_mode for l in loops)
+        loop.train_mode_evaluations = max(l.train_mode_evaluations for l in loops)
         loop.no_grad_train_forward_steps = max(l.no_grad_train_forward_steps for l in loops)
         loop.backward_after_eval_forward = max(l.backward_after_eval_forward for l in loops)
         loop.optimizer_params_not_in_model = max(l.optimizer_params_not_in_model for l in loops)

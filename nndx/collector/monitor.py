@@ -330,6 +330,7 @@ class Monitor:
         tensor's value is fetched later, with the step's others (no synchronisation now)."""
         record = self.losses.log(self.ctx, loss, split, accuracy, step)
         self._guard("log", self.loop.check_logged_loss)(loss)  # a graph walk: an error is evidence, not a crash
+        self.loop.note_logged_split(split)
         for observer in self.observers:
             if hasattr(observer, "on_log"):  # a live chart needs the value now: one host sync
                 acc = None if record.accuracy is None else float(record.accuracy)

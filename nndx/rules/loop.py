@@ -455,14 +455,26 @@ IN_STEP_SHARE = 0.8  # no-grad train-mode forwards at this share of the steps ar
     detects="Forwards run under torch.no_grad()/inference_mode while model.training was True, in a model "
     f"with dropout or batch-norm. Info when they ran at {IN_STEP_SHARE:.0%} of the steps or more (5 at least): "
     "part of every training step (MixMatch's label guessing, pseudo-labels drawn in train mode by design), not "
-    "an evaluation, which runs at a few steps.",
+    "an evaluation, which runs at a few steps. Or: losses logged under an evaluation split (val, test...) after "
+    "forwards with grad enabled in train mode that no backward followed (a validation loop with neither "
+    "torch.no_grad() nor model.eval()).",
     why="In train mode dropout drops units and batch-norm normalises with the batch's statistics (and "
     "updates its running ones): evaluation numbers are noisy and wrong, and the running stats drift.",
     fix="Call model.eval() before evaluating and model.train() before training again.",
 )
 def eval_mode_forgotten(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    if loop is None or loop.no_grad_forwards_in_train_mode == 0 or not (loop.has_dropout or loop.has_batchnorm):
+    if loop is None or not (loop.has_dropout or loop.has_batchnorm):
+        return None
+    if loop.no_grad_forwards_in_train_mode == 0 and loop.train_mode_evaluations:
+        return Hit(
+            symptom=f"{loop.train_mode_evaluations} evaluation losses were logged after forwards in train mode that "
+            "no backward followed",
+            evidence={"train_mode_evaluations": loop.train_mode_evaluations, "steps": loop.steps,
+                      "has_dropout": loop.has_dropout, "has_batchnorm": loop.has_batchnorm},  # fmt: skip
+            score=1.5,
+        )
+    if loop.no_grad_forwards_in_train_mode == 0:
         return None
     in_step = loop.steps >= 5 and loop.no_grad_train_forward_steps >= IN_STEP_SHARE * loop.steps
     return Hit(

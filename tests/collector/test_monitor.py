@@ -890,3 +890,35 @@ def test_relu_on_logits_and_target_scale_are_seen_at_the_loss():
     (regression,) = loss_calls(nn.MSELoss(), lambda out: out.squeeze(1), lambda y: y.float() * 1000 + 5000, out_features=1)
     assert regression.target_mean == pytest.approx(5000 + 1000 * batch()[1].float().mean().item(), rel=1e-5)
     assert regression.target_std == pytest.approx(1000 * batch()[1].float().std().item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["forgotten", "eval", "not_evaluation"])
+def test_a_validation_loss_computed_in_train_mode_with_grad_enabled_is_seen(mode):
+    """udacity's MNIST MLP validates with neither torch.no_grad() nor model.eval(): with model.eval()
+    left out, its dropout drops units in every validation forward, and the no-grad count sees none of
+    them. Forwards in train mode that no backward followed, then a loss logged as "val": counted. In
+    eval mode, or logged under a split that is no evaluation (a GAN's "D"), nothing."""
+    import nndx
+
+    model, opt, mon = monitored(make_model(dropout=True), every=5)
+    x, y = batch()
+    for epoch in range(4):
+        model.train()
+        for _ in range(5):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            mon.log(loss)
+        if mode == "eval":
+            model.eval()
+        val = sum(nn.functional.cross_entropy(model(x), y).item() for _ in range(3))
+        mon.log(val / 3, split="D" if mode == "not_evaluation" else "val")
+    report = mon.report()
+    mon.close()
+    found = {f.rule_id: f for f in nndx.diagnose(report).findings}
+    if mode == "forgotten":
+        assert report.loop.train_mode_evaluations == 4
+        assert found["NNDX306"].severity == "warning" and found["NNDX306"].code.value == "EVAL_MODE_FORGOTTEN"
+    else:
+        assert report.loop.train_mode_evaluations == 0 and "NNDX306" not in found

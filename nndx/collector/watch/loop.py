@@ -16,6 +16,10 @@ Counting conventions (what the rules read):
   (``torch.no_grad`` / ``inference_mode``) while ``model.training`` is True, only for
   models with dropout or batch-norm (where train mode changes the output);
   ``no_grad_train_forward_steps`` the distinct steps they ran at.
+- ``train_mode_evaluations`` counts losses logged under an evaluation split (``"val"``,
+  ``"test"``...) after forwards with grad enabled in train mode and no backward since, in
+  those same models: a validation loop without ``torch.no_grad()`` and without
+  ``model.eval()`` (dropout still on), which ``no_grad_forwards_in_train_mode`` cannot see.
 - ``backward_after_eval_forward`` counts the mirror image: backward passes whose last
   forward of the model ran in eval mode (``model.eval()`` for validation, and no
   ``model.train()`` back), in those same models; ``first_eval_backward_step`` is the
@@ -40,6 +44,7 @@ from nndx.collector.watch.base import StepContext, Watched, Watcher
 
 
 LOSS_CHECKS = 3
+EVALUATION_SPLITS = frozenset({"val", "valid", "validation", "test", "eval", "dev"})
 MAX_LOSS_PATHS = 8
 WALK_LIMIT = 10_000  # autograd nodes; a longer walk says nothing (counted as reaching)
 
@@ -174,6 +179,8 @@ class LoopCounts(Watcher):
         self._no_grad_steps: set[int] = set()
         self.backward_after_eval_forward = 0
         self.first_eval_backward_step: int | None = None
+        self.train_mode_evaluations = 0
+        self._train_mode_forwards = 0  # with grad, in train mode, since the last backward
         self._last_forward_in_eval = False
         self._in_forward: set[int] = set()  # models inside their own forward (between its hooks)
         self._reset_since_backward = False
@@ -216,6 +223,7 @@ class LoopCounts(Watcher):
             self._no_grad_steps.add(ctx.step)
         if torch.is_grad_enabled():
             self._forward_with_grad(module)
+            self._train_mode_forwards += any(m.training for m in self._mode_modules.get(id(module), ()))
 
     def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
         self._in_forward.discard(id(module))
@@ -249,6 +257,7 @@ class LoopCounts(Watcher):
 
     def on_backward_end(self, ctx: StepContext) -> None:
         self.backward_calls += 1
+        self._train_mode_forwards = 0
         self.backward_calls_in_step += ctx.optimizer is not None
         self._backward_since_reset += 1
         if self._last_forward_in_eval:
@@ -293,6 +302,13 @@ class LoopCounts(Watcher):
     def close(self) -> None:
         forget_outputs(self._models)
 
+    def note_logged_split(self, split: str) -> None:
+        """A loss logged under ``split``: an evaluation split logged after train-mode forwards
+        that no backward followed was computed with dropout on (batch-norm on batch statistics)."""
+        if split.lower() in EVALUATION_SPLITS and self._train_mode_forwards:
+            self.train_mode_evaluations += 1
+            self._train_mode_forwards = 0
+
     def check_logged_loss(self, loss: Any) -> None:
         """Whether one of the first ``LOSS_CHECKS`` logged losses with a graph reaches a
         watched trainable parameter: a generator's loss computed from ``fake.detach()``
@@ -319,6 +335,7 @@ class LoopCounts(Watcher):
             "zero_grad_calls": self.zero_grad_calls,
             "forward_calls": self.forward_calls,
             "no_grad_forwards_in_train_mode": self.no_grad_forwards_in_train_mode,
+            "train_mode_evaluations": self.train_mode_evaluations,
             "no_grad_train_forward_steps": len(self._no_grad_steps),
             "backward_after_eval_forward": self.backward_after_eval_forward,
             "first_eval_backward_step": self.first_eval_backward_step,
