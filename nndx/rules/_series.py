@@ -94,6 +94,15 @@ def generalizes(report: DiagnosticReport) -> float | None:
     return end if end > 2.0 / classes and end > 1.0 / classes + 0.25 else None
 
 
+def labels_carry_nothing(report: DiagnosticReport) -> bool:
+    """Whether the labels carry nothing the inputs predict: the label-alignment probe's stand-in
+    learned no more from them than from permuted ones, and the run's own model does not generalise
+    either (:func:`generalizes`). A copy that fits one batch of such labels memorises it."""
+    probes = report.probes
+    result = probes.label_alignment if probes is not None else None
+    return result is not None and result.status == "failed" and generalizes(report) is None
+
+
 def window(n: int) -> int:
     """Points averaged at each end of a curve: a tenth of it, at least 3."""
     return max(3, n // 10)

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nndx.report import SEVERITY_ORDER, CauseCode, Diagnosis, DiagnosticReport, Finding, Severity
-from nndx.rules._series import clips_most_steps, gradient_cut_params, lr_varies, memoized, self_targeted
+from nndx.rules._series import (
+    clips_most_steps,
+    gradient_cut_params,
+    labels_carry_nothing,
+    lr_varies,
+    memoized,
+    self_targeted,
+)
 
 Evidence = dict[str, Any]
 
@@ -221,8 +228,13 @@ def confirm(findings: list[Finding], report: DiagnosticReport) -> list[Finding]:
     already refuted its cause (``refuted``: two measurements against it). NNDX8xx findings (a confirmed remedy)
     are kept only for causes no other rule named. Where a bug only the user's loop has is
     seen (``LOOP_ONLY``: nndx's remedy loop zeroes gradients, steps its optimizer, neither
-    accumulates nor schedules), a confirmation is a lead: at most a warning."""
+    accumulates nor schedules), a confirmation is a lead: at most a warning. With labels that
+    carry nothing the inputs predict, no remedy is read: fitting one batch of them is memorising."""
     results = report.interventions.results if report.interventions is not None else []
+    if labels_carry_nothing(report):
+        # a remedy is judged by whether a copy then fits the probe's batch; with labels the inputs do not
+        # predict, fitting it is memorising it (a 1000x LR on 100 shuffled digits), which names no cause
+        results = []
     if lr_varies(report) or self_targeted(report):
         # LR remedies were tried at the LR of one moment of a schedule, or on an objective that moves
         # with the model (any larger step lowers a self-training loss, a collapse included): no verdict

@@ -447,3 +447,28 @@ def test_an_output_activation_that_only_unscaled_targets_put_out_of_reach_is_the
     activation = next(f for f in both if f.code.value == "WRONG_OUTPUT_ACTIVATION")
     assert activation.explained_by == both[0].rule_id
     assert ranked("not_confirmed")[0].code.value == "WRONG_OUTPUT_ACTIVATION"
+
+
+def test_a_remedy_that_fits_a_batch_whose_labels_carry_nothing_is_no_evidence():
+    """Images shuffled apart from their labels (yunjey's logistic regression, blind round 28): a 1000x LR made a
+    copy fit the probe's batch of 100 (it memorised it), and LR_TOO_LOW, 'confirmed', ranked over the
+    label probe's error. When the labels carry nothing the inputs predict (the label-alignment probe
+    failed, and the run does not generalise), fitting one batch says nothing of a cause: no remedy is
+    read. Labels that carry signal keep the remedy's verdict."""
+    from nndx.report import InterventionResult, Interventions
+
+    from .broken import BROKEN
+    from .reports import flat, points
+
+    stuck = {**BROKEN["NNDX610"]().loss_history, "train": points(flat(3, n=200))}  # at ln(10), as the run was
+    shuffled = BROKEN["NNDX610"]().model_copy(update={"loss_history": stuck})
+    result = InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 1000", status="confirmed",
+                                steps=100, baseline_initial_loss=2.37, baseline_final_loss=2.35,
+                                remedied_initial_loss=2.37, remedied_final_loss=1.36)  # fmt: skip
+    with_remedy = shuffled.model_copy(update={"interventions": Interventions(results=[result])})
+    findings = diagnose(with_remedy).findings
+    assert findings[0].code.value == "LABELS_MISALIGNED", [(f.rule_id, f.confirmation) for f in findings]
+    assert not any(f.confirmation == "confirmed" for f in findings)
+    passed = with_remedy.probes.label_alignment.model_copy(update={"status": "passed", "real_accuracy": 0.9})
+    aligned = with_remedy.model_copy(update={"probes": with_remedy.probes.model_copy(update={"label_alignment": passed})})
+    assert any(f.confirmation == "confirmed" and f.code.value == "LR_TOO_LOW" for f in diagnose(aligned).findings)
