@@ -934,3 +934,13 @@ def test_text_across_the_batch_is_named_wrong_reshape():
                         progress=False)  # fmt: skip
     findings = nndx.diagnose(report).findings
     assert [(f.rule_id, f.code.value, f.severity) for f in findings][:1] == [("NNDX622", "WRONG_RESHAPE", "error")]
+
+
+def test_the_information_between_adjacent_tokens_counts_only_the_pairs_seen():
+    """A BPE vocabulary: 60,000 distinct ids in one batch. A (vocabulary x vocabulary) table of
+    counts would take 29 GB; the pairs seen are 30,000."""
+    from nndx.collector.probes.causality import _adjacent_information
+
+    tokens = torch.randperm(60_000).view(2, 30_000)
+    along, across = _adjacent_information(tokens, time_axis=1)
+    assert abs(along) < 0.1 and abs(across) < 0.1  # all-distinct ids: no pair says more than chance does

@@ -297,13 +297,15 @@ def _adjacent_information(tokens: torch.Tensor, time_axis: int) -> tuple[float, 
 
 
 def _information(first: torch.Tensor, second: torch.Tensor) -> float:
-    """The plug-in mutual information of two aligned id sequences, in nats."""
+    """The plug-in mutual information of two aligned id sequences, in nats. Only the pairs seen are
+    counted: a (vocabulary x vocabulary) table of a BPE model's 50k ids would not fit in memory."""
     ids, inverse = torch.unique(torch.cat([first, second]), return_inverse=True)
     k, n = ids.numel(), first.numel()
-    joint = torch.bincount(inverse[:n] * k + inverse[n:], minlength=k * k).double().view(k, k) / n
-    independent = joint.sum(1, keepdim=True) * joint.sum(0, keepdim=True)
-    seen = joint > 0
-    return float((joint[seen] * (joint[seen] / independent[seen]).log()).sum())
+    a, b = inverse[:n], inverse[n:]
+    pairs, counts = torch.unique(a * k + b, return_counts=True)
+    p_first, p_second = (torch.bincount(x, minlength=k).double() / n for x in (a, b))
+    joint = counts.double() / n
+    return float((joint * (joint / (p_first[pairs // k] * p_second[pairs % k])).log()).sum())
 
 
 def _wake_zero_parameters(model: nn.Module) -> None:
