@@ -334,7 +334,7 @@ def loss_calls(report: DiagnosticReport) -> list[LossCall]:
 def float_targets_like_outputs(call: LossCall) -> bool:
     """A call comparing float outputs with float targets of their very shape: what a regression, or a
     loss of the user's own that reconstructs its inputs, is given."""
-    return bool(call.output_shape) and list(call.output_shape) == list(call.target_shape) and (
+    return bool(call.output_shape) and call.output_shape == call.target_shape and (
         (call.target_dtype or "").removeprefix("torch.").startswith(("float", "bfloat")))
 
 

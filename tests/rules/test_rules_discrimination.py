@@ -2313,3 +2313,15 @@ def test_a_language_models_contexts_are_neither_imbalanced_classes_nor_zeroed_sa
     assert severities(0.6, "torch.int64") == {"NNDX504": "info", "NNDX509": "info"}
     assert severities(0.0, "torch.int64") == {"NNDX504": "warning", "NNDX509": "warning"}
     assert severities(0.6, "torch.float32") == {"NNDX504": "warning", "NNDX509": "warning"}
+
+
+def test_a_loss_call_without_targets_is_no_regression_of_float_targets():
+    """A loss of the user's own called with no target tensor (a VAE's loss of (recon, mu, logvar) and x
+    passed elsewhere): target_shape is None. Neither NNDX506 nor NNDX402 may read it, nor fail on it."""
+    from nndx.report import LossCall
+
+    call = LossCall(loss_type="vae_loss", output_shape=[64, 10], target_shape=None, output_min=0.0, output_max=1.0)
+    report = with_loop(BASE, loss_calls=[call]).model_copy(update={"task": "regression", "data": None,
+                                                                    "model": mlp_model(output_activation="Sigmoid")})
+    found = _found(report)
+    assert "NNDX506" not in found and "NNDX402" not in found
