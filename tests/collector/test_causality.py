@@ -928,6 +928,19 @@ def test_text_that_runs_across_the_batch_instead_of_along_each_sequence_is_a_res
     assert not causality(LSTMLM(), lm_batch(), flat_cross_entropy).text_across_batch
 
 
+def test_sequences_on_one_template_tell_their_position_across_the_batch_which_is_no_text():
+    """mamba_minimal's copying task: a start token, 4 random tokens, a separator, the same 4 again. Adjacent
+    samples share the start and the separator at their positions, so across the batch tokens tell each other
+    their position; another sample at the same position tells as much. Its healthy run drew NNDX622 as an
+    error before the baseline paired each token with another sample's at the same position."""
+    g = torch.Generator().manual_seed(5)
+    content = torch.randint(2, 10, (32, 4), generator=g)
+    start, sep = torch.zeros(32, 1, dtype=torch.long), torch.ones(32, 1, dtype=torch.long)
+    tokens = torch.cat([start, content, sep, content], dim=1)
+    result = causality(LSTMLM(), (tokens[:, :-1], tokens[:, 1:]), flat_cross_entropy)
+    assert not result.text_across_batch, result.message
+
+
 def test_text_across_the_batch_is_named_wrong_reshape():
     corpus = markov_corpus().view(-1, 20).t()
     report = nndx.probe(LSTMLM(), (corpus[:, :30], corpus[:, 1:31]), flat_cross_entropy, probes=["causality"],
@@ -938,9 +951,9 @@ def test_text_across_the_batch_is_named_wrong_reshape():
 
 def test_the_information_between_adjacent_tokens_counts_only_the_pairs_seen():
     """A BPE vocabulary: 60,000 distinct ids in one batch. A (vocabulary x vocabulary) table of
-    counts would take 29 GB; the pairs seen are 30,000."""
+    counts would take 29 GB; the pairs seen are 40,000."""
     from nndx.collector.probes.causality import _adjacent_information
 
-    tokens = torch.randperm(60_000).view(2, 30_000)
+    tokens = torch.randperm(60_000).view(3, 20_000)
     along, across = _adjacent_information(tokens, time_axis=1)
     assert abs(along) < 0.1 and abs(across) < 0.1  # all-distinct ids: no pair says more than chance does

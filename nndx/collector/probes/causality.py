@@ -275,13 +275,16 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
 
 def _adjacent_information(tokens: torch.Tensor, time_axis: int) -> tuple[float, float] | None:
     """(along time, across the batch): the mutual information of adjacent tokens' ids, in nats,
-    less what the same tokens paired at random show (a small sample's plug-in estimate is far
-    above 0 for unrelated tokens). Both from as many pairs. Text tells its next token; samples of
-    a batch, drawn from places far apart, do not tell each other. None for too few pairs."""
-    if tokens.dim() != 2 or min(tokens.shape) < 2:
+    less what the same first tokens show paired with the second token of another sample at the
+    same position (a small sample's plug-in estimate is far above 0 for unrelated tokens, and
+    sequences built on one template, a start token and a separator at fixed positions, tell each
+    other their position across the batch: neither is text). Both from as many pairs. Text tells
+    its next token; samples of a batch, drawn from places far apart, do not tell each other. None
+    for too few pairs."""
+    if tokens.dim() != 2 or min(tokens.shape) < 3:
         return None
-    pairs = [(tokens.narrow(axis, 0, tokens.shape[axis] - 1).reshape(-1),
-              tokens.narrow(axis, 1, tokens.shape[axis] - 1).reshape(-1)) for axis in (time_axis, 1 - time_axis)]
+    rows = tokens if time_axis == 1 else tokens.T  # (samples, time)
+    pairs = [(rows[:, :-1], rows[:, 1:]), (rows[:-1], rows[1:])]  # along time, across the batch
     count = min(a.numel() for a, _ in pairs)
     if count < TEXT_PAIRS:
         return None
@@ -289,10 +292,10 @@ def _adjacent_information(tokens: torch.Tensor, time_axis: int) -> tuple[float, 
     found = []
     for first, second in pairs:
         keep = torch.randperm(first.numel(), generator=generator)[:count].to(first.device)
-        first, second = first[keep], second[keep]
-        shuffled = [_information(first, second[torch.randperm(count, generator=generator).to(first.device)])
-                    for _ in range(4)]  # fmt: skip
-        found.append(_information(first, second) - sum(shuffled) / len(shuffled))
+        others = [second[torch.randperm(second.shape[0], generator=generator).to(first.device)].reshape(-1)[keep]
+                  for _ in range(4)]  # another sample's token at the same position  # fmt: skip
+        first, second = first.reshape(-1)[keep], second.reshape(-1)[keep]
+        found.append(_information(first, second) - sum(_information(first, o) for o in others) / len(others))
     return found[0], found[1]
 
 
