@@ -485,7 +485,7 @@ class CausalityResult(ProbeResult):
         None, description="share of the scored positions that are padding after each run's first token")
     time_information: Float | None = Field(
         None, description="what adjacent input tokens along the time axis tell of each other (mutual information, "
-        "nats, above that of the same tokens paired at random)")
+        "nats, above that of each token paired with another sample's token at the same position)")
     batch_information: Float | None = Field(
         None, description="the same across the batch axis: adjacent samples' tokens at one position")
     text_across_batch: bool | None = Field(

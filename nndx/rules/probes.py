@@ -1022,8 +1022,9 @@ def lm_sees_future(report: DiagnosticReport) -> Hit | None:
     "error",
     "The text runs across the batch, not along each sequence",
     detects="The causality probe, on a next-token model (targets the next inputs along the time axis): adjacent "
-    "input tokens across the batch tell each other at least 0.1 nats more than the same tokens paired at random "
-    "do (their mutual information), and over 3x what adjacent tokens along time tell.",
+    "input tokens across the batch tell each other at least 0.1 nats more than each token paired with another "
+    "sample's token at the same position does (their mutual information: sequences on one template, a start "
+    "token at a fixed place, tell their position either way), and over 3x what adjacent tokens along time tell.",
     why="A language model learns from what each token says of the next along its sequence. Text batched as "
     "data.view(-1, batch_size) where data.view(batch_size, -1) was meant (or the PyTorch example's batchify "
     "without its .t(), or with one too many) puts consecutive tokens in consecutive samples: each sequence then "

@@ -52,7 +52,8 @@ layout of the token tensor they flatten.
 
 Which axis holds the text: once time is known, adjacent input tokens must tell each other
 more along it than across the batch (``time_information``, ``batch_information``: their
-mutual information, less that of the same tokens paired at random). Text that tells far
+mutual information, less that of each token paired with another sample's at the same
+position). Text that tells far
 more across the batch was batched down it (``data.view(-1, batch_size)`` where
 ``data.view(batch_size, -1)`` was meant): each sequence holds every batch_size-th token
 (``text_across_batch``), and the targets, still the next inputs, hide it.
