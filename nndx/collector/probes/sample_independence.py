@@ -188,7 +188,7 @@ def _trial(model: nn.Module, inputs: object, axis: int, check_position: bool = F
     common = dict(batch_axis=axis, samples=samples, replaced_samples=replaced, changed_samples=moved,
                   max_change=largest, tolerance=tolerance)  # fmt: skip
     what = f"replacing the first {replaced} samples by the last {replaced}"
-    if moved and _carries_state(model, inputs, before, tolerance):
+    if moved and _moves_again(model, inputs, before, tolerance):
         return SampleIndependenceResult(status="skipped", **common, message=(
             f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the same batch "
             "forwarded twice gives other outputs the second time: the model keeps a state from call to call (a "
@@ -214,7 +214,7 @@ def _trial(model: nn.Module, inputs: object, axis: int, check_position: bool = F
             "from Python's or numpy's random stream as many times as the samples say (sampling a graph's "
             "neighbours): other samples' draws shift with the replaced ones, so this cannot tell mixing from "
             "sampling"))  # fmt: skip
-    if moved and samples in seen.sorted_lengths and _stochastic(model, inputs, before, tolerance):
+    if moved and samples in seen.sorted_lengths and _moves_again(model, inputs, before, tolerance, SEED + 1):
         return SampleIndependenceResult(status="skipped", **common, message=(
             f"{what} moved the outputs of {moved} of the other {samples - replaced} samples, but the forward sorts "
             "the samples and draws random numbers in eval mode (Sentence-VAE's z, sampled after a sort by length): "
@@ -247,7 +247,7 @@ def _trial(model: nn.Module, inputs: object, axis: int, check_position: bool = F
             "layer run over the batch (batch_first), a view/reshape where permute was meant, or statistics over "
             "the batch in eval mode"))  # fmt: skip
     if check_position and _reversal(model, inputs, axis, before, out_axis, tolerance) is None \
-            and not _stochastic(model, inputs, before, tolerance):  # fmt: skip
+            and not _moves_again(model, inputs, before, tolerance, SEED + 1):  # fmt: skip
         return SampleIndependenceResult(status="failed", position_dependent=True, **common, message=(
             f"{what} left the other {samples - replaced} samples' outputs unchanged, but the reversed batch gave "
             "outputs that are no reordering of the batch's: each sample's output depends on its position in the "
@@ -438,15 +438,11 @@ def _replace_first(t: torch.Tensor, axis: int, samples: int, count: int) -> torc
     return changed
 
 
-def _carries_state(model: nn.Module, inputs: object, before: torch.Tensor, tolerance: float) -> bool:
-    """Whether the same batch, under the same seed, gives other outputs than it did the first time."""
-    (again, _), _ = _prediction(model, inputs)
-    return again.shape != before.shape or float((again - before).abs().max()) > tolerance
-
-
-def _stochastic(model: nn.Module, inputs: object, before: torch.Tensor, tolerance: float) -> bool:
-    """Whether the same batch's eval-mode outputs move under another seed."""
-    (again, _), _ = _prediction(model, inputs, SEED + 1)
+def _moves_again(model: nn.Module, inputs: object, before: torch.Tensor, tolerance: float, seed: int = SEED) -> bool:
+    """Whether the same batch, forwarded again from ``seed``, gives other outputs than ``before``:
+    from the first forward's seed, a state the model keeps from call to call; from another seed
+    (``SEED + 1``), random numbers drawn in eval mode."""
+    (again, _), _ = _prediction(model, inputs, seed)
     return again.shape != before.shape or float((again - before).abs().max()) > tolerance
 
 
