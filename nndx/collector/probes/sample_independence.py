@@ -46,8 +46,9 @@ in common; or the targets are the inputs one step on along exactly one of the fi
 (a language model's next tokens, a forecaster's next values): that axis is time, the other
 the batch. Windows that overlap row to row in order shift along both: still ``skipped``.
 A model whose outputs for one batch differ between two calls (a state it keeps from call to
-call where the probe's copy does not put it back) moves every output: ``skipped``. No targets at all (a model that computes its own loss: ProdLDA's, whose decoder
-softmax ran over the batch): every axis of 3 entries or more is tried, as above.
+call where the probe's copy does not put it back) moves every output: ``skipped``. No targets
+at all (a model that computes its own loss: ProdLDA's, whose decoder softmax ran over the
+batch): every axis of 3 entries or more is tried, as above.
 
 A sample's output must not depend on where the sample sits in the batch either. When half
 the batch moved no other sample (and the inputs have one axis of the samples' count), the
