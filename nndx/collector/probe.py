@@ -298,8 +298,9 @@ class _Setup:
                 notes.append("they trained at the peak learning rate the Monitor saw, not the one the schedule "
                              "ended at")  # fmt: skip
             if diverged:
-                notes.append("the weights are non-finite now: the NaN origin, eval-mode, sample-independence and "
-                             "causality probes ran from the initial state too")  # fmt: skip
+                notes.append("the weights are non-finite now: the model was described from the initial state (one "
+                             "forward and the loss call), and the NaN origin, eval-mode, sample-independence and "
+                             "causality probes ran from it too")  # fmt: skip
         if not model.training:
             notes.append("the model was in eval mode: the trainability probes and the layer statistics ran in train "
                          "mode, as a training loop does")  # fmt: skip
@@ -323,6 +324,12 @@ class _Setup:
         if self.initial is not None and (spec.trains or (spec.needs_finite_parameters and self.diverged)):
             return self.initial, self.initial_optimizer
         return self.model, self.optimizer
+
+    def described(self) -> nn.Module:
+        """The state the run is described at (its task, what reaches the loss): the current one,
+        unless its weights are non-finite and the initial one is known. NaN outputs say nothing
+        of whether the outputs are log-probabilities; the architecture is the same at the start."""
+        return self.initial if self.diverged and self.initial is not None else self.model
 
     def functional_layers_at_start(self) -> list[LayerStats]:
         """The functional activations (``F.relu`` in ``forward``: only the probes see them,
@@ -582,7 +589,7 @@ def _describe_run(report: DiagnosticReport, setup: _Setup) -> None:
     report.task = infer_task(setup.loss_fn, targets)
     in_forward = LossCallLog()  # a loss the model computes itself (ELECTRA's, a Hugging Face model's .loss)
     with preserved_rng(), torch.no_grad(), setup.amp():
-        model_copy = working_copy(setup.model)
+        model_copy = working_copy(setup.described())
         with ForwardObserver(model_copy) as seen, InnerLossCalls(in_forward, observer=seen):
             try:
                 output = forward(model_copy, inputs)

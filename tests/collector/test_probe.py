@@ -1542,3 +1542,22 @@ def test_a_loss_that_rewrites_the_output_in_place_is_called_on_its_own_copy_of_i
     for name in ("overfit_one_batch", "lr_range", "grad_check"):
         assert getattr(report.probes, name).status in ("passed", "failed"), name
     assert not any(f.code.value == "INPLACE_AUTOGRAD" for f in nndx.diagnose(report).findings)
+
+
+def test_a_diverged_model_is_described_from_its_initial_state():
+    """After a run whose weights went NaN, every output is NaN: what reaches the loss (are
+    these log-probabilities?) can only be read at the initial state. udacity's notebook with
+    NLLLoss on raw scores lost its NNDX315 after training this way."""
+    model = mlp()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model[0].weight.fill_(math.nan)
+    x, y = batch()
+    report = nndx.probe(model, (x, y), nn.NLLLoss(), probes=[], initial_state=initial, progress=False)
+    call = report.loop.loss_calls[0]
+    assert math.isfinite(call.output_max) and call.output_max > 0
+    assert any("described from the initial state" in note for note in report.run.notes)
+    assert "NNDX315" in {f.rule_id for f in nndx.diagnose(report).findings}
+    blind = nndx.probe(model, (x, y), nn.NLLLoss(), probes=[], progress=False)  # no initial state: NaN is all there is
+    assert math.isnan(blind.loop.loss_calls[0].output_max)
+    assert torch.isnan(model[0].weight).all()  # the user's model untouched
