@@ -446,8 +446,9 @@ def _loss_healthy(report: DiagnosticReport) -> bool:
     # NaN gradients from the data or the forward pass make non-finite updates too; batches of one
     # class pull every weight toward that class in turn; inputs or targets of a large scale make
     # gradients (and a plain SGD step) that large at any sensible LR; BatchNorm over a batch of two
-    # divides by the spread of two samples, and the steps through it blow up at the LR batch 32 trains at
-    explained_by=(C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.UNSHUFFLED_DATA, C.BATCH_TOO_SMALL)
+    # divides by the spread of two samples, and the steps through it blow up at the LR batch 32 trains at;
+    # a loss with no floor grows the weights and their steps as it falls, whatever the LR
+    explained_by=(C.WRONG_LOSS, C.MISSING_ZERO_GRAD, C.GRAD_ACCUM_SCALING, C.UNSHUFFLED_DATA, C.BATCH_TOO_SMALL)
     + (C.NAN_IN_DATA, C.LOG_OF_ZERO, C.DIVISION_BY_ZERO, C.NUMERICAL_OVERFLOW)
     + (C.UNNORMALIZED_INPUTS, C.UNNORMALIZED_TARGETS),
 )

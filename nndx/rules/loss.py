@@ -130,7 +130,8 @@ def nan_from_start(report: DiagnosticReport) -> Hit | None:
     "pushed out of range — most often by a learning rate too high or gradients that explode.",
     fix="Lower the learning rate (10x), add gradient clipping (clip_grad_norm_), check for exploding "
     "gradients; if the NaN coincides with one batch, check that batch for NaN/Inf.",
-    explained_by=(C.LR_TOO_HIGH,) + DIVERGENCE_CAUSES + NONFINITE_CAUSES,
+    # a loss with no floor (NLLLoss on raw scores, a KL term subtracted) ends in -inf at any LR
+    explained_by=(C.LR_TOO_HIGH, C.WRONG_LOSS) + DIVERGENCE_CAUSES + NONFINITE_CAUSES,
     symptom=True,
 )
 def nonfinite_after_steps(report: DiagnosticReport) -> Hit | None:

@@ -2325,3 +2325,29 @@ def test_a_loss_call_without_targets_is_no_regression_of_float_targets():
                                                                     "model": mlp_model(output_activation="Sigmoid")})
     found = _found(report)
     assert "NNDX506" not in found and "NNDX402" not in found
+
+
+def test_a_loss_that_falls_without_bound_roots_the_large_steps_and_the_inf_it_ends_in():
+    """NLLLoss on raw scores (the LogSoftmax left out) is minus the true class's score: the
+    loss falls to -1e14 and then -inf, the weights grow with every step and the update/weight
+    ratios with them. Those are the unbounded loss's doing, not an LR to lower (udacity's
+    intro notebook: LR_TOO_HIGH ranked over the WRONG_LOSS that explains it)."""
+    from .broken import loss_call
+    from .reports import mlp_params, points
+
+    falling = [2.3 - 0.5 * 1.4**i for i in range(90)] + [-math.inf] * 10
+    nll = loss_call(loss_type="NLLLoss", output_min=-0.18, output_max=0.19, output_log_rows_off_zero=2.35)
+    report = with_loop(BASE, loss_calls=[nll]).model_copy(
+        update={"loss_history": {"train": points(falling)}, "parameters": mlp_params(ratio=0.5), "probes": None})
+    diagnosis = diagnose(report)
+    found = {f.rule_id: f for f in diagnosis.findings}
+    assert {"NNDX205", "NNDX102", "NNDX111"} <= set(found)
+    assert diagnosis.top().code.value == "WRONG_LOSS"
+    roots = {f.rule_id for f in diagnosis.findings if f.code.value == "WRONG_LOSS"}
+    assert found["NNDX205"].explained_by in roots and found["NNDX102"].explained_by in roots
+    # the same large steps and NaN with a loss that has its floor stay the LR's
+    ce = loss_call()
+    bounded = with_loop(BASE, loss_calls=[ce]).model_copy(
+        update={"loss_history": {"train": points([2.3] * 90 + [math.nan] * 10)}, "parameters": mlp_params(ratio=0.5),
+                "probes": None})
+    assert diagnose(bounded).top().code.value == "LR_TOO_HIGH"
