@@ -225,7 +225,28 @@ def interventions(
         remedy_of = {c: a for c, _, a in reversed(candidates)}  # each cause's first remedy
         _retry_structural_at_a_faster_lr(results, remedy_of, fresh, chance, steps, seed, deadline)
     _either_direction_is_no_direction(results)
+    if baseline is not None:
+        _no_run_learned_is_no_verdict(results, base_ratio, steps)
     return done()
+
+
+def _no_run_learned_is_no_verdict(results: list[InterventionResult], base_ratio: float, steps: int) -> None:
+    """A remedy that did not help is evidence against its cause only where a run of this
+    experiment could learn: when neither the baseline nor any remedy (the faster learning
+    rates included) came within ``CONFIRM_RATIO`` of its start in ``steps`` steps, the
+    experiment had no power (plain SGD at 1e-3 on batches of 4: loeber's CNN with a ReLU on
+    its logits moved 0.3% with it removed, 2% at a 10x LR), and its ``not_confirmed`` become
+    ``inconclusive``."""
+    judged = [r for r in results if r.status in ("confirmed", "not_confirmed", "inconclusive")]
+    progress = [r.remedied_progress for r in judged if r.remedied_progress is not None]
+    best = max(progress, default=-math.inf)
+    if not judged or any(r.status == "confirmed" for r in judged) or max(best, 1 - base_ratio) >= 1 - CONFIRM_RATIO:
+        return
+    message = (f"no run of this experiment learned in {steps} steps (the baseline {1 - base_ratio:.0%} of its way "
+               f"down, the best remedy {max(best, -1.0):.0%}): a remedy that did not help says nothing here")
+    for result in judged:
+        if result.status == "not_confirmed":
+            results[results.index(result)] = result.model_copy(update={"status": "inconclusive", "message": message})
 
 
 def _either_direction_is_no_direction(results: list[InterventionResult]) -> None:

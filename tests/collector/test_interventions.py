@@ -490,3 +490,25 @@ def test_non_negative_targets_out_of_a_sigmoids_reach_are_scaled_to_its_range():
 
     signed = remedies.Setup(model=model, optimizer=None, inputs=clean, targets=clean * 255 - 100, loss_fn=nn.MSELoss())
     assert float(remedies.standardize_targets(signed).targets.min()) < 0  # signed targets: standardised
+
+
+class _Shrink(nn.Module):
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return 1e-9 * z
+
+
+def test_a_remedy_that_did_not_help_says_nothing_where_no_run_could_learn():
+    """Outputs shrunk to ~0 before a sigmoid: no run moves the loss, the sigmoid removed or the LR
+    10-1000x either way. 'Not confirmed' there would count against causes the experiment could
+    not have shown (loeber's CNN with a ReLU on its logits, SGD at 1e-3 on batches of 4); where a
+    run learns, a remedy that did not help keeps its verdict."""
+    x, y = _data()
+    model = _mlp(0, _Shrink(), nn.Sigmoid())
+    result = interventions(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    statuses = _statuses(result)
+    assert statuses.get("WRONG_OUTPUT_ACTIVATION") == "inconclusive", result
+    assert "not_confirmed" not in statuses.values() and "confirmed" not in statuses.values(), statuses
+    assert all("no run of this experiment learned" in r.message for r in result.results)
+    slow = _mlp(0)
+    result = interventions(slow, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(slow.parameters(), lr=1e-4))
+    assert _statuses(result) == {"LR_TOO_HIGH": "not_confirmed", "LR_TOO_LOW": "confirmed"}
