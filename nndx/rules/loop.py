@@ -48,8 +48,8 @@ def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
     detects="At least 3 optimizer steps with zero_grad never called (or called once, before the loop); "
     "or, in a loop with several optimizers, one of them stepped 3 times or more with its gradients reset "
     "before at most one of its steps (the others' reset: zero_grad counts over all of them look healthy); "
-    "or at least 10 backward passes, fewer than 3 steps and zero_grad called at most once (a GradScaler "
-    "skipping every step on gradients that overflowed and were never reset); "
+    "or at least 10 backward passes, fewer than 3 steps of a torch optimizer and zero_grad called at most once (a "
+    "GradScaler skipping every step on gradients that overflowed and were never reset); "
     "warning when zero_grad runs but only every k-th step while each step has one backward. Deliberate "
     "accumulation — k backward passes per zero_grad, one zero_grad per step — does not fire.",
     why="PyTorch adds each backward's gradient into .grad; without zero_grad every step applies the sum "
@@ -67,8 +67,10 @@ def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
     if loop.backward_calls < loop.steps:
         return None
     # a GradScaler skips optimizer.step() while a gradient is inf: gradients never reset overflow
-    # once and stay inf, so such a loop shows almost no steps, only backward passes
-    skipped = loop.steps < 3 and loop.backward_calls >= 10 and loop.zero_grad_calls <= 1
+    # once and stay inf, so such a loop shows almost no steps, only backward passes. Only a torch
+    # optimizer's step can be skipped so: a hand-written loop that updates nothing (NNDX321) piles
+    # up gradients that no step ever applies
+    skipped = loop.steps < 3 and loop.backward_calls >= 10 and loop.zero_grad_calls <= 1 and bool(loop.optimizers)
     if loop.steps < 3 and not skipped:
         return None
     evidence = {
@@ -1672,7 +1674,9 @@ def _kept_graph(points: list) -> Hit | None:
     "error",
     "No optimizer step: backward passes, but the parameters are never updated",
     detects="At least 10 backward passes in a loop the Monitor watched and no optimizer.step() call (in a "
-    "loop without an optimizer: no parameter update detected after any of them).",
+    "loop without an optimizer: no parameter update detected after any of them, or none that changed a value: "
+    "every trainable parameter ends as it was when the Monitor attached, though a checkpoint loaded back "
+    "moved their version counters).",
     why="The gradients are computed and thrown away: optimizer.step() is missing (or never reached), so "
     "the model stays at its initialisation however long it trains. Under a torch.amp.GradScaler, "
     "scaler.step(optimizer) also skips the step whenever a gradient is inf or NaN: gradients that are never "
@@ -1684,9 +1688,17 @@ def _kept_graph(points: list) -> Hit | None:
 )
 def no_optimizer_step(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    if loop is None or loop.optimizers is None or loop.steps > 0 or loop.backward_calls < 10:
+    if loop is None or loop.optimizers is None or loop.backward_calls < 10:
+        return None
+    # without an optimizer, a step is an update detected from the parameters; one that changed no value
+    # (a checkpoint of the same values loaded back) is none
+    unchanged = (not loop.optimizers and loop.steps < loop.backward_calls / 10
+                 and share_of_trainable(loop.params_never_changed or [], report) == 1.0)  # fmt: skip
+    if loop.steps > 0 and not unchanged:
         return None
     what = "optimizer.step() calls" if loop.optimizers else "parameter updates"
+    if unchanged and loop.steps:
+        what += f" that changed a value (every trainable parameter ends as it started; {loop.steps} detected)"
     return Hit(
         symptom=f"{loop.backward_calls} backward passes and 0 {what}",
         evidence={"backward_calls": loop.backward_calls, "steps": loop.steps, "optimizers": loop.optimizers},

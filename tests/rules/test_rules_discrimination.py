@@ -2351,3 +2351,23 @@ def test_a_loss_that_falls_without_bound_roots_the_large_steps_and_the_inf_it_en
         update={"loss_history": {"train": points([2.3] * 90 + [math.nan] * 10)}, "parameters": mlp_params(ratio=0.5),
                 "probes": None})
     assert diagnose(bounded).top().code.value == "LR_TOO_HIGH"
+
+
+def test_a_hand_written_loop_whose_updates_change_nothing_has_no_optimizer_step_not_a_missing_zero_grad():
+    """uvadlc's hand-written optimizer given a generator (``self.params = params``): its momentum
+    dict uses the generator up, so step() and zero_grad() loop over nothing. 160 backward passes, no
+    parameter changed; one update was 'detected' when the best checkpoint was loaded back (a version
+    bump, the same values). The gradients do pile up, but with no step they harm nothing: the missing
+    update is the bug. Under a GradScaler (a torch optimizer whose steps it skips), the pile-up is."""
+    names = sorted({p.name for p in BASE.parameters if p.requires_grad})
+    manual = with_loop(BASE, steps=1, backward_calls=160, zero_grad_calls=0, optimizers=[], params_never_changed=names)
+    diagnosis = diagnose(manual)
+    found = {f.rule_id: f for f in diagnosis.findings}
+    assert diagnosis.top().rule_id == "NNDX321" and found["NNDX321"].severity == "error"
+    assert "NNDX301" not in found
+    scaled = with_loop(BASE, steps=1, backward_calls=40, zero_grad_calls=0, optimizers=["SGD"])
+    assert diagnose(scaled).top().rule_id == "NNDX301"
+    # a hand-written loop that did update (some parameters moved) stays NNDX321-silent
+    moved = with_loop(BASE, steps=1, backward_calls=160, zero_grad_calls=0, optimizers=[],
+                      params_never_changed=names[:1])
+    assert "NNDX321" not in _found(moved)
