@@ -581,7 +581,8 @@ WARMING_SHARE = 0.6
     "below 1e-3 of its maximum for more than a quarter of the recorded steps (info under half of them, unless a "
     "quarter are exactly 0: a published step decay's last stages, four 10x cuts, sit there for up to ~40% of the "
     "run; in a loop "
-    "without an optimizer: the step size measured as |update| / |gradient|; judged per param group too, of every "
+    "without an optimizer: the size of the step measured as |update| / |gradient|, whatever its sign, since under "
+    "momentum one step in a few goes against the gradient; judged per param group too, of every "
     "optimizer, for a group that ends collapsed beside another group's LR that held to the end, as a center "
     "loss's own SGD beside the model's schedule); or an optimizer's LR that climbs "
     "back, gradually (through at least one step between), from under 10% of its peak to 90% of it twice or more; or "
@@ -610,7 +611,9 @@ def lr_schedule_misuse(report: DiagnosticReport) -> Hit | None:
     # without an optimizer the LR is in the user's code: its measured step size stands for it
     measured = loop is not None and not loop.lr_history
     history = sorted((loop.lr_history or loop.effective_lr_history) if loop else [], key=lambda p: p.step)
-    lrs = [max(finite(p.lrs) or [0.0]) for p in history]
+    # a measured step is negative where the update went up the gradient: under momentum, one in a few is
+    # (the velocity outlasts a gradient that turned); its size, not its sign, is what collapses
+    lrs = [max(map(abs, finite(p.lrs)) if measured else finite(p.lrs), default=0.0) for p in history]
     if len(history) >= ZERO_LR_RECORDS and not measured and all(p.lrs and max(map(abs, p.lrs)) == 0 for p in history):
         return Hit(
             symptom=f"the learning rate was 0 at every one of {len(history)} recorded steps: no step can move the "

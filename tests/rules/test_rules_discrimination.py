@@ -2371,3 +2371,23 @@ def test_a_hand_written_loop_whose_updates_change_nothing_has_no_optimizer_step_
     moved = with_loop(BASE, steps=1, backward_calls=160, zero_grad_calls=0, optimizers=[],
                       params_never_changed=names[:1])
     assert "NNDX321" not in _found(moved)
+
+
+def test_measured_steps_against_the_gradient_under_momentum_are_no_collapsed_lr():
+    """No optimizer: the step measured as |update| / |gradient|, negative where the update went up the
+    gradient. Under momentum 0.9 both swing (uvadlc's hand-written SGDMomentum: 0.005 to 0.34, a step in
+    four against the gradient). Those are momentum's, not an LR at 1e-3 of its peak; an LR that did
+    collapse still reads as one."""
+    from nndx.report import LRPoint
+
+    from .reports import flat, points
+
+    swings = [0.0, 0.0087, 0.08, 0.093, -3.89, 0.17, 0.11, 0.056, 0.34, 0.088, 0.042, 0.029, 0.046, -0.0067, 0.0074,
+              0.022, 0.015, 0.005, 0.023, -0.0064, 0.052, 0.025, 0.0057, -0.06, -0.007, 0.0096, -0.12, -0.06,
+              0.028, 0.0089, -0.013, 0.048, 0.03]
+    history = [LRPoint(step=5 * i, lrs=[v]) for i, v in enumerate(swings)]
+    stuck = BASE.model_copy(update={"loss_history": {"train": points(flat(3, level=2.28))}})
+    manual = with_loop(stuck, optimizers=[], lr_history=[], effective_lr_history=history)
+    assert "NNDX307" not in _found(manual)
+    collapsed = [LRPoint(step=5 * i, lrs=[0.1 if i < 8 else 1e-6 * (-1) ** i]) for i in range(32)]
+    assert "NNDX307" in _found(with_loop(stuck, optimizers=[], lr_history=[], effective_lr_history=collapsed))
