@@ -297,9 +297,11 @@ def _gain(weight: torch.Tensor) -> float:
 
 def default_init(setup: Setup) -> Setup:
     """PyTorch's own initialisation for the layers no standard init would give: a weight
-    whose gain is over vocab.MAX_INIT_GAIN (N(0, 1) on a wide layer), or all zero before
-    the last layer (whose zeros are a common, harmless choice). Layers within the range
-    keep their weights, so a deliberate init (GPT's N(0, 0.02), He) is never undone."""
+    whose gain is over vocab.MAX_INIT_GAIN (N(0, 1) on a wide layer), all zero before
+    the last layer (whose zeros are a common, harmless choice), or one non-zero value in
+    every entry (a constant fill: every unit computes the same thing and gets the same
+    gradient, whatever the gain). Layers within the range keep their weights, so a
+    deliberate init (GPT's N(0, 0.02), He) is never undone."""
     layers = [m for m in setup.model.modules() if isinstance(m, _INIT_TYPES)]
     off = []
     for index, layer in enumerate(layers):
@@ -307,11 +309,13 @@ def default_init(setup: Setup) -> Setup:
                    if "weight" in name and p.dim() >= 2]
         gains = [_gain(w) for w in weights]
         zero = index < len(layers) - 1 and any(not w.detach().any() for w in weights)
-        if zero or any(g > vocab.MAX_INIT_GAIN for g in gains if math.isfinite(g)):
+        constant = any(w.shape[0] >= 2 and w.detach().any() and bool((w == w.detach().flatten()[0]).all())
+                       for w in weights)  # fmt: skip
+        if zero or constant or any(g > vocab.MAX_INIT_GAIN for g in gains if math.isfinite(g)):
             off.append(layer)
     if not off:
-        raise NotApplicable(f"every layer's weight gain is within {vocab.MAX_INIT_GAIN:g} and none before the last "
-                            "is all zero: nothing to restore")  # fmt: skip
+        raise NotApplicable(f"every layer's weight gain is within {vocab.MAX_INIT_GAIN:g}, none before the last "
+                            "is all zero and none holds one value throughout: nothing to restore")  # fmt: skip
     with preserved_rng(), torch.no_grad():
         torch.manual_seed(0)
         for layer in off:

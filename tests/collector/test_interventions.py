@@ -77,6 +77,22 @@ def test_the_init_remedy_restores_only_layers_no_standard_init_gives():
     nn.init.zeros_(model[2].weight)  # all zero before the last layer: no standard init either
     remedies.default_init(remedies.Setup(model, torch.optim.SGD(model.parameters(), lr=0.1), None, None, F.mse_loss))
     assert model[2].weight.any()
+    # one value in every entry (uvadlc's const_init, 0.005): every unit the same, at a harmless gain of 0.08
+    nn.init.constant_(model[0].weight, 0.005)
+    remedies.default_init(remedies.Setup(model, torch.optim.SGD(model.parameters(), lr=0.1), None, None, F.mse_loss))
+    assert model[0].weight.std() > 0
+
+
+def test_constant_weights_are_confirmed_as_the_init_that_breaks_learning():
+    """uvadlc's constant init: every weight 0.005, so every unit of a layer computes the same thing
+    and gets the same gradient. The gain is small and no weight is zero: restoring PyTorch's init is
+    still the remedy that makes the copy learn."""
+    x, y = _data()
+    model = _mlp(0)
+    for layer in (model[0], model[2]):
+        nn.init.constant_(layer.weight, 0.005)
+    result = interventions(model, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert _statuses(result).get("BAD_INIT") == "confirmed", result
 
 
 def test_the_dead_unit_remedy_needs_units_zero_on_more_than_one_sample():
