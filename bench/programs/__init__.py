@@ -322,4 +322,10 @@ PROGRAMS = (
     "mrdbourke_workflow",
     "udacity_mnist_mlp",
     "udacity_intro_training",
+    "karpathy_bigram",
+    "mrdbourke_blobs",
+    "udacity_char_rnn",
+    "raschka_mlp_bn",
+    "uvadlc_optimization",
+    "persson_fc_gan",
 )
