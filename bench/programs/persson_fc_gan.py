@@ -137,6 +137,9 @@ def train(variant: str, nx: Nndx, seed: int = 0) -> dict[str, float]:
     opt_gen = torch.optim.Adam(gen.parameters(), lr=LR)
     criterion = nn.BCELoss()
 
+    def disc_loss(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # the loop's disc(real).view(-1)
+        return criterion(scores.view(-1), target)
+
     def gen_loss(fake: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return criterion(disc(fake).view(-1), target)
 
@@ -145,7 +148,7 @@ def train(variant: str, nx: Nndx, seed: int = 0) -> dict[str, float]:
         probe_noise = torch.randn(BATCH_SIZE, Z_DIM)
     ones = torch.ones(BATCH_SIZE)
     disc_batch, gen_batch = (probe_real, ones), (probe_noise, ones)
-    nx.preflight(disc, disc_batch, criterion, optimizer=opt_disc)
+    nx.preflight(disc, disc_batch, disc_loss, optimizer=opt_disc)
     nx.preflight(gen, gen_batch, gen_loss, optimizer=opt_gen)
     mon_disc = nx.monitor(disc, opt_disc, every=10)
     mon_gen = nx.monitor(gen, opt_gen, every=10)
@@ -183,7 +186,7 @@ def train(variant: str, nx: Nndx, seed: int = 0) -> dict[str, float]:
                 first.setdefault("lossG", lossG.item())
                 last_d, last_g = lossD.item(), lossG.item()
 
-    nx.finish(mon_disc, disc, disc_batch, criterion, optimizer=opt_disc)
+    nx.finish(mon_disc, disc, disc_batch, disc_loss, optimizer=opt_disc)
     nx.finish(mon_gen, gen, gen_batch, gen_loss, optimizer=opt_gen)
 
     # measure only: samples against held-out digits, on the image scale of the program's data
