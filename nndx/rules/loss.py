@@ -40,6 +40,7 @@ NO_LEARNING_CAUSES = (
     C.WRONG_OUTPUT_ACTIVATION,
     C.WRONG_LOSS,
     C.SHAPE_BROADCAST,
+    C.WRONG_RESHAPE,  # the loss scores scrambled positions or samples: nothing consistent to fit
     C.LABEL_DTYPE,
     C.UNNORMALIZED_INPUTS,
     C.UNNORMALIZED_TARGETS,

@@ -12,7 +12,7 @@ from nndx.rules._series import (
     no_floor, num_classes, samples_axis, slope_significance, trains_well_up_to, used_lr,
 )
 from nndx.rules.layers import units_died
-from nndx.rules.loss import NO_LEARNING_CAUSES
+from nndx.rules.loss import NO_LEARNING_CAUSES, NONFINITE_CAUSES
 from nndx.rules.engine import Hit, rule
 
 # the share of disagreeing labels that labels drawn without looking at the inputs would give, in
@@ -73,7 +73,8 @@ def _probe(report: DiagnosticReport, name: str):
     "units, detached or frozen layers, a broken backward) — not the learning rate of your own loop.",
     fix="Check the loss matches the outputs (logits to CrossEntropyLoss, long labels, equal shapes), then "
     "the gradient flow (hooks probe) and the gradient check.",
-    explained_by=NO_LEARNING_CAUSES + (C.UNDERFITTING,),
+    # a NaN the data or the forward makes ends a one-batch fit as surely as any step
+    explained_by=NO_LEARNING_CAUSES + NONFINITE_CAUSES + (C.UNDERFITTING,),
     symptom=True,
 )
 def overfit_failed(report: DiagnosticReport) -> Hit | None:

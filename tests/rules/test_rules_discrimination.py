@@ -2391,3 +2391,18 @@ def test_measured_steps_against_the_gradient_under_momentum_are_no_collapsed_lr(
     assert "NNDX307" not in _found(manual)
     collapsed = [LRPoint(step=5 * i, lrs=[0.1 if i < 8 else 1e-6 * (-1) ** i]) for i in range(32)]
     assert "NNDX307" in _found(with_loop(stuck, optimizers=[], lr_history=[], effective_lr_history=collapsed))
+
+
+def test_a_reshape_that_scrambles_the_outputs_explains_the_failed_overfit():
+    """karpathy's bigram model with ``logits.view(B, C, T)`` for the (B, T, C) logits: the loss scores
+    scrambled positions, one batch cannot be fitted, and NNDX601 stood beside NNDX404 as a second
+    cause (WRONG_LOSS, warning) instead of under it. NaN in the data ends a one-batch fit too."""
+    from .broken import BROKEN
+
+    failed = BROKEN["NNDX601"]().probes
+    for cause in ("NNDX404", "NNDX501"):
+        broken = BROKEN[cause]()
+        probes = failed if broken.probes is None else broken.probes.model_copy(
+            update={"overfit_one_batch": failed.overfit_one_batch})
+        found = {f.rule_id: f for f in diagnose(broken.model_copy(update={"probes": probes})).findings}
+        assert found["NNDX601"].explained_by == cause, cause
