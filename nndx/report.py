@@ -841,6 +841,10 @@ class LoopStats(Schema):
         default_factory=dict, description="per parameter, the largest share of its non-zero entries whose gradient the "
         "loop zeroed between backward and optimizer.step() on a recorded step (a mask applied to .grad by hand); "
         "parameters with none left out")
+    clipped_after_step: list[ScalarPoint] = Field(
+        default_factory=list, description="recorded steps whose gradients were all scaled by one factor under 1 "
+        "after optimizer.step() and before the loop's next forward, zero_grad or backward (a clip placed after the "
+        "step, which the step never saw), and that factor")
     params_never_changed: list[str] | None = Field(
         None, description="trainable parameters whose values when the report was made equal those when the "
         "Monitor attached (None: not checked)"

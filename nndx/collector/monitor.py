@@ -102,7 +102,8 @@ from torch import nn
 
 from nndx.collector import distributed
 from nndx.collector.watch import (
-    Deferred, Desync, EffectiveLearningRate, ErrorGuard, GradientNorm, GraphSize, InitialState, InputNorms, LayerStatistics, LearningRate,
+    ClipAfterStep, Deferred, Desync, EffectiveLearningRate, ErrorGuard, GradientNorm, GraphSize, InitialState, InputNorms,
+    LayerStatistics, LearningRate,
     LossCalls, LossHistory, LoopCounts, MaskedGradients, ParameterUpdates, RunFacts, StepContext, UnchangedParameters, Watched,
     Watcher,
 )
@@ -160,6 +161,7 @@ class Monitor:
             self.facts, self.loop, self.losses, LearningRate(self.watched, history_size),
             self.grad_norm,  # before ParameterUpdates: it shares ctx.grad_norms
             MaskedGradients(self.watched, history_size),
+            ClipAfterStep(self.watched, history_size),
             InputNorms(history_size), self.layers, self.parameters, self.loss_calls, GraphSize(layer_history_size),
             self.initial, UnchangedParameters(self.watched),
         ]  # fmt: skip

@@ -1710,6 +1710,38 @@ def no_optimizer_step(report: DiagnosticReport) -> Hit | None:
 
 
 @rule(
+    "NNDX623",
+    C.EXPLODING_GRADIENTS,
+    "warning",
+    "Gradients clipped after optimizer.step(): the step used them unclipped",
+    detects="At 2 or more recorded steps, every gradient scaled by one common factor under 1 between "
+    "optimizer.step() and the loop's next forward, zero_grad or backward: a clip (clip_grad_norm_, or one written "
+    "by hand) placed after the step. Error when the median factor is under 0.1 (the steps used gradients over ten "
+    "times the norm the clip allows) and the loss did not learn.",
+    why="The clip runs and the gradients it leaves look clipped, but the optimizer already stepped with the "
+    "unclipped ones: each step is as large as with no clip at all, and a recurrent network whose gradients spike "
+    "blows up as if nothing bounded them.",
+    fix="Clip between loss.backward() and optimizer.step() (after scaler.unscale_(optimizer) under a GradScaler).",
+)
+def clipped_after_step(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    points = sorted(loop.clipped_after_step, key=lambda p: p.step) if loop is not None else []
+    if len(points) < 2:
+        return None
+    factor = median([p.value for p in points])
+    return Hit(
+        symptom=f"at {len(points)} recorded steps the gradients were scaled by {factor:.2g} (median) after "
+        f"optimizer.step(), from step {points[0].step}: a clip after the step, so each step used gradients "
+        f"{1 / factor:.3g}x the norm it allows",
+        evidence={"clipped_steps": len(points), "median_factor": factor, "smallest_factor": min(p.value for p in points),
+                  "first_step": points[0].step},  # fmt: skip
+        severity="error" if factor < 0.1 and not loss_learned(report) else None,
+        score=2.0 + min(2.0, math.log10(1 / factor)),
+        step=points[0].step,
+    )
+
+
+@rule(
     "NNDX322",
     C.OPTIMIZER_NOT_CONNECTED,
     "warning",

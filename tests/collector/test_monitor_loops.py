@@ -1748,3 +1748,46 @@ def test_plain_tensors_a_model_trains_are_watched_like_parameters(zero_grad):
     probed = nndx.probe(model, (x[:32], y[:32]), lambda out, t: ((out - t) ** 2 / 2).mean(), optimizer=opt,
                         probes=["hooks", "overfit_one_batch"])  # fmt: skip
     assert probed.errors == [] and probed.probes.overfit_one_batch.status in ("passed", "failed")  # it ran
+
+
+def _clip_by_hand(model: nn.Module, theta: float) -> None:  # d2l's grad_clipping
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.sqrt(sum(torch.sum(p.grad**2) for p in params))
+    if norm > theta:
+        for p in params:
+            p.grad[:] *= theta / norm
+
+
+@pytest.mark.parametrize("where", ["before_step", "after_step", "by_hand_after_step", "zeroed_after_step",
+                                   "another_backward_after_step"])
+def test_a_clip_placed_after_the_step_is_seen_and_nothing_else_is(where):
+    """d2l's grad_clipping moved below updater.step(): the clip shrinks gradients the step
+    already used. Seen as every gradient scaled by one factor under 1 between the step and the
+    loop's next event; a clip before the step, gradients zeroed by hand, or another backward
+    adding to them (a GAN's generator pass through the discriminator) are not."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = data()
+    with Monitor(model, opt, every=2) as mon:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            if where == "before_step":
+                nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+            opt.step()
+            if where == "after_step":
+                nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+            elif where == "by_hand_after_step":
+                _clip_by_hand(model, 1e-3)
+            elif where == "zeroed_after_step":
+                for p in model.parameters():
+                    p.grad.zero_()
+            elif where == "another_backward_after_step":
+                F.cross_entropy(model(x * 2), y).backward()
+            mon.log(loss)
+    points = mon.report().loop.clipped_after_step
+    if where in ("after_step", "by_hand_after_step"):
+        assert len(points) >= STEPS // 2 - 1 and all(0 < p.value < 0.1 for p in points), points
+    else:
+        assert points == [], points

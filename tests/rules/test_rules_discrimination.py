@@ -2406,3 +2406,25 @@ def test_a_reshape_that_scrambles_the_outputs_explains_the_failed_overfit():
             update={"overfit_one_batch": failed.overfit_one_batch})
         found = {f.rule_id: f for f in diagnose(broken.model_copy(update={"probes": probes})).findings}
         assert found["NNDX601"].explained_by == cause, cause
+
+
+def test_a_clip_after_the_step_ranks_before_the_loss_that_climbs_as_if_unclipped():
+    """d2l's RNN with grad_clipping moved below updater.step(): the loss climbs (NNDX104, LR_TOO_HIGH) as
+    though nothing were clipped, and the clip is seen shrinking gradients the step already used: that ranks
+    first. A clip
+    that cut once, or gradients scaled by 1 (clip_grad_norm_ under its threshold), say nothing."""
+    from nndx.report import ScalarPoint
+
+    from .reports import points
+
+    climbing = [3.1, 2.8, 2.6, 3.5, 9.0, 2.7, 30.0, 12.0, 60.0, 4.0, 90.0, 120.0, 20.0, 80.0, 45.0] * 4
+    base = BASE.model_copy(update={"loss_history": {"train": points(climbing)}})
+    clipped = with_loop(base, clipped_after_step=[ScalarPoint(step=s, value=0.05) for s in range(0, 60, 5)])
+    diagnosis = diagnose(clipped)
+    found = {f.rule_id: f for f in diagnosis.findings}
+    # first, though NNDX104 stays a root of its own: linking it under EXPLODING_GRADIENTS would stop it
+    # rooting NNDX204 in turn (two rules never explain each other)
+    assert diagnosis.top().rule_id == "NNDX623" and found["NNDX623"].severity == "error"
+    assert "NNDX104" in found
+    assert "NNDX623" not in _found(with_loop(base, clipped_after_step=[ScalarPoint(step=5, value=0.05)]))
+    assert "NNDX623" not in _found(base)

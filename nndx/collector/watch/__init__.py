@@ -9,6 +9,7 @@ part of the report.
 :class:`EffectiveLearningRate` loops without an optimizer: the measured step size
 :class:`GradientNorm`       global gradient norm, before and after clipping
 :class:`MaskedGradients`    gradients of non-zero weights zeroed by hand before the step
+:class:`ClipAfterStep`      gradients scaled down after the step (a clip placed after it)
 :class:`InputNorms`         the norm of each training input batch
 :class:`LayerStatistics`    per-layer activation and gradient statistics
 :class:`ParameterUpdates`   per-parameter norms and update/weight ratios
@@ -30,6 +31,7 @@ from nndx.collector.watch.base import (
     Watched,
     Watcher,
 )
+from nndx.collector.watch.clip_after_step import ClipAfterStep
 from nndx.collector.watch.desync import Desync
 from nndx.collector.watch.facts import RunFacts
 from nndx.collector.watch.graph import GraphSize
@@ -42,6 +44,7 @@ from nndx.collector.watch.series import EffectiveLearningRate, GradientNorm, Inp
 
 __all__ = [
     "LIVE_RECORDED_STEPS",
+    "ClipAfterStep",
     "Deferred",
     "Desync",
     "EffectiveLearningRate",
