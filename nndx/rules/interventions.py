@@ -22,9 +22,9 @@ WHY = ("A remedy that fixes the failure on a copy is the most direct evidence of
 
 # (id, cause, the remedy the collector applies, the fix for the user's code)
 REMEDIES: tuple[tuple[str, C, str, str], ...] = (
-    (CONFIRMED_BY_INTERVENTION, C.LR_TOO_HIGH, "the learning rate divided by 10",
+    (CONFIRMED_BY_INTERVENTION, C.LR_TOO_HIGH, "a smaller learning rate (divided by 10, 100 or 1000)",
      "Lower the learning rate (10x, or to the LR range test's suggestion)."),
-    ("NNDX802", C.LR_TOO_LOW, "the learning rate multiplied by 10",
+    ("NNDX802", C.LR_TOO_LOW, "a larger learning rate (multiplied by 10, 100 or 1000)",
      "Raise the learning rate toward the LR range test's suggestion."),
     ("NNDX803", C.WRONG_OUTPUT_ACTIVATION, "the activation on the output removed",
      "End the model with a plain Linear producing logits (or unbounded values for regression)."),

@@ -472,3 +472,16 @@ def test_a_remedy_that_fits_a_batch_whose_labels_carry_nothing_is_no_evidence():
     passed = with_remedy.probes.label_alignment.model_copy(update={"status": "passed", "real_accuracy": 0.9})
     aligned = with_remedy.model_copy(update={"probes": with_remedy.probes.model_copy(update={"label_alignment": passed})})
     assert any(f.confirmation == "confirmed" and f.code.value == "LR_TOO_LOW" for f in diagnose(aligned).findings)
+
+
+def test_an_lr_remedys_title_names_no_factor_its_evidence_contradicts():
+    """The collector keeps the first LR factor that works (10, 100 or 1000): tutorials' optimization page
+    at SGD 1e-3 was confirmed at x100 under a title that said 'multiplied by 10'."""
+    from nndx.report import DiagnosticReport, InterventionResult, Interventions
+
+    up = InterventionResult(cause="LR_TOO_LOW", remedy="the learning rate multiplied by 100", status="confirmed",
+                            steps=100, baseline_initial_loss=2.29, baseline_final_loss=2.27,
+                            remedied_initial_loss=2.29, remedied_final_loss=0.18)  # fmt: skip
+    report = DiagnosticReport(interventions=Interventions(results=[up], optimizer="user"))
+    found = next(f for f in diagnose(report).findings if f.rule_id == "NNDX802")
+    assert "multiplied by 100" in found.symptom and "multiplied by 10 " not in found.title
