@@ -508,7 +508,8 @@ def _val_turn(report: DiagnosticReport) -> tuple[Curve, Curve, float, int] | Non
     "it worse on new data.",
     fix="Stop early at the validation minimum; add weight decay, dropout or augmentation; get more "
     "data; use a smaller model.",
-    explained_by=(C.DATA_LEAKAGE, C.LABELS_MISALIGNED, C.LABEL_NOISE, C.DUPLICATE_SAMPLES),
+    # gradients never reset step ever larger: the model grows overconfident and the validation loss climbs
+    explained_by=(C.DATA_LEAKAGE, C.LABELS_MISALIGNED, C.LABEL_NOISE, C.DUPLICATE_SAMPLES, C.MISSING_ZERO_GRAD),
 )
 def overfitting(report: DiagnosticReport) -> Hit | None:
     turn = _val_turn(report)

@@ -2428,3 +2428,15 @@ def test_a_clip_after_the_step_ranks_before_the_loss_that_climbs_as_if_unclipped
     assert "NNDX104" in found
     assert "NNDX623" not in _found(with_loop(base, clipped_after_step=[ScalarPoint(step=5, value=0.05)]))
     assert "NNDX623" not in _found(base)
+
+
+def test_validation_loss_that_climbs_under_gradients_never_reset_is_their_doing():
+    """tutorials' optimization page without optimizer.zero_grad(): the summed gradients make ever larger
+    steps, the model grows overconfident, and the validation loss climbs 0.31 -> 8.3 while the train loss
+    falls. NNDX107 (OVERFITTING) stood second, unlinked, under NNDX301's direct count."""
+    from .broken import BROKEN
+
+    report = with_loop(BROKEN["NNDX107"](), zero_grad_calls=0)
+    found = {f.rule_id: f for f in diagnose(report).findings}
+    assert found["NNDX107"].explained_by == "NNDX301"
+    assert diagnose(BROKEN["NNDX107"]()).top().rule_id == "NNDX107"  # with zero_grad called: overfitting itself
