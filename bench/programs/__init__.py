@@ -328,4 +328,10 @@ PROGRAMS = (
     "raschka_mlp_bn",
     "uvadlc_optimization",
     "persson_fc_gan",
+    "jcjohnson_dynamic_net",
+    "bentrevett_nbow",
+    "d2l_rnn_concise",
+    "mrdbourke_circles_v2",
+    "tutorials_optimization",
+    "raschka_cnn",
 )
