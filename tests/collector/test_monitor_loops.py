@@ -1791,3 +1791,42 @@ def test_a_clip_placed_after_the_step_is_seen_and_nothing_else_is(where):
         assert len(points) >= STEPS // 2 - 1 and all(0 < p.value < 0.1 for p in points), points
     else:
         assert points == [], points
+
+
+def test_a_clip_that_flushes_negligible_gradients_to_zero_masks_nothing():
+    """d2l's seq2seq under Adam at lr 1: saturated GRU gates leave gradients of ~1e-44 beside ones of
+    ~1, and grad_clipping's ``param.grad[:] *= theta / norm`` (0.01) flushes the first to exactly 0.
+    Those were never a gradient worth masking: FROZEN_PARAMETERS (NNDX330) ranked over the LR. A mask
+    that zeroes gradients of ordinary size is still counted."""
+
+    def run(after_backward) -> nndx.report.DiagnosticReport:
+        torch.manual_seed(0)
+        model = mlp()
+        first = next(model.parameters())
+        half = first.shape[0] // 2
+
+        def saturated(grad: torch.Tensor) -> torch.Tensor:  # subnormal gradients beside ordinary ones
+            return torch.cat([torch.full_like(grad[:half], 1e-44), grad[half:]])
+
+        first.register_hook(saturated)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        x, y = data()
+        with Monitor(model, opt, every=1) as mon:
+            for _ in range(4):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                with torch.no_grad():
+                    after_backward(first)
+                opt.step()
+        return mon.report()
+
+    def clip(p):
+        p.grad.mul_(0.01)
+
+    def mask(p):
+        p.grad[p.shape[0] // 2 :][p.detach()[p.shape[0] // 2 :] < 0] = 0.0
+
+    clipped = run(clip)
+    assert clipped.loop.grads_masked_by_hand == {}, clipped.loop.grads_masked_by_hand
+    masked = run(mask)
+    assert 0.1 < max(masked.loop.grads_masked_by_hand.values()) < 0.5, masked.loop.grads_masked_by_hand

@@ -6,7 +6,10 @@ weight kept at 0) is what such code is for.
 
 On recorded steps, the entries with a zero gradient and a non-zero weight are counted at
 the end of backward and, for the gradients the loop changed since (their version or storage),
-again at the step; what the step has more of was zeroed between. Counted over the first
+again at the step; what the step has more of was zeroed between. A gradient under
+``NEGLIGIBLE`` of the parameter's largest counts as zero at both ends: a clip that scales every
+gradient (by 0.01, say) flushes the subnormal ones of saturated gates (~1e-44) to exactly 0,
+which masks nothing. Counted over the first
 ``MAX_COUNTED`` entries of each parameter (a mask applied by hand spreads over the tensor), on
 the device, and fetched with the step's other values.
 """
@@ -20,6 +23,7 @@ import torch
 from nndx.collector.watch.base import History, StepContext, Watched, Watcher
 
 MAX_COUNTED = 1 << 16  # entries of each parameter: bounds a recorded step's cost at a few passes of this size
+NEGLIGIBLE = 1e-7  # a gradient this far under its parameter's largest is zero to a step, and a rescale may flush it
 
 
 class MaskRecord(NamedTuple):
@@ -78,7 +82,8 @@ def _counted(p: torch.Tensor) -> bool:
 
 
 def _masked_entries(p: torch.Tensor) -> torch.Tensor:
-    return ((_first(p.grad) == 0) & (_first(p.detach()) != 0)).sum()
+    grad = _first(p.grad).abs()
+    return ((grad <= NEGLIGIBLE * grad.amax()) & (_first(p.detach()) != 0)).sum()
 
 
 def _first(t: torch.Tensor) -> torch.Tensor:
