@@ -334,4 +334,10 @@ PROGRAMS = (
     "mrdbourke_circles_v2",
     "tutorials_optimization",
     "raschka_cnn",
+    "uvadlc_intro_xor",
+    "morvan_cnn",
+    "d2l_seq2seq",
+    "persson_vae",
+    "bentrevett_seq2seq",
+    "yunjey_birnn",
 )
