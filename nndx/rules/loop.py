@@ -1725,7 +1725,8 @@ def no_optimizer_step(report: DiagnosticReport) -> Hit | None:
 )
 def clipped_after_step(report: DiagnosticReport) -> Hit | None:
     loop = _loop(report)
-    points = sorted(loop.clipped_after_step, key=lambda p: p.step) if loop is not None else []
+    # a factor the Monitor records is in (0, 1); a posted report may carry any float
+    points = sorted((p for p in loop.clipped_after_step if 0 < p.value < 1), key=lambda p: p.step) if loop else []
     if len(points) < 2:
         return None
     factor = median([p.value for p in points])

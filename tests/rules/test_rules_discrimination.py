@@ -2440,3 +2440,14 @@ def test_validation_loss_that_climbs_under_gradients_never_reset_is_their_doing(
     found = {f.rule_id: f for f in diagnose(report).findings}
     assert found["NNDX107"].explained_by == "NNDX301"
     assert diagnose(BROKEN["NNDX107"]()).top().rule_id == "NNDX107"  # with zero_grad called: overfitting itself
+
+
+def test_clip_factors_a_posted_report_may_carry_never_crash_the_rule():
+    """A report posted to the service validates with any float: factors of 0, below 0 or NaN are no clip
+    the Monitor measured, and the rule reads past them rather than raising."""
+    from nndx.report import ScalarPoint
+
+    odd = [ScalarPoint(step=s, value=v) for s, v in enumerate([0.0, -0.5, math.nan, math.inf, 2.0])]
+    assert "NNDX623" not in _found(with_loop(BASE, clipped_after_step=odd))
+    kept = odd + [ScalarPoint(step=10, value=0.05), ScalarPoint(step=20, value=0.05)]
+    assert _found(with_loop(BASE, clipped_after_step=kept))["NNDX623"].evidence["clipped_steps"] == 2
