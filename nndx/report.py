@@ -656,6 +656,17 @@ class ScalarPoint(Schema):
     value: Float
 
 
+class RecurrentInput(Schema):
+    """The sizes a recurrent layer (nn.RNN, nn.LSTM, nn.GRU) took along its time and batch axes, read
+    as its ``batch_first`` lays them, over every forward of the run (at most 16 distinct sizes each)."""
+
+    name: str
+    batch_first: bool
+    forwards: Count = 0
+    time_lengths: list[Count] = Field(default_factory=list, description="distinct sizes of its time axis")
+    batch_sizes: list[Count] = Field(default_factory=list, description="distinct sizes of its batch axis")
+
+
 class GraphPoint(Schema):
     """The autograd graph behind the model's outputs at one recorded step."""
 
@@ -841,6 +852,9 @@ class LoopStats(Schema):
         default_factory=dict, description="per parameter, the largest share of its non-zero entries whose gradient the "
         "loop zeroed between backward and optimizer.step() on a recorded step (a mask applied to .grad by hand); "
         "parameters with none left out")
+    recurrent_inputs: list[RecurrentInput] = Field(
+        default_factory=list, description="per recurrent layer, the sizes its time and batch axes took over the run "
+        "(padded sequences of varying length vary the time axis; a loader's batch size holds the batch axis)")
     clipped_after_step: list[ScalarPoint] = Field(
         default_factory=list, description="recorded steps whose gradients were all scaled by one factor under 1 "
         "after optimizer.step() and before the loop's next forward, zero_grad or backward (a clip placed after the "

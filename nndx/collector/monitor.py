@@ -104,7 +104,8 @@ from nndx.collector import distributed
 from nndx.collector.watch import (
     ClipAfterStep, Deferred, Desync, EffectiveLearningRate, ErrorGuard, GradientNorm, GraphSize, InitialState, InputNorms,
     LayerStatistics, LearningRate,
-    LossCalls, LossHistory, LoopCounts, MaskedGradients, ParameterUpdates, RunFacts, StepContext, UnchangedParameters, Watched,
+    LossCalls, LossHistory, LoopCounts, MaskedGradients, ParameterUpdates, RecurrentAxes, RunFacts, StepContext,
+    UnchangedParameters, Watched,
     Watcher,
 )
 from nndx.collector.watch.base import in_functorch_transform
@@ -157,13 +158,14 @@ class Monitor:
         self.initial = InitialState(self.watched, initial_state, initial_state_max_bytes)
         self.grad_norm = GradientNorm(self.watched, history_size)
         self.loop = LoopCounts(self.watched)
+        self.recurrent = RecurrentAxes(self.watched, self._guard)
         self.watchers: list[Watcher] = [
             self.facts, self.loop, self.losses, LearningRate(self.watched, history_size),
             self.grad_norm,  # before ParameterUpdates: it shares ctx.grad_norms
             MaskedGradients(self.watched, history_size),
             ClipAfterStep(self.watched, history_size),
             InputNorms(history_size), self.layers, self.parameters, self.loss_calls, GraphSize(layer_history_size),
-            self.initial, UnchangedParameters(self.watched),
+            self.initial, UnchangedParameters(self.watched), self.recurrent,
         ]  # fmt: skip
         if self.watched.manual:  # the LR is in the user's code: measure the step size instead
             self.watchers.insert(self.watchers.index(self.parameters) + 1,
@@ -226,6 +228,7 @@ class Monitor:
         if len(ready) < len(watched.params):
             hooks.add("lazy parameters", lambda: self._hook_when_initialised(parameter_hook))
         hooks.add("layer statistics", self.layers.attach)
+        hooks.add("recurrent layers", self.recurrent.attach)
         self._dispatch("on_record_start")
 
     def _hook_when_initialised(self, parameter_hook: Callable[[torch.Tensor], Any]) -> list[Any]:

@@ -1734,11 +1734,51 @@ def clipped_after_step(report: DiagnosticReport) -> Hit | None:
         symptom=f"at {len(points)} recorded steps the gradients were scaled by {factor:.2g} (median) after "
         f"optimizer.step(), from step {points[0].step}: a clip after the step, so each step used gradients "
         f"{1 / factor:.3g}x the norm it allows",
-        evidence={"clipped_steps": len(points), "median_factor": factor, "smallest_factor": min(p.value for p in points),
-                  "first_step": points[0].step},  # fmt: skip
+        evidence={"clipped_steps": len(points), "median_factor": factor,
+                  "smallest_factor": min(p.value for p in points), "first_step": points[0].step},  # fmt: skip
         severity="error" if factor < 0.1 and not loss_learned(report) else None,
         score=2.0 + min(2.0, math.log10(1 / factor)),
         step=points[0].step,
+    )
+
+
+# a recurrent layer's axes over a run: a time axis that holds (a loader's batch size, and its last batch) while
+# the batch axis takes this many sizes (padded lengths) has them swapped
+HELD_SIZES, VARYING_SIZES, AXES_FORWARDS = 2, 6, 8
+
+
+@rule(
+    "NNDX624",
+    C.WRONG_RESHAPE,
+    "warning",
+    "A recurrent layer runs over the batch: its time and batch axes are swapped",
+    detects=f"Over at least {AXES_FORWARDS} forwards the Monitor saw, a recurrent layer (nn.RNN, nn.LSTM, nn.GRU) "
+    f"whose time axis, as its batch_first lays it, took at most {HELD_SIZES} sizes while its batch axis took "
+    f"{VARYING_SIZES} or more: padded sequences of varying length vary the time axis, a loader holds the batch size, "
+    "so the batches reach the layer with their axes swapped. Sequences of one length give no reading either way.",
+    why="A layer built time-major (batch_first=False, the default) and fed (batch, time) batches, or the other way "
+    "round, runs its recurrence across the samples of a batch and treats the time steps as samples. Every shape is "
+    "legal both ways; the loss falls on whatever structure is left, and the model learns far less than it could.",
+    fix="Build the layer with batch_first=True for (batch, time, features) inputs, or transpose the batch to (time, "
+    "batch, ...) before it (pad_sequence(batch_first=False) for a time-major model).",
+)
+def recurrent_axes_swapped(report: DiagnosticReport) -> Hit | None:
+    loop = _loop(report)
+    swapped = [r for r in (loop.recurrent_inputs if loop is not None else [])
+               if r.forwards >= AXES_FORWARDS and len(r.time_lengths) <= HELD_SIZES
+               and len(r.batch_sizes) >= VARYING_SIZES]  # fmt: skip
+    if not swapped:
+        return None
+    layer = swapped[0]
+    held = ", ".join(map(str, layer.time_lengths))
+    varying = ", ".join(map(str, layer.batch_sizes[:6])) + ("..." if len(layer.batch_sizes) > 6 else "")
+    return Hit(
+        symptom=f"{layer.name} (batch_first={layer.batch_first}) took {held} along its time axis over {layer.forwards} "
+        f"forwards while its batch axis took {len(layer.batch_sizes)} sizes ({varying}): the lengths sit on its batch "
+        "axis, the batch on its time axis",
+        evidence={"layer": layer.name, "batch_first": layer.batch_first, "time_lengths": layer.time_lengths,
+                  "batch_sizes": layer.batch_sizes, "forwards": layer.forwards},  # fmt: skip
+        score=2.0 + min(1.0, len(layer.batch_sizes) / 16),
     )
 
 

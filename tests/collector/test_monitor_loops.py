@@ -1830,3 +1830,31 @@ def test_a_clip_that_flushes_negligible_gradients_to_zero_masks_nothing():
     assert clipped.loop.grads_masked_by_hand == {}, clipped.loop.grads_masked_by_hand
     masked = run(mask)
     assert 0.1 < max(masked.loop.grads_masked_by_hand.values()) < 0.5, masked.loop.grads_masked_by_hand
+
+
+@pytest.mark.parametrize("layout", ["time_major", "batch_first_into_time_major", "fixed_length_two_batch_sizes"])
+def test_a_recurrent_layer_fed_its_axes_swapped_is_seen_over_the_run(layout):
+    """bentrevett's seq2seq with pad_sequence(batch_first=True) into its time-major LSTM: its time axis
+    holds the batch size while its batch axis takes every padded length. Fed time-major, the lengths vary
+    the time axis; windows of one length (a validation batch of another size beside) say nothing."""
+    torch.manual_seed(0)
+    embed, lstm, head = nn.Embedding(20, 8), nn.LSTM(8, 16), nn.Linear(16, 20)
+    model = nn.ModuleDict({"embed": embed, "lstm": lstm, "head": head})
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    with Monitor(model, opt) as mon:
+        for i in range(12):
+            batch = 16 if layout != "fixed_length_two_batch_sizes" or i % 4 else 64
+            length = 12 if layout == "fixed_length_two_batch_sizes" else 4 + i
+            tokens = torch.randint(0, 20, (batch, length))  # (batch, time), as pad_sequence(batch_first=True) gives
+            if layout != "batch_first_into_time_major":
+                tokens = tokens.T
+            opt.zero_grad()
+            out, _ = lstm(embed(tokens))
+            loss = F.cross_entropy(head(out).reshape(-1, 20), tokens.reshape(-1))
+            loss.backward()
+            opt.step()
+            mon.log(loss)
+    report = mon.report()
+    (seen,) = report.loop.recurrent_inputs
+    assert seen.name == "lstm" and seen.forwards == 12 and seen.batch_first is False
+    assert bool(fired(report, "NNDX624")) == (layout == "batch_first_into_time_major"), seen

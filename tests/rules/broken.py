@@ -26,6 +26,7 @@ from nndx.report import (
     NanOriginResult,
     OverfitResult,
     Probes,
+    RecurrentInput,
     SampleIndependenceResult,
     ScalarPoint,
 )
@@ -395,6 +396,9 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX711": lambda: error("Function 'ExpBackward0' returned nan values in its 0th output."),
     "NNDX320": graph_growing,
     "NNDX321": lambda: with_loop(BASE, steps=0, backward_calls=200, optimizers=["SGD"]),
+    # bentrevett's seq2seq with pad_sequence(batch_first=True) into its time-major LSTM: lengths on the batch axis
+    "NNDX624": lambda: with_loop(BASE, recurrent_inputs=[RecurrentInput(
+        name="encoder.rnn", batch_first=False, forwards=400, time_lengths=[8, 32], batch_sizes=[3, 4, 5, 6, 7, 8])]),
     # d2l's grad_clipping moved below updater.step(): the clip shrinks gradients the step already used
     "NNDX623": lambda: with_loop(BASE, clipped_after_step=[ScalarPoint(step=s, value=0.04) for s in range(0, 50, 5)]),
     "NNDX322": lambda: with_loop(BASE, optimizers=["SGD"], params_never_changed=[p.name for p in BASE.parameters if p.step == BASE.parameters[0].step]),

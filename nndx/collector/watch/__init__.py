@@ -10,6 +10,7 @@ part of the report.
 :class:`GradientNorm`       global gradient norm, before and after clipping
 :class:`MaskedGradients`    gradients of non-zero weights zeroed by hand before the step
 :class:`ClipAfterStep`      gradients scaled down after the step (a clip placed after it)
+:class:`RecurrentAxes`      the sizes each recurrent layer's time and batch axes took
 :class:`InputNorms`         the norm of each training input batch
 :class:`LayerStatistics`    per-layer activation and gradient statistics
 :class:`ParameterUpdates`   per-parameter norms and update/weight ratios
@@ -40,6 +41,7 @@ from nndx.collector.watch.layers import LayerStatistics, ParameterUpdates
 from nndx.collector.watch.loop import LoopCounts
 from nndx.collector.watch.loss_calls import LossCalls
 from nndx.collector.watch.masked import MaskedGradients
+from nndx.collector.watch.recurrent import RecurrentAxes
 from nndx.collector.watch.series import EffectiveLearningRate, GradientNorm, InputNorms, LearningRate, LossHistory
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "LoopCounts",
     "MaskedGradients",
     "ParameterUpdates",
+    "RecurrentAxes",
     "RunFacts",
     "StepContext",
     "UnchangedParameters",
