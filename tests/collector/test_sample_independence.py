@@ -760,3 +760,45 @@ def test_outputs_that_are_not_finite_are_not_compared():
     result = sample_independence(mlp(), (x, y))
     assert result.status == "skipped" and "finite" in result.message, result.message
     assert not result.position_dependent
+
+
+class Translator(nn.Module):
+    """A seq2seq model reduced to its encoder: an output per source position."""
+
+    def __init__(self, batch_first: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.gru, self.head = nn.Embedding(12, 8), nn.GRU(8, 16, batch_first=batch_first), nn.Linear(16, 12)
+
+    def forward(self, src):
+        return self.head(self.gru(self.embed(src))[0])
+
+
+def padded_sentences(time_major: bool, pad: int = 1, n: int = 16):
+    """Sentences of 3 to 7 tokens, padded to the longest; the targets a word-by-word translation."""
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(3, 8, (n,), generator=g)
+    lengths[0] = 7
+    src = torch.full((n, 7), pad)
+    for i, length in enumerate(lengths):
+        src[i, :length] = torch.randint(2, 12, (int(length),), generator=g)
+    trg = torch.where(src == pad, src, (src * 5) % 10 + 2)
+    return (src.T.contiguous(), trg.T.contiguous()) if time_major else (src, trg)
+
+
+def test_padding_at_the_end_of_each_sentence_tells_the_batch_axis_of_a_seq2seq_batch():
+    """bentrevett's seq2seq with pad_sequence(batch_first=True) into its time-major LSTM: the targets,
+    a translation, are no shift of the inputs, so batch and time were ambiguous and the probe skipped.
+    Padding ends every sentence along time: the other axis holds the samples. Fed its axes swapped, the
+    recurrence runs over the batch (WRONG_RESHAPE); time-major and batch-first layouts that match pass."""
+    broken = sample_independence(Translator(batch_first=False), padded_sentences(time_major=False))
+    assert broken.status == "failed" and broken.batch_axis == 0 and broken.changed_samples > 0, broken.message
+    time_major = sample_independence(Translator(batch_first=False), padded_sentences(time_major=True))
+    assert time_major.status == "passed" and time_major.batch_axis == 1, time_major.message
+    batch_first = sample_independence(Translator(batch_first=True), padded_sentences(time_major=False))
+    assert batch_first.status == "passed" and batch_first.batch_axis == 0, batch_first.message
+    # sorted by length, the padding ends the lines of both axes: no reading, no guess
+    src, trg = padded_sentences(time_major=False)
+    order = (src != 1).sum(dim=1).argsort(descending=True)
+    result = sample_independence(Translator(batch_first=False), (src[order], trg[order]))
+    assert result.status == "skipped", result.message

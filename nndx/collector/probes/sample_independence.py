@@ -354,6 +354,7 @@ def _batch_axes(inputs: object, targets: object) -> tuple[list[int], str]:
     # inputs) is no time axis
     if _per_position(inputs, targets) and max(target.shape[1:]) > 1 and shared is None:
         batch_axis = _beside_time(first, target)
+        batch_axis = _beside_padding(first) if batch_axis is None else batch_axis
         if batch_axis is None:
             return [], (f"targets {list(target.shape)} per position of inputs {list(first.shape)} (a sequence model): "
                           "the batch axis cannot be told from a time axis")  # fmt: skip
@@ -395,6 +396,27 @@ def _beside_time(first: torch.Tensor, target: torch.Tensor) -> int | None:
     if len(times) != 1 or any(share >= 0.5 for axis, share in along if axis != times[0]):
         return None
     return 1 - times[0]
+
+
+def _beside_padding(tokens: torch.Tensor) -> int | None:
+    """The batch axis of a padded token batch: time is the one of its two axes along which every
+    line ends in a run of one id (the padding, or an end-of-sequence id) that nothing else holds,
+    in a quarter of the lines or more; the batch the other. A seq2seq batch of sentences padded
+    to the longest tells (bentrevett's Multi30k batches, time-major, or batch-first by mistake),
+    where the targets, a translation, are no shift of the inputs. None when neither axis or both
+    read so (batches sorted by length pad both ways), or the batch is no 2-d integer tensor."""
+    if tokens.dim() != 2 or tokens.is_floating_point() or tokens.is_complex() or min(tokens.shape) < MIN_SAMPLES:
+        return None
+    ended = []
+    for axis in (0, 1):
+        lines = tokens.movedim(axis, -1)
+        pad = lines[:, -1].mode().values
+        is_pad = lines == pad
+        run_to_the_end = bool((is_pad[:, 1:] >= is_pad[:, :-1]).all())  # once the id, the id to the line's end
+        padded = float((is_pad.any(dim=1) & ~is_pad.all(dim=1)).float().mean())
+        if run_to_the_end and padded >= 0.25:
+            ended.append(axis)
+    return 1 - ended[0] if len(ended) == 1 else None
 
 
 def _axes_without_targets(inputs: object, first: torch.Tensor) -> tuple[list[int], str]:
