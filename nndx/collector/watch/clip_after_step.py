@@ -7,8 +7,8 @@ On recorded steps, a sample of each gradient is kept at the step's end and compa
 loop's next event (a forward, a ``zero_grad``, a backward pass). Gradients a clip scaled are
 every changed one multiplied by one common factor under 1; gradients reset to zero, replaced
 (``set_to_none``), or added to by another backward (a GAN's generator pass through its
-discriminator) are not. The comparison runs on the device and is fetched with the step's
-other values.
+discriminator) are not. Sparse gradients (an embedding's ``sparse=True``) are left out. The
+comparison runs on the device and is fetched with the step's other values.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class ClipAfterStep(Watcher):
         with torch.no_grad():
             kept = [(p, id(p.grad), p.grad._version, flat_sample(p.grad, SAMPLE).reshape(-1).double().clone())
                     for _, p in self.watched.params_of(ctx.optimizer)
-                    if p.grad is not None and p.grad.is_floating_point()]  # fmt: skip
+                    if p.grad is not None and p.grad.layout == torch.strided and p.grad.is_floating_point()]
         self._kept = (ctx.step, kept) if kept else None
 
     def _compare(self, ctx: StepContext, *_: Any) -> None:
