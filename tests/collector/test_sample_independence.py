@@ -802,3 +802,29 @@ def test_padding_at_the_end_of_each_sentence_tells_the_batch_axis_of_a_seq2seq_b
     order = (src != 1).sum(dim=1).argsort(descending=True)
     result = sample_independence(Translator(batch_first=False), (src[order], trg[order]))
     assert result.status == "skipped", result.message
+
+
+class LastValidStep(nn.Module):
+    """A time-major encoder that reads each sample's last valid step through its lengths, a
+    (batch,) vector beside the (time, batch) tokens (the PyTorch chatbot tutorial's encoder)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.gru, self.head = nn.Embedding(12, 8), nn.GRU(8, 16), nn.Linear(16, 3)
+
+    def forward(self, tokens, lengths):
+        out = self.gru(self.embed(tokens))[0]
+        return self.head(out[lengths - 1, torch.arange(tokens.shape[1])])
+
+
+def test_per_sample_lengths_beside_a_time_major_batch_move_with_their_samples():
+    """chatbot's healthy run drew NNDX621 SHAPE_BROADCAST as an error: the probe swapped samples along
+    the tokens' second axis and left the (batch,) lengths where they were, so each sample read another's
+    length and its output 'depended on its position'. A (batch,) tensor beside a time-major batch is
+    edited along its own axis."""
+    g = torch.Generator().manual_seed(4)
+    tokens, lengths = torch.randint(0, 12, (7, 10), generator=g), torch.randint(2, 8, (10,), generator=g)
+    targets = torch.randint(0, 3, (10,), generator=g)
+    result = sample_independence(LastValidStep(), ((tokens, lengths), targets))
+    assert result.status == "passed" and result.batch_axis == 1, result.message

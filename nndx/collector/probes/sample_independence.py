@@ -317,7 +317,8 @@ def _reversal(model: nn.Module, inputs: object, axis: int, before: torch.Tensor,
     no order changes); None when rows match none (samples mixed by position); "unknown" when
     the model refused the reversed batch or returned another shape."""
     samples = int(before.shape[out_axis])
-    reversed_inputs = map_tensors(inputs, lambda t: t.flip(axis) if t.dim() > axis and t.shape[axis] == samples else t)
+    reversed_inputs = map_tensors(inputs, lambda t: t if (along := _samples_axis(t, axis, samples)) is None
+                                  else t.flip(along))  # fmt: skip
     try:
         (flipped, _), _ = _prediction(model, reversed_inputs)
     except Exception:  # noqa: BLE001 - a model that takes its batches in one order only: no verdict
@@ -452,12 +453,22 @@ def _shared_length(inputs: object, targets: object) -> int | None:
     return common.pop() if len(common) == 1 else None
 
 
+def _samples_axis(t: torch.Tensor, axis: int, samples: int) -> int | None:
+    """The axis of ``t`` that holds the batch's samples: ``axis`` where ``t`` has it with that many
+    entries; else, for a tensor too short for ``axis``, its first when that has them (a (batch,)
+    vector of lengths beside (time, batch) tokens: the PyTorch chatbot tutorial's encoder); else none."""
+    if t.dim() > axis and t.shape[axis] == samples:
+        return axis
+    return 0 if 1 <= t.dim() <= axis and t.shape[0] == samples else None
+
+
 def _replace_first(t: torch.Tensor, axis: int, samples: int, count: int) -> torch.Tensor:
-    """``t`` with its first ``count`` samples along ``axis`` replaced by its last ``count``."""
-    if t.dim() <= axis or t.shape[axis] != samples:
+    """``t`` with its first ``count`` samples along ``axis`` (:func:`_samples_axis`) replaced by its last ``count``."""
+    along = _samples_axis(t, axis, samples)
+    if along is None:
         return t
     changed = t.clone()
-    changed.narrow(axis, 0, count).copy_(t.narrow(axis, samples - count, count))
+    changed.narrow(along, 0, count).copy_(t.narrow(along, samples - count, count))
     return changed
 
 
