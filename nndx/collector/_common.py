@@ -993,6 +993,21 @@ def relates_samples(inputs: Any, size: int) -> bool:
         not per_sample(tuple(t.shape)) and sum(1 for n in t.shape if n == size) >= 2 for t in tensors[1:])
 
 
+def trailing_runs(rows: torch.Tensor) -> tuple[int, torch.Tensor] | None:
+    """The id most rows of a 2-d id tensor end with (padding, or an end-of-sequence id; ties to
+    the smallest, negative ids such as an ignore index left out), and the length of the run of
+    it that each row ends in (0 where the row ends otherwise). None when no row ends in an id
+    of 0 or more. The padding probes read a sequence batch's layout from it."""
+    last = rows[:, -1]
+    ids, counts = torch.unique(last[last >= 0], return_counts=True)
+    if ids.numel() == 0:
+        return None
+    pad = ids[counts.argmax()]
+    # positions counted from 1; the last one that is not the id ends the row's text
+    not_pad = (rows != pad).float() * torch.arange(1, rows.shape[1] + 1, device=rows.device)
+    return int(pad), rows.shape[1] - not_pad.amax(dim=1).long()
+
+
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(obj, torch.Tensor):
         return fn(obj)

@@ -99,6 +99,7 @@ from nndx.collector._common import (
     seed_all,
     set_mode,
     split_batch,
+    trailing_runs,
     working_copy,
 )
 from nndx.collector.loss_call import InnerLossCalls
@@ -820,21 +821,17 @@ def _scored_padding(aimed: torch.Tensor, time_axis: int) -> dict[str, object]:
     each run may be a real end of sequence (GPT-2 pads with its end token), so only the
     rest counts."""
     rows = aimed if time_axis == 1 else aimed.T
-    last = rows[:, -1]
-    ids, counts = torch.unique(last[last >= 0], return_counts=True)
-    if ids.numel() == 0:
+    found = trailing_runs(rows)
+    if found is None:
         return {}
-    pad = ids[counts.argmax()]
-    # run length at the end of each row: positions from the last one that is not the pad id
+    pad, run = found
     is_pad = rows == pad
-    not_pad = (~is_pad).float() * torch.arange(1, rows.shape[1] + 1, device=rows.device)
-    run = rows.shape[1] - not_pad.amax(dim=1).long()
     padded = run >= 2
     if float(padded.float().mean()) < PADDED_ROWS or torch.unique(run).numel() < 2:
         return {}
     after_first = torch.arange(rows.shape[1], device=rows.device)[None, :] > (rows.shape[1] - run)[:, None]
     scored_padding = int((after_first & is_pad).sum())
-    return {"padding_id": int(pad), "scored_padding_fraction": scored_padding / max(1, int((rows >= 0).sum()))}
+    return {"padding_id": pad, "scored_padding_fraction": scored_padding / max(1, int((rows >= 0).sum()))}
 
 
 def _changed_future(tokens: torch.Tensor, time_axis: int) -> tuple[torch.Tensor, int] | None:

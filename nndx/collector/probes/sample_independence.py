@@ -93,6 +93,7 @@ from nndx.collector._common import (
     seed_all,
     set_mode,
     split_batch,
+    trailing_runs,
     working_copy,
 )
 from nndx.collector.probes import ProbeSpec
@@ -411,10 +412,12 @@ def _beside_padding(tokens: torch.Tensor) -> int | None:
     ended = []
     for axis in (0, 1):
         lines = tokens.movedim(axis, -1)
-        pad = lines[:, -1].mode().values
-        is_pad = lines == pad
-        run_to_the_end = bool((is_pad[:, 1:] >= is_pad[:, :-1]).all())  # once the id, the id to the line's end
-        padded = float((is_pad.any(dim=1) & ~is_pad.all(dim=1)).float().mean())
+        found = trailing_runs(lines)
+        if found is None:
+            continue
+        pad, run = found
+        run_to_the_end = bool(((lines == pad).sum(dim=1) == run).all())  # once the id, the id to the line's end
+        padded = float(((run > 0) & (run < lines.shape[1])).float().mean())
         if run_to_the_end and padded >= 0.25:
             ended.append(axis)
     return 1 - ended[0] if len(ended) == 1 else None
