@@ -429,6 +429,11 @@ class SampleIndependenceResult(ProbeResult):
         None, description="each sample's output depends on its position in the batch: replacing half of the samples "
         "moved no other, yet the reversed batch gave outputs that are no reordering of the batch's (a table indexed "
         "along the batch axis, such as a time-major positional encoding added to batch-first inputs)")
+    stitched: dict[str, Float] | None = Field(
+        None, description="the inputs' sequences are stitched from pieces of several samples: as given, neighbouring "
+        "samples are alike and neighbouring steps are not; read in the other axis order (the same values), the steps "
+        "are alike and the samples are not. Each entry is a mean distance between neighbours over that between "
+        "entries half the axis apart (1: no order), along the batch and the time axis, as given and re-read")
 
     def summary(self, num: NumberFormat = str) -> str:
         others = max(self.samples - self.replaced_samples, 0)

@@ -669,6 +669,36 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
 
 
 @rule(
+    "NNDX625",
+    C.WRONG_RESHAPE,
+    "error",
+    "Each input sequence is stitched from pieces of other samples",
+    detects="The sample-independence probe, on a time-major floating-point input (samples along its second axis) "
+    "of a model with a time-major recurrent layer or cell: neighbouring samples are alike and neighbouring steps are not (mean distance between neighbours at most 0.8, "
+    "and at least 0.85, of that between entries half the axis apart), and the same values read in the other axis "
+    "order (reshaped to the swapped sizes) give the reverse: steps alike, samples not.",
+    why="Data of shape (batch, time, features) turned time-major with reshape or view instead of transpose (or the "
+    "other way round) keeps the memory order: each 'sequence' the model reads is a step of one sample, then a step "
+    "of another, while one sample's steps land in neighbouring samples. The shapes are legal, the labels still "
+    "belong to the batch's positions, and the model learns what single steps say at best.",
+    fix="x.transpose(0, 1) (or permute) to swap time and batch; reshape only to split or merge neighbouring axes. "
+    "Print one sample of the batch the model gets: it must read as one sequence.",
+)
+def stitched_inputs(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "sample_independence")
+    if result is None or result.status != "failed" or not result.stitched:
+        return None
+    ratios = result.stitched
+    return Hit(
+        symptom=f"neighbouring samples of the input are alike ({ratios.get('batch_as_given', float('nan')):.2f}) and "
+        f"neighbouring steps are not ({ratios.get('time_as_given', float('nan')):.2f}); read in the other axis order "
+        "the values form sequences of independent samples",
+        evidence={"batch_axis": result.batch_axis, "samples": result.samples, **ratios},
+        score=3.0,
+    )
+
+
+@rule(
     "NNDX620",
     C.WRONG_RESHAPE,
     "error",

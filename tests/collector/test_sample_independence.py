@@ -828,3 +828,39 @@ def test_per_sample_lengths_beside_a_time_major_batch_move_with_their_samples():
     targets = torch.randint(0, 3, (10,), generator=g)
     result = sample_independence(LastValidStep(), ((tokens, lengths), targets))
     assert result.status == "passed" and result.batch_axis == 1, result.message
+
+
+def _row_images(n=64, seed=0):
+    """Smooth 8x4 'images' (each row close to the one above it) and a label each: an RNN reads
+    them as sequences of 8 rows, as the PyTorch tutorials read MNIST."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 4, (n,), generator=g)
+    start = torch.randn(n, 1, 4, generator=g) + labels[:, None, None]
+    return start + 0.3 * torch.randn(n, 8, 4, generator=g).cumsum(dim=1), labels
+
+
+def test_sequences_stitched_by_a_reshape_where_transpose_was_meant_are_caught():
+    images, labels = _row_images()
+    model = SequenceClassifier(batch_first=False, time_major_input=True)
+    stitched = sample_independence(model, (images.reshape(8, -1, 4), labels))  # yunjey/pytorch-tutorial#89
+    assert stitched.status == "failed" and stitched.changed_samples == 0
+    assert stitched.stitched["batch_as_given"] < 0.8 and stitched.stitched["time_reread"] < 0.8
+    right = sample_independence(model, (images.transpose(0, 1), labels))
+    assert right.status == "passed" and right.stitched is None
+    batch_first = sample_independence(SequenceClassifier(batch_first=True), (images, labels))
+    assert batch_first.status == "passed" and batch_first.stitched is None
+
+
+def test_sorted_batches_overlapping_windows_and_unordered_steps_are_not_read_as_stitched():
+    images, labels = _row_images()
+    order = labels.argsort()  # an unshuffled loader: neighbouring samples alike for a reason
+    model = SequenceClassifier(batch_first=False, time_major_input=True)
+    assert sample_independence(model, (images[order].transpose(0, 1), labels[order])).stitched is None
+    signal = torch.sin(torch.arange(400) * 0.1)[:, None].repeat(1, 4)
+    windows = torch.stack([signal[i:i + 20] for i in range(64)])  # sliding windows in order
+    assert sample_independence(model, (windows.transpose(0, 1), labels)).stitched is None
+    by_class = torch.randn(64, 8, 4, generator=torch.Generator().manual_seed(1)) + 3 * labels[order][:, None, None]
+    assert sample_independence(model, (by_class.transpose(0, 1), labels[order])).stitched is None  # steps unordered
+    # fastbook's batches of 3s then 7s, flattened: pixels are no steps, and the batch-first layout is not read
+    flat = nn.Sequential(nn.Linear(32, 1), nn.Flatten(0))
+    assert sample_independence(flat, (images[order].reshape(64, -1), labels[order].float())).stitched is None

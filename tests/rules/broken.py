@@ -376,6 +376,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX327": lambda: with_loop(BASE, scheduled_lrs=[1e-3], lr_history=[LRPoint(step=i, lrs=[1e-6 * (1 + i // 20)]) for i in range(100)]),
     "NNDX619": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", batch_axis=0, samples=32, replaced_samples=16, changed_samples=16, max_change=0.4, tolerance=1e-5, batch_reduction="sum of a [32, 8] tensor in fm")),
     "NNDX620": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", batch_axis=1, samples=10, replaced_samples=5, changed_samples=0, max_change=0.0, tolerance=1e-5, no_context="rnn")),
+    "NNDX625": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", batch_axis=1, samples=100, replaced_samples=50, changed_samples=0, max_change=0.0, tolerance=1e-5, stitched={"batch_as_given": 0.67, "time_as_given": 1.07, "batch_reread": 1.04, "time_reread": 0.62})),
     "NNDX621": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", batch_axis=0, samples=32, replaced_samples=16, changed_samples=0, max_change=0.0, tolerance=1e-5, position_dependent=True)),
     "NNDX617": lambda: probe(sample_independence=SampleIndependenceResult(status="failed", reordered=True, batch_axis=0, samples=32, replaced_samples=16, changed_samples=15, max_change=0.4, tolerance=1e-5)),
     "NNDX613": lambda: probe(causality=CausalityResult(status="failed", time_axis=1, samples=8, positions=32, scored_positions=256, copy_fraction=1.0, next_fraction=0.04, unshifted=True)),

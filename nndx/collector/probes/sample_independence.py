@@ -59,6 +59,19 @@ batch-first inputs). With targets per position the leading axis alone is tried t
 only this failure is reported: a time-major model's positions read each other, so its leading
 axis never passes the first test. A forward that draws random numbers in eval mode is not judged.
 
+A model that keeps its samples apart may still be fed samples stitched from pieces of each
+other: ``images.reshape(seq_len, -1, input_size)`` where ``images.transpose(0, 1)`` was meant
+(yunjey/pytorch-tutorial#89) hands a time-major RNN "sequences" whose steps are rows of
+different images, while the rows of one image lie in neighbouring samples. When a time-major
+recurrent layer (``batch_first=False``, or a cell stepped by the loop) reads a floating-point
+input whose samples lie along its second axis (a feature axis or none after them), the probe
+reads that layout off the values: neighbouring samples alike and neighbouring steps not, and
+the same values read in the other order (``reshape`` to the swapped sizes, as the loop's
+``reshape`` took them) steps alike and samples not (``stitched``). Sorted batches (neighbouring
+samples alike for a reason) and windows that overlap in order keep their steps alike as given;
+data with no order along time reads no order either way. Batch-first inputs are not read:
+there a sorted batch of unordered features (a flattened image's pixels) looks the same.
+
 Nodes of one graph are no batch: when an input, or a tensor the model keeps beside its
 parameters (vgae_pytorch's normalised adjacency is an attribute of its layers), is a matrix
 over the samples, they depend on each other by design and the probe says ``skipped``.
@@ -102,6 +115,8 @@ from nndx.collector.stats import batch_statistics_only
 from nndx.report import SampleIndependenceResult
 
 MIN_SAMPLES = 3
+STITCH_SAMPLES, STITCH_STEPS = 16, 4  # enough neighbours along each axis to read an order off the values
+ALIKE, UNORDERED = 0.8, 0.85  # neighbours' distance over that of entries half the axis apart
 NEXT_SHARE = 0.9  # of a sequence's targets that are its next inputs, for the axis to be read as time
 SEED = 0
 
@@ -140,7 +155,7 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
             if trial.status == "passed":
                 if len(axes) > 1:
                     trial.message += f" (of the axes {axes} with as many entries as samples, the one that holds them)"
-                return trial
+                return _stitched(model, inputs, axis, trial)
             trials.append(trial)
     if len(axes) == 1 or all(t.status == "failed" for t in trials):
         # with several candidate axes, along each of them other samples moved: whichever holds
@@ -257,6 +272,44 @@ def _trial(model: nn.Module, inputs: object, axis: int, check_position: bool = F
             "to batch-first inputs)"))  # fmt: skip
     return SampleIndependenceResult(status="passed", **common, message=(
         f"{what} left the other {samples - replaced} samples' outputs unchanged (within {tolerance:.3g})"))
+
+
+def _stitched(model: nn.Module, inputs: object, axis: int, passed: SampleIndependenceResult
+              ) -> SampleIndependenceResult:  # fmt: skip
+    """``passed``, or a failure when the time-major first input's samples are stitched from each
+    other's pieces."""
+    x = next(iter_tensors(inputs))
+    time_major = any(isinstance(m, nn.RNNCellBase) or (isinstance(m, nn.RNNBase) and not m.batch_first)
+                     for m in model.modules())  # fmt: skip
+    if not time_major or not x.is_floating_point() or x.dim() not in (2, 3) or axis != 1:
+        return passed
+    x = (x if x.dim() == 3 else x[..., None]).double()
+    steps = 1 - axis
+    if x.shape[axis] < STITCH_SAMPLES or x.shape[steps] < STITCH_STEPS:
+        return passed
+    reread = x.reshape(x.shape[1], x.shape[0], -1)  # the samples' axis is now ``steps``
+    ratios = {"batch_as_given": _neighbour_ratio(x, axis), "time_as_given": _neighbour_ratio(x, steps),
+              "batch_reread": _neighbour_ratio(reread, steps), "time_reread": _neighbour_ratio(reread, axis)}
+    if not (ratios["batch_as_given"] <= ALIKE and ratios["time_as_given"] >= UNORDERED
+            and ratios["time_reread"] <= ALIKE and ratios["batch_reread"] >= UNORDERED):
+        return passed
+    shape, swapped = list(x.shape[:2]), list(reread.shape[:2])
+    return passed.model_copy(update={"status": "failed", "stitched": ratios, "message": (
+        f"the model keeps its samples apart, but its inputs {shape} (samples along axis {axis}) are stitched from "
+        f"pieces of each other: neighbouring samples are alike ({ratios['batch_as_given']:.2f} of the distance "
+        f"between samples half the batch apart) and neighbouring steps are not ({ratios['time_as_given']:.2f}); "
+        f"the same values read as {swapped} give steps alike ({ratios['time_reread']:.2f}) and samples that are "
+        f"not ({ratios['batch_reread']:.2f}): a reshape or view made (batch, time) and (time, batch) data of each "
+        "other where transpose or permute was meant")})  # fmt: skip
+
+
+def _neighbour_ratio(x: torch.Tensor, axis: int) -> float:
+    """Mean distance between neighbours along ``axis`` over that between entries half the axis
+    apart: under 1 where the axis is ordered (steps of a signal, sorted samples), about 1 where not."""
+    length = int(x.shape[axis])
+    near = (x.narrow(axis, 1, length - 1) - x.narrow(axis, 0, length - 1)).abs().mean()
+    far = (x - x.roll(length // 2, axis)).abs().mean()
+    return float(near / far) if float(far) > 0 else 1.0
 
 
 def _reads_no_context(model: nn.Module, inputs: object, targets: object, recurrent: str
