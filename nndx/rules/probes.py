@@ -674,9 +674,10 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
     "error",
     "Each input sequence is stitched from pieces of other samples",
     detects="The sample-independence probe, on a time-major floating-point input (samples along its second axis) "
-    "of a model with a time-major recurrent layer or cell: neighbouring samples are alike and neighbouring steps are not (mean distance between neighbours at most 0.8, "
-    "and at least 0.85, of that between entries half the axis apart), and the same values read in the other axis "
-    "order (reshaped to the swapped sizes) give the reverse: steps alike, samples not.",
+    "of a model with a time-major recurrent layer or cell: neighbouring samples are alike and neighbouring steps "
+    "are not (mean distance between neighbours at most 0.8, and at least 0.85, of that between entries half the "
+    "axis apart), and the same values read in the other axis order (reshaped to the swapped sizes) give the "
+    "reverse: steps alike, samples not.",
     why="Data of shape (batch, time, features) turned time-major with reshape or view instead of transpose (or the "
     "other way round) keeps the memory order: each 'sequence' the model reads is a step of one sample, then a step "
     "of another, while one sample's steps land in neighbouring samples. The shapes are legal, the labels still "
