@@ -184,10 +184,13 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
 def _destroyed_by_lr(losses: list[float]) -> str:
     """Why a failed copy failed for the probe's LR rather than the model's, or "". Two
     ways: the loss jumped above OVERSHOOT times its start within OVERSHOOT_STEPS steps, or
-    it moved and then stood still to the end from one of those steps (one Adam step at
-    1e-2 drove a ReLU6 ranking score below 0 for every document: RankNet's copy froze at
-    ln 2 from step 1 while the model trains at 1e-3). A loss that never moved is not this:
-    the model is as stuck at any LR."""
+    it moved and then stood still to the end (every gradient zero, its units dead on the one
+    batch): from one of those steps (one Adam step at 1e-2 drove a ReLU6 ranking score below
+    0 for every document: RankNet's copy froze at ln 2 from step 1 while the model trains at
+    1e-3), or later, for the last tenth of the steps, after a first step that threw the loss
+    above its start (Udacity's CIFAR CNN: to 1.2x its start, then down to 0.87 of it, frozen
+    from step 231; at 1e-3 it fits in 20 steps). A loss that never moved is not this: the
+    model is as stuck at any LR; nor one that crept down and froze with no such step."""
     if not all(map(math.isfinite, losses)) or losses[0] <= 0:
         # a jump needs a positive start: a loss that falls below 0 without bound (a sign error) is evidence as it is
         return ""
@@ -195,7 +198,11 @@ def _destroyed_by_lr(losses: list[float]) -> str:
     if peak > OVERSHOOT * losses[0]:
         return f"the loss jumped from {losses[0]:.4g} to {peak:.4g}"
     frozen_from = flat_since(losses)
-    if 0 < frozen_from <= OVERSHOOT_STEPS and len(losses) - frozen_from >= len(losses) // 2:
+    froze_early = 0 < frozen_from <= OVERSHOOT_STEPS and len(losses) - frozen_from >= len(losses) // 2
+    # later, after a first step that threw the loss above its start: that step is what killed the units
+    froze_late = (peak > losses[0] and 0 < frozen_from < len(losses) - 1
+                  and len(losses) - frozen_from >= len(losses) // 10)
+    if froze_early or froze_late:
         return f"the loss moved from {losses[0]:.4g} and froze at {losses[-1]:.4g} from step {frozen_from}"
     return ""
 
