@@ -467,19 +467,78 @@ def plateau(report: DiagnosticReport) -> Hit | None:
     symptom=True,
 )
 def stuck_at_chance(report: DiagnosticReport) -> Hit | None:
-    classes = num_classes(report)
-    curve = loss_curve(report)
-    if classes is None or classes < 2 or curve.n < 10 or len(curve.values) < curve.n:
+    at_chance = _at_chance(report)
+    if at_chance is None:
         return None
-    chance = math.log(classes)
-    near = lambda v: abs(v - chance) <= 0.05 * chance  # noqa: E731
-    if not (near(curve.end) and near(curve.start)):
-        return None
+    classes, chance, curve = at_chance
     return Hit(
         symptom=f"train loss stays at ln({classes}) = {chance:.4f}",
         evidence={"num_classes": classes, "ln_num_classes": chance, "loss_start": curve.start, "loss_end": curve.end},
         score=2.0 - abs(curve.end - chance) / chance,
         next_probe="hooks (layer statistics: dead units, gradient flow) and label_alignment",
+    )
+
+
+def _at_chance(report: DiagnosticReport, points: int = 10) -> tuple[int, float, Curve] | None:
+    """(classes, ln C, the train curve) when a classification loss starts and ends within 5% of
+    ln C, the loss of a uniform prediction, over ``points`` recorded steps or more."""
+    classes = num_classes(report)
+    curve = loss_curve(report)
+    if classes is None or classes < 2 or curve.n < points or len(curve.values) < curve.n:
+        return None
+    chance = math.log(classes)
+    near = lambda v: abs(v - chance) <= 0.05 * chance  # noqa: E731
+    return (classes, chance, curve) if near(curve.end) and near(curve.start) else None
+
+
+CHANCE_POINTS = 20  # recorded steps at chance, with a model that fits and healthy steps, to blame the labels
+
+
+@rule(
+    "NNDX112",
+    C.LABELS_MISALIGNED,
+    "warning",
+    "The loss stays at chance though the model fits a batch with steps of healthy size",
+    detects=f"A classification loss within 5% of ln(C) from start to end over {CHANCE_POINTS} recorded steps or "
+    "more (and no train accuracy gain), while the overfit probe fitted one batch, the run's measured update/weight "
+    f"ratios have a median of healthy training's ~1e-3 or more ({MIN_RATIO_STEPS} recorded steps or more) and "
+    "peak at 0.1 or less, and the loss calls measured saw targets of two or more values in most batches (a GAN's "
+    "discriminator is scored on batches of one label: its loss sits near ln 2 by design).",
+    why="The model and the loss can fit (the probe memorised a batch), and the loop moves the weights at a "
+    "healthy pace, yet the run never gets better than a uniform guess: what the loop pairs with each input "
+    "carries nothing the inputs say. Labels shuffled or sorted apart from their inputs (a bucket iterator that "
+    "sorts the texts and their lengths but not the labels), an index offset, or inputs scrambled before the "
+    "model do this; a network memorises a batch of random labels just as well, so the probe alone cannot tell.",
+    fix="Print a few inputs beside the labels the loop gives them; shuffle and sort inputs, lengths and labels "
+    "with one index; pass the training data to nndx.probe(..., data=(x, y)) to run the label-alignment probe.",
+    explained_by=tuple(c for c in NO_LEARNING_CAUSES if c not in (C.LABELS_MISALIGNED, C.LR_TOO_LOW)),
+)
+def chance_though_fits(report: DiagnosticReport) -> Hit | None:
+    at_chance = _at_chance(report, CHANCE_POINTS)
+    overfit = report.probes.overfit_one_batch if report.probes is not None else None
+    updates = update_ratio_summary(report)
+    if at_chance is None or overfit is None or overfit.status != "passed" or updates is None:
+        return None
+    peak, typical, steps = updates
+    if steps < MIN_RATIO_STEPS or typical < HEALTHY_UPDATE_RATIO or peak > LARGE_UPDATE_RATIO:
+        return None
+    calls = loss_calls(report)
+    measured = sum(c.measured_batches for c in calls)
+    if not measured or 2 * sum(c.single_target_batches for c in calls) >= measured:
+        return None
+    logged = accuracies(report, "train")
+    if len(logged) >= 6 and median(logged[-window(len(logged)):]) - median(logged[: window(len(logged))]) > 0.05:
+        return None
+    classes, chance, curve = at_chance
+    return Hit(
+        symptom=f"the train loss stays at ln({classes}) = {chance:.4f} over {curve.n} recorded steps, while the "
+        f"overfit probe fitted one batch in {overfit.steps} steps and the run's updates were {typical:.2g} of the "
+        "weights (healthy training's ~1e-3): the model can fit and the steps are not too small, so what the loop "
+        "pairs with the inputs carries nothing they say",
+        evidence={"num_classes": classes, "loss_start": curve.start, "loss_end": curve.end, "points": curve.n,
+                  "overfit_steps": overfit.steps, "median_update_ratio": typical},  # fmt: skip
+        score=2.5,
+        next_probe="label_alignment (pass the training data as data=(x, y))",
     )
 
 

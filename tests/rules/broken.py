@@ -184,6 +184,14 @@ def network_killed_by_lr() -> DiagnosticReport:
     return update(parameters=early + late, **train(flat(1, level=2.2, noise=0.01)))
 
 
+def labels_apart(**loss_call_fields) -> DiagnosticReport:
+    """Labels sorted apart from their texts: the loss sits at ln 10 for the whole run at healthy step
+    sizes, while the overfit probe (healthy base: passed) memorises one batch."""
+    report = update(parameters=mlp_params(steps=tuple(range(0, 100, 5)), ratio=3e-3),
+                    **train(flat(0, level=math.log(10)), [0.1] * 100))
+    return with_loop(report, loss_calls=[loss_call(calls=100, measured_batches=100, **loss_call_fields)])
+
+
 def tiny_updates() -> DiagnosticReport:
     return update(parameters=mlp_params(ratio=1e-7), **train(flat(0, level=1.9)))
 
@@ -303,6 +311,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX104": diverging,
     "NNDX105": decrease_then_plateau,
     "NNDX106": lambda: update(**train(flat(0, level=math.log(10)))),
+    "NNDX112": lambda: labels_apart(),
     "NNDX107": overfit,
     "NNDX108": underfit,
     "NNDX109": val_chance,

@@ -2451,3 +2451,20 @@ def test_clip_factors_a_posted_report_may_carry_never_crash_the_rule():
     assert "NNDX623" not in _found(with_loop(BASE, clipped_after_step=odd))
     kept = odd + [ScalarPoint(step=10, value=0.05), ScalarPoint(step=20, value=0.05)]
     assert _found(with_loop(BASE, clipped_after_step=kept))["NNDX623"].evidence["clipped_steps"] == 2
+
+
+def test_loss_at_chance_though_the_model_fits_blames_the_labels_only_with_healthy_steps_and_mixed_targets():
+    """raschka's packed LSTM with its labels sorted apart from the texts: the loss sat at ln 2 for 256 steps
+    at update ratios of 0.003 while the probe fitted a batch in 9 steps. Not when the steps are tiny (the LR),
+    the overfit probe failed (the model), or every batch held one label (a GAN's discriminator at ln 2)."""
+    from nndx.report import OverfitResult
+
+    from .broken import labels_apart, mlp_params
+
+    found = _found(labels_apart())
+    assert found["NNDX112"].code.value == "LABELS_MISALIGNED" and found["NNDX112"].severity == "warning"
+    assert found["NNDX106"].explained_by == "NNDX112"
+    assert "NNDX112" not in _found(labels_apart().model_copy(update={"parameters": mlp_params(steps=tuple(range(0, 100, 5)), ratio=1e-5)}))
+    failed = healthy_probes(overfit_one_batch=OverfitResult(status="failed", steps=300, initial_loss=2.3, final_loss=2.2))
+    assert "NNDX112" not in _found(labels_apart().model_copy(update={"probes": failed}))
+    assert "NNDX112" not in _found(labels_apart(single_target_batches=100))
