@@ -340,4 +340,10 @@ PROGRAMS = (
     "persson_vae",
     "bentrevett_seq2seq",
     "yunjey_birnn",
+    "udacity_gan_mnist",
+    "udacity_cifar_cnn",
+    "loeber_rnn",
+    "nyu_convnet",
+    "raschka_lstm_packed",
+    "persson_dcgan",
 )
