@@ -542,6 +542,40 @@ def chance_though_fits(report: DiagnosticReport) -> Hit | None:
     )
 
 
+OPPONENT_BEATEN = 1e-3  # of its start: a loss through a trained opponent that the opponent no longer resists
+
+
+@rule(
+    "NNDX113",
+    C.WRONG_LOSS,
+    "warning",
+    "A loss through a trained opponent falls to zero",
+    detects=f"A train loss that runs through another trained network's parameters (a GAN's generator loss through "
+    f"the discriminator), never below zero, whose last tenth (median) ends under {OPPONENT_BEATEN:g} of its first "
+    "three points (median), over at least 10 recorded steps.",
+    why="A generator's loss measures how well it fools a discriminator that trains at the same time to resist it; "
+    "in a healthy game neither wins outright, and the generator's loss stays near its opponent's level (about ln 2 "
+    "to a few nats for BCE). Driven to zero, the opponent agrees with it: the generator trained toward the label the "
+    "discriminator gives fakes (fake_loss(D(G(z))) where real_loss was meant, zeros_like where ones_like was "
+    "meant), so both minimise the same thing and the samples never improve; or the discriminator does not train.",
+    fix="Train the generator toward the real label (BCE(D(G(z)), ones)), the discriminator toward real on data and "
+    "fake on samples; check that the discriminator's optimizer steps its parameters.",
+)
+def opponent_beaten(report: DiagnosticReport) -> Hit | None:
+    curve = loss_curve(report)
+    if not adversarial(report) or curve.n < 10 or len(curve.values) < curve.n or min(curve.values) < 0:
+        return None
+    first = median(curve.values[:3])  # the first tenth's median may already be the collapse (udacity's: 6e-8)
+    if first <= 0 or curve.end > OPPONENT_BEATEN * first:
+        return None
+    return Hit(
+        symptom=f"the loss through its opponent fell from {first:.3g} to {curve.end:.3g}: the opponent no longer "
+        "resists it",
+        evidence={"loss_first": first, "loss_end": curve.end, "points": curve.n},
+        score=2.0,
+    )
+
+
 def _val_turn(report: DiagnosticReport) -> tuple[Curve, Curve, float, int] | None:
     """(train, val, val minimum, index of the minimum) when both curves are usable."""
     train = loss_curve(report)

@@ -312,6 +312,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX105": decrease_then_plateau,
     "NNDX106": lambda: update(**train(flat(0, level=math.log(10)))),
     "NNDX112": lambda: labels_apart(),
+    "NNDX113": lambda: with_loop(update(**train([1.4 * 0.8 ** i for i in range(100)])), logged_loss_through_other_models=True),
     "NNDX107": overfit,
     "NNDX108": underfit,
     "NNDX109": val_chance,

@@ -2468,3 +2468,18 @@ def test_loss_at_chance_though_the_model_fits_blames_the_labels_only_with_health
     failed = healthy_probes(overfit_one_batch=OverfitResult(status="failed", steps=300, initial_loss=2.3, final_loss=2.2))
     assert "NNDX112" not in _found(labels_apart().model_copy(update={"probes": failed}))
     assert "NNDX112" not in _found(labels_apart(single_target_batches=100))
+
+
+def test_a_generator_loss_driven_to_zero_is_named_but_not_a_healthy_game_or_a_loss_of_its_own():
+    """udacity's MNIST GAN with g_loss = fake_loss(D_fake): the generator and the discriminator minimise the same
+    thing and the generator's loss fell to 1.5e-8. A healthy generator's loss swings around its opponent's level;
+    a loss that runs through no other network may fall to zero (a memorised batch)."""
+    from .broken import BROKEN, train, update
+
+    assert _found(BROKEN["NNDX113"]())["NNDX113"].code.value == "WRONG_LOSS"
+    game = [1.2 + 0.6 * math.sin(i / 3) for i in range(100)]
+    assert "NNDX113" not in _found(with_loop(update(**train(game)), logged_loss_through_other_models=True))
+    assert "NNDX113" not in _found(update(**train([1.4 * 0.8 ** i for i in range(100)])))
+    # a Wasserstein generator's loss (-D(G(z))) goes below zero by design: no floor to fall to
+    wasserstein = [1.0 - 0.05 * i for i in range(100)]
+    assert "NNDX113" not in _found(with_loop(update(**train(wasserstein)), logged_loss_through_other_models=True))
