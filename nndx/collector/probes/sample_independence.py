@@ -283,24 +283,22 @@ def _stitched(model: nn.Module, inputs: object, axis: int, passed: SampleIndepen
                      for m in model.modules())  # fmt: skip
     if not time_major or not x.is_floating_point() or x.dim() not in (2, 3) or axis != 1:
         return passed
-    x = (x if x.dim() == 3 else x[..., None]).double()
-    steps = 1 - axis
-    if x.shape[axis] < STITCH_SAMPLES or x.shape[steps] < STITCH_STEPS:
+    x = (x if x.dim() == 3 else x[..., None]).double()  # (time, batch, features)
+    if x.shape[1] < STITCH_SAMPLES or x.shape[0] < STITCH_STEPS:
         return passed
-    reread = x.reshape(x.shape[1], x.shape[0], -1)  # the samples' axis is now ``steps``
-    ratios = {"batch_as_given": _neighbour_ratio(x, axis), "time_as_given": _neighbour_ratio(x, steps),
-              "batch_reread": _neighbour_ratio(reread, steps), "time_reread": _neighbour_ratio(reread, axis)}
+    reread = x.reshape(x.shape[1], x.shape[0], -1)  # the same values as (batch, time, features)
+    ratios = {"batch_as_given": _neighbour_ratio(x, 1), "time_as_given": _neighbour_ratio(x, 0),
+              "batch_reread": _neighbour_ratio(reread, 0), "time_reread": _neighbour_ratio(reread, 1)}
     if not (ratios["batch_as_given"] <= ALIKE and ratios["time_as_given"] >= UNORDERED
             and ratios["time_reread"] <= ALIKE and ratios["batch_reread"] >= UNORDERED):
         return passed
-    shape, swapped = list(x.shape[:2]), list(reread.shape[:2])
     return passed.model_copy(update={"status": "failed", "stitched": ratios, "message": (
-        f"the model keeps its samples apart, but its inputs {shape} (samples along axis {axis}) are stitched from "
+        f"the model keeps its samples apart, but its time-major inputs {list(x.shape[:2])} are stitched from "
         f"pieces of each other: neighbouring samples are alike ({ratios['batch_as_given']:.2f} of the distance "
         f"between samples half the batch apart) and neighbouring steps are not ({ratios['time_as_given']:.2f}); "
-        f"the same values read as {swapped} give steps alike ({ratios['time_reread']:.2f}) and samples that are "
-        f"not ({ratios['batch_reread']:.2f}): a reshape or view made (batch, time) and (time, batch) data of each "
-        "other where transpose or permute was meant")})  # fmt: skip
+        f"the same values read as {list(reread.shape[:2])} give steps alike ({ratios['time_reread']:.2f}) and "
+        f"samples that are not ({ratios['batch_reread']:.2f}): a reshape or view made (batch, time) data "
+        "time-major where transpose or permute was meant")})  # fmt: skip
 
 
 def _neighbour_ratio(x: torch.Tensor, axis: int) -> float:
