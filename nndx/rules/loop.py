@@ -9,7 +9,7 @@ from statistics import median
 
 from nndx import vocab
 from nndx.report import CauseCode as C
-from nndx.report import DiagnosticReport, LoopStats, flat_since
+from nndx.report import DiagnosticReport, LossCall, LoopStats, flat_since
 from nndx.rules._series import (
     clip_ratios, clipped_steps, finite, frozen_untrained, is_classification, loss_calls, loss_curve, loss_learned,
     samples_axis, share_of_trainable, starts_fitted, train_curve, weight_shapes,
@@ -1261,7 +1261,8 @@ def placeholder_scored(report: DiagnosticReport) -> Hit | None:
     "error",
     "Labels of the wrong dtype or encoding for the loss",
     detects="Float class-index targets (one value per sample) to CrossEntropyLoss/NLLLoss, integer targets "
-    "to BCE losses, BCE targets outside [0, 1] (labels encoded as -1/+1, as an SVM or tanh output wants), "
+    "to BCE losses, BCE targets outside [0, 1] (labels encoded as -1/+1, as an SVM or tanh output wants; dense "
+    "targets from 0 to above 1 are NNDX334's), "
     "or classification labels stored as integral floats (0.0, 1.0, 2.0) for a CrossEntropy model (warning).",
     why="CrossEntropyLoss reads float targets as class probabilities and integer ones as indices; "
     "passing the wrong kind either errors or silently computes a different loss. BCE's targets are "
@@ -1279,7 +1280,8 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
         elif call.loss_type in ("BCELoss", "BCEWithLogitsLoss") and _is_int(call.target_dtype):
             reason = f"integer targets {call.target_dtype} to {call.loss_type}"
         elif (call.loss_type in ("BCELoss", "BCEWithLogitsLoss") and call.target_min is not None
-              and call.target_max is not None and (call.target_min < 0.0 or call.target_max > 1.0)):
+              and call.target_max is not None and (call.target_min < 0.0 or call.target_max > 1.0)
+              and not _unscaled_dense_targets(call)):
             reason = f"targets from {call.target_min:.4g} to {call.target_max:.4g} to {call.loss_type}, which reads them as probabilities in [0, 1]"
         else:
             continue
@@ -1297,6 +1299,39 @@ def label_dtype(report: DiagnosticReport) -> Hit | None:
             severity="warning",
             score=1.0,
         )
+    return None
+
+
+def _unscaled_dense_targets(call: LossCall) -> bool:
+    """BCE targets of several values per sample (an image, a reconstruction), none below 0 and some above 1:
+    a range left unscaled (pixels in 0..255), not an encoding of labels."""
+    dense = call.target_shape is not None and len(call.target_shape) >= 2 and math.prod(call.target_shape[1:]) > 1
+    return dense and call.target_min is not None and call.target_min >= 0.0 and (call.target_max or 0.0) > 1.0
+
+
+@rule(
+    "NNDX334",
+    C.UNNORMALIZED_TARGETS,
+    "error",
+    "BCE targets of an unscaled range",
+    detects="BCELoss or BCEWithLogitsLoss given targets of several values per sample (an image, a reconstruction), "
+    "none below 0 and some above 1 (pixels in 0..255).",
+    why="Binary cross-entropy reads each target as a probability. A target of 255 has no matching prediction: "
+    "BCE with logits then falls without bound (every logit pushed to +inf), and BCE on probabilities is minimised "
+    "by outputs stuck at 1. An autoencoder given raw pixels as inputs and targets trains on neither scale.",
+    fix="Scale the data to [0, 1] (x / 255, or ToTensor()) before it is both input and target; or use a regression "
+    "loss (MSE) on standardised targets.",
+)
+def bce_targets_unscaled(report: DiagnosticReport) -> Hit | None:
+    for call in loss_calls(report):
+        if call.loss_type in ("BCELoss", "BCEWithLogitsLoss") and _unscaled_dense_targets(call):
+            return Hit(
+                symptom=f"{call.loss_type} given targets {list(call.target_shape or [])} from {call.target_min:.4g} to "
+                f"{call.target_max:.4g}: probabilities in [0, 1] are what it reads",
+                evidence={"loss_type": call.loss_type, "target_min": call.target_min, "target_max": call.target_max,
+                          "target_shape": [str(d) for d in call.target_shape or []]},  # fmt: skip
+                score=3.0,
+            )
     return None
 
 
@@ -1822,3 +1857,4 @@ def params_never_changed(report: DiagnosticReport) -> Hit | None:
         severity="error" if severe else "warning",
         score=1.0 + (share if share is not None else 1.0),
     )
+

@@ -755,7 +755,7 @@ _NON_NEGATIVE_LOSSES = vocab.REGRESSION_LOSS_NAMES - {"GaussianNLLLoss"} | {
     "probabilities instead of log-probabilities. The number goes down; the model gets worse.",
     fix="Check the sign of every term (loss = reconstruction + kl, not minus); NLLLoss only after "
     "log_softmax; a custom loss must be bounded below.",
-    explained_by=(C.LABEL_DTYPE,),  # BCE on -1/+1 labels has no minimum either
+    explained_by=(C.LABEL_DTYPE, C.UNNORMALIZED_TARGETS),  # BCE on -1/+1 labels or on 0..255 targets: no minimum
 )
 def loss_unbounded(report: DiagnosticReport) -> Hit | None:
     overfit = report.probes.overfit_one_batch if report.probes is not None else None

@@ -352,6 +352,7 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX317": padding_scored,
     "NNDX312": lambda: calls(loss_call(loss_type="MSELoss", output_shape=[32, 1], target_shape=[32], target_dtype="torch.float32")).model_copy(update={"task": "regression"}),
     "NNDX313": lambda: calls(loss_call(target_dtype="torch.float32")),
+    "NNDX334": lambda: calls(loss_call(loss_type="BCEWithLogitsLoss", output_shape=[32, 1, 8, 8], target_shape=[32, 1, 8, 8], target_dtype="torch.float32", target_min=0.0, target_max=255.0)),
     "NNDX314": lambda: calls(loss_call(output_min=0.0, output_max=0.9, output_rows_sum_to_one=True)),
     "NNDX315": lambda: calls(loss_call(loss_type="MSELoss", target_dtype="torch.int64")),
     "NNDX401": missing_activation,

@@ -571,7 +571,7 @@ def test_bce_targets_outside_zero_one_are_a_label_encoding_bug_and_soft_labels_a
         return _found(with_loop(BASE, loss_calls=[call]))
 
     assert found(-1.0, 1.0)["NNDX313"].code.value == "LABEL_DTYPE"  # -1/+1 labels
-    assert "NNDX313" in found(0.0, 2.0)
+    assert "NNDX313" in found(0.0, 2.0)  # one label per sample (a class index): an encoding, not a scale
     assert "NNDX313" not in found(0.0, 1.0)  # hard labels
     assert "NNDX313" not in found(0.05, 0.95)  # label smoothing
 
@@ -2483,3 +2483,21 @@ def test_a_generator_loss_driven_to_zero_is_named_but_not_a_healthy_game_or_a_lo
     # a Wasserstein generator's loss (-D(G(z))) goes below zero by design: no floor to fall to
     wasserstein = [1.0 - 0.05 * i for i in range(100)]
     assert "NNDX113" not in _found(with_loop(update(**train(wasserstein)), logged_loss_through_other_models=True))
+
+
+def test_dense_bce_targets_above_one_are_an_unscaled_range_and_labels_above_one_an_encoding():
+    """raschka's convolutional autoencoder on raw 0..255 pixels: BCE with logits given the images as targets fell
+    to -1e15, and was read as LABEL_DTYPE. Targets of several values per sample from 0 to 255 are a range left
+    unscaled (NNDX334); -1/+1 images, or one label per sample above 1, are still an encoding (NNDX313)."""
+    from nndx.report import LossCall
+
+    def found(low, high, shape):
+        call = LossCall(loss_type="BCEWithLogitsLoss", output_shape=shape, target_shape=shape, target_dtype="float32",
+                        output_min=-3.0, output_max=4.0, target_mean=(low + high) / 2, target_std=0.5,
+                        target_min=low, target_max=high)  # fmt: skip
+        return set(_found(with_loop(BASE, loss_calls=[call]))) & {"NNDX313", "NNDX334"}
+
+    assert found(0.0, 255.0, [128, 1, 28, 28]) == {"NNDX334"}
+    assert found(-1.0, 1.0, [128, 1, 28, 28]) == {"NNDX313"}
+    assert found(0.0, 3.0, [128, 1]) == {"NNDX313"}
+    assert found(0.0, 1.0, [128, 1, 28, 28]) == set()
