@@ -346,4 +346,10 @@ PROGRAMS = (
     "nyu_convnet",
     "raschka_lstm_packed",
     "persson_dcgan",
+    "yunjey_gan",
+    "morvan_cgan",
+    "uvadlc_gnn",
+    "d2l_lstm",
+    "raschka_conv_ae",
+    "nyu_vae",
 )
