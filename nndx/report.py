@@ -672,6 +672,21 @@ class RecurrentInput(Schema):
     batch_sizes: list[Count] = Field(default_factory=list, description="distinct sizes of its batch axis")
 
 
+class FedInput(Schema):
+    """What reached one positional input of a watched model over the run: values another watched
+    model's last output held (a GAN's generated samples, an actor's actions), and the other values
+    with as many values per sample (real data, a replay buffer's actions), by their extremes."""
+
+    model: str = Field(description="the watched model's name in its Monitor ('' for a single model)")
+    position: Count = Field(description="the positional argument of its forward")
+    fed_forwards: Count
+    own_forwards: Count
+    fed_min: Float
+    fed_max: Float
+    own_min: Float
+    own_max: Float
+
+
 class GraphPoint(Schema):
     """The autograd graph behind the model's outputs at one recorded step."""
 
@@ -860,6 +875,9 @@ class LoopStats(Schema):
     recurrent_inputs: list[RecurrentInput] = Field(
         default_factory=list, description="per recurrent layer, the sizes its time and batch axes took over the run "
         "(padded sequences of varying length vary the time axis; a loader's batch size holds the batch axis)")
+    fed_inputs: list[FedInput] = Field(
+        default_factory=list, description="per input of a watched model that took both another watched model's "
+        "outputs and other values (a discriminator's generated and real images), the extremes of each")
     clipped_after_step: list[ScalarPoint] = Field(
         default_factory=list, description="recorded steps whose gradients were all scaled by one factor under 1 "
         "after optimizer.step() and before the loop's next forward, zero_grad or backward (a clip placed after the "

@@ -102,11 +102,9 @@ from torch import nn
 
 from nndx.collector import distributed
 from nndx.collector.watch import (
-    ClipAfterStep, Deferred, Desync, EffectiveLearningRate, ErrorGuard, GradientNorm, GraphSize, InitialState, InputNorms,
-    LayerStatistics, LearningRate,
-    LossCalls, LossHistory, LoopCounts, MaskedGradients, ParameterUpdates, RecurrentAxes, RunFacts, StepContext,
-    UnchangedParameters, Watched,
-    Watcher,
+    ClipAfterStep, Deferred, Desync, EffectiveLearningRate, ErrorGuard, FedInputs, GradientNorm, GraphSize, InitialState,
+    InputNorms, LayerStatistics, LearningRate, LossCalls, LossHistory, LoopCounts, MaskedGradients, ParameterUpdates,
+    RecurrentAxes, RunFacts, StepContext, UnchangedParameters, Watched, Watcher,
 )
 from nndx.collector.watch.base import in_functorch_transform
 from nndx.collector.watch.events import BackwardPasses, Hooks, UpdateDetector
@@ -165,7 +163,7 @@ class Monitor:
             MaskedGradients(self.watched, history_size),
             ClipAfterStep(self.watched, history_size),
             InputNorms(history_size), self.layers, self.parameters, self.loss_calls, GraphSize(layer_history_size),
-            self.initial, UnchangedParameters(self.watched), self.recurrent,
+            self.initial, UnchangedParameters(self.watched), self.recurrent, FedInputs(self.watched),
         ]  # fmt: skip
         if self.watched.manual:  # the LR is in the user's code: measure the step size instead
             self.watchers.insert(self.watchers.index(self.parameters) + 1,

@@ -1858,3 +1858,68 @@ def params_never_changed(report: DiagnosticReport) -> Hit | None:
         score=1.0 + (share if share is not None else 1.0),
     )
 
+
+REACH = 0.25  # of the data's span: generated values this far beyond its extremes, or short of them, differ in range
+FED_FORWARDS = 10  # forwards of each kind before their extremes say anything
+
+
+def _fed_ranges(report: DiagnosticReport, beyond: bool) -> Hit | None:
+    """The first fed input whose values go past the data's extremes (``beyond``), or stop short of one of them,
+    by more than REACH of the data's span."""
+    loop = _loop(report)
+    for fed in loop.fed_inputs if loop is not None else []:
+        span = fed.own_max - fed.own_min
+        if min(fed.fed_forwards, fed.own_forwards) < FED_FORWARDS or not span > 0 or not math.isfinite(span):
+            continue
+        past = max(fed.own_min - fed.fed_min, fed.fed_max - fed.own_max) / span
+        short = max(fed.fed_min - fed.own_min, fed.own_max - fed.fed_max) / span
+        if (past if beyond else short) > REACH and (beyond or past <= REACH):
+            where = f"model {fed.model!r}, input {fed.position}" if fed.model else f"input {fed.position}"
+            return Hit(
+                symptom=f"{where}: another watched model fed it values in [{fed.fed_min:.3g}, {fed.fed_max:.3g}] "
+                f"beside data in [{fed.own_min:.3g}, {fed.own_max:.3g}]",
+                evidence={"model": fed.model, "position": fed.position, "fed_min": fed.fed_min,
+                          "fed_max": fed.fed_max, "data_min": fed.own_min, "data_max": fed.own_max,
+                          "fed_forwards": fed.fed_forwards, "data_forwards": fed.own_forwards},  # fmt: skip
+                score=2.5,
+            )
+    return None
+
+
+@rule(
+    "NNDX332",
+    C.UNNORMALIZED_INPUTS,
+    "warning",
+    "The data lies in a narrower range than the generated values fed beside it",
+    detects=f"A watched model fed, through one input, both another watched model's outputs (a generator's samples, "
+    f"an actor's actions) and other values with as many per sample (real data), {FED_FORWARDS} forwards or more "
+    f"of each, where the generated values go past the data's smallest or largest value by more than {REACH:g} of "
+    "the data's span.",
+    why="A discriminator (a critic) that sees generated values where the data never is tells them apart by their "
+    "range alone: a generator ending in Tanh ([-1, 1]) beside images left in [0, 1] (Normalize((0.5,), (0.5,)) or "
+    "x * 2 - 1 forgotten). The loss looks like a game, and the generator learns what the range gives away, not "
+    "what the data looks like.",
+    fix="Scale the data to the generator's output range (images to [-1, 1] for a Tanh generator: "
+    "Normalize((0.5,), (0.5,)), or x * 2 - 1) and map samples back for display.",
+)
+def data_narrower_than_generated(report: DiagnosticReport) -> Hit | None:
+    return _fed_ranges(report, beyond=True)
+
+
+@rule(
+    "NNDX333",
+    C.WRONG_OUTPUT_ACTIVATION,
+    "warning",
+    "Generated values fed beside the data never reach part of its range",
+    detects=f"A watched model fed, through one input, both another watched model's outputs and other values of the "
+    f"same number per sample (real data), {FED_FORWARDS} forwards or more of each, where the generated values stop "
+    f"short of the data's smallest or largest value by more than {REACH:g} of the data's span over the whole run "
+    "(and go past neither).",
+    why="A generator whose output activation cannot reach part of the data's range (Sigmoid, (0, 1), beside images "
+    "in [-1, 1]; a ReLU output beside signed data) can never produce samples like the data; the discriminator "
+    "wins on the range, saturates, and the generator's gradients die.",
+    fix="End the generator in the activation whose range is the data's (Tanh for [-1, 1], Sigmoid for [0, 1], "
+    "none for unbounded values), or rescale the data to the activation's range.",
+)
+def generated_short_of_data(report: DiagnosticReport) -> Hit | None:
+    return _fed_ranges(report, beyond=False)

@@ -1858,3 +1858,46 @@ def test_a_recurrent_layer_fed_its_axes_swapped_is_seen_over_the_run(layout):
     (seen,) = report.loop.recurrent_inputs
     assert seen.name == "lstm" and seen.forwards == 12 and seen.batch_first is False
     assert bool(fired(report, "NNDX624")) == (layout == "batch_first_into_time_major"), seen
+
+
+@pytest.mark.parametrize("monitors", ["one", "two"])
+@pytest.mark.parametrize("data", ["scaled", "left_in_0_1", "sigmoid_generator"])
+def test_generated_values_fed_beside_data_of_another_range_are_named(monitors, data):
+    """udacity's and persson's GANs with the real images left in [0, 1] beside a Tanh generator, and
+    yunjey's with a Sigmoid generator beside images in [-1, 1]: the discriminator tells fakes by
+    their range. Its fakes arrive detached in its own step (the same storage as the generator's
+    output) and attached in the generator's; real data of the generator's range is healthy."""
+    torch.manual_seed(0)
+    out = nn.Sigmoid() if data == "sigmoid_generator" else nn.Tanh()
+    G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), out)
+    D = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    opt_g, opt_d = torch.optim.Adam(G.parameters(), 1e-3), torch.optim.Adam(D.parameters(), 1e-3)
+    images = torch.rand(512, 1, 4, 4, generator=torch.Generator().manual_seed(1))  # flat fakes beside (1, 4, 4) images
+    images = images if data == "left_in_0_1" else images * 2 - 1
+    bce = nn.BCEWithLogitsLoss()
+    if monitors == "one":
+        mon_g = mon_d = Monitor({"G": G, "D": D}, [opt_g, opt_d], every=5)
+    else:
+        mon_g, mon_d = Monitor(G, opt_g, every=5), Monitor(D, opt_d, every=5)
+    for _ in range(30):
+        fake = G(torch.randn(32, 8))
+        real = images[torch.randint(0, 512, (32,))]
+        loss_d = bce(D(real), torch.ones(32, 1)) + bce(D(fake.detach()), torch.zeros(32, 1))
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        loss_g = bce(D(fake), torch.ones(32, 1))
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+        mon_d.log(loss_d, split="D" if monitors == "one" else "train")
+        mon_g.log(loss_g, split="G" if monitors == "one" else "train")
+    mon_g.close(), mon_d.close()
+    report = mon_d.report()
+    (fed,) = report.loop.fed_inputs
+    assert fed.model == ("D" if monitors == "one" else "") and fed.position == 0
+    assert fed.fed_forwards >= 50 and fed.own_forwards >= 25  # both D(fake.detach()) and D(fake) count as fed
+    named = {f.rule_id for f in nndx.diagnose(report).findings} & {"NNDX332", "NNDX333"}
+    assert named == {"scaled": set(), "left_in_0_1": {"NNDX332"}, "sigmoid_generator": {"NNDX333"}}[data]
+    if monitors == "two":
+        assert mon_g.report().loop.fed_inputs == []  # the generator is fed noise only

@@ -11,6 +11,7 @@ from nndx.report import (
     DiagnosticReport,
     ErrorRecord,
     EvalModeResult,
+    FedInput,
     GradCheckParam,
     GradCheckResult,
     GradNormPoint,
@@ -192,6 +193,12 @@ def labels_apart(**loss_call_fields) -> DiagnosticReport:
     return with_loop(report, loss_calls=[loss_call(calls=100, measured_batches=100, **loss_call_fields)])
 
 
+def fed_input(fed_min: float, fed_max: float, own_min: float, own_max: float, forwards: int = 100) -> FedInput:
+    """A discriminator's input: generated values beside real data, by their extremes."""
+    return FedInput(model="", position=0, fed_forwards=2 * forwards, own_forwards=forwards, fed_min=fed_min,
+                    fed_max=fed_max, own_min=own_min, own_max=own_max)
+
+
 def tiny_updates() -> DiagnosticReport:
     return update(parameters=mlp_params(ratio=1e-7), **train(flat(0, level=1.9)))
 
@@ -353,6 +360,8 @@ BROKEN: dict[str, Callable[[], DiagnosticReport]] = {
     "NNDX312": lambda: calls(loss_call(loss_type="MSELoss", output_shape=[32, 1], target_shape=[32], target_dtype="torch.float32")).model_copy(update={"task": "regression"}),
     "NNDX313": lambda: calls(loss_call(target_dtype="torch.float32")),
     "NNDX334": lambda: calls(loss_call(loss_type="BCEWithLogitsLoss", output_shape=[32, 1, 8, 8], target_shape=[32, 1, 8, 8], target_dtype="torch.float32", target_min=0.0, target_max=255.0)),
+    "NNDX332": lambda: with_loop(BASE, fed_inputs=[fed_input(-1.0, 1.0, 0.0, 1.0)]),
+    "NNDX333": lambda: with_loop(BASE, fed_inputs=[fed_input(0.0, 1.0, -1.0, 1.0)]),
     "NNDX314": lambda: calls(loss_call(output_min=0.0, output_max=0.9, output_rows_sum_to_one=True)),
     "NNDX315": lambda: calls(loss_call(loss_type="MSELoss", target_dtype="torch.int64")),
     "NNDX401": missing_activation,

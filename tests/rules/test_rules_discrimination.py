@@ -2485,6 +2485,22 @@ def test_a_generator_loss_driven_to_zero_is_named_but_not_a_healthy_game_or_a_lo
     assert "NNDX113" not in _found(with_loop(update(**train(wasserstein)), logged_loss_through_other_models=True))
 
 
+def test_generated_values_of_another_range_than_the_data_are_named_by_which_side_is_off():
+    """Tanh samples beside data left in [0, 1]: the data was not scaled (NNDX332); Sigmoid samples beside data in
+    [-1, 1]: the generator cannot reach it (NNDX333). A generator that nearly covers the data's range, or a few
+    forwards, say nothing."""
+    from .broken import fed_input
+
+    def named(*fed):
+        return set(_found(with_loop(BASE, fed_inputs=list(fed)))) & {"NNDX332", "NNDX333"}
+
+    assert named(fed_input(-0.98, 0.99, 0.0, 1.0)) == {"NNDX332"}
+    assert named(fed_input(0.02, 0.97, -1.0, 1.0)) == {"NNDX333"}
+    assert named(fed_input(-0.7, 0.8, -1.0, 1.0)) == set()  # short of each end by 0.15 and 0.1 of the span
+    assert named(fed_input(-1.3, 1.2, -1.0, 1.0)) == set()  # past each end by 0.15 and 0.1 of the span
+    assert named(fed_input(-1.0, 1.0, 0.0, 1.0, forwards=5)) == set()
+
+
 def test_dense_bce_targets_above_one_are_an_unscaled_range_and_labels_above_one_an_encoding():
     """raschka's convolutional autoencoder on raw 0..255 pixels: BCE with logits given the images as targets fell
     to -1e15, and was read as LABEL_DTYPE. Targets of several values per sample from 0 to 255 are a range left

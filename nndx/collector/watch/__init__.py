@@ -11,6 +11,7 @@ part of the report.
 :class:`MaskedGradients`    gradients of non-zero weights zeroed by hand before the step
 :class:`ClipAfterStep`      gradients scaled down after the step (a clip placed after it)
 :class:`RecurrentAxes`      the sizes each recurrent layer's time and batch axes took
+:class:`FedInputs`          the range of another watched model's outputs fed in, beside the data
 :class:`InputNorms`         the norm of each training input batch
 :class:`LayerStatistics`    per-layer activation and gradient statistics
 :class:`ParameterUpdates`   per-parameter norms and update/weight ratios
@@ -35,6 +36,7 @@ from nndx.collector.watch.base import (
 from nndx.collector.watch.clip_after_step import ClipAfterStep
 from nndx.collector.watch.desync import Desync
 from nndx.collector.watch.facts import RunFacts
+from nndx.collector.watch.fed_inputs import FedInputs
 from nndx.collector.watch.graph import GraphSize
 from nndx.collector.watch.initial import InitialState, UnchangedParameters
 from nndx.collector.watch.layers import LayerStatistics, ParameterUpdates
@@ -51,6 +53,7 @@ __all__ = [
     "Desync",
     "EffectiveLearningRate",
     "ErrorGuard",
+    "FedInputs",
     "GradientNorm",
     "GraphSize",
     "History",

@@ -77,8 +77,28 @@ def _made_by_other(node: Any, models: set[int]) -> bool:
     return maker is not None and maker not in models
 
 
-def _other_models_output(t: torch.Tensor, besides: set[int]) -> bool:
-    return any(model_id not in besides and ref() is t for model_id, ref in _LAST.items())
+def watched_outputs() -> int:
+    """How many watched models' last outputs are remembered."""
+    return len(_LAST)
+
+
+def other_models_output(t: torch.Tensor, besides: set[int]) -> bool:
+    """Whether ``t`` is the last output of a watched model not in ``besides``, or a view or a
+    ``.detach()`` of it (the same storage: a GAN's discriminator given ``fake.detach()``)."""
+    for model_id, ref in list(_LAST.items()):
+        last = ref() if model_id not in besides else None
+        if last is not None and (last is t or _same_storage(last, t)):
+            return True
+    return False
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.layout != torch.strided or b.layout != torch.strided or a.device != b.device:
+        return False
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0
+    except (RuntimeError, NotImplementedError):  # a tensor subclass or a meta tensor with no storage to read
+        return False
 
 
 def _reaches(root: Any, params: set[int], models: set[int] = frozenset()) -> tuple[bool, bool]:
@@ -217,7 +237,7 @@ class LoopCounts(Watcher):
         self._in_forward.add(id(module))
         self.forward_calls += 1
         if not self.fed_by_other_model and len(_LAST) > 1:
-            self.fed_by_other_model = any(_other_models_output(t, self._models) for t in iter_tensors(args))
+            self.fed_by_other_model = any(other_models_output(t, self._models) for t in iter_tensors(args))
         if not torch.is_grad_enabled() and any(m.training for m in self._mode_modules.get(id(module), ())):
             self.no_grad_forwards_in_train_mode += 1
             self._no_grad_steps.add(ctx.step)
