@@ -511,7 +511,9 @@ CHANCE_POINTS = 20  # recorded steps at chance, with a model that fits and healt
     "model do this; a network memorises a batch of random labels just as well, so the probe alone cannot tell.",
     fix="Print a few inputs beside the labels the loop gives them; shuffle and sort inputs, lengths and labels "
     "with one index; pass the training data to nndx.probe(..., data=(x, y)) to run the label-alignment probe.",
-    explained_by=tuple(c for c in NO_LEARNING_CAUSES if c not in (C.LABELS_MISALIGNED, C.LR_TOO_LOW)),
+    # (a batch of two keeps the loss at chance through noise alone, at any step size)
+    explained_by=tuple(c for c in NO_LEARNING_CAUSES if c not in (C.LABELS_MISALIGNED, C.LR_TOO_LOW))
+    + (C.BATCH_TOO_SMALL,),
 )
 def chance_though_fits(report: DiagnosticReport) -> Hit | None:
     at_chance = _at_chance(report, CHANCE_POINTS)

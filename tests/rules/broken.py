@@ -185,11 +185,13 @@ def network_killed_by_lr() -> DiagnosticReport:
     return update(parameters=early + late, **train(flat(1, level=2.2, noise=0.01)))
 
 
-def labels_apart(**loss_call_fields) -> DiagnosticReport:
+def labels_apart(swing: float = 0.0, **loss_call_fields) -> DiagnosticReport:
     """Labels sorted apart from their texts: the loss sits at ln 10 for the whole run at healthy step
-    sizes, while the overfit probe (healthy base: passed) memorises one batch."""
+    sizes, while the overfit probe (healthy base: passed) memorises one batch. ``swing``: each step's loss that
+    share above or below the level, alternately (a batch of two's noise)."""
     report = update(parameters=mlp_params(steps=tuple(range(0, 100, 5)), ratio=3e-3),
-                    **train(flat(0, level=math.log(10)), [0.1] * 100))
+                    **train([v * (1 + swing * (-1) ** i) for i, v in enumerate(flat(0, level=math.log(10)))],
+                            [0.1] * 100))
     return with_loop(report, loss_calls=[loss_call(calls=100, measured_batches=100, **loss_call_fields)])
 
 

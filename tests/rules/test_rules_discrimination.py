@@ -2468,6 +2468,10 @@ def test_loss_at_chance_though_the_model_fits_blames_the_labels_only_with_health
     failed = healthy_probes(overfit_one_batch=OverfitResult(status="failed", steps=300, initial_loss=2.3, final_loss=2.2))
     assert "NNDX112" not in _found(labels_apart().model_copy(update={"probes": failed}))
     assert "NNDX112" not in _found(labels_apart(single_target_batches=100))
+    # batches of two keep the loss at chance through their noise: the tiny batch is the root (the benchmark's
+    # batch_of_two on the binary family)
+    pairs = _found(labels_apart(swing=0.3, output_shape=[2, 10], target_shape=[2]))
+    assert pairs["NNDX112"].explained_by == "NNDX311"
 
 
 def test_a_generator_loss_driven_to_zero_is_named_but_not_a_healthy_game_or_a_loss_of_its_own():
