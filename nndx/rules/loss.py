@@ -554,7 +554,8 @@ OPPONENT_BEATEN = 1e-3  # of its start: a loss through a trained opponent that t
     "A loss through a trained opponent falls to zero",
     detects=f"A train loss that runs through another trained network's parameters (a GAN's generator loss through "
     f"the discriminator), never below zero, whose last tenth (median) ends under {OPPONENT_BEATEN:g} of its first "
-    "three points (median), over at least 10 recorded steps.",
+    "three points (median), over at least 10 recorded steps. Not a discriminator's (a model fed the other's "
+    "outputs beside data): its loss at zero is a generator that lost, whatever the cause.",
     why="A generator's loss measures how well it fools a discriminator that trains at the same time to resist it; "
     "in a healthy game neither wins outright, and the generator's loss stays near its opponent's level (about ln 2 "
     "to a few nats for BCE). Driven to zero, the opponent agrees with it: the generator trained toward the label the "
@@ -567,6 +568,8 @@ def opponent_beaten(report: DiagnosticReport) -> Hit | None:
     curve = loss_curve(report)
     if not adversarial(report) or curve.n < 10 or len(curve.values) < curve.n or min(curve.values) < 0:
         return None
+    if report.loop is not None and report.loop.fed_inputs:
+        return None  # a discriminator, fed the generator's samples beside data: a loss at zero is its opponent failing
     first = median(curve.values[:3])  # the first tenth's median may already be the collapse (udacity's: 6e-8)
     if first <= 0 or curve.end > OPPONENT_BEATEN * first:
         return None

@@ -2484,6 +2484,10 @@ def test_a_generator_loss_driven_to_zero_is_named_but_not_a_healthy_game_or_a_lo
     game = [1.2 + 0.6 * math.sin(i / 3) for i in range(100)]
     assert "NNDX113" not in _found(with_loop(update(**train(game)), logged_loss_through_other_models=True))
     assert "NNDX113" not in _found(update(**train([1.4 * 0.8 ** i for i in range(100)])))
+    from .broken import fed_input
+
+    discriminator = with_loop(BROKEN["NNDX113"](), fed_inputs=[fed_input(0.0, 1.0, -1.0, 1.0)])
+    assert "NNDX113" not in _found(discriminator)  # it won: its opponent lost (here to a Sigmoid, NNDX333)
     # a Wasserstein generator's loss (-D(G(z))) goes below zero by design: no floor to fall to
     wasserstein = [1.0 - 0.05 * i for i in range(100)]
     assert "NNDX113" not in _found(with_loop(update(**train(wasserstein)), logged_loss_through_other_models=True))
