@@ -1861,15 +1861,20 @@ def params_never_changed(report: DiagnosticReport) -> Hit | None:
 
 REACH = 0.25  # of the data's span: generated values this far beyond its extremes, or short of them, differ in range
 FED_FORWARDS = 10  # forwards of each kind before their extremes say anything
+BOUNDED = 1.0 + 1e-3  # generated values within [-1, 1]: a Tanh's or a Sigmoid's, the ranges generators end in
 
 
 def _fed_ranges(report: DiagnosticReport, beyond: bool) -> Hit | None:
     """The first fed input whose values go past the data's extremes (``beyond``), or stop short of one of them,
-    by more than REACH of the data's span."""
+    by more than REACH of the data's span, where the fed values stayed in [-1, 1]: a bounded output activation's
+    range. A generator with no output activation roams outside the data while it learns (Morvan's painter from
+    -1.7 to 6.2 beside curves in [0, 3]; an adversarial autoencoder's codes beside its prior's samples)."""
     loop = _loop(report)
     for fed in loop.fed_inputs if loop is not None else []:
         span = fed.own_max - fed.own_min
         if min(fed.fed_forwards, fed.own_forwards) < FED_FORWARDS or not span > 0 or not math.isfinite(span):
+            continue
+        if fed.fed_min < -BOUNDED or fed.fed_max > BOUNDED:
             continue
         past = max(fed.own_min - fed.fed_min, fed.fed_max - fed.own_max) / span
         short = max(fed.fed_min - fed.own_min, fed.own_max - fed.fed_max) / span
@@ -1893,8 +1898,9 @@ def _fed_ranges(report: DiagnosticReport, beyond: bool) -> Hit | None:
     "The data lies in a narrower range than the generated values fed beside it",
     detects=f"A watched model fed, through one input, both another watched model's outputs (a generator's samples, "
     f"an actor's actions) and other values with as many per sample (real data), {FED_FORWARDS} forwards or more "
-    f"of each, where the generated values go past the data's smallest or largest value by more than {REACH:g} of "
-    "the data's span.",
+    f"of each, where the generated values stayed in [-1, 1] (a Tanh's or a Sigmoid's range: an unbounded output "
+    "roams while it learns) and went past the data's smallest or largest value by more than "
+    f"{REACH:g} of the data's span.",
     why="A discriminator (a critic) that sees generated values where the data never is tells them apart by their "
     "range alone: a generator ending in Tanh ([-1, 1]) beside images left in [0, 1] (Normalize((0.5,), (0.5,)) or "
     "x * 2 - 1 forgotten). The loss looks like a game, and the generator learns what the range gives away, not "
@@ -1912,9 +1918,9 @@ def data_narrower_than_generated(report: DiagnosticReport) -> Hit | None:
     "warning",
     "Generated values fed beside the data never reach part of its range",
     detects=f"A watched model fed, through one input, both another watched model's outputs and other values of the "
-    f"same number per sample (real data), {FED_FORWARDS} forwards or more of each, where the generated values stop "
-    f"short of the data's smallest or largest value by more than {REACH:g} of the data's span over the whole run "
-    "(and go past neither).",
+    f"same number per sample (real data), {FED_FORWARDS} forwards or more of each, where the generated values stayed "
+    f"in [-1, 1] and stop short of the data's smallest or largest value by more than {REACH:g} of the data's span "
+    "over the whole run (and go past neither).",
     why="A generator whose output activation cannot reach part of the data's range (Sigmoid, (0, 1), beside images "
     "in [-1, 1]; a ReLU output beside signed data) can never produce samples like the data; the discriminator "
     "wins on the range, saturates, and the generator's gradients die.",

@@ -2495,8 +2495,8 @@ def test_a_generator_loss_driven_to_zero_is_named_but_not_a_healthy_game_or_a_lo
 
 def test_generated_values_of_another_range_than_the_data_are_named_by_which_side_is_off():
     """Tanh samples beside data left in [0, 1]: the data was not scaled (NNDX332); Sigmoid samples beside data in
-    [-1, 1]: the generator cannot reach it (NNDX333). A generator that nearly covers the data's range, or a few
-    forwards, say nothing."""
+    [-1, 1]: the generator cannot reach it (NNDX333). A generator that nearly covers the data's range, one with no
+    bounded output activation, or a few forwards, say nothing."""
     from .broken import fed_input
 
     def named(*fed):
@@ -2507,6 +2507,10 @@ def test_generated_values_of_another_range_than_the_data_are_named_by_which_side
     assert named(fed_input(-0.7, 0.8, -1.0, 1.0)) == set()  # short of each end by 0.15 and 0.1 of the span
     assert named(fed_input(-1.3, 1.2, -1.0, 1.0)) == set()  # past each end by 0.15 and 0.1 of the span
     assert named(fed_input(-1.0, 1.0, 0.0, 1.0, forwards=5)) == set()
+    # an unbounded generator roams while it learns: Morvan's painter beside curves in [0, 3], an adversarial
+    # autoencoder's codes beside its prior's samples
+    assert named(fed_input(-1.655, 6.193, 0.0, 3.0)) == set()
+    assert named(fed_input(-5.99, 7.61, -5.0, 4.8)) == set()
 
 
 def test_dense_bce_targets_above_one_are_an_unscaled_range_and_labels_above_one_an_encoding():
