@@ -253,6 +253,9 @@ class OverfitResult(ProbeResult):
     loss_floor: Float | None = None
     final_accuracy: Float | None = None
     losses: list[Float] = Field(default_factory=list)
+    loss_through_other_parameters: bool | None = Field(
+        None, description="the loss reached trainable parameters outside the model, which the probe does not "
+        "train (a generator's loss through its discriminator): one batch fitted against a fixed opponent")
 
     def summary(self, num: NumberFormat = str) -> str:
         text = f"loss {num(self.initial_loss)} → {num(self.final_loss)} in {self.steps} steps"

@@ -447,7 +447,7 @@ def orphaned_trainables(model: nn.Module, optimizers: Iterable[torch.optim.Optim
     found: dict[int, str] = {}
 
     def note(name: str, tensor: torch.Tensor) -> None:
-        for leaf in _graph_leaves(tensor):
+        for leaf in graph_leaves(tensor):
             if (leaf.requires_grad and leaf.grad is not None and id(leaf) not in registered
                     and id(leaf) not in held):  # fmt: skip
                 found.setdefault(id(leaf), name)
@@ -469,7 +469,7 @@ def orphaned_trainables(model: nn.Module, optimizers: Iterable[torch.optim.Optim
     return list(found.values())
 
 
-def _graph_leaves(tensor: torch.Tensor, limit: int = 64) -> list[torch.Tensor]:
+def graph_leaves(tensor: torch.Tensor, limit: int = 64) -> list[torch.Tensor]:
     """The tensor itself when it is a leaf; else the leaves its autograd graph reaches
     (searched up to ``limit`` nodes: a copy of a Parameter is one node away)."""
     if tensor.grad_fn is None:

@@ -64,7 +64,9 @@ def _probe(report: DiagnosticReport, name: str):
     f"info when the run's own train loss ended under {RUN_FIT:.0%} of its start (and not below zero): the run fit "
     "its data, so the probe's budget ran out (a small ReLU RNN that takes a thousand steps to leave ln 2); "
     "info when the probe's loss fell below zero and on to -inf (an objective with no floor, a GAN generator's "
-    "against a fixed discriminator: NNDX111 asks whether it should have one); "
+    "against a fixed discriminator: NNDX111 asks whether it should have one); info when the loss runs through "
+    "trainable parameters outside the model (a generator's through its discriminator, which the probe does not "
+    "train: a generator's own preflight); "
     "info too when the copy's loss moved and then froze (every gradient zero: its units died on the one batch) "
     f"while the run's own loss fell by {RUN_FELL:.0%} or more; and when the model has fewer trainable parameters "
     "than the batch has samples (a calibration temperature, a linear probe): memorising takes about one a sample.",
@@ -102,6 +104,10 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
     # discriminator) was fitted all the way down; whether it should have a floor is NNDX111's question
     bottomless = (result.final_loss == -math.inf and best is not None and best < min(0.0, result.initial_loss or 0.0)
                   and not (nearly or head_only or unnamed or died or too_few or run_fit))  # fmt: skip
+    # a generator's loss through its discriminator, which the probe leaves untrained: how far one batch
+    # goes against a fixed, untrained opponent says nothing of the generator
+    opponent = bool(result.loss_through_other_parameters) and not (
+        nearly or head_only or unnamed or died or too_few or run_fit or bottomless)
     return Hit(
         symptom=f"overfit_one_batch failed after {result.steps} steps"
         + (f" (the loss above its floor fell at best to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
@@ -117,7 +123,9 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
            if too_few and not (nearly or head_only or unnamed or died) else "")
         + (f": the run's own train loss fell to {loss_curve(report).end / loss_curve(report).start:.2g} of its start, "
            f"so the model and the loss can fit; the probe's {result.steps} steps were too few" if run_fit else "")
-        + (f": the loss fell below zero, to {best:.3g} and then -inf: it has no floor to fit to" if bottomless else ""),
+        + (f": the loss fell below zero, to {best:.3g} and then -inf: it has no floor to fit to" if bottomless else "")
+        + (": the loss runs through parameters outside the model (a generator's through its discriminator), which "
+           "the probe does not train: one batch against a fixed opponent" if opponent else ""),
         evidence={
             "steps": result.steps,
             "lr": result.lr,
@@ -128,7 +136,8 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
             "best_to_initial": ratio,
             "final_accuracy": result.final_accuracy,
         },
-        severity="info" if nearly or head_only or unnamed or died or too_few or run_fit or bottomless else None,
+        severity="info" if nearly or head_only or unnamed or died or too_few or run_fit or bottomless or opponent
+        else None,
         score=2.0,
         next_probe="grad_check and hooks (gradient flow per layer)",
     )

@@ -283,3 +283,21 @@ def test_a_copy_whose_units_die_late_at_the_probes_lr_is_retried():
     result = overfit_one_batch(Net(), (x, y), nn.CrossEntropyLoss())
     # (where this machine's kernels keep the copy alive at 1e-2, it fits there: passed either way)
     assert result.status == "passed", result.message
+
+
+def test_a_loss_through_another_network_is_recorded_as_fitted_against_a_fixed_opponent():
+    """udacity's GAN, the generator's own preflight: its loss runs through the discriminator, which the probe
+    does not train, and it stalled at 0.85 of its start (NNDX601, warning, on a healthy GAN). The result
+    says the loss reached parameters outside the model; a loss of the model's own does not."""
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8), nn.Tanh())
+    D = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+
+    def generator_loss(fake, target):
+        return nn.functional.binary_cross_entropy_with_logits(D(fake).view(-1), target)
+
+    z = torch.randn(32, 4)
+    against = overfit_one_batch(G, (z, torch.ones(32)), generator_loss, steps=20)
+    assert against.loss_through_other_parameters is True
+    alone = overfit_one_batch(mlp(), batch(), nn.CrossEntropyLoss(), steps=20)
+    assert alone.loss_through_other_parameters is False

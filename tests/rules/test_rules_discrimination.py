@@ -2529,3 +2529,16 @@ def test_dense_bce_targets_above_one_are_an_unscaled_range_and_labels_above_one_
     assert found(-1.0, 1.0, [128, 1, 28, 28]) == {"NNDX313"}
     assert found(0.0, 3.0, [128, 1]) == {"NNDX313"}
     assert found(0.0, 1.0, [128, 1, 28, 28]) == set()
+
+
+def test_a_failed_overfit_against_a_fixed_opponent_is_info():
+    """A generator's preflight: its loss runs through a discriminator the probe does not train."""
+    from nndx.report import OverfitResult
+
+    def severity(**fields):
+        failed = OverfitResult(status="failed", task="classification", steps=300, initial_loss=0.65, final_loss=0.556,
+                               losses=[0.65, 0.6, 0.556], **fields)  # fmt: skip
+        return _found(BASE.model_copy(update={"probes": healthy_probes(overfit_one_batch=failed)}))["NNDX601"].severity
+
+    assert severity() == "warning"
+    assert severity(loss_through_other_parameters=True) == "info"

@@ -57,6 +57,7 @@ from nndx.collector._common import (
     compute_loss,
     dense_gradients,
     forward,
+    graph_leaves,
     infer_task,
     iter_tensors,
     loss_name,
@@ -97,12 +98,13 @@ def overfit_one_batch(
         if first is None:
             return OverfitResult(status="failed", task=task, lr=lr,
                                  message="the model has no trainable parameters")  # fmt: skip
-        losses, passed, floor, final_accuracy = first
+        losses, passed, floor, final_accuracy, opponent = first
         note = "" if passed else _destroyed_by_lr(losses)
         if note:
             note = f" at lr {lr / 10:g} (at {lr:g} {note})"
             lr = lr / 10
-            losses, passed, floor, final_accuracy = _train(model, inputs, targets, loss_fn, task, steps, lr, target_ratio)
+            losses, passed, floor, final_accuracy, opponent = _train(model, inputs, targets, loss_fn, task, steps, lr,
+                                                                     target_ratio)  # fmt: skip
     initial, final = losses[0], losses[-1]
     above = "" if not floor else f" above its floor {floor:.4g}"
     if passed:
@@ -121,21 +123,23 @@ def overfit_one_batch(
                    f"(target {target_ratio:g}); the model, loss or backward does not fit one batch")  # fmt: skip
     return OverfitResult(status=status, message=message, task=task, steps=len(losses) - 1, lr=lr,
                          initial_loss=initial, final_loss=final, loss_floor=floor, final_accuracy=final_accuracy,
-                         losses=losses)  # fmt: skip
+                         losses=losses, loss_through_other_parameters=opponent)  # fmt: skip
 
 
 # every forward of the copy draws the same random numbers (seeded with this): one batch is then one
 # function to fit, whatever a forward samples (stochastic depth, a VAE's z, word dropout, noise)
 SAME_DRAWS = 0
 
+GRAPH_NODES = 10_000  # autograd nodes walked from the first loss for parameters outside the copy
+
 # a loss above OVERSHOOT times its start within the first OVERSHOOT_STEPS steps: the LR overshot
 OVERSHOOT, OVERSHOOT_STEPS = 1.5, 10
 
 
 def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: str | None, steps: int, lr: float,
-           target_ratio: float) -> tuple[list[float], bool, float | None, float | None] | None:
-    """One copy trained on the batch: (losses, passed, floor, batch accuracy); None when
-    it has no trainable parameters."""
+           target_ratio: float) -> tuple[list[float], bool, float | None, float | None, bool] | None:
+    """One copy trained on the batch: (losses, passed, floor, batch accuracy, whether the loss
+    reached trainable parameters outside the copy); None when it has no trainable parameters."""
     # a loss of the user's own: accuracy is read off what it hands to torch's loss
     own_loss = loss_fn is not None and vocab.loss_kind(loss_name(loss_fn)) is None
     losses: list[float] = []
@@ -150,6 +154,7 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
     optimizer = torch.optim.Adam(params, lr=lr)
     scaler = loss_scaler(params[0].device, precision)
     groups = _same_inputs(inputs)
+    opponent = False
     with NoDropout():
         for step in range(steps + 1):  # measure after each of the ``steps`` updates
             optimizer.zero_grad(set_to_none=True)
@@ -162,13 +167,17 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
             losses.append(float(loss.detach()))
             if step == 0:
                 floor = loss_floor(loss_fn, output, targets, losses[0])
+                # a generator's loss runs through its discriminator, which this probe does not train
+                own = {id(p) for p in params}
+                opponent = any(isinstance(leaf, nn.Parameter) and leaf.requires_grad and id(leaf) not in own
+                               for leaf in graph_leaves(loss, limit=GRAPH_NODES))  # fmt: skip
             if task == "classification":
                 final_accuracy = (accuracy(loss_fn, output, targets) if inner.last is None
                                   else accuracy(None, inner.last[1], inner.last[2], loss_type=inner.last[0]))  # fmt: skip
             if not math.isfinite(losses[-1]):
                 break
             if _fits(losses, floor or 0.0, final_accuracy, target_ratio) or _stationary(losses, slopes, target_ratio):
-                return losses, True, floor, final_accuracy
+                return losses, True, floor, final_accuracy, opponent
             if step < steps:
                 # every output but a loss the model computes itself (its gradient is 1)
                 watched = [t for t in iter_tensors(output) if t.is_floating_point() and t.requires_grad and t.dim()]
@@ -178,7 +187,7 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
                 backward_and_step(loss, optimizer, lambda: loss, scaler)
                 if watched and (step == 0 or slopes):
                     slopes.append(_slope(watched, groups))
-    return losses, False, floor, final_accuracy
+    return losses, False, floor, final_accuracy, opponent
 
 
 def _destroyed_by_lr(losses: list[float]) -> str:
