@@ -1901,3 +1901,31 @@ def test_generated_values_fed_beside_data_of_another_range_are_named(monitors, d
     assert named == {"scaled": set(), "left_in_0_1": {"NNDX332"}, "sigmoid_generator": {"NNDX333"}}[data]
     if monitors == "two":
         assert mon_g.report().loop.fed_inputs == []  # the generator is fed noise only
+
+
+def test_a_discriminator_fed_the_generators_output_concatenated_with_labels_is_trained_against_it():
+    """Morvan's conditional GAN: D(torch.cat((G_paintings, labels), 1)), a new tensor, in the generator's step.
+    Its loss at equilibrium need not fall (it read as LR_TOO_LOW, warning, on the healthy run)."""
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 8))
+    D = nn.Sequential(nn.Linear(9, 16), nn.ReLU(), nn.Linear(16, 1), nn.Sigmoid())
+    opt_g, opt_d = torch.optim.Adam(G.parameters(), 1e-4), torch.optim.Adam(D.parameters(), 1e-4)
+    mon_g, mon_d = Monitor(G, opt_g, every=5), Monitor(D, opt_d, every=5)
+    for _ in range(12):
+        labels = torch.randint(0, 2, (16, 1)).float()
+        real = torch.randn(16, 8) + labels
+        paintings = G(torch.cat((torch.randn(16, 4), labels), 1))
+        loss_g = torch.mean(torch.log(1.0 - D(torch.cat((paintings, labels), 1))))
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+        prob_real = D(torch.cat((real, labels), 1))
+        prob_fake = D(torch.cat((paintings.detach(), labels), 1))
+        loss_d = -torch.mean(torch.log(prob_real) + torch.log(1.0 - prob_fake))
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        mon_g.log(loss_g)
+        mon_d.log(loss_d)
+    mon_g.close(), mon_d.close()
+    assert mon_d.report().loop.logged_loss_through_other_models is True

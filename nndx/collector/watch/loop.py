@@ -92,6 +92,24 @@ def other_models_output(t: torch.Tensor, besides: set[int]) -> bool:
     return False
 
 
+FED_WALK = 16  # autograd nodes walked back from a forward's input for another watched model's output
+
+
+def _made_from_other(t: torch.Tensor, models: set[int]) -> bool:
+    """Whether ``t`` was computed, a few ops on, from the output of a watched model not in ``models``
+    (a conditional GAN's discriminator given torch.cat((fake, labels), 1): a new tensor, not the fake)."""
+    todo, seen = [t.grad_fn], 0
+    while todo and seen < FED_WALK:
+        node = todo.pop()
+        if node is None:
+            continue
+        seen += 1
+        if _made_by_other(node, models):
+            return True
+        todo.extend(child for child, _ in node.next_functions)
+    return False
+
+
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.layout != torch.strided or b.layout != torch.strided or a.device != b.device:
         return False
@@ -237,7 +255,8 @@ class LoopCounts(Watcher):
         self._in_forward.add(id(module))
         self.forward_calls += 1
         if not self.fed_by_other_model and len(_LAST) > 1:
-            self.fed_by_other_model = any(other_models_output(t, self._models) for t in iter_tensors(args))
+            self.fed_by_other_model = any(other_models_output(t, self._models) or _made_from_other(t, self._models)
+                                          for t in iter_tensors(args))  # fmt: skip
         if not torch.is_grad_enabled() and any(m.training for m in self._mode_modules.get(id(module), ())):
             self.no_grad_forwards_in_train_mode += 1
             self._no_grad_steps.add(ctx.step)
