@@ -164,6 +164,14 @@ LEARNED_DROP = 0.3
 MIN_RATIO_STEPS = 10
 
 
+def _train_accuracy_rose(report: DiagnosticReport) -> bool:
+    """Whether a logged train accuracy (6 points or more) rose by more than 0.05 from its first tenth to its
+    last (medians): whatever the loss says, the model learned something."""
+    logged = accuracies(report, "train")
+    w = window(len(logged))
+    return len(logged) >= 6 and median(logged[-w:]) - median(logged[:w]) > 0.05
+
+
 @rule(
     "NNDX103",
     C.LR_TOO_LOW,
@@ -209,11 +217,8 @@ def not_decreasing(report: DiagnosticReport) -> Hit | None:
     from_initial = (curve.initial - curve.end) / max(abs(curve.initial), 1e-12)
     if curve.progress >= 0.05 and from_initial >= -0.1:
         return None
-    logged = accuracies(report, "train")
-    if len(logged) >= 6:
-        w = window(len(logged))
-        if median(logged[-w:]) - median(logged[:w]) > 0.05:
-            return None
+    if _train_accuracy_rose(report):
+        return None
     frozen = curve.noise == 0.0 and curve.start == curve.end
     # the LR range test trains well within 3x of the LR used: the LR is not what stopped it,
     # so the symptom stays and its LR_TOO_LOW guess ranks after other symptoms' guesses
@@ -528,8 +533,7 @@ def chance_though_fits(report: DiagnosticReport) -> Hit | None:
     measured = sum(c.measured_batches for c in calls)
     if not measured or 2 * sum(c.single_target_batches for c in calls) >= measured:
         return None
-    logged = accuracies(report, "train")
-    if len(logged) >= 6 and median(logged[-window(len(logged)):]) - median(logged[: window(len(logged))]) > 0.05:
+    if _train_accuracy_rose(report):
         return None
     classes, chance, curve = at_chance
     return Hit(
