@@ -38,7 +38,7 @@ class _Extent:
 
     def add(self, t: torch.Tensor) -> None:
         with torch.no_grad():
-            low, high = t.detach().amin(), t.detach().amax()
+            low, high = torch.aminmax(t.detach())  # one pass over the input, not two
             self.low = low if self.low is None else torch.minimum(self.low, low)
             self.high = high if self.high is None else torch.maximum(self.high, high)
         self.forwards += 1
@@ -51,7 +51,6 @@ class FedInputs(Watcher):
     name = "fed_inputs"
 
     def __init__(self, watched: Watched) -> None:
-        self.watched = watched
         self._names = {id(m): name for name, m in watched.models.items()}
         self._seen: dict[tuple[int, int], tuple[int, _Extent, _Extent]] = {}
 
