@@ -13,7 +13,8 @@ code it calls in ``d2l/torch.py`` (``tokenize``, ``Vocab``, ``load_corpus_time_m
 ``seq_data_iter_random``, ``seq_data_iter_sequential``, ``SeqDataLoader``,
 ``load_data_time_machine``, ``grad_clipping``, ``train_epoch_ch8``, ``train_ch8``,
 ``RNNModel``, ``predict_ch8``); licence CC BY-SA 4.0 (text) / MIT-0 (code samples). Written
-anew from the facts of those files; no code copied.
+anew from the facts of those files; no code copied. The library's pieces are
+:mod:`bench.programs.d2l_v017`'s (one copy for the ports of that release).
 
 Kept: character tokens and ``Vocab`` (``<unk>`` at 0, then tokens by falling frequency); the
 corpus as the flattened lines, cut at ``max_tokens``; ``seq_data_iter_sequential`` (random
@@ -46,15 +47,14 @@ updater exists; ``nndx.Monitor(net, updater, every=10)`` around the epochs, ever
 
 from __future__ import annotations
 
-import collections
 import math
 import random
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from bench.programs.d2l_v017 import RNNModel, SeqDataLoader, Vocab, grad_clipping, predict_ch8, tokenize
 from bench.programs.harness import Measure, Nndx, Source, Variant
 from nndx.report import CauseCode as C
 
@@ -138,46 +138,6 @@ def grammar_lines(n_chars: int, seed: int) -> list[str]:
 # --------------------------------------------------------------------------- d2l/torch.py
 
 
-def tokenize(lines: list[str], token: str = "word") -> list[list[str]]:
-    if token == "word":
-        return [line.split() for line in lines]
-    return [list(line) for line in lines]
-
-
-def count_corpus(tokens):
-    if len(tokens) == 0 or isinstance(tokens[0], list):
-        tokens = [token for line in tokens for token in line]
-    return collections.Counter(tokens)
-
-
-class Vocab:
-    def __init__(self, tokens=None, min_freq: int = 0, reserved_tokens=None) -> None:
-        tokens = tokens or []
-        reserved_tokens = reserved_tokens or []
-        counter = count_corpus(tokens)
-        self._token_freqs = sorted(counter.items(), key=lambda x: x[1], reverse=True)
-        self.idx_to_token = ["<unk>"] + reserved_tokens
-        self.token_to_idx = {token: idx for idx, token in enumerate(self.idx_to_token)}
-        for token, freq in self._token_freqs:
-            if freq < min_freq:
-                break
-            if token not in self.token_to_idx:
-                self.idx_to_token.append(token)
-                self.token_to_idx[token] = len(self.idx_to_token) - 1
-
-    def __len__(self) -> int:
-        return len(self.idx_to_token)
-
-    def __getitem__(self, tokens):
-        if not isinstance(tokens, (list, tuple)):
-            return self.token_to_idx.get(tokens, self.unk)
-        return [self.__getitem__(token) for token in tokens]
-
-    @property
-    def unk(self) -> int:
-        return 0
-
-
 def load_corpus(lines: list[str], max_tokens: int = -1, vocab: Vocab | None = None):
     tokens = tokenize(lines, "char")
     vocab = vocab or Vocab(tokens)
@@ -185,101 +145,6 @@ def load_corpus(lines: list[str], max_tokens: int = -1, vocab: Vocab | None = No
     if max_tokens > 0:
         corpus = corpus[:max_tokens]
     return corpus, vocab
-
-
-def seq_data_iter_random(corpus, batch_size, num_steps):
-    corpus = corpus[random.randint(0, num_steps - 1):]
-    num_subseqs = (len(corpus) - 1) // num_steps
-    initial_indices = list(range(0, num_subseqs * num_steps, num_steps))
-    random.shuffle(initial_indices)
-
-    def data(pos):
-        return corpus[pos: pos + num_steps]
-
-    num_batches = num_subseqs // batch_size
-    for i in range(0, batch_size * num_batches, batch_size):
-        initial_indices_per_batch = initial_indices[i: i + batch_size]
-        X = [data(j) for j in initial_indices_per_batch]
-        Y = [data(j + 1) for j in initial_indices_per_batch]
-        yield torch.tensor(X), torch.tensor(Y)
-
-
-def seq_data_iter_sequential(corpus, batch_size, num_steps):
-    offset = random.randint(0, num_steps)
-    num_tokens = ((len(corpus) - offset - 1) // batch_size) * batch_size
-    Xs = torch.tensor(corpus[offset: offset + num_tokens])
-    Ys = torch.tensor(corpus[offset + 1: offset + 1 + num_tokens])
-    Xs, Ys = Xs.reshape(batch_size, -1), Ys.reshape(batch_size, -1)
-    num_batches = Xs.shape[1] // num_steps
-    for i in range(0, num_steps * num_batches, num_steps):
-        X = Xs[:, i: i + num_steps]
-        Y = Ys[:, i: i + num_steps]
-        yield X, Y
-
-
-class SeqDataLoader:
-    def __init__(self, corpus, vocab, batch_size, num_steps, use_random_iter) -> None:
-        self.data_iter_fn = seq_data_iter_random if use_random_iter else seq_data_iter_sequential
-        self.corpus, self.vocab = corpus, vocab
-        self.batch_size, self.num_steps = batch_size, num_steps
-
-    def __iter__(self):
-        return self.data_iter_fn(self.corpus, self.batch_size, self.num_steps)
-
-
-class RNNModel(nn.Module):
-    def __init__(self, rnn_layer: nn.Module, vocab_size: int) -> None:
-        super().__init__()
-        self.rnn = rnn_layer
-        self.vocab_size = vocab_size
-        self.num_hiddens = self.rnn.hidden_size
-        if not self.rnn.bidirectional:
-            self.num_directions = 1
-            self.linear = nn.Linear(self.num_hiddens, self.vocab_size)
-        else:
-            self.num_directions = 2
-            self.linear = nn.Linear(self.num_hiddens * 2, self.vocab_size)
-
-    def forward(self, inputs, state):
-        X = F.one_hot(inputs.T.long(), self.vocab_size)
-        X = X.to(torch.float32)
-        Y, state = self.rnn(X, state)
-        output = self.linear(Y.reshape((-1, Y.shape[-1])))
-        return output, state
-
-    def begin_state(self, device, batch_size: int = 1):
-        shape = (self.num_directions * self.rnn.num_layers, batch_size, self.num_hiddens)
-        if not isinstance(self.rnn, nn.LSTM):
-            return torch.zeros(shape, device=device)
-        return torch.zeros(shape, device=device), torch.zeros(shape, device=device)
-
-
-def grad_clipping(net, theta) -> None:
-    if isinstance(net, nn.Module):
-        params = [p for p in net.parameters() if p.requires_grad]
-    else:
-        params = net.params
-    norm = torch.sqrt(sum(torch.sum((p.grad ** 2)) for p in params))
-    if norm > theta:
-        for param in params:
-            param.grad[:] *= theta / norm
-
-
-def predict_ch8(prefix, num_preds, net, vocab, device) -> str:
-    state = net.begin_state(batch_size=1, device=device)
-    outputs = [vocab[prefix[0]]]
-
-    def get_input():
-        return torch.tensor([outputs[-1]], device=device).reshape((1, 1))
-
-    with torch.no_grad():
-        for y in prefix[1:]:
-            _, state = net(get_input(), state)
-            outputs.append(vocab[y])
-        for _ in range(num_preds):
-            y, state = net(get_input(), state)
-            outputs.append(int(y.argmax(dim=1).reshape(1)))
-    return "".join([vocab.idx_to_token[i] for i in outputs])
 
 
 # --------------------------------------------------------------------------- train

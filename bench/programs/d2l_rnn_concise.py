@@ -10,7 +10,8 @@ Source: github.com/d2l-ai/d2l-en, branch ``r0.17``,
 ``train_epoch_ch8``, ``train_ch8``, ``Accumulator``) at commit
 d749ac0d4d73f61a9c7e0be33f3e8d43c975bd4a (sample code: modified MIT, Copyright 2019
 Amazon.com, Inc. or its affiliates; text CC BY-SA 4.0). Written anew from the facts of those
-files; no code copied.
+files; no code copied. The library's pieces are
+:mod:`bench.programs.d2l_v017`'s (one copy for the ports of that release).
 
 Kept: ``read_time_machine``'s cleaning (letters only, lower case, everything else a space),
 character tokens, ``Vocab`` (``<unk>`` at 0, then tokens by descending frequency), the corpus
@@ -48,7 +49,6 @@ around ``train_ch8``'s epochs, every batch's loss logged; after training
 
 from __future__ import annotations
 
-import collections
 import math
 import random
 import re
@@ -56,8 +56,9 @@ import re
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from bench.programs.d2l_v017 import (Accumulator, RNNModel, SeqDataLoader, Vocab, grad_clipping, predict_ch8,
+                                    seq_data_iter_sequential, tokenize)
 from bench.programs.harness import Measure, Nndx, Source, Variant
 from nndx.report import CauseCode as C
 
@@ -128,48 +129,6 @@ def read_time_machine(lines: list[str]) -> list[str]:
     return [re.sub("[^A-Za-z]+", " ", line).strip().lower() for line in lines]
 
 
-def tokenize(lines, token="word"):
-    if token == "word":
-        return [line.split() for line in lines]
-    elif token == "char":
-        return [list(line) for line in lines]
-    print("ERROR: unknown token type: " + token)
-
-
-def count_corpus(tokens):
-    if len(tokens) == 0 or isinstance(tokens[0], list):
-        tokens = [token for line in tokens for token in line]
-    return collections.Counter(tokens)
-
-
-class Vocab:
-    def __init__(self, tokens=None, min_freq=0, reserved_tokens=None):
-        tokens = [] if tokens is None else tokens
-        reserved_tokens = [] if reserved_tokens is None else reserved_tokens
-        counter = count_corpus(tokens)
-        self._token_freqs = sorted(counter.items(), key=lambda x: x[1], reverse=True)
-        self.idx_to_token = ["<unk>"] + reserved_tokens
-        self.token_to_idx = {token: idx for idx, token in enumerate(self.idx_to_token)}
-        for token, freq in self._token_freqs:
-            if freq < min_freq:
-                break
-            if token not in self.token_to_idx:
-                self.idx_to_token.append(token)
-                self.token_to_idx[token] = len(self.idx_to_token) - 1
-
-    def __len__(self):
-        return len(self.idx_to_token)
-
-    def __getitem__(self, tokens):
-        if not isinstance(tokens, (list, tuple)):
-            return self.token_to_idx.get(tokens, self.unk)
-        return [self.__getitem__(token) for token in tokens]
-
-    @property
-    def unk(self):
-        return 0
-
-
 def load_corpus_time_machine(max_tokens=-1, vocab=None, offset_lines=0, n_lines=1400):
     lines = read_time_machine(synthetic_lines(n_lines, offset_lines))
     tokens = tokenize(lines, "char")
@@ -180,95 +139,13 @@ def load_corpus_time_machine(max_tokens=-1, vocab=None, offset_lines=0, n_lines=
     return corpus, vocab
 
 
-def seq_data_iter_random(corpus, batch_size, num_steps):
-    corpus = corpus[random.randint(0, num_steps - 1):]
-    num_subseqs = (len(corpus) - 1) // num_steps
-    initial_indices = list(range(0, num_subseqs * num_steps, num_steps))
-    random.shuffle(initial_indices)
-
-    def data(pos):
-        return corpus[pos: pos + num_steps]
-
-    num_batches = num_subseqs // batch_size
-    for i in range(0, batch_size * num_batches, batch_size):
-        initial_indices_per_batch = initial_indices[i: i + batch_size]
-        X = [data(j) for j in initial_indices_per_batch]
-        Y = [data(j + 1) for j in initial_indices_per_batch]
-        yield torch.tensor(X), torch.tensor(Y)
-
-
-def seq_data_iter_sequential(corpus, batch_size, num_steps):
-    offset = random.randint(0, num_steps)
-    num_tokens = ((len(corpus) - offset - 1) // batch_size) * batch_size
-    Xs = torch.tensor(corpus[offset: offset + num_tokens])
-    Ys = torch.tensor(corpus[offset + 1: offset + 1 + num_tokens])
-    Xs, Ys = Xs.reshape(batch_size, -1), Ys.reshape(batch_size, -1)
-    num_batches = Xs.shape[1] // num_steps
-    for i in range(0, num_steps * num_batches, num_steps):
-        X = Xs[:, i: i + num_steps]
-        Y = Ys[:, i: i + num_steps]
-        yield X, Y
-
-
-class SeqDataLoader:
-    def __init__(self, batch_size, num_steps, use_random_iter, max_tokens):
-        self.data_iter_fn = seq_data_iter_random if use_random_iter else seq_data_iter_sequential
-        self.corpus, self.vocab = load_corpus_time_machine(max_tokens)
-        self.batch_size, self.num_steps = batch_size, num_steps
-
-    def __iter__(self):
-        return self.data_iter_fn(self.corpus, self.batch_size, self.num_steps)
-
-
 def load_data_time_machine(batch_size, num_steps, use_random_iter=False, max_tokens=10000):
-    data_iter = SeqDataLoader(batch_size, num_steps, use_random_iter, max_tokens)
+    corpus, vocab = load_corpus_time_machine(max_tokens)
+    data_iter = SeqDataLoader(corpus, vocab, batch_size, num_steps, use_random_iter)
     return data_iter, data_iter.vocab
 
 
-class Accumulator:
-    def __init__(self, n):
-        self.data = [0.0] * n
-
-    def add(self, *args):
-        self.data = [a + float(b) for a, b in zip(self.data, args)]
-
-    def __getitem__(self, idx):
-        return self.data[idx]
-
-
 # --------------------------------------------------------------------------- the section's model
-
-
-class RNNModel(nn.Module):
-    """The RNN model."""
-
-    def __init__(self, rnn_layer, vocab_size, **kwargs):
-        super(RNNModel, self).__init__(**kwargs)
-        self.rnn = rnn_layer
-        self.vocab_size = vocab_size
-        self.num_hiddens = self.rnn.hidden_size
-        if not self.rnn.bidirectional:
-            self.num_directions = 1
-            self.linear = nn.Linear(self.num_hiddens, self.vocab_size)
-        else:
-            self.num_directions = 2
-            self.linear = nn.Linear(self.num_hiddens * 2, self.vocab_size)
-
-    def forward(self, inputs, state):
-        X = F.one_hot(inputs.T.long(), self.vocab_size)
-        X = X.to(torch.float32)
-        Y, state = self.rnn(X, state)
-        output = self.linear(Y.reshape((-1, Y.shape[-1])))
-        return output, state
-
-    def begin_state(self, device, batch_size=1):
-        if not isinstance(self.rnn, nn.LSTM):
-            return torch.zeros((self.num_directions * self.rnn.num_layers, batch_size, self.num_hiddens),
-                               device=device)
-        return (torch.zeros((self.num_directions * self.rnn.num_layers, batch_size, self.num_hiddens),
-                            device=device),
-                torch.zeros((self.num_directions * self.rnn.num_layers, batch_size, self.num_hiddens),
-                            device=device))
 
 
 class NetForProbe(nn.Module):
@@ -280,33 +157,6 @@ class NetForProbe(nn.Module):
 
     def forward(self, X):
         return self.net(X, self.net.begin_state(batch_size=X.shape[0], device=X.device))[0]
-
-
-def predict_ch8(prefix, num_preds, net, vocab, device):
-    state = net.begin_state(batch_size=1, device=device)
-    outputs = [vocab[prefix[0]]]
-
-    def get_input():
-        return torch.tensor([outputs[-1]], device=device).reshape((1, 1))
-
-    for y in prefix[1:]:
-        _, state = net(get_input(), state)
-        outputs.append(vocab[y])
-    for _ in range(num_preds):
-        y, state = net(get_input(), state)
-        outputs.append(int(y.argmax(dim=1).reshape(1)))
-    return "".join([vocab.idx_to_token[i] for i in outputs])
-
-
-def grad_clipping(net, theta):
-    if isinstance(net, nn.Module):
-        params = [p for p in net.parameters() if p.requires_grad]
-    else:
-        params = net.params
-    norm = torch.sqrt(sum(torch.sum((p.grad ** 2)) for p in params))
-    if norm > theta:
-        for param in params:
-            param.grad[:] *= theta / norm
 
 
 # --------------------------------------------------------------------------- train

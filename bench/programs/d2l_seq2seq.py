@@ -8,7 +8,8 @@ Source: github.com/d2l-ai/d2l-en, branch r0.17 at commit d749ac0d4d73f61a9c7e0be
 the library it saves into, ``d2l/torch.py`` at the same commit (``Encoder``, ``Decoder``,
 ``EncoderDecoder``, ``grad_clipping``, ``Vocab``, ``count_corpus``, ``tokenize_nmt``,
 ``truncate_pad``, ``build_array_nmt``, ``load_data_nmt``, ``load_array``); sample code MIT-0
-(the book's text CC BY-SA 4.0). Written anew from the facts of those files; no code copied.
+(the book's text CC BY-SA 4.0). Written anew from the facts of those files; no code copied. The library's pieces are
+:mod:`bench.programs.d2l_v017`'s (one copy for the ports of that release).
 
 Kept: ``Seq2SeqEncoder`` (``Embedding``, ``nn.GRU(embed, hiddens, layers, dropout)``, the
 embedded batch permuted to time-major, state defaulting to zeros); ``Seq2SeqDecoder``
@@ -56,6 +57,7 @@ import torch
 from torch import nn
 from torch.utils import data
 
+from bench.programs.d2l_v017 import Decoder, Encoder, EncoderDecoder, grad_clipping, load_data_nmt, truncate_pad
 from bench.programs.harness import Measure, Nndx, Source, Variant
 from nndx.report import CauseCode as C
 
@@ -138,134 +140,6 @@ def language_pair(seed: int) -> tuple[str, list[tuple[str, str]]]:
             pairs.append(p)
     text = "\n".join(f"{s}\t{t}" for s, t in pairs[:N_TRAIN])
     return text, pairs[N_TRAIN:]
-
-
-# --------------------------------------------------------------------------- d2l/torch.py
-
-
-def count_corpus(tokens):
-    if len(tokens) == 0 or isinstance(tokens[0], list):
-        tokens = [token for line in tokens for token in line]
-    return collections.Counter(tokens)
-
-
-class Vocab:
-    def __init__(self, tokens=None, min_freq=0, reserved_tokens=None):
-        if tokens is None:
-            tokens = []
-        if reserved_tokens is None:
-            reserved_tokens = []
-        counter = count_corpus(tokens)
-        self._token_freqs = sorted(counter.items(), key=lambda x: x[1], reverse=True)
-        self.idx_to_token = ["<unk>"] + reserved_tokens
-        self.token_to_idx = {token: idx for idx, token in enumerate(self.idx_to_token)}
-        for token, freq in self._token_freqs:
-            if freq < min_freq:
-                break
-            if token not in self.token_to_idx:
-                self.idx_to_token.append(token)
-                self.token_to_idx[token] = len(self.idx_to_token) - 1
-
-    def __len__(self):
-        return len(self.idx_to_token)
-
-    def __getitem__(self, tokens):
-        if not isinstance(tokens, (list, tuple)):
-            return self.token_to_idx.get(tokens, self.unk)
-        return [self.__getitem__(token) for token in tokens]
-
-    def to_tokens(self, indices):
-        if not isinstance(indices, (list, tuple)):
-            return self.idx_to_token[indices]
-        return [self.idx_to_token[index] for index in indices]
-
-    @property
-    def unk(self):
-        return 0
-
-
-def tokenize_nmt(text, num_examples=None):
-    source, target = [], []
-    for i, line in enumerate(text.split("\n")):
-        if num_examples and i > num_examples:
-            break
-        parts = line.split("\t")
-        if len(parts) == 2:
-            source.append(parts[0].split(" "))
-            target.append(parts[1].split(" "))
-    return source, target
-
-
-def truncate_pad(line, num_steps, padding_token):
-    if len(line) > num_steps:
-        return line[:num_steps]
-    return line + [padding_token] * (num_steps - len(line))
-
-
-def build_array_nmt(lines, vocab, num_steps):
-    lines = [vocab[l] for l in lines]
-    lines = [l + [vocab["<eos>"]] for l in lines]
-    array = torch.tensor([truncate_pad(l, num_steps, vocab["<pad>"]) for l in lines])
-    valid_len = (array != vocab["<pad>"]).type(torch.int32).sum(1)
-    return array, valid_len
-
-
-def load_array(data_arrays, batch_size, is_train=True):
-    dataset = data.TensorDataset(*data_arrays)
-    return data.DataLoader(dataset, batch_size, shuffle=is_train)
-
-
-def load_data_nmt(text, batch_size, num_steps, num_examples=600):
-    source, target = tokenize_nmt(text, num_examples)
-    src_vocab = Vocab(source, min_freq=2, reserved_tokens=["<pad>", "<bos>", "<eos>"])
-    tgt_vocab = Vocab(target, min_freq=2, reserved_tokens=["<pad>", "<bos>", "<eos>"])
-    src_array, src_valid_len = build_array_nmt(source, src_vocab, num_steps)
-    tgt_array, tgt_valid_len = build_array_nmt(target, tgt_vocab, num_steps)
-    data_arrays = (src_array, src_valid_len, tgt_array, tgt_valid_len)
-    data_iter = load_array(data_arrays, batch_size)
-    return data_iter, src_vocab, tgt_vocab
-
-
-def grad_clipping(net, theta):
-    if isinstance(net, nn.Module):
-        params = [p for p in net.parameters() if p.requires_grad]
-    else:
-        params = net.params
-    norm = torch.sqrt(sum(torch.sum((p.grad**2)) for p in params))
-    if norm > theta:
-        for param in params:
-            param.grad[:] *= theta / norm
-
-
-class Encoder(nn.Module):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-
-    def forward(self, X, *args):
-        raise NotImplementedError
-
-
-class Decoder(nn.Module):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-
-    def init_state(self, enc_outputs, *args):
-        raise NotImplementedError
-
-    def forward(self, X, state):
-        raise NotImplementedError
-
-
-class EncoderDecoder(nn.Module):
-    def __init__(self, encoder, decoder, **kwargs):
-        super().__init__(**kwargs)
-        self.encoder = encoder
-        self.decoder = decoder
-
-    def forward(self, enc_X, dec_X, *args):
-        enc_outputs = self.encoder(enc_X, *args)
-        dec_state = self.decoder.init_state(enc_outputs, *args)
-        return self.decoder(dec_X, dec_state)
 
 
 # --------------------------------------------------------------------------- chapter_recurrent-modern/seq2seq.md
