@@ -237,6 +237,16 @@ def flat_since(values: list[float]) -> int:
     return start
 
 
+class LossTerm(Schema):
+    """One additive term of a loss, as it reduces the batch (read off the loss's autograd graph)."""
+
+    op: str = Field(description="the reduction: a torch loss (BinaryCrossEntropy, NllLoss, ...), 'sum' or 'mean'")
+    reduction: Literal["mean", "sum"] = Field(
+        description="how the term scales with the batch: 'mean' stays, 'sum' grows with the number of samples")
+    values: Count = Field(0, description="how many values the reduction took in (0: unknown)")
+    scale: Float = Field(1.0, description="the constant the term is multiplied by in the loss")
+
+
 class OverfitResult(ProbeResult):
     title: ClassVar[str] = "overfit one batch"
     ask: ClassVar[str] = "loss before → after, steps"
@@ -256,6 +266,9 @@ class OverfitResult(ProbeResult):
     loss_through_other_parameters: bool | None = Field(
         None, description="the loss reached trainable parameters outside the model, which the probe does not "
         "train (a generator's loss through its discriminator): one batch fitted against a fixed opponent")
+    loss_terms: list[LossTerm] = Field(
+        default_factory=list, description="the terms of the first loss that carry the batch, each a mean or a sum "
+        "over it (empty when the graph could not be read)")
 
     def summary(self, num: NumberFormat = str) -> str:
         text = f"loss {num(self.initial_loss)} → {num(self.final_loss)} in {self.steps} steps"

@@ -1118,3 +1118,46 @@ def padding_scored(report: DiagnosticReport) -> Hit | None:
                   "scored_positions": result.scored_positions},  # fmt: skip
         score=1.0 + result.scored_padding_fraction,
     )
+
+@rule(
+    "NNDX626",
+    C.WRONG_LOSS,
+    "warning",
+    "The loss adds a term averaged over the batch to one summed over it",
+    detects="The overfit probe's first loss, read off its autograd graph: of its additive terms that reach the "
+    "model's outputs, at least one averages over the batch (a torch loss with reduction='mean', .mean()) and at "
+    "least one sums over it (reduction='sum', torch.sum of a tensor holding the batch axis). Constant factors "
+    "count: a sum divided by at least the batch size is an average, a mean times the batch size a sum. Terms "
+    "that never reach the outputs (a penalty on the weights) do not scale with the batch and are left out.",
+    why="The two terms are then weighed by an accident of reduction, not by intent: a mean over N samples of D "
+    "values each is divided by N*D, the sum is not, so the summed term weighs thousands of times more per value "
+    "and the balance moves with the batch size. A VAE with F.binary_cross_entropy left at its default "
+    "reduction='mean' beside a KL divergence written torch.sum(...) trains smoothly while the KL term wins: the "
+    "posterior collapses and every reconstruction is the mean image.",
+    fix="Reduce every term the same way: sum each over a sample's values and average over the batch "
+    "(F.binary_cross_entropy(x_hat, x, reduction='sum') / batch_size + kld.sum() / batch_size), or sum all of "
+    "them as the reference implementation does; then weight the terms on purpose (a beta).",
+)
+def mixed_batch_reductions(report: DiagnosticReport) -> Hit | None:
+    result = _probe(report, "overfit_one_batch")
+    if result is None or not result.loss_terms:
+        return None
+    means = [t for t in result.loss_terms if t.reduction == "mean"]
+    sums = [t for t in result.loss_terms if t.reduction == "sum"]
+    if not means or not sums:
+        return None
+    averaged = max(means, key=lambda t: t.values)
+    weight = (averaged.values or 1) * abs(sums[0].scale / averaged.scale)
+
+    def named(t):
+        op = f"torch.{t.op}" if t.op in ("sum", "mean") else t.op
+        return f"{op} of {t.values} values" if t.values else op
+
+    return Hit(
+        symptom=f"the loss adds {', '.join(named(t) for t in means)}, averaged over the batch, to "
+        f"{', '.join(named(t) for t in sums)}, summed over it: per value the summed term weighs about "
+        f"{weight:.3g} times the averaged one, and the balance moves with the batch size",
+        evidence={"averaged_terms": [named(t) for t in means], "summed_terms": [named(t) for t in sums],
+                  "relative_weight": weight},  # fmt: skip
+        score=1.0 + min(math.log10(max(weight, 1.0)), 6.0) / 6,
+    )

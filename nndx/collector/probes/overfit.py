@@ -71,8 +71,9 @@ from nndx.collector._common import (
     working_copy,
 )
 from nndx.collector.loss_call import InnerLossCalls
+from nndx.collector.loss_terms import batch_reductions
 from nndx.collector.probes import ProbeSpec
-from nndx.report import OverfitResult, flat_since
+from nndx.report import LossTerm, OverfitResult, flat_since
 
 
 def overfit_one_batch(
@@ -98,13 +99,13 @@ def overfit_one_batch(
         if first is None:
             return OverfitResult(status="failed", task=task, lr=lr,
                                  message="the model has no trainable parameters")  # fmt: skip
-        losses, passed, floor, final_accuracy, opponent = first
+        losses, passed, floor, final_accuracy, opponent, terms = first
         note = "" if passed else _destroyed_by_lr(losses)
         if note:
             note = f" at lr {lr / 10:g} (at {lr:g} {note})"
             lr = lr / 10
-            losses, passed, floor, final_accuracy, opponent = _train(model, inputs, targets, loss_fn, task, steps, lr,
-                                                                     target_ratio)  # fmt: skip
+            losses, passed, floor, final_accuracy, opponent, terms = _train(model, inputs, targets, loss_fn, task,
+                                                                            steps, lr, target_ratio)  # fmt: skip
     initial, final = losses[0], losses[-1]
     above = "" if not floor else f" above its floor {floor:.4g}"
     if passed:
@@ -123,7 +124,7 @@ def overfit_one_batch(
                    f"(target {target_ratio:g}); the model, loss or backward does not fit one batch")  # fmt: skip
     return OverfitResult(status=status, message=message, task=task, steps=len(losses) - 1, lr=lr,
                          initial_loss=initial, final_loss=final, loss_floor=floor, final_accuracy=final_accuracy,
-                         losses=losses, loss_through_other_parameters=opponent)  # fmt: skip
+                         losses=losses, loss_through_other_parameters=opponent, loss_terms=terms)  # fmt: skip
 
 
 # every forward of the copy draws the same random numbers (seeded with this): one batch is then one
@@ -137,9 +138,10 @@ OVERSHOOT, OVERSHOOT_STEPS = 1.5, 10
 
 
 def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: str | None, steps: int, lr: float,
-           target_ratio: float) -> tuple[list[float], bool, float | None, float | None, bool] | None:
+           target_ratio: float) -> tuple[list[float], bool, float | None, float | None, bool, list[LossTerm]] | None:
     """One copy trained on the batch: (losses, passed, floor, batch accuracy, whether the loss
-    reached trainable parameters outside the copy); None when it has no trainable parameters."""
+    reached trainable parameters outside the copy, the first loss's terms); None when it has no
+    trainable parameters."""
     # a loss of the user's own: accuracy is read off what it hands to torch's loss
     own_loss = loss_fn is not None and vocab.loss_kind(loss_name(loss_fn)) is None
     losses: list[float] = []
@@ -155,6 +157,7 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
     scaler = loss_scaler(params[0].device, precision)
     groups = _same_inputs(inputs)
     opponent = False
+    terms: list[LossTerm] = []
     with NoDropout():
         for step in range(steps + 1):  # measure after each of the ``steps`` updates
             optimizer.zero_grad(set_to_none=True)
@@ -171,13 +174,14 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
                 own = {id(p) for p in params}
                 opponent = any(isinstance(leaf, nn.Parameter) and leaf.requires_grad and id(leaf) not in own
                                for leaf in graph_leaves(loss, limit=GRAPH_NODES))  # fmt: skip
+                terms = batch_reductions(loss, output, inputs, targets)
             if task == "classification":
                 final_accuracy = (accuracy(loss_fn, output, targets) if inner.last is None
                                   else accuracy(None, inner.last[1], inner.last[2], loss_type=inner.last[0]))  # fmt: skip
             if not math.isfinite(losses[-1]):
                 break
             if _fits(losses, floor or 0.0, final_accuracy, target_ratio) or _stationary(losses, slopes, target_ratio):
-                return losses, True, floor, final_accuracy, opponent
+                return losses, True, floor, final_accuracy, opponent, terms
             if step < steps:
                 # every output but a loss the model computes itself (its gradient is 1)
                 watched = [t for t in iter_tensors(output) if t.is_floating_point() and t.requires_grad and t.dim()]
@@ -187,7 +191,7 @@ def _train(model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, task: s
                 backward_and_step(loss, optimizer, lambda: loss, scaler)
                 if watched and (step == 0 or slopes):
                     slopes.append(_slope(watched, groups))
-    return losses, False, floor, final_accuracy, opponent
+    return losses, False, floor, final_accuracy, opponent, terms
 
 
 def _destroyed_by_lr(losses: list[float]) -> str:
