@@ -352,4 +352,8 @@ PROGRAMS = (
     "d2l_lstm",
     "raschka_conv_ae",
     "nyu_vae",
+    "bentrevett_lenet",
+    "karpathy_gpt_lecture",
+    "udacity_sentiment_rnn",
+    "raschka_vae",
 )
