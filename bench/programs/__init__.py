@@ -356,4 +356,6 @@ PROGRAMS = (
     "karpathy_gpt_lecture",
     "udacity_sentiment_rnn",
     "raschka_vae",
+    "d2l_lenet",
+    "yunjey_rnn",
 )
