@@ -45,6 +45,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from bench.programs import data as digits
+from bench.programs.d2l_v017 import Accumulator, accuracy, evaluate_accuracy_gpu
 from bench.programs.harness import Measure, Nndx, Source, Variant
 from nndx.report import CauseCode as C
 
@@ -86,30 +87,7 @@ VARIANTS = {
 BATCH_SIZE, LR, NUM_EPOCHS, SIDE = 256, 0.9, 100, 28
 
 
-# --------------------------------------------------------------------------- d2l/torch.py (r0.17)
-
-
-class Accumulator:
-    """For accumulating sums over ``n`` variables."""
-
-    def __init__(self, n: int) -> None:
-        self.data = [0.0] * n
-
-    def add(self, *args) -> None:
-        self.data = [a + float(b) for a, b in zip(self.data, args)]
-
-    def reset(self) -> None:
-        self.data = [0.0] * len(self.data)
-
-    def __getitem__(self, idx: int) -> float:
-        return self.data[idx]
-
-
-def accuracy(y_hat: torch.Tensor, y: torch.Tensor) -> float:
-    if len(y_hat.shape) > 1 and y_hat.shape[1] > 1:
-        y_hat = y_hat.argmax(axis=1)
-    cmp = y_hat.type(y.dtype) == y
-    return float(cmp.type(y.dtype).sum())
+# --------------------------------------------------------------------------- the data
 
 
 def load_data_digits(batch_size: int, seed: int) -> tuple[DataLoader, DataLoader]:
@@ -122,19 +100,6 @@ def load_data_digits(batch_size: int, seed: int) -> tuple[DataLoader, DataLoader
 
 
 # --------------------------------------------------------------------------- lenet.md (pytorch tab)
-
-
-def evaluate_accuracy_gpu(net: nn.Module, data_iter: DataLoader, device=None) -> float:
-    if isinstance(net, nn.Module):
-        net.eval()
-        if not device:
-            device = next(iter(net.parameters())).device
-    metric = Accumulator(2)
-    with torch.no_grad():
-        for X, y in data_iter:
-            X, y = X.to(device), y.to(device)
-            metric.add(accuracy(net(X), y), y.numel())
-    return metric[0] / metric[1]
 
 
 def train_ch6(net, train_iter, test_iter, num_epochs, lr, device, nx: Nndx, zero_grad: bool = True):

@@ -1,8 +1,9 @@
 """d2l's own library as the book's 0.17 releases saved it into ``d2l/torch.py`` (the ``train_ch8``
-era): the text pipeline, ``RNNModel``, ``grad_clipping``, ``predict_ch8`` and the
-encoder-decoder interfaces. One copy for the ports of chapters written against that release
-(d2l_lstm, d2l_rnn_concise, d2l_seq2seq), as the book's sections share the library; each port
-keeps its own corpus, loop and nndx wiring.
+era): chapter 6's ``Accumulator``, ``accuracy`` and ``evaluate_accuracy_gpu``, the text pipeline,
+``RNNModel``, ``grad_clipping``, ``predict_ch8`` and the encoder-decoder interfaces. One copy for
+the ports of chapters written against that release (d2l_lenet, d2l_lstm, d2l_rnn_concise,
+d2l_seq2seq), as the book's sections share the library; each port keeps its own data, loop and
+nndx wiring.
 
 Source: github.com/d2l-ai/d2l-en, ``d2l/torch.py`` on branch r0.17 at commit
 d749ac0d4d73f61a9c7e0be33f3e8d43c975bd4a (the same functions at tag v0.17.6, commit
@@ -69,7 +70,7 @@ class Vocab:
         return 0
 
 
-# --------------------------------------------------------------------------- language models (chapter 8)
+# --------------------------------------------------------------------------- training helpers and language models (chapters 6, 8)
 
 
 def seq_data_iter_random(corpus, batch_size, num_steps):
@@ -122,8 +123,31 @@ class Accumulator:
     def add(self, *args):
         self.data = [a + float(b) for a, b in zip(self.data, args)]
 
+    def reset(self):
+        self.data = [0.0] * len(self.data)
+
     def __getitem__(self, idx):
         return self.data[idx]
+
+
+def accuracy(y_hat, y):
+    if len(y_hat.shape) > 1 and y_hat.shape[1] > 1:
+        y_hat = y_hat.argmax(axis=1)
+    cmp = y_hat.type(y.dtype) == y
+    return float(cmp.type(y.dtype).sum())
+
+
+def evaluate_accuracy_gpu(net, data_iter, device=None):
+    if isinstance(net, nn.Module):
+        net.eval()
+        if not device:
+            device = next(iter(net.parameters())).device
+    metric = Accumulator(2)
+    with torch.no_grad():
+        for X, y in data_iter:
+            X, y = X.to(device), y.to(device)
+            metric.add(accuracy(net(X), y), y.numel())
+    return metric[0] / metric[1]
 
 
 class RNNModel(nn.Module):
