@@ -56,7 +56,8 @@ def batch_reductions(loss: torch.Tensor, output: Any, inputs: Any, targets: Any)
         node, scale = todo.pop()
         name = type(node).__name__
         live = [n for n, _ in node.next_functions if n is not None]
-        if name in PASS_THROUGH:
+        scalar_reduction = name in ("SumBackward0", "MeanBackward0") and not list(node._saved_self_sym_sizes)
+        if name in PASS_THROUGH or scalar_reduction:  # loss.mean() of a scalar loss
             todo.extend((n, scale) for n in live)
             continue
         if name.startswith(("MulBackward", "DivBackward")) and len(live) == 1:

@@ -54,6 +54,7 @@ def test_a_mean_beside_a_sum_is_read_as_both():
 
 def test_terms_reduced_alike_are_read_alike():
     assert _kinds(vae_loss("sum")) == ["sum", "sum"]
+    assert _kinds(lambda output, x: vae_loss("sum")(output, x).mean()) == ["sum", "sum"]  # the mean of a scalar
     # the whole sum divided by the batch size: both terms are averages over the batch
     assert _kinds(vae_loss("sum", per_batch=True)) == ["mean", "mean"]
 
