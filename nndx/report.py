@@ -715,6 +715,10 @@ class GraphPoint(Schema):
     older_graphs_alive: Count = Field(
         0, description="recorded steps before the previous one whose output graph is still alive now (held by "
         "something that outlives the step: a running sum of loss tensors, outputs kept without .detach())")
+    older_graphs_holding: Count | None = Field(
+        None, description="of older_graphs_alive, those that still hold their saved tensors (no backward pass freed "
+        "them: the activations are kept too); 0 when backward freed every one of them (a list of loss tensors "
+        "appended after backward keeps only the graphs' structure); None when not known")
     stored_nodes: Count = Field(
         0, description="autograd nodes reachable, at the end of the step, from the tensors the model keeps beside "
         "its parameters (buffers, plain attributes: moving statistics, a recurrent state)")

@@ -1620,7 +1620,9 @@ GRAPHS_HELD_MANY = 32  # older graphs alive at once that no healthy loop holds (
     "created at an earlier step (at 2 or more of them), and grows at each of the last 4 to at least 1.5x its "
     "first size; error from 3x or when the bounded walk hit its cap. Or: the output graphs of earlier recorded "
     "steps (before the previous one) still alive pile up — more at each of the last 4 recorded steps, 2 or "
-    "more now (error from 4), or 32 at once — as a running sum of loss tensors keeps them. Or: the graph behind the "
+    "more now (error from 4), or 32 at once — as a running sum of loss tensors keeps them; info when a backward "
+    "pass freed the saved tensors of every one of them (a list of loss tensors appended after backward: the graphs' "
+    "structure grows, not the activations, and the training is unaffected). Or: the graph behind the "
     "tensors the model keeps beside its parameters (buffers, plain attributes), walked at the end of each recorded "
     "step, holds nodes of earlier steps at 2 or more of them and grows at each of the last 4 to at least 1.5x its "
     "first size (error from 3x): moving statistics reassigned from the batch's mean without .data. A recurrent state "
@@ -1643,12 +1645,15 @@ def graph_retained(report: DiagnosticReport) -> Hit | None:
     piling_up = len(alive) == 4 and all(b >= a for a, b in zip(alive, alive[1:])) and alive[-1] > alive[0]
     if alive and alive[-1] >= 2 and (piling_up or alive[-1] >= GRAPHS_HELD_MANY):
         last = points[-1]
+        structure_only = last.older_graphs_holding == 0
         return Hit(
             symptom=f"the autograd graphs of {last.older_graphs_alive} earlier recorded steps are still alive at "
-            f"step {last.step}: something keeps them across steps",
-            evidence={"older_graphs_alive": last.older_graphs_alive, "first_step_seen": held[0].step,
-                      "last_step": last.step},  # fmt: skip
-            severity="error" if last.older_graphs_alive >= 4 else "warning",
+            f"step {last.step}: something keeps them across steps"
+            + (" (their structure only: backward freed their saved tensors, so memory grows by the graphs' nodes, "
+               "not the activations, and the training is unaffected)" if structure_only else ""),
+            evidence={"older_graphs_alive": last.older_graphs_alive, "older_graphs_holding": last.older_graphs_holding,
+                      "first_step_seen": held[0].step, "last_step": last.step},  # fmt: skip
+            severity="info" if structure_only else "error" if last.older_graphs_alive >= 4 else "warning",
             score=1.0 + min(3.0, last.older_graphs_alive / 2),
             step=held[0].step,
         )

@@ -857,10 +857,12 @@ def test_a_hidden_state_carried_without_detach_grows_the_graph(detach):
         assert "NNDX320" in {f.rule_id for f in mon.findings}  # a live alert too
 
 
-@pytest.mark.parametrize("keep", ["loss tensor", "loss.item()", "outputs detached"])
+@pytest.mark.parametrize("keep", ["loss tensor", "loss.item()", "outputs detached", "outputs of forwards not backed"])
 def test_a_running_sum_of_loss_tensors_keeps_every_graph_alive(keep):
     """``total += loss`` holds each step's graph in a chain no model output leads to (the
-    graph behind the outputs never grows); ``loss.item()`` or detached outputs do not."""
+    graph behind the outputs never grows); ``loss.item()`` or detached outputs do not. After
+    backward those graphs hold no activations (info); outputs of forwards that no backward
+    followed, kept with their graphs, hold their activations too (an alarm)."""
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = data()
@@ -875,12 +877,18 @@ def test_a_running_sum_of_loss_tensors_keeps_every_graph_alive(keep):
             total = total + (loss if keep == "loss tensor" else loss.item())
             if keep == "outputs detached":
                 kept.append(out.detach())
+            if keep == "outputs of forwards not backed":
+                kept.append(model(x))  # a validation forward with grad enabled, its output kept
             mon.log(loss)
     report = mon.report()
     assert all(a.nodes == b.nodes for a, b in zip(report.loop.graph_nodes_history, report.loop.graph_nodes_history[1:]))
     if keep == "loss tensor":
         (finding,) = fired(report, "NNDX320")
         assert finding.code.value == "GRAPH_RETAINED" and finding.evidence["older_graphs_alive"] >= 4
+        assert finding.evidence["older_graphs_holding"] == 0 and finding.severity == "info"
+    elif keep == "outputs of forwards not backed":
+        (finding,) = fired(report, "NNDX320")
+        assert finding.evidence["older_graphs_holding"] >= 4 and finding.severity == "error"
     else:
         assert all(p.older_graphs_alive == 0 for p in report.loop.graph_nodes_history)
         assert not fired(report, "NNDX320")

@@ -13,7 +13,11 @@ A graph can also be kept alive without the next graph reaching it: ``total_loss 
 loss`` holds every step's graph in a chain no model output leads to. So each recorded
 step's output nodes also carry a token object in their metadata, of which the watcher
 keeps only a weak reference: the token lives exactly as long as that graph. Tokens of
-recorded steps before the previous one that are still alive count as graphs kept.
+recorded steps before the previous one that are still alive count as graphs kept. Whether
+such a graph still holds its saved tensors (the activations) is read at the end of its step:
+a backward pass frees them, so a list of loss tensors appended after ``backward()`` keeps
+only the graphs' structure, while outputs kept from forwards that no backward followed keep
+their activations too.
 
 And a graph can be kept on the model itself, where no output leads: d2l's batch norm from
 scratch reassigns its moving statistics each step from the batch's mean, and without
@@ -40,7 +44,10 @@ _ALIVE = "nndx_alive"
 
 
 class _Token:
-    """Lives as long as the graph whose node metadata holds it."""
+    """Lives as long as the graph whose node metadata holds it; ``freed``: whether a backward
+    pass freed that graph's saved tensors by the end of its step (None: not known)."""
+
+    freed: bool | None = None
 
 
 class GraphRecord(NamedTuple):
@@ -49,6 +56,7 @@ class GraphRecord(NamedTuple):
     earlier_nodes: int
     truncated: bool
     older_graphs_alive: int = 0
+    older_graphs_holding: int | None = None
     stored_nodes: int = 0
     stored_earlier_nodes: int = 0
     stored_holder: str | None = None
@@ -65,6 +73,7 @@ class GraphSize(Watcher):
         self.history = History(capacity)
         self._current: GraphRecord | None = None
         self._tokens: deque[tuple[int, weakref.ref]] = deque(maxlen=64)  # (step, token) of recorded graphs
+        self._this_step: list[tuple[_Token, list[Any]]] = []  # held to the step's end, to read what backward freed
 
     def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
         if not ctx.recording or not torch.is_grad_enabled():
@@ -76,21 +85,31 @@ class GraphSize(Watcher):
         for root in roots:
             root.metadata.setdefault(_ALIVE, token)
         self._tokens.append((ctx.step, weakref.ref(token)))
-        record = GraphRecord(ctx.step, *self.walk(roots, ctx.step), self._older_alive(ctx.step))
+        self._this_step.append((token, roots))
+        record = GraphRecord(ctx.step, *self.walk(roots, ctx.step), *self._older_alive(ctx.step))
         current = self._current
         if current is None or current.step != ctx.step:
             self._current = record
         else:
             self._current = GraphRecord(ctx.step, max(current.nodes, record.nodes),
                                         max(current.earlier_nodes, record.earlier_nodes),
-                                        current.truncated or record.truncated, record.older_graphs_alive)  # fmt: skip
+                                        current.truncated or record.truncated, record.older_graphs_alive,
+                                        record.older_graphs_holding)  # fmt: skip
 
-    def _older_alive(self, step: int) -> int:
+    def _older_alive(self, step: int) -> tuple[int, int | None]:
         """Recorded steps before the previous recorded one whose graph is still alive (the
-        previous one's may still be held by the user's last-batch variables)."""
+        previous one's may still be held by the user's last-batch variables), and how many of
+        those still hold their saved tensors (None when that is not known for one of them)."""
         steps = sorted({s for s, _ in self._tokens if s < step})
         older = set(steps[:-1])
-        return len({s for s, ref in self._tokens if s in older and ref() is not None})
+        alive: dict[int, list[_Token]] = {}
+        for s, ref in self._tokens:
+            token = ref()
+            if s in older and token is not None:
+                alive.setdefault(s, []).append(token)
+        if any(token.freed is None for tokens in alive.values() for token in tokens):
+            return len(alive), None
+        return len(alive), sum(1 for tokens in alive.values() if not all(token.freed for token in tokens))
 
     def walk(self, roots: list[Any], step: int) -> tuple[int, int, bool]:
         """(nodes reached, nodes tagged at an earlier step, walk truncated)."""
@@ -107,6 +126,9 @@ class GraphSize(Watcher):
         return len(seen), earlier, bool(stack)
 
     def on_step_end(self, ctx: StepContext) -> None:
+        for token, roots in self._this_step:
+            token.freed = saved_tensors_freed(roots)
+        self._this_step = []
         current = self._current if self._current is not None and self._current.step == ctx.step else None
         if ctx.recording:
             kept = [(name, t.grad_fn) for name, t in kept_tensors(ctx.watched.root) if t.grad_fn is not None]
@@ -126,5 +148,28 @@ class GraphSize(Watcher):
 
 def _points(record: GraphRecord) -> list[GraphPoint]:
     return [GraphPoint(step=record.step, nodes=record.nodes, earlier_nodes=record.earlier_nodes, truncated=record.truncated,
-                       older_graphs_alive=record.older_graphs_alive, stored_nodes=record.stored_nodes,
+                       older_graphs_alive=record.older_graphs_alive, older_graphs_holding=record.older_graphs_holding,
+                       stored_nodes=record.stored_nodes,
                        stored_earlier_nodes=record.stored_earlier_nodes, stored_holder=record.stored_holder)]
+
+
+def saved_tensors_freed(roots: list[Any], limit: int = 32) -> bool | None:
+    """Whether a backward pass freed the saved tensors of the graph below ``roots`` (reading
+    one then raises); None when the first ``limit`` nodes save no tensor."""
+    seen, stack = 0, list(roots)
+    while stack and seen < limit:
+        node = stack.pop()
+        if node is None:
+            continue
+        seen += 1
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except RuntimeError:
+                return True
+            if isinstance(value, torch.Tensor):
+                return False
+        stack.extend(child for child, _ in node.next_functions)
+    return None
