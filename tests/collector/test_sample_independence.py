@@ -631,6 +631,31 @@ def test_a_recurrent_layer_that_reads_no_context_along_the_sequence_is_caught(st
         assert result.status != "failed" and not result.no_context, result.message
 
 
+class FlatSteps(nn.Module):
+    """udacity's Simple_RNN: an RNN over one (1, time, 1) window, every step's output flattened to
+    (time, 1) rows, scored against (time, 1) next values."""
+
+    def __init__(self, batch_first: bool = True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn, self.fc = nn.RNN(1, 16, batch_first=batch_first), nn.Linear(16, 1)
+
+    def forward(self, x):
+        r_out, _ = self.rnn(x)
+        return self.fc(r_out.reshape(-1, 16))
+
+
+def test_the_steps_of_one_sequence_flattened_to_rows_are_not_samples():
+    """A batch_first RNN fed one window: the targets count its 20 steps, which the recurrence
+    carries into each other; that is no mixing of samples (it was read as WRONG_RESHAPE). The same
+    shapes into a time-major RNN are 20 one-step samples, still judged: they stay apart."""
+    x = torch.sin(torch.linspace(0, 3.0, 21)).reshape(1, 21, 1)
+    inputs, targets = x[:, :-1], x[0, 1:]
+    result = sample_independence(FlatSteps(), (inputs, targets))
+    assert result.status == "skipped" and "one sequence" in result.message, result.message
+    assert sample_independence(FlatSteps(batch_first=False), (inputs, targets)).status == "passed"
+
+
 class PositionalTagger(nn.Module):
     """A batch-first encoder with the PyTorch tutorial's time-major (max_len, 1, d) positional table:
     ``x + pe[:x.size(0)]`` on (batch, time, d) inputs adds row b of the table to every position of

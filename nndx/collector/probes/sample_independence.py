@@ -127,6 +127,10 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
     come back as the same rows in another order than the reversal were reordered."""
     inputs, targets = split_batch(batch)
     axes, why = _batch_axes(inputs, targets)
+    if 1 in axes and _one_sequence(model, next(iter_tensors(inputs))):
+        axes, why = [a for a in axes if a != 1], (
+            "one sequence (batch axis of 1) into a batch_first recurrent layer: its steps, which the targets count, "
+            "are no samples")  # fmt: skip
     if axes and (held := _held_matrix(model, int(next(iter_tensors(inputs)).shape[axes[0]]))):
         axes, why = [], (f"the model holds {held}, a matrix over the samples (a graph's adjacency): they depend on "
                          "each other by design")  # fmt: skip
@@ -165,6 +169,16 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
     return SampleIndependenceResult(status="skipped", message=(
         f"{len(axes)} axes of the inputs have the samples' count {list(axes)}, and none kept the other samples' "
         f"outputs in place: {trials[0].message}"))  # fmt: skip
+
+
+def _one_sequence(model: nn.Module, first: torch.Tensor) -> bool:
+    """A batch of one sequence for a model whose recurrent layers are all batch_first: axis 1 of
+    its (1, time, features) input is time (udacity's Simple_RNN, one sine window a step, its 20
+    steps flattened to 20 output rows beside 20 targets); the recurrence carries each step into
+    the next, which is no mixing of samples."""
+    recurrent = [m for m in model.modules() if isinstance(m, (nn.RNNBase, nn.RNNCellBase))]
+    return (first.dim() >= 2 and first.shape[0] == 1 and bool(recurrent)
+            and all(isinstance(m, nn.RNNBase) and m.batch_first for m in recurrent))
 
 
 def _trial(model: nn.Module, inputs: object, axis: int, check_position: bool = False) -> SampleIndependenceResult:
