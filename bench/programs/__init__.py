@@ -358,4 +358,10 @@ PROGRAMS = (
     "raschka_vae",
     "d2l_lenet",
     "yunjey_rnn",
+    "udacity_simple_rnn",
+    "raschka_gan",
+    "nyu_autoencoder",
+    "morvan_optimizers",
+    "d2l_bahdanau",
+    "persson_lr_scheduler",
 )
