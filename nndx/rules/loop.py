@@ -114,16 +114,23 @@ def _optimizer_never_reset(loop: LoopStats) -> Hit | None:
     steps, unreset = loop.optimizer_steps, loop.optimizer_steps_without_reset
     if len(loop.optimizers or []) < 2 or len(steps) != len(loop.optimizers) or len(unreset) != len(steps):
         return None
-    for i, (name, n, without) in enumerate(zip(loop.optimizers or [], steps, unreset)):
-        if n >= 3 and without >= n - 2:
-            return Hit(
-                symptom=f"optimizer {i} ({name}) stepped {n} times, its gradients reset before {n - 1 - without} "
-                f"of those steps (the other optimizers' were reset)",
-                evidence={"optimizer": f"{i} ({name})", "optimizer_steps": n, "steps_without_reset": without,
-                          "zero_grad_calls": loop.zero_grad_calls, "backward_calls": loop.backward_calls},  # fmt: skip
-                score=3.0,
-            )
-    return None
+    never = [(i, name, n, without) for i, (name, n, without) in enumerate(zip(loop.optimizers or [], steps, unreset))
+             if n >= 3 and without >= n - 2]  # fmt: skip
+    if not never:
+        return None
+    i, name, n, without = never[0]
+    others = ("" if len(never) == 1 else f" and {len(never) - 1} more optimizer{'s' if len(never) > 2 else ''} "
+              f"({', '.join(f'{j} ({other})' for j, other, _, _ in never[1:])}) likewise")
+    rest = ("; the other optimizers' were reset" if len(never) < len(steps)
+            else f"; none of the {len(steps)} optimizers' gradients were reset")
+    return Hit(
+        symptom=f"optimizer {i} ({name}) stepped {n} times, its gradients reset before {n - 1 - without} of those "
+        f"steps{others}{rest}",
+        evidence={"optimizer": f"{i} ({name})", "optimizers_not_reset": len(never), "optimizer_steps": n,
+                  "steps_without_reset": without, "zero_grad_calls": loop.zero_grad_calls,
+                  "backward_calls": loop.backward_calls},  # fmt: skip
+        score=3.0,
+    )
 
 
 @rule(

@@ -1238,6 +1238,12 @@ def test_one_optimizer_never_reset_among_several_vs_each_reset():
     two = dict(optimizers=["Adam", "Adam"], optimizer_steps=[30, 30])
     forgot = _found(with_loop(BASE, **two, optimizer_steps_without_reset=[0, 29]))
     assert forgot["NNDX301"].severity == "error" and forgot["NNDX301"].evidence["optimizer"] == "1 (Adam)"
+    assert "the other optimizers' were reset" in forgot["NNDX301"].symptom
+    # none of four reset (morvan's four optimizers compared side by side, zero_grad dropped for all): all named
+    four = dict(optimizers=["SGD", "SGD", "RMSprop", "Adam"], optimizer_steps=[30] * 4)
+    none = _found(with_loop(BASE, **four, optimizer_steps_without_reset=[29] * 4))["NNDX301"]
+    assert none.evidence["optimizers_not_reset"] == 4 and "the other optimizers' were reset" not in none.symptom
+    assert "3 (Adam)" in none.symptom and "none of the 4 optimizers' gradients were reset" in none.symptom
     assert "NNDX301" not in _found(with_loop(BASE, **two, optimizer_steps_without_reset=[0, 0]))
     assert "NNDX301" not in _found(with_loop(BASE, **two, optimizer_steps_without_reset=[0, 3]))  # a few skipped resets
     # one optimizer: its counts are the loop's, read by the rule's other branches
