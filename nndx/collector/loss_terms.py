@@ -47,7 +47,9 @@ def batch_reductions(loss: torch.Tensor, output: Any, inputs: Any, targets: Any)
     batch_size = sized[0].shape[0] if sized else 0
     if loss.grad_fn is None or loss.numel() != 1 or batch_size < 2:
         return []
-    outputs = {id(t.grad_fn) for t in iter_tensors(output) if t.grad_fn is not None} - {id(loss.grad_fn)}
+    # id -> node: holding the nodes keeps their ids unique while they are compared
+    outputs = {id(node): node for node in (t.grad_fn for t in iter_tensors(output)) if node is not None}
+    outputs.pop(id(loss.grad_fn), None)
     if not outputs:
         return []
     terms: list[LossTerm] = []
@@ -157,9 +159,9 @@ def _scaled(op: str, kind: str, values: int, batch_size: int, scale: float) -> L
     return LossTerm(op=op, reduction=kind, values=values, scale=scale)
 
 
-def _reaches(node: Any, targets: set[int]) -> bool:
+def _reaches(node: Any, targets: dict[int, Any]) -> bool:
     """Whether the graph below ``node`` reaches one of ``targets`` within SEARCH_NODES nodes."""
-    seen: set[int] = set()
+    seen: dict[int, Any] = {}  # held, as ``targets`` are: an id is unique only while its node lives
     todo = [node]
     while todo and len(seen) < SEARCH_NODES:
         current = todo.pop()
@@ -167,6 +169,6 @@ def _reaches(node: Any, targets: set[int]) -> bool:
             return True
         if id(current) in seen:
             continue
-        seen.add(id(current))
+        seen[id(current)] = current
         todo.extend(n for n, _ in current.next_functions if n is not None)
     return False
