@@ -894,6 +894,32 @@ def test_a_running_sum_of_loss_tensors_keeps_every_graph_alive(keep):
         assert not fired(report, "NNDX320")
 
 
+def test_the_graph_watcher_keeps_few_of_a_steps_graphs_alive():
+    """Whether backward freed a graph is read at the step's end, so a few forwards' graphs are
+    held until then; a loop of forwards inside one step (validation with grad enabled) must not
+    have all of its graphs, activations and all, kept alive by nndx."""
+    import weakref
+
+    from nndx.collector.watch.graph import GraphSize
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = data()
+    hidden = []
+    model[1].register_forward_hook(lambda _m, _i, out: hidden.append(weakref.ref(out)))
+    with Monitor(model, opt, every=1) as mon:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        hidden.clear()
+        for _ in range(20):
+            model(x)  # outputs dropped: only nndx could keep their graphs
+        assert 0 < sum(ref() is not None for ref in hidden) <= GraphSize.HELD_FORWARDS
+        opt.step()
+        mon.log(torch.tensor(0.0))
+    assert sum(ref() is not None for ref in hidden) == 0
+
+
 class ScratchBatchNorm(nn.Module):
     """d2l's batch norm from scratch (chapter 8.5): the moving statistics are plain attributes,
     reassigned each training step; before d2l's fix (PR #1342) they kept their graph."""

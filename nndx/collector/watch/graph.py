@@ -68,6 +68,9 @@ class GraphSize(Watcher):
 
     name = "graph"
     MAX_NODES = 10_000  # bounds a walk's cost (python, per node), paid on recorded steps only
+    # forwards of a recorded step whose graphs are held to the step's end (a GAN's three); a loop of
+    # forwards in one step (validation with grad enabled) must not have its graphs kept alive by nndx
+    HELD_FORWARDS = 4
 
     def __init__(self, capacity: int) -> None:
         self.history = History(capacity)
@@ -85,7 +88,8 @@ class GraphSize(Watcher):
         for root in roots:
             root.metadata.setdefault(_ALIVE, token)
         self._tokens.append((ctx.step, weakref.ref(token)))
-        self._this_step.append((token, roots))
+        if len(self._this_step) < self.HELD_FORWARDS:
+            self._this_step.append((token, roots))
         record = GraphRecord(ctx.step, *self.walk(roots, ctx.step), *self._older_alive(ctx.step))
         current = self._current
         if current is None or current.step != ctx.step:
