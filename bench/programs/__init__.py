@@ -364,4 +364,10 @@ PROGRAMS = (
     "morvan_optimizers",
     "d2l_bahdanau",
     "persson_lr_scheduler",
+    "udacity_batch_norm",
+    "persson_seq2seq",
+    "nyu_transformer",
+    "raschka_mlp_dropout",
+    "mrdbourke_vit",
+    "d2l_resnet",
 )
