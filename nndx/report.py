@@ -449,7 +449,8 @@ class SampleIndependenceResult(ProbeResult):
         None, description="the inputs' sequences are stitched from pieces of several samples: as given, neighbouring "
         "samples are alike and neighbouring steps are not; read in the other axis order (the same values), the steps "
         "are alike and the samples are not. Each entry is a mean distance between neighbours over that between "
-        "entries half the axis apart (1: no order), along the batch and the time axis, as given and re-read")
+        "entries half the axis apart (1: no order), along the batch and the time axis, as given and re-read; for a "
+        "token batch, padded_lines_reread: the share of its lines, read in the other axis order, that end in padding")
 
     def summary(self, num: NumberFormat = str) -> str:
         others = max(self.samples - self.replaced_samples, 0)

@@ -686,7 +686,9 @@ def samples_mixed(report: DiagnosticReport) -> Hit | None:
     "of a model with a time-major recurrent layer or cell: neighbouring samples are alike and neighbouring steps "
     "are not (mean distance between neighbours at most 0.8, and at least 0.85, of that between entries half the "
     "axis apart), and the same values read in the other axis order (reshaped to the swapped sizes) give the "
-    "reverse: steps alike, samples not.",
+    "reverse: steps alike, samples not. Or, on a 2-d token batch: neither axis has lines that end in padding (a "
+    "run of one id that nothing else in the line holds, in a quarter of the lines or more), but the same ids "
+    "reshaped to the swapped sizes do.",
     why="Data of shape (batch, time, features) turned time-major with reshape or view instead of transpose (or the "
     "other way round) keeps the memory order: each 'sequence' the model reads is a step of one sample, then a step "
     "of another, while one sample's steps land in neighbouring samples. The shapes are legal, the labels still "
@@ -699,6 +701,14 @@ def stitched_inputs(report: DiagnosticReport) -> Hit | None:
     if result is None or result.status != "failed" or not result.stitched:
         return None
     ratios = result.stitched
+    if "padded_lines_reread" in ratios:
+        return Hit(
+            symptom="the token batch has padding in the middle of its lines along both axes, while the same ids "
+            f"read in the other axis order are sentences ending in padding ({ratios['padded_lines_reread']:.0%} of "
+            "them padded): each sequence the model reads is pieces of several",
+            evidence={"batch_axis": result.batch_axis, "samples": result.samples, **ratios},
+            score=3.0,
+        )
     return Hit(
         symptom=f"neighbouring samples of the input are alike ({ratios.get('batch_as_given', float('nan')):.2f}) and "
         f"neighbouring steps are not ({ratios.get('time_as_given', float('nan')):.2f}); read in the other axis order "

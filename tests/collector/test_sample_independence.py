@@ -656,6 +656,43 @@ def test_the_steps_of_one_sequence_flattened_to_rows_are_not_samples():
     assert sample_independence(FlatSteps(batch_first=False), (inputs, targets)).status == "passed"
 
 
+class TimeMajorTagger(nn.Module):
+    """Embedding and a time-major LSTM over (time, batch) token ids, a class per position."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.rnn, self.out = nn.Embedding(12, 8), nn.LSTM(8, 16), nn.Linear(16, 12)
+
+    def forward(self, tokens):
+        return self.out(self.rnn(self.embed(tokens))[0])
+
+
+def batch_first_sentences(n=12, longest=9, pad=1, seed=0):
+    """(n, longest) batch-first ids: sentences of 3 to ``longest`` tokens (ids 2-11), then padding."""
+    g = torch.Generator().manual_seed(seed)
+    batch = torch.full((n, longest), pad)
+    for row, length in enumerate(torch.randint(3, longest + 1, (n,), generator=g).tolist()):
+        batch[row, :length] = torch.randint(2, 12, (length,), generator=g)
+    return batch
+
+
+def test_padded_sentences_made_time_major_by_a_reshape_are_caught():
+    """persson's seq2seq: a padded batch-first batch turned (time, batch) with reshape, not .t():
+    the padding lands in the middle of the lines along both axes, and the same ids read back in
+    memory order are the padded sentences. A transpose, or the batch-first batch as it is, is not."""
+    batch_first = batch_first_sentences()
+    wrong = batch_first.reshape(batch_first.shape[1], batch_first.shape[0])
+    result = sample_independence(TimeMajorTagger(), (wrong, wrong))
+    assert result.status == "failed" and result.stitched["padded_lines_reread"] >= 0.25, result.message
+    report = nndx.probe(TimeMajorTagger(), (wrong, wrong),
+                        lambda out, y: nn.functional.cross_entropy(out.reshape(-1, 12), y.reshape(-1)),
+                        probes=["sample_independence"], progress=False)  # fmt: skip
+    assert [f.rule_id for f in nndx.diagnose(report).findings][:1] == ["NNDX625"]
+    for right in (batch_first.t(), batch_first):
+        assert not sample_independence(TimeMajorTagger(), (right, right)).stitched
+
+
 class PositionalTagger(nn.Module):
     """A batch-first encoder with the PyTorch tutorial's time-major (max_len, 1, d) positional table:
     ``x + pe[:x.size(0)]`` on (batch, time, d) inputs adds row b of the table to every position of

@@ -126,6 +126,9 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
     whose eval-mode outputs move. When the samples moved, reverse the batch: outputs that
     come back as the same rows in another order than the reversal were reordered."""
     inputs, targets = split_batch(batch)
+    first = next(iter_tensors(inputs), None)
+    if first is not None and (stitched := _stitched_padding(model, first)) is not None:
+        return stitched
     axes, why = _batch_axes(inputs, targets)
     if 1 in axes and _one_sequence(model, next(iter_tensors(inputs))):
         axes, why = [a for a in axes if a != 1], (
@@ -474,18 +477,44 @@ def _beside_padding(tokens: torch.Tensor) -> int | None:
     read so (batches sorted by length pad both ways), or the batch is no 2-d integer tensor."""
     if tokens.dim() != 2 or tokens.is_floating_point() or tokens.is_complex() or min(tokens.shape) < MIN_SAMPLES:
         return None
-    ended = []
-    for axis in (0, 1):
-        lines = tokens.movedim(axis, -1)
-        found = trailing_runs(lines)
-        if found is None:
-            continue
-        pad, run = found
-        run_to_the_end = bool(((lines == pad).sum(dim=1) == run).all())  # once the id, the id to the line's end
-        padded = float(((run > 0) & (run < lines.shape[1])).float().mean())
-        if run_to_the_end and padded >= 0.25:
-            ended.append(axis)
+    ended = [axis for axis in (0, 1) if _padded_share(tokens.movedim(axis, -1)) is not None]
     return 1 - ended[0] if len(ended) == 1 else None
+
+
+def _padded_share(lines: torch.Tensor) -> float | None:
+    """The share of ``lines`` (a 2-d integer tensor's rows) that end in a run of one id which
+    nothing else holds, once it appears, to the line's end; None when under a quarter do."""
+    found = trailing_runs(lines)
+    if found is None:
+        return None
+    pad, run = found
+    run_to_the_end = bool(((lines == pad).sum(dim=1) == run).all())  # once the id, the id to the line's end
+    padded = float(((run > 0) & (run < lines.shape[1])).float().mean())
+    return padded if run_to_the_end and padded >= 0.25 else None
+
+
+def _stitched_padding(model: nn.Module, tokens: torch.Tensor) -> SampleIndependenceResult | None:
+    """A failure when a 2-d token batch reads as padded sentences only in memory order: neither of
+    its axes has lines that end in padding, but the same ids reshaped to the swapped sizes do
+    (persson's seq2seq with batch-first padding made time-major by ``reshape(seq_len, N)``, not
+    ``.t()``: every column the model reads as a sentence is pieces of several, the padding in
+    their middles). None otherwise."""
+    if (tokens.dim() != 2 or tokens.is_floating_point() or tokens.is_complex() or min(tokens.shape) < MIN_SAMPLES
+            or any(_padded_share(tokens.movedim(axis, -1)) is not None for axis in (0, 1))):
+        return None
+    reread = tokens.reshape(tokens.shape[1], tokens.shape[0])
+    share = _padded_share(reread)
+    if share is None:
+        return None
+    time_major = any(isinstance(m, (nn.RNNBase, nn.RNNCellBase)) and not getattr(m, "batch_first", False)
+                     for m in model.modules())  # fmt: skip
+    axis = 1 if time_major else 0
+    return SampleIndependenceResult(
+        status="failed", batch_axis=axis, samples=int(tokens.shape[axis]), stitched={"padded_lines_reread": share},
+        message=(f"the token batch {list(tokens.shape)} has padding in the middle of its lines along both axes, "
+                 f"but the same ids read as {list(reread.shape)} are sentences that end in padding ({share:.0%} of "
+                 "them padded): a reshape or view turned a padded (batch, time) batch into (time, batch) where "
+                 "transpose was meant, so each sequence the model reads is pieces of several"))  # fmt: skip
 
 
 def _axes_without_targets(inputs: object, first: torch.Tensor) -> tuple[list[int], str]:
