@@ -50,6 +50,14 @@ class _Token:
     freed: bool | None = None
 
 
+class _HeldNodes(list):
+    """The autograd nodes held to a step's end. A deep copy of a watched model reaches the
+    watchers through its hooks, and autograd nodes cannot be copied: a copy holds none."""
+
+    def __deepcopy__(self, memo: dict) -> _HeldNodes:
+        return _HeldNodes()
+
+
 class GraphRecord(NamedTuple):
     step: int
     nodes: int
@@ -76,7 +84,7 @@ class GraphSize(Watcher):
         self.history = History(capacity)
         self._current: GraphRecord | None = None
         self._tokens: deque[tuple[int, weakref.ref]] = deque(maxlen=64)  # (step, token) of recorded graphs
-        self._this_step: list[tuple[_Token, list[Any]]] = []  # held to the step's end, to read what backward freed
+        self._this_step = _HeldNodes()  # (token, output nodes), held to the step's end to read what backward freed
 
     def on_forward_end(self, ctx: StepContext, module: nn.Module, args: tuple, output: Any) -> None:
         if not ctx.recording or not torch.is_grad_enabled():
@@ -132,7 +140,7 @@ class GraphSize(Watcher):
     def on_step_end(self, ctx: StepContext) -> None:
         for token, roots in self._this_step:
             token.freed = saved_tensors_freed(roots)
-        self._this_step = []
+        self._this_step = _HeldNodes()
         current = self._current if self._current is not None and self._current.step == ctx.step else None
         if ctx.recording:
             kept = [(name, t.grad_fn) for name, t in kept_tensors(ctx.watched.root) if t.grad_fn is not None]
