@@ -52,10 +52,12 @@ VARIANTS = {
             "ResNet18(lr=3.0) instead of lr=0.01 (a learning rate copied from a setup with another batch size / "
             "schedule): plain SGD with steps 300x larger, the loss jumps and the validation accuracy collapses",
             (C.LR_TOO_HIGH,),
-            ("Humbatova et al., Taxonomy of Real Faults in Deep Learning Systems, ICSE 2020 "
-             "(arXiv:1910.11015), 'suboptimal learning rate'",
-             "Zhang et al., An Empirical Study on TensorFlow Program Bugs, ISSTA 2018",
-             "Islam et al., A Comprehensive Study on Deep Learning Bug Characteristics, FSE 2019 (arXiv:1906.01388)"),
+            ("https://arxiv.org/abs/1910.11015 (Humbatova et al., Taxonomy of Real Faults in Deep Learning Systems, "
+             "ICSE 2020: 'suboptimal learning rate')",
+             "https://doi.org/10.1145/3213846.3213866 (Zhang et al., An Empirical Study on TensorFlow Program Bugs, "
+             "ISSTA 2018)",
+             "https://arxiv.org/abs/1906.01388 (Islam et al., A Comprehensive Study on Deep Learning Bug "
+             "Characteristics, FSE 2019)"),
             Measure("val_acc", "final validation accuracy at least 0.1 below the healthy run's",
                     lambda healthy, buggy: not buggy > healthy - 0.1),
         ),
@@ -68,7 +70,8 @@ VARIANTS = {
             ("https://techqa.club/v/q/why-does-the-accuracy-fluctuate-widely-after-using-batch-normalization-74946623 "
              "(d2l's Residual/ResNet18, train/eval switching of BatchNorm)",
              "https://discuss.pytorch.org/t/what-does-model-eval-do-for-batchnorm-layer/7146",
-             "Humbatova et al., ICSE 2020 (arXiv:1910.11015), 'missing/wrong mode switch (train/eval)'"),
+             "https://arxiv.org/abs/1910.11015 (Humbatova et al., ICSE 2020: 'missing/wrong mode switch "
+             "(train/eval)')"),
             Measure("val_acc", "final validation accuracy at least 0.05 below the healthy run's",
                     lambda healthy, buggy: not buggy > healthy - 0.05),
         ),

@@ -80,8 +80,8 @@ VARIANTS = {
             ("https://github.com/lucidrains/vit-pytorch/issues/16",
              "https://github.com/saforem2/ezpz/pull/128",
              "https://github.com/naver-ai/rope-vit/issues/16",
-             "Humbatova et al., Taxonomy of Real Faults in Deep Learning Systems, ICSE 2020 (arXiv:1910.11015), "
-             "'suboptimal learning rate'"),
+             "https://arxiv.org/abs/1910.11015 (Humbatova et al., Taxonomy of Real Faults in Deep Learning Systems, "
+             "ICSE 2020: 'suboptimal learning rate')"),
             Measure("final_test_acc", "final test accuracy at least 0.1 below the healthy run's",
                     lambda healthy, buggy: not buggy > healthy - 0.1),
         ),

@@ -73,8 +73,8 @@ VARIANTS = {
             ("https://github.com/huggingface/transformers/issues/735 (same output for every input; lr 0.01 -> 5e-5 fixed it)",
              "https://github.com/OpenNMT/OpenNMT-py/issues/805 (Adam run with the SGD learning rate; ppl stays constant)",
              "https://github.com/rajveermalviya/language-modeling/issues/3",
-             "Xiong et al. 2020, On Layer Normalization in the Transformer Architecture (arXiv:2002.04745): "
-             "post-LN transformers fail to train at large learning rates without warmup"),
+             "https://arxiv.org/abs/2002.04745 (Xiong et al. 2020, On Layer Normalization in the Transformer "
+             "Architecture: post-LN transformers fail to train at large learning rates without warmup)"),
             Measure("test_acc", "test accuracy at least 10 points below the healthy run's",
                     lambda healthy, buggy: buggy <= healthy - 10.0),
         ),
