@@ -296,9 +296,7 @@ def _stitched(model: nn.Module, inputs: object, axis: int, passed: SampleIndepen
     """``passed``, or a failure when the time-major first input's samples are stitched from each
     other's pieces."""
     x = next(iter_tensors(inputs))
-    time_major = any(isinstance(m, nn.RNNCellBase) or (isinstance(m, nn.RNNBase) and not m.batch_first)
-                     for m in model.modules())  # fmt: skip
-    if not time_major or not x.is_floating_point() or x.dim() not in (2, 3) or axis != 1:
+    if not _time_major_recurrent(model) or not x.is_floating_point() or x.dim() not in (2, 3) or axis != 1:
         return passed
     x = (x if x.dim() == 3 else x[..., None]).double()  # (time, batch, features)
     if x.shape[1] < STITCH_SAMPLES or x.shape[0] < STITCH_STEPS:
@@ -316,6 +314,12 @@ def _stitched(model: nn.Module, inputs: object, axis: int, passed: SampleIndepen
         f"the same values read as {list(reread.shape[:2])} give steps alike ({ratios['time_reread']:.2f}) and "
         f"samples that are not ({ratios['batch_reread']:.2f}): a reshape or view made (batch, time) data "
         "time-major where transpose or permute was meant")})  # fmt: skip
+
+
+def _time_major_recurrent(model: nn.Module) -> bool:
+    """A recurrent layer built time-major (batch_first=False) or a cell the loop steps through time."""
+    return any(isinstance(m, nn.RNNCellBase) or (isinstance(m, nn.RNNBase) and not m.batch_first)
+               for m in model.modules())  # fmt: skip
 
 
 def _neighbour_ratio(x: torch.Tensor, axis: int) -> float:
@@ -506,9 +510,7 @@ def _stitched_padding(model: nn.Module, tokens: torch.Tensor) -> SampleIndepende
     share = _padded_share(reread)
     if share is None:
         return None
-    time_major = any(isinstance(m, (nn.RNNBase, nn.RNNCellBase)) and not getattr(m, "batch_first", False)
-                     for m in model.modules())  # fmt: skip
-    axis = 1 if time_major else 0
+    axis = 1 if _time_major_recurrent(model) else 0
     return SampleIndependenceResult(
         status="failed", batch_axis=axis, samples=int(tokens.shape[axis]), stitched={"padded_lines_reread": share},
         message=(f"the token batch {list(tokens.shape)} has padding in the middle of its lines along both axes, "
