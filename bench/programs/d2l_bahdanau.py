@@ -11,7 +11,8 @@ Source: github.com/d2l-ai/d2l-en, branch r0.17 at commit d749ac0d4d73f61a9c7e0be
 ``predict_seq2seq``, ``bleu``, ``EncoderDecoder``, ``grad_clipping``, ``load_data_nmt`` and the
 vocabulary); sample code MIT-0 (the book's text CC BY-SA 4.0). Written anew from the facts of
 those files; no code copied. The library's generic pieces are :mod:`bench.programs.d2l_v017`'s;
-the seq2seq section's (``Seq2SeqEncoder``, ``sequence_mask``, ``MaskedSoftmaxCELoss``, ``bleu``)
+the seq2seq section's (``Seq2SeqEncoder``, ``sequence_mask``, ``MaskedSoftmaxCELoss``, ``bleu``, and
+``train_seq2seq`` with its nndx wiring)
 and the synthetic language pair are :mod:`bench.programs.d2l_seq2seq`'s.
 
 Kept: ``masked_softmax`` (valid lengths ``repeat_interleave``d over the queries, the masked
@@ -50,10 +51,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils import data
 
-from bench.programs.d2l_seq2seq import MaskedSoftmaxCELoss, Seq2SeqEncoder, bleu, language_pair, sequence_mask
-from bench.programs.d2l_v017 import Decoder, EncoderDecoder, grad_clipping, load_data_nmt, truncate_pad
+from bench.programs.d2l_seq2seq import Seq2SeqEncoder, bleu, language_pair, sequence_mask, train_seq2seq
+from bench.programs.d2l_v017 import Decoder, EncoderDecoder, load_data_nmt, truncate_pad
 from bench.programs.harness import Measure, Nndx, Source, Variant
 from nndx.report import CauseCode as C
 
@@ -174,58 +174,6 @@ class Seq2SeqAttentionDecoder(AttentionDecoder):
 
 
 # --------------------------------------------------------------------------- d2l/torch.py (seq2seq training)
-
-
-def train_seq2seq(net, data_iter, lr, num_epochs, tgt_vocab, device, variant, nx: Nndx):
-    def xavier_init_weights(m):
-        if type(m) == nn.Linear:
-            nn.init.xavier_uniform_(m.weight)
-        if type(m) == nn.GRU:
-            for param in m._flat_weights_names:
-                if "weight" in param:
-                    nn.init.xavier_uniform_(m._parameters[param])
-
-    net.apply(xavier_init_weights)
-    net.to(device)
-    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
-    loss = MaskedSoftmaxCELoss()
-    unshifted = variant == "decoder_input_not_shifted"
-
-    def decoder_input(Y):
-        if unshifted:
-            return Y
-        bos = torch.tensor([tgt_vocab["<bos>"]] * Y.shape[0], device=device).reshape(-1, 1)
-        return torch.cat([bos, Y[:, :-1]], 1)
-
-    def loss_fn(output, target):
-        return loss(output[0], *target).sum()
-
-    X0, X0_valid_len, Y0, Y0_valid_len = next(iter(data.DataLoader(data_iter.dataset, BATCH_SIZE)))
-    probe_batch = ((X0, decoder_input(Y0), X0_valid_len), (Y0, Y0_valid_len))
-    nx.preflight(net, probe_batch, loss_fn, optimizer=optimizer)
-    mon = nx.monitor(net, optimizer, every=10)
-
-    net.train()
-    metric = [0.0, 0.0]
-    for epoch in range(num_epochs):
-        metric = [0.0, 0.0]  # d2l.Accumulator(2): sum of training loss, no. of tokens
-        for batch in data_iter:
-            optimizer.zero_grad()
-            X, X_valid_len, Y, Y_valid_len = [x.to(device) for x in batch]
-            dec_input = decoder_input(Y)  # Teacher forcing
-            Y_hat, _ = net(X, dec_input, X_valid_len)
-            l = loss(Y_hat, Y, Y_valid_len)
-            l_sum = l.sum()
-            l_sum.backward()
-            grad_clipping(net, 1)
-            num_tokens = Y_valid_len.sum()
-            optimizer.step()
-            nx.timed(lambda: mon.log(l_sum))  # noqa: B023
-            with torch.no_grad():
-                metric[0] += float(l.sum())
-                metric[1] += float(num_tokens)
-    nx.finish(mon, net, probe_batch, loss_fn, optimizer=optimizer)
-    return metric[0] / metric[1]
 
 
 def predict_seq2seq(net, src_sentence, src_vocab, tgt_vocab, num_steps, device, save_attention_weights=False,

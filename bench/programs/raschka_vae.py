@@ -156,16 +156,7 @@ def train(variant: str, nx: Nndx, seed: int = 0) -> dict[str, float]:
     for epoch in range(num_epochs):
         for batch_idx, (features, targets) in enumerate(train_loader):
             features = features.view(-1, num_features)
-            z_mean, z_log_var, encoded, decoded = model(features)
-            if kl_flipped:
-                kl_divergence = (0.5 * (1 + z_log_var - z_mean**2 - torch.exp(z_log_var))).sum()
-            else:
-                kl_divergence = (0.5 * (z_mean**2 + torch.exp(z_log_var) - z_log_var - 1)).sum()
-            if bce_mean:
-                pixelwise_bce = F.binary_cross_entropy(decoded, features)
-            else:
-                pixelwise_bce = F.binary_cross_entropy(decoded, features, reduction="sum")
-            cost = kl_divergence + pixelwise_bce
+            cost = cost_fn(model(features), features)
 
             optimizer.zero_grad()
             cost.backward()
