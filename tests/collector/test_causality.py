@@ -729,6 +729,67 @@ def test_a_next_frame_predictor_trained_to_reproduce_the_frame_it_sees_is_caught
         assert found["NNDX613"].code.value == "LABELS_MISALIGNED" and "NNDX614" not in found
 
 
+class SineRNN(nn.Module):
+    """Udacity's simple RNN forecaster: one value per step, the steps flattened into rows
+    (``r_out.view(-1, hidden)``, which only a batch of one allows, or ``reshape``) before the head."""
+
+    def __init__(self, view: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn, self.head, self.view = nn.RNN(1, 8, batch_first=True), nn.Linear(8, 1), view
+
+    def forward(self, x, hidden):
+        out, hidden = self.rnn(x, hidden)
+        return self.head(out.view(-1, 8) if self.view else out.reshape(-1, 8)), hidden
+
+
+class GRUForecaster(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn, self.head = nn.GRU(1, 8, batch_first=True), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+@pytest.mark.parametrize("layout", ["batch", "rows", "one_sequence"])
+@pytest.mark.parametrize("shifted", [True, False])
+def test_a_forecaster_over_one_value_per_step_trained_on_the_steps_it_sees_is_caught(layout, shifted):
+    """An RNN reads its current step by design: targets equal to its inputs are targets not
+    shifted (LABELS_MISALIGNED), not a mask that lets a position see itself (DATA_LEAKAGE),
+    whether the steps come as (N, T, 1), flattened into (N * T, 1) rows, or as one sequence."""
+    t = torch.linspace(0, 6, 17)
+    series = torch.stack([torch.sin(t + phase) for phase in torch.linspace(0, 3, 8)])[:, :, None]
+    x, y = series[:, :-1], (series[:, 1:] if shifted else series[:, :-1]).clone()
+    if layout == "batch":
+        batch, model = (x, y), GRUForecaster()
+    else:
+        x, y = (x[:1], y[:1]) if layout == "one_sequence" else (x, y)
+        batch, model = ((x, None), y.reshape(-1, 1)), SineRNN(view=layout == "one_sequence")
+    result = causality(model, batch, nn.MSELoss())
+    if shifted:
+        assert result.status == "skipped", result.message
+        return
+    assert result.status == "failed" and result.unshifted and result.positions == 16, result.message
+    found = {f.rule_id: f for f in nndx.diagnose(nndx.DiagnosticReport(probes=nndx.report.Probes(
+        causality=result))).findings}  # fmt: skip
+    assert found["NNDX613"].code.value == "LABELS_MISALIGNED" and "NNDX614" not in found
+
+
+def test_a_vq_autoencoder_whose_code_flips_read_sparsely_is_no_autoregressive_model():
+    """zalandoresearch's VQ-VAE at initialisation (a codebook within +-1/32): changing one
+    pixel flips a few nearest codes, so the outputs read the inputs sparsely, almost never both
+    ways, and two of 256 outputs move with their own pixel. That is no order and no mask."""
+    from bench.programs import vqvae
+
+    torch.manual_seed(0)
+    x = vqvae.images(vqvae.digits.digit_images(seed=0)[0][:32]) - 0.5
+    model = vqvae.Model(16, 2, 8, 32, 8, 0.25)
+    result = causality(model, (x, x.clone()), lambda out, target: F.mse_loss(out[1], target) + out[0])
+    assert result.status == "skipped" and not result.future_visible, result.message
+
+
 class ContextMLP(nn.Module):
     """makemore's MLP over a window of the last characters: one next character per sample."""
 

@@ -126,6 +126,8 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 DENSITY_POSITIONS = 256
 # pairs of positions that read each other, as a share of the one-way reads: above it, no one order
 MUTUAL_READS = 0.01
+# outputs that move with their own input, as a share of the positions changed: fewer (but some) is no mask
+OWN_READS = 0.5
 # adjacent tokens across the batch telling each other this much (nats above chance), and this many times
 # what those along time tell, is text laid down the batch; judged on at least this many pairs per axis
 TEXT_INFORMATION = 0.1
@@ -342,36 +344,53 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
     target = next((t for t in iter_tensors(targets) if t.dim() >= 2 and not t.is_complex()), None)
     if target is None:
         return None
+    floats = [t for t in iter_tensors(inputs) if t.is_floating_point() and t.dim() >= 2]
+    # a sequence's steps flattened into rows ((N * T, F) targets against (N, T, F) inputs, the outputs
+    # viewed as (-1, hidden) before the head, as many RNN tutorials write it): read in the inputs' layout
+    rows_of = next((t for t in floats if t.dim() >= 3 and tuple(t.shape[2:]) == tuple(target.shape[1:])
+                    and target.shape[0] == t.shape[0] * t.shape[1] and not target.shape[0] == t.shape[0]), None)
+    if rows_of is not None:
+        target = target.reshape(rows_of.shape[:2] + target.shape[1:])
+    steps_flat = rows_of.shape[1] if rows_of is not None else None
+
+    def unflattened(out: torch.Tensor) -> torch.Tensor:
+        if steps_flat is None or out.dim() < 1 or out.shape[0] % steps_flat:
+            return out
+        return out.reshape(out.shape[0] // steps_flat, steps_flat, *out.shape[1:])
+
     where = tuple(target.shape[1:])
     n, positions = target.shape[0], math.prod(where)
 
     def laid_out_like_targets(t: torch.Tensor) -> bool:  # (N, *where), or a few channels first: (N, C, *where)
         return tuple(t.shape[1:]) == where or (tuple(t.shape[2:]) == where and t.shape[1] <= 4)
 
-    x = next((t for t in iter_tensors(inputs)
-              if t.is_floating_point() and t.dim() >= 2 and t.shape[0] == n and laid_out_like_targets(t)), None)
+    x = next((t for t in floats if t.shape[0] == n and laid_out_like_targets(t)), None)
     if x is None or positions < MIN_POSITIONS or not _codes_the_inputs(x.reshape(n, -1, positions).sum(1), target):
         return None
     order = _order(model, inputs, x, x[:1].reshape(1, -1, positions), lambda g: g.reshape(-1, *x.shape[1:]),
-                   lambda out: _per_position_output(out, where))  # fmt: skip
-    steps = where[0]
-    if order is None and len(where) >= 2 and tuple(x.shape[1:]) == where and steps >= MIN_POSITIONS:
+                   lambda out: _per_position_output(unflattened(out), where))  # fmt: skip
+    steps, over_steps = where[0], len(where) >= 2 and tuple(x.shape[1:]) == where
+    # a recurrent layer reads its current step by design (a sine fed to an RNN, one value per step): the
+    # reading below, not a mask that lets a position see itself
+    sequence = order is not None and over_steps and positions == steps and _recurrent(model)
+    if order is None and over_steps and steps >= MIN_POSITIONS:
         # a sequence of frames or vectors (a ConvLSTM's (N, T, C, H, W)): values within a step read each
         # other, so the order is read over the time axis, each step changed whole
         order = _order(model, inputs, x, x[:1].reshape(1, steps, -1).transpose(1, 2),
                        lambda g: g.transpose(1, 2).reshape(-1, *x.shape[1:]),
-                       lambda out: out.reshape(out.shape[0], steps, -1).float() if out.shape[1:2] == (steps,) else None)
-        positions = steps
-        if order is not None and order[1]:
-            # a sequence model reads its current step by design: its target is that step, not the next
-            changed, own, *_, max_change, tolerance = order
-            return CausalityResult(
-                status="failed", unshifted=True, autoregressive=True, samples=1, positions=positions,
-                scored_positions=changed, changed_positions=own, max_change=max_change, tolerance=tolerance,
-                message=(f"a sequence model over its own inputs (each step's output reads that step and the ones "
-                         f"before), whose targets are the steps it is given: at {own} of {changed} steps the output "
-                         "moved with its own input, which is its target — targets not shifted (next-step targets "
-                         "are inputs[:, 1:] for inputs[:, :-1])"))  # fmt: skip
+                       lambda out: (lambda o: o.reshape(o.shape[0], steps, -1).float() if o.shape[1:2] == (steps,)
+                                    else None)(unflattened(out)))  # fmt: skip
+        positions, sequence = steps, True
+    if sequence and order is not None and order[1]:
+        # a sequence model reads its current step by design: its target is that step, not the next
+        changed, own, *_, max_change, tolerance = order
+        return CausalityResult(
+            status="failed", unshifted=True, autoregressive=True, samples=1, positions=positions,
+            scored_positions=changed, changed_positions=own, max_change=max_change, tolerance=tolerance,
+            message=(f"a sequence model over its own inputs (each step's output reads that step and the ones "
+                     f"before), whose targets are the steps it is given: at {own} of {changed} steps the output "
+                     "moved with its own input, which is its target — targets not shifted (next-step targets "
+                     "are inputs[:, 1:] for inputs[:, :-1])"))  # fmt: skip
     if order is None:
         return None
     changed, own, one_way, both_ways, max_change, tolerance = order
@@ -387,6 +406,10 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
     return CausalityResult(status="passed", future_visible=False, **common, message=(
         f"an autoregressive model over its own inputs: changing one of {changed} positions moved outputs on "
         "one side of it only, and never its own output"))  # fmt: skip
+
+
+def _recurrent(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.RNNBase, nn.RNNCellBase)) for m in model.modules())
 
 
 def _order(model: nn.Module, inputs: object, x: torch.Tensor, grid: torch.Tensor,
@@ -412,10 +435,14 @@ def _order(model: nn.Module, inputs: object, x: torch.Tensor, grid: torch.Tensor
     reads = moved[:, changed]  # output changed[l] moved when changed[k] did
     others = reads & ~torch.eye(changed.numel(), dtype=torch.bool)
     one_way, both_ways = int(others.sum()), int((others & others.T).sum()) // 2
-    if one_way < changed.numel() // 2 or both_ways > MUTUAL_READS * one_way:
+    own = int(reads.diagonal().sum())
+    # an order reads, on average, at least one other position per position, and a mask lets (nearly) every
+    # output see its own input or none: sparse reads and a few own ones are a discrete bottleneck's code
+    # flips (a VQ-VAE's nearest codes), no order
+    if one_way < changed.numel() or both_ways > MUTUAL_READS * one_way or 0 < own < OWN_READS * changed.numel():
         return None
     max_change = float((laid_out[1:] - laid_out[:1]).abs().max())
-    return int(changed.numel()), int(reads.diagonal().sum()), one_way, both_ways, max_change, tolerance
+    return int(changed.numel()), own, one_way, both_ways, max_change, tolerance
 
 
 def _target_among_tokens(model: nn.Module, inputs: object, targets: object) -> CausalityResult | None:
@@ -515,18 +542,28 @@ def _edited_sample(model: nn.Module, inputs: object, x: torch.Tensor, sample: to
     """One eval-mode forward (on a copy, seeded) of ``sample`` — rows of one sample of ``x``,
     edited — in place of ``x``, the other inputs' first sample repeated beside it: the
     float outputs, and the rounding tolerance of an output. None when the model cannot take
-    such a batch (a hidden state sized to the batch): these readings are then not made."""
-    rows = sample.shape[0]
-    batch_inputs = map_tensors(inputs, lambda t: sample if t is x else (
-        t[:1].repeat(rows, *[1] * (t.dim() - 1)) if t.dim() and t.shape[0] == x.shape[0] else t))
+    such a batch (a hidden state sized to the batch): these readings are then not made. A
+    model handed one sample (one sequence, viewed as ``(-1, hidden)`` where only a batch of one
+    is contiguous) runs the rows one by one when the batch fails."""
+
+    def run(rows: torch.Tensor) -> list[torch.Tensor]:
+        batch_inputs = map_tensors(inputs, lambda t: rows if t is x else (
+            t[:1].repeat(len(rows), *[1] * (t.dim() - 1)) if t.dim() and t.shape[0] == x.shape[0] else t))
+        seed_all(SEED)
+        return _float_outputs(forward(model_copy, batch_inputs))
+
     with preserved_rng(), forwards_under_autocast(None), torch.no_grad():
         model_copy = set_mode(working_copy(model), False)
-        try:
-            with ForwardObserver(model_copy) as seen:
-                seed_all(SEED)
-                outputs = _float_outputs(forward(model_copy, batch_inputs))
-        except Exception:  # noqa: BLE001 - a fallback reading: the probe says why it skipped instead
-            return None
+        with ForwardObserver(model_copy) as seen:
+            try:
+                outputs = run(sample)
+            except Exception:  # noqa: BLE001 - a fallback reading: the probe says why it skipped instead
+                if x.shape[0] != 1:
+                    return None
+                try:
+                    outputs = [torch.cat(parts) for parts in zip(*(run(row[None]) for row in sample))]
+                except Exception:  # noqa: BLE001 - as above
+                    return None
     return [o.detach() for o in outputs], lambda out: roundoff_tolerance(model_copy, [out], seen.lowest_precision)
 
 
