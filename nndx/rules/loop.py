@@ -1890,7 +1890,12 @@ def _fed_ranges(report: DiagnosticReport, beyond: bool) -> Hit | None:
             continue
         past = max(fed.own_min - fed.fed_min, fed.fed_max - fed.own_max) / span
         short = max(fed.fed_min - fed.own_min, fed.own_max - fed.fed_max) / span
-        if (past if beyond else short) > REACH and (beyond or past <= REACH):
+        # the data past a bound the generated values never crossed (0: a Sigmoid's or a ReLU's; -1, 1: a Tanh's):
+        # short of data within the bounds is a generator still learning, not one that cannot get there
+        low = max((b for b in (-1.0, 0.0) if fed.fed_min >= b), default=-math.inf)
+        high = min((b for b in (0.0, 1.0) if fed.fed_max <= b), default=math.inf)
+        unreachable = max(low - fed.own_min, fed.own_max - high) / span
+        if (past if beyond else min(short, unreachable)) > REACH and (beyond or past <= REACH):
             where = f"model {fed.model!r}, input {fed.position}" if fed.model else f"input {fed.position}"
             return Hit(
                 symptom=f"{where}: another watched model fed it values in [{fed.fed_min:.3g}, {fed.fed_max:.3g}] "
@@ -1932,7 +1937,9 @@ def data_narrower_than_generated(report: DiagnosticReport) -> Hit | None:
     detects=f"A watched model fed, through one input, both another watched model's outputs and other values of the "
     f"same number per sample (real data), {FED_FORWARDS} forwards or more of each, where the generated values stayed "
     f"in [-1, 1] and stop short of the data's smallest or largest value by more than {REACH:g} of the data's span "
-    "over the whole run (and go past neither).",
+    "over the whole run (and go past neither), where the data lies that far past a bound the generated values never "
+    "crossed (0, the floor of a Sigmoid or a ReLU; -1 or 1, a Tanh's): short of data within reach is a generator "
+    "still learning.",
     why="A generator whose output activation cannot reach part of the data's range (Sigmoid, (0, 1), beside images "
     "in [-1, 1]; a ReLU output beside signed data) can never produce samples like the data; the discriminator "
     "wins on the range, saturates, and the generator's gradients die.",

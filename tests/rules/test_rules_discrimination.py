@@ -2511,6 +2511,10 @@ def test_generated_values_of_another_range_than_the_data_are_named_by_which_side
     assert named(fed_input(-0.98, 0.99, 0.0, 1.0)) == {"NNDX332"}
     assert named(fed_input(0.02, 0.97, -1.0, 1.0)) == {"NNDX333"}
     assert named(fed_input(-0.7, 0.8, -1.0, 1.0)) == set()  # short of each end by 0.15 and 0.1 of the span
+    # a Tanh generator still learning (EBGAN's, 276 steps in): short of the ends, which it can reach
+    assert named(fed_input(-0.75, 0.45, -1.0, 1.0)) == set()
+    assert named(fed_input(0.0, 0.9, -0.5, 1.0)) == {"NNDX333"}  # a ReLU output beside signed data
+    assert named(fed_input(-0.9, 0.95, -3.0, 3.0)) == {"NNDX333"}  # a Tanh beside data far past -1 and 1
     assert named(fed_input(-1.3, 1.2, -1.0, 1.0)) == set()  # past each end by 0.15 and 0.1 of the span
     assert named(fed_input(-1.0, 1.0, 0.0, 1.0, forwards=5)) == set()
     # an unbounded generator roams while it learns: Morvan's painter beside curves in [0, 3], an adversarial
