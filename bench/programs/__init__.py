@@ -370,4 +370,10 @@ PROGRAMS = (
     "raschka_mlp_dropout",
     "mrdbourke_vit",
     "d2l_resnet",
+    "ebgan",
+    "d2l_gan",
+    "relativistic_gan",
+    "llm_appendix_d",
+    "bentrevett_mlp",
+    "nyu_regularization",
 )
