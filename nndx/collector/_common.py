@@ -187,11 +187,44 @@ def loss_on_copies(loss_fn: LossFn, model: nn.Module | None = None) -> LossFn:
     if isinstance(loss_fn, functools.partial):
         return functools.partial(loss_on_copies(loss_fn.func, model), *map(copied, loss_fn.args),
                                  **{k: copied(v) for k, v in loss_fn.keywords.items()})  # fmt: skip
-    if isinstance(loss_fn, types.FunctionType) and loss_fn.__closure__:
-        memo = {id(c): twin for c in map(_contents, loss_fn.__closure__) if (twin := copied(c)) is not c}
-        if memo:
-            return _with_cells(loss_fn, tuple(_cell_copy(cell, memo) for cell in loss_fn.__closure__))
+    if isinstance(loss_fn, types.FunctionType):
+        return _function_on_copies(loss_fn, copied, {}, FUNCTION_DEPTH)
     return loss_fn
+
+
+FUNCTION_DEPTH = 4  # functions calling functions, followed this deep for the modules they reach
+
+
+def _function_on_copies(function: types.FunctionType, copied: Callable[[Any], Any], memo: dict[int, Any],
+                        depth: int) -> types.FunctionType:  # fmt: skip
+    """``function`` with the stateful modules it reaches replaced by copies: those in its closure
+    cells and among the module globals its code names, and, ``depth`` deep, those the functions
+    found there reach (relativistic GAN's ``g_loss_fn`` calls ``generator_loss``, whose closure
+    holds the discriminator; a script's loss names a global ``discriminator``). One copy per
+    module, however many functions reach it."""
+    memo[id(function)] = function  # a function that reaches itself stays as it is
+
+    def twin(value: Any) -> Any:
+        if id(value) not in memo:
+            memo[id(value)] = (_function_on_copies(value, copied, memo, depth - 1)
+                               if isinstance(value, types.FunctionType) and depth > 0 else copied(value))  # fmt: skip
+        return memo[id(value)]
+
+    cells = tuple(types.CellType(new) if (new := twin(old := _contents(cell))) is not old else cell
+                  for cell in function.__closure__ or ())  # fmt: skip
+    names = {n for code in _codes(function.__code__) for n in code.co_names if n in function.__globals__}
+    renamed = {n: new for n in sorted(names) if (new := twin(function.__globals__[n])) is not function.__globals__[n]}
+    if all(a is b for a, b in zip(cells, function.__closure__ or ())) and not renamed:
+        return function
+    return _with_cells(function, cells or None, {**function.__globals__, **renamed} if renamed else None)
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    """``code`` and the code of the functions and lambdas defined inside it."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
 
 
 def _on_latest_copy(method: types.MethodType, latest: LatestCopy) -> LossFn:
@@ -540,10 +573,11 @@ def _rebound(copied: Any, model: nn.Module, memo: dict[int, Any]) -> Any:
     return copied
 
 
-def _with_cells(function: types.FunctionType, cells: tuple[types.CellType, ...]) -> types.FunctionType:
-    """``function`` closing over ``cells`` instead of its own."""
-    rebuilt = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
-                                 cells)  # fmt: skip
+def _with_cells(function: types.FunctionType, cells: tuple[types.CellType, ...] | None,
+                globals_: dict[str, Any] | None = None) -> types.FunctionType:  # fmt: skip
+    """``function`` closing over ``cells`` (and reading ``globals_``) instead of its own."""
+    rebuilt = types.FunctionType(function.__code__, function.__globals__ if globals_ is None else globals_,
+                                 function.__name__, function.__defaults__, cells)  # fmt: skip
     rebuilt.__kwdefaults__, rebuilt.__qualname__ = function.__kwdefaults__, function.__qualname__
     rebuilt.__dict__.update(function.__dict__)
     return rebuilt

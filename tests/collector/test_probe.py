@@ -1151,26 +1151,46 @@ def test_a_copy_runs_its_own_modules_behind_a_lambda():
     assert all(p.grad is None for p in model.parameters())  # no probe's backward reached the user's weights
 
 
-def test_a_discriminator_inside_the_generators_loss_is_probed_on_a_copy():
-    """SRGAN's generator loss runs the discriminator (held in the function's closure): the
-    probes must run a copy of it, or they move its batch-norm statistics and count in its
-    Monitor as no-grad forwards in train mode (an EVAL_MODE_FORGOTTEN false alarm)."""
+def _global_generator_loss(fake, real):  # a script's loss naming its global discriminator
+    return _GAN["criterion"](DISCRIMINATOR(fake), torch.ones(fake.shape[0], 1)) + nn.functional.mse_loss(fake, real)
+
+
+DISCRIMINATOR: nn.Module | None = None
+_GAN: dict = {}
+
+
+@pytest.mark.parametrize("reached", ["closure", "nested_function", "global"])
+def test_a_discriminator_inside_the_generators_loss_is_probed_on_a_copy(reached, monkeypatch):
+    """SRGAN's generator loss runs the discriminator (held in the function's closure); the
+    relativistic GAN's calls a function whose closure holds it; a script's names it as a
+    global. The probes must run a copy of it, or they move its batch-norm statistics, count in
+    its Monitor as no-grad forwards in train mode (an EVAL_MODE_FORGOTTEN false alarm), and
+    leave their gradients in its .grad for a loop that never zeroes them."""
     torch.manual_seed(0)
     generator = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 8))
     discriminator = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
     optimizer_d = torch.optim.Adam(discriminator.parameters())
     criterion = nn.BCEWithLogitsLoss()
+    monkeypatch.setitem(globals(), "DISCRIMINATOR", discriminator)
+    monkeypatch.setitem(_GAN, "criterion", criterion)
 
     def generator_loss(fake, real):
         return criterion(discriminator(fake), torch.ones(fake.shape[0], 1)) + nn.functional.mse_loss(fake, real)
 
+    def calls_it(fake, real):
+        return generator_loss(fake, real)
+
+    loss_fn = {"closure": generator_loss, "nested_function": calls_it, "global": _global_generator_loss}[reached]
     z, real = torch.randn(32, 4), torch.randn(32, 8)
+    discriminator(torch.randn(32, 8)).sum().backward()  # gradients a loop without zero_grad would keep
+    grads = [p.grad.clone() for p in discriminator.parameters()]
     before = snapshot(discriminator)
     with nndx.Monitor(discriminator, optimizer_d) as mon_d:
-        nndx.probe(generator, (z, real), generator_loss, progress=False)
+        nndx.probe(generator, (z, real), loss_fn, progress=False)
         forwards = mon_d.report().loop.forward_calls
     assert forwards == 0
     assert_untouched(before, discriminator)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, discriminator.parameters()))
 
 
 class SpanHead(nn.Module):
