@@ -809,6 +809,9 @@ class LoopStats(Schema):
         default_factory=list, description="tensors a module holds outside its parameters (a layer in a Python list, "
         "nn.Parameter(...).to(device) kept as an attribute) that received gradients and that no optimizer holds")
     params_grad_none: list[str] = Field(default_factory=list, description="trainable, but .grad stayed None")
+    params_grad_nonfinite: list[str] = Field(
+        default_factory=list, description="trainable parameters whose .grad held an inf or NaN when the report was "
+        "made (gradients that overflowed and were never reset)")
     logged_loss_reaches_params: bool | None = Field(
         None, description="whether the first logged losses with an autograd graph (up to 3) reach any watched "
         "trainable parameter; None when none was logged as a tensor with a graph")

@@ -57,6 +57,7 @@ def merge_ranks(reports: Sequence[DiagnosticReport]) -> DiagnosticReport:
         loop.world_size = len(reports)
         loop.params_not_in_optimizer = _union(l.params_not_in_optimizer for l in loops)
         loop.params_grad_none = _union(l.params_grad_none for l in loops)
+        loop.params_grad_nonfinite = _union(l.params_grad_nonfinite for l in loops)
         loop.unregistered_params = _union(l.unregistered_params for l in loops)
         loop.frozen_params = _union(l.frozen_params for l in loops)
         loop.frozen_tracking = _union(l.frozen_tracking for l in loops)

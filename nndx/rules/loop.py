@@ -48,8 +48,9 @@ def _lr_trouble(report: DiagnosticReport) -> dict[str, float] | None:
     detects="At least 3 optimizer steps with zero_grad never called (or called once, before the loop); "
     "or, in a loop with several optimizers, one of them stepped 3 times or more with its gradients reset "
     "before at most one of its steps (the others' reset: zero_grad counts over all of them look healthy); "
-    "or at least 10 backward passes, fewer than 3 steps of a torch optimizer and zero_grad called at most once (a "
-    "GradScaler skipping every step on gradients that overflowed and were never reset); "
+    "or at least 10 backward passes, fewer than 3 steps of a torch optimizer, zero_grad called at most once and "
+    "gradients left inf or NaN (a GradScaler skipping every step on gradients that overflowed and were never "
+    "reset); "
     "warning when zero_grad runs but only every k-th step while each step has one backward. Deliberate "
     "accumulation — k backward passes per zero_grad, one zero_grad per step — does not fire.",
     why="PyTorch adds each backward's gradient into .grad; without zero_grad every step applies the sum "
@@ -69,8 +70,10 @@ def missing_zero_grad(report: DiagnosticReport) -> Hit | None:
     # a GradScaler skips optimizer.step() while a gradient is inf: gradients never reset overflow
     # once and stay inf, so such a loop shows almost no steps, only backward passes. Only a torch
     # optimizer's step can be skipped so: a hand-written loop that updates nothing (NNDX321) piles
-    # up gradients that no step ever applies
-    skipped = loop.steps < 3 and loop.backward_calls >= 10 and loop.zero_grad_calls <= 1 and bool(loop.optimizers)
+    # up gradients that no step ever applies, and so does an optimizer no loop steps (a discriminator's gradients
+    # stepped by the generator's optimizer, NNDX321): the gradients left must have overflowed
+    skipped = (loop.steps < 3 and loop.backward_calls >= 10 and loop.zero_grad_calls <= 1 and bool(loop.optimizers)
+               and bool(loop.params_grad_nonfinite))  # fmt: skip
     if loop.steps < 3 and not skipped:
         return None
     evidence = {

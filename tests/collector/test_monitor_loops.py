@@ -1353,6 +1353,32 @@ def test_gradients_never_reset_under_a_grad_scaler_that_skips_every_step(zero_gr
     assert bool(fired(report, "NNDX301")) == (not zero_grad)
 
 
+def test_a_discriminator_whose_step_calls_the_generators_optimizer_is_no_step_not_zero_grad_missing():
+    """The relativistic GAN's copy-paste bug: the discriminator block calls optimizer_G's zero_grad and
+    step. The discriminator's optimizer never steps and never resets, its gradients pile up finite: the
+    parameters are never updated (NNDX321), which no zero_grad would change (no NNDX301)."""
+    torch.manual_seed(0)
+    generator, discriminator = nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt_g, opt_d = torch.optim.Adam(generator.parameters(), 1e-3), torch.optim.Adam(discriminator.parameters(), 1e-3)
+    real = torch.randn(64, 8)
+    with Monitor(discriminator, opt_d) as mon:
+        for _ in range(30):
+            fake = generator(torch.randn(64, 4))
+            opt_g.zero_grad()
+            g_loss = nn.functional.softplus(-discriminator(fake)).mean()
+            g_loss.backward()
+            opt_g.step()
+            opt_g.zero_grad()  # should be opt_d's
+            d_loss = nn.functional.softplus(-discriminator(real)).mean() + nn.functional.softplus(
+                discriminator(fake.detach())).mean()
+            d_loss.backward()
+            opt_g.step()  # should be opt_d's
+            mon.log(d_loss)
+    report = mon.report()
+    assert report.loop.steps == 0 and not report.loop.params_grad_nonfinite
+    assert fired(report, "NNDX321") and not fired(report, "NNDX301")
+
+
 @pytest.mark.parametrize("reset", ["both", "encoder_only", "model", "by_hand", "set_to_zero"])
 def test_an_optimizer_whose_gradients_are_never_reset_is_named_among_several(reset):
     """An encoder-decoder loop with an optimizer each (the PyTorch seq2seq tutorial):

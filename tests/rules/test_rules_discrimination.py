@@ -2371,8 +2371,13 @@ def test_a_hand_written_loop_whose_updates_change_nothing_has_no_optimizer_step_
     found = {f.rule_id: f for f in diagnosis.findings}
     assert diagnosis.top().rule_id == "NNDX321" and found["NNDX321"].severity == "error"
     assert "NNDX301" not in found
-    scaled = with_loop(BASE, steps=1, backward_calls=40, zero_grad_calls=0, optimizers=["SGD"])
+    scaled = with_loop(BASE, steps=1, backward_calls=40, zero_grad_calls=0, optimizers=["SGD"],
+                       params_grad_nonfinite=names)  # fmt: skip
     assert diagnose(scaled).top().rule_id == "NNDX301"
+    # a torch optimizer no loop steps (a discriminator's, its step() copy-pasted as the generator's), its
+    # gradients finite: the missing step is the bug
+    unstepped = with_loop(BASE, steps=0, backward_calls=40, zero_grad_calls=0, optimizers=["Adam"])
+    assert diagnose(unstepped).top().rule_id == "NNDX321" and "NNDX301" not in _found(unstepped)
     # a hand-written loop that did update (some parameters moved) stays NNDX321-silent
     moved = with_loop(BASE, steps=1, backward_calls=160, zero_grad_calls=0, optimizers=[],
                       params_never_changed=names[:1])

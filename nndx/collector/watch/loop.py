@@ -383,6 +383,9 @@ class LoopCounts(Watcher):
             "params_grad_none": (
                 [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
             ),
+            # one check per parameter, for the final report only
+            "params_grad_nonfinite": [n for n, p in trainable if p.grad is not None and not bool(p.grad.isfinite().all())]
+            if window is None and self.backward_calls else [],
             # nothing trainable watched (no parameter, and no plain tensor that requires grad in its place, as d2l's
             # scratch models hold): nothing to reach
             "logged_loss_reaches_params": (
