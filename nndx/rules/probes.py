@@ -66,7 +66,9 @@ def _probe(report: DiagnosticReport, name: str):
     "info when the probe's loss fell below zero and on to -inf (an objective with no floor, a GAN generator's "
     "against a fixed discriminator: NNDX111 asks whether it should have one); info when the loss runs through "
     "trainable parameters outside the model (a generator's through its discriminator, which the probe does not "
-    "train: a generator's own preflight); "
+    "train: a generator's own preflight); info when the model is fed another watched model's outputs beside real "
+    "data (a discriminator after training: its opponent's samples look like the data, and the batch's labels are "
+    "then ones its inputs barely tell apart); "
     "info too when the copy's loss moved and then froze (every gradient zero: its units died on the one batch) "
     f"while the run's own loss fell by {RUN_FELL:.0%} or more; and when the model has fewer trainable parameters "
     "than the batch has samples (a calibration temperature, a linear probe): memorising takes about one a sample.",
@@ -108,6 +110,10 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
     # goes against a fixed, untrained opponent says nothing of the generator
     opponent = bool(result.loss_through_other_parameters) and not (
         nearly or head_only or unnamed or died or too_few or run_fit or bottomless)
+    # a discriminator after training: its batch's generated half comes from an opponent that learned to look
+    # like the real half, and no model memorises labels its inputs barely tell apart
+    discriminating = bool(report.loop is not None and report.loop.fed_inputs) and not (
+        nearly or head_only or unnamed or died or too_few or run_fit or bottomless or opponent)
     return Hit(
         symptom=f"overfit_one_batch failed after {result.steps} steps"
         + (f" (the loss above its floor fell at best to {ratio:.2g} of its start, not to 0.01)" if nearly or head_only else "")
@@ -125,7 +131,10 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
            f"so the model and the loss can fit; the probe's {result.steps} steps were too few" if run_fit else "")
         + (f": the loss fell below zero, to {best:.3g} and then -inf: it has no floor to fit to" if bottomless else "")
         + (": the loss runs through parameters outside the model (a generator's through its discriminator), which "
-           "the probe does not train: one batch against a fixed opponent" if opponent else ""),
+           "the probe does not train: one batch against a fixed opponent" if opponent else "")
+        + (": the model is fed another watched model's outputs beside real data (a discriminator), and samples of "
+           "an opponent that learned look like the data: labels their inputs barely tell apart" if discriminating
+           else ""),
         evidence={
             "steps": result.steps,
             "lr": result.lr,
@@ -137,7 +146,7 @@ def overfit_failed(report: DiagnosticReport) -> Hit | None:
             "final_accuracy": result.final_accuracy,
         },
         severity="info" if nearly or head_only or unnamed or died or too_few or run_fit or bottomless or opponent
-        else None,
+        or discriminating else None,
         score=2.0,
         next_probe="grad_check and hooks (gradient flow per layer)",
     )

@@ -680,6 +680,23 @@ def test_a_failed_overfit_warns_when_the_model_barely_learns_and_is_context_when
     assert overfit(initial_loss=1.4, final_loss=1.16, losses=[1.4, 1.3, 1.25, 1.2, 1.16])["NNDX601"] == "warning"
 
 
+def test_a_discriminator_that_cannot_separate_a_trained_generators_samples_from_the_data_is_context():
+    """d2l's GAN after training: the discriminator's probe batch stacks real points and its trained
+    generator's, which now overlap: 11.09 -> 9.60 in 300 steps (sum over 16). A batch whose labels its
+    inputs barely tell apart is the generator's success, not a broken loss. A model no other watched model
+    feeds (the same curve) still warns."""
+    from nndx.report import OverfitResult
+
+    from .broken import fed_input
+
+    failed = OverfitResult(status="failed", task="classification", steps=300, initial_loss=11.09, final_loss=9.60)
+    plain = BASE.model_copy(update={"probes": healthy_probes(overfit_one_batch=failed)})
+    discriminator = with_loop(plain, fed_inputs=[fed_input(-5.7, 10.5, -4.1, 10.3)])
+    found = _found(discriminator)["NNDX601"]
+    assert found.severity == "info" and "another watched model" in found.symptom
+    assert _found(plain)["NNDX601"].severity == "warning"
+
+
 def test_a_model_with_fewer_parameters_than_the_batch_has_samples_need_not_memorise_it():
     """Temperature scaling fits one parameter to a classifier's logits: on a batch of 32 its NLL
     falls from 0.144 to 0.082 and can go no further, as no model of fewer parameters than the batch
