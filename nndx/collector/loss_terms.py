@@ -18,7 +18,9 @@ A term is read only when its reduction is one of torch's losses (its ``reduction
 batch axis under a full reduction; a sum divided by the batch size is a mean, a mean times
 it a sum. A term that never reaches the model's outputs (a penalty on the weights) does not
 scale with the batch and is left out. Anything else at the top (a product of two terms, a
-norm, a custom autograd function) makes the whole reading unknown: ``[]``.
+norm, a custom autograd function), or a reduction over pairs of samples (an MMD's (N, N) kernel
+matrix, where a weight of 100 / (N (N - 1)) and a divisor of N / 100 read the same), makes the
+whole reading unknown: ``[]``.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def _term(node: Any, name: str, batch_size: int, scale: float) -> LossTerm | Non
     if name in ("SumBackward0", "MeanBackward0"):
         sizes = list(getattr(node, "_saved_self_sym_sizes", ()))
         kind = "sum" if name.startswith("Sum") else "mean"
+        if sizes.count(batch_size) >= 2:
+            return None  # pairs of samples (an MMD's kernel matrix): a weight and a divisor read the same there
         if batch_size in sizes:
             return _scaled(kind, kind, math.prod(sizes), batch_size, scale)
         live = [n for n, _ in node.next_functions if n is not None]
@@ -132,8 +136,8 @@ def _over_batch(node: Any, batch_size: int) -> tuple[str, str, int] | None:
     if not sizes or dims is None:
         return None
     axes = {d % len(sizes) for d in dims} if dims else set(range(len(sizes)))
-    if not any(sizes[a] == batch_size for a in axes):
-        return None
+    if sum(sizes[a] == batch_size for a in axes) != 1:
+        return None  # no batch axis, or pairs of samples
     kind = "sum" if type(node).__name__.startswith("Sum") else "mean"
     return kind, kind, math.prod(sizes)
 

@@ -1147,7 +1147,9 @@ def padding_scored(report: DiagnosticReport) -> Hit | None:
     "model's outputs, at least one averages over the batch (a torch loss with reduction='mean', .mean()) and at "
     "least one sums over it (reduction='sum', torch.sum of a tensor holding the batch axis). Constant factors "
     "count: a sum divided by at least the batch size is an average, a mean times the batch size a sum. Terms "
-    "that never reach the outputs (a penalty on the weights) do not scale with the batch and are left out.",
+    "that never reach the outputs (a penalty on the weights) do not scale with the batch and are left out; a "
+    "reduction over pairs of samples (an MMD's kernel matrix, whose weight and divisor read the same) leaves the "
+    "whole loss unread.",
     why="The two terms are then weighed by an accident of reduction, not by intent: a mean over N samples of D "
     "values each is divided by N*D, the sum is not, so the summed term weighs thousands of times more per value "
     "and the balance moves with the batch size. A VAE with F.binary_cross_entropy left at its default "

@@ -80,6 +80,21 @@ def test_a_sum_divided_by_a_count_of_what_it_kept_is_an_average():
     assert _kinds(loss_fn, model) == ["mean", "mean"]
 
 
+def test_a_pairwise_term_over_the_batch_is_no_reading():
+    """AntixK's WAE-MMD: the reconstruction's mean beside kernel sums over (N, N) pairs of latents,
+    weighted by 100 / (N (N - 1)): a mean over pairs times a weight, or a sum divided by N / 100? The
+    numbers cannot tell a weight from a divisor there; a term over pairs of samples is not read."""
+
+    def wae_loss(output, x):
+        x_hat, z, _ = output
+        prior = torch.randn_like(z)
+        kernel = lambda a, b: (2.0 * Z / (2.0 * Z + torch.cdist(a, b) ** 2)).sum()  # noqa: E731
+        mmd = kernel(z, z) + kernel(prior, prior) - 2 * kernel(z, prior)
+        return F.mse_loss(x_hat, x) + 100.0 / (N * (N - 1)) * mmd
+
+    assert _kinds(wae_loss) == []
+
+
 def test_terms_it_cannot_read_make_the_reading_unknown():
     model = nn.Linear(D, 5)
 
