@@ -126,6 +126,24 @@ def test_transformer_without_mask_sees_the_future():
     assert codes(TinyGPT(causal=False), lm_batch())[:1] == ["DATA_LEAKAGE"]
 
 
+class MasksWhenTraining(TinyGPT):
+    """d2l's TransformerDecoder: the causal mask is built only when ``self.training``; at prediction the
+    decoder runs one token at a time, so a whole sequence in eval mode attends both ways by design."""
+
+    def attention(self, x):
+        self.causal = self.training
+        return super().attention(x)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_causal_mask_built_only_in_training_is_causal_where_the_loss_trains(dropout):
+    result = causality(MasksWhenTraining(dropout=dropout), lm_batch(), flat_cross_entropy)
+    assert result.status == "passed" and not result.future_visible, result.message
+    assert "training" in result.message
+    leak = causality(TinyGPT(causal=False, dropout=dropout), lm_batch(), flat_cross_entropy)
+    assert leak.status == "failed" and leak.future_visible
+
+
 def test_lstm_language_models_unidirectional_passes_bidirectional_leaks():
     assert causality(LSTMLM(), lm_batch(), flat_cross_entropy).status == "passed"
     assert not {"DATA_LEAKAGE", "LABELS_MISALIGNED"} & set(codes(LSTMLM(), lm_batch()))

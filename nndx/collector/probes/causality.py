@@ -257,6 +257,13 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     moved = int((change > tolerance).sum())
     largest = float(change.max())
     common.update(unshifted=False, cut=cut, changed_positions=moved, max_change=largest, tolerance=tolerance)
+    if moved and _causal_in_training(model_copy, inputs, changed_inputs, which_output, tokens.shape, time_axis, cut,
+                                     tolerance):  # fmt: skip
+        return CausalityResult(status="passed", future_visible=False, **common, message=(
+            f"changing the tokens after position {cut} moved the eval-mode outputs at {moved} of the {cut + 1} "
+            "earlier positions, but not the train-mode ones the loss trains on: the model masks the future only "
+            "in training (d2l's decoder builds its causal mask when self.training, and predicts one token at a "
+            "time)"))  # fmt: skip
     if moved:
         return CausalityResult(status="failed", future_visible=True, **common, message=(
             f"changing the tokens after position {cut} moved the eval-mode outputs at {moved} of the {cut + 1} "
@@ -275,6 +282,26 @@ def causality(model: nn.Module, batch: Batch, loss_fn: LossFn) -> CausalityResul
     return CausalityResult(status="passed", future_visible=False, **common, message=(
         f"targets are the next tokens at {next_share:.0%} of the scored positions{reads}, and changing the tokens "
         f"after position {cut} left the {cut + 1} earlier positions' outputs unchanged (within {tolerance:.3g})"))
+
+
+def _causal_in_training(model: nn.Module, inputs: object, changed_inputs: object, which: _Which,
+                        shape: torch.Size, time_axis: int, cut: int, tolerance: float) -> bool:  # fmt: skip
+    """Whether the earlier positions stay put in train mode, where the loss trains (dropout drawn
+    alike in both forwards; batch statistics left in eval mode, as they would mix the samples'
+    later tokens into every position): a causal mask built only when ``self.training``."""
+    set_mode(model, True)
+    for module in model.modules():
+        if getattr(module, "track_running_stats", False):
+            module.train(False)
+    try:
+        with preserved_rng(), forwards_under_autocast(None), torch.no_grad():
+            before = _per_position(_outputs(model, inputs, which), shape, time_axis)
+            after = _per_position(_outputs(model, changed_inputs, which), shape, time_axis)
+    except Exception:  # noqa: BLE001 - no train-mode reading: the eval-mode one stands
+        return False
+    finally:
+        set_mode(model, False)
+    return bool(((after[:, : cut + 1] - before[:, : cut + 1]).abs() <= tolerance).all())
 
 
 def _adjacent_information(tokens: torch.Tensor, time_axis: int) -> tuple[float, float] | None:
