@@ -376,4 +376,10 @@ PROGRAMS = (
     "llm_appendix_d",
     "bentrevett_mlp",
     "nyu_regularization",
+    "udacity_weight_init",
+    "softmax_gan",
+    "bentrevett_lstm",
+    "context_encoder",
+    "wae_mmd",
+    "d2l_transformer",
 )
