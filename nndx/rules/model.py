@@ -46,7 +46,10 @@ def _sequential_neighbours(first: str, second: str) -> bool:
     "autoencoder's linear code: a low-rank map one layer cannot be) are no missing activation; nor is a layer "
     "reading a stream that other paths read too (a ResNet block's shortcut projection of the stem's output, "
     "beside a residual branch with its ReLUs); nor a gated linear unit's own projection, whose output goes "
-    "through a GLU (a Temporal Fusion Transformer's gated residual networks).",
+    "through a GLU (a Temporal Fusion Transformer's gated residual networks). Info when every such pair joins "
+    "layers of two kinds (a Linear whose output is viewed as maps for a ConvTranspose2d, an encoder's 1x1 Conv2d "
+    "code read by a decoder's ConvTranspose2d) in a model with activations elsewhere: a change of representation "
+    "is as often by design as a lost activation.",
     why="A composition of linear maps is one linear map: the extra layers add parameters but no "
     "capacity, and the model cannot fit a non-linear task.",
     fix="Insert an activation (nn.ReLU(), nn.GELU()) between the layers.",
@@ -78,10 +81,19 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
                 previous = None
     if not pairs:
         return None
+    # a layer of another kind read directly (a dense projection viewed as maps for a transposed convolution, an
+    # encoder's 1x1 code read by a decoder) changes representation, by design as often as not; the same kind
+    # twice (Linear, Linear; ConvTranspose2d, ConvTranspose2d) is a stack that lost its activation
+    kinds = {layer.name: layer.type for layer in model.layers}
+    pairs.sort(key=lambda pair: kinds.get(pair[0]) != kinds.get(pair[1]))
     evidence = {"linear_pairs": [f"{a} -> {b}" for a, b in pairs], "activation_modules": len(model.activations)}
     if model.activations or model.forward_observed:
         # an observed forward sees functional activations too: none there is none at all
-        return Hit(symptom=f"no activation between {pairs[0][0]} and {pairs[0][1]}", evidence=evidence, score=2.0)
+        changes_kind = kinds.get(pairs[0][0]) != kinds.get(pairs[0][1]) and bool(model.activations)
+        return Hit(symptom=f"no activation between {pairs[0][0]} and {pairs[0][1]}"
+                   + (f" ({kinds[pairs[0][0]]} into {kinds[pairs[0][1]]}, with activations elsewhere: a change of "
+                      "representation, most often by design)" if changes_kind else ""),
+                   evidence=evidence, severity="info" if changes_kind else None, score=0.5 if changes_kind else 2.0)
     curve = loss_curve(report)
     stalled = curve.n >= 10 and curve.progress < 0.5
     return Hit(

@@ -548,3 +548,37 @@ def test_class_imbalance_the_loss_weights_against_is_context(path):
     assert severity(None) == "warning"
     assert severity(weights) == "info"
     assert severity(torch.ones(10)) == "warning"  # weights that weight nothing
+
+
+class ProjectThenDeconvolve(nn.Module):
+    """AntixK's WAE decoder and the context encoder's bottleneck: a layer of another kind read by a
+    transposed convolution with nothing between (a dense projection viewed as maps, a 1x1 code), ReLUs
+    elsewhere; or two transposed convolutions of one decoder with the ReLU between them forgotten."""
+
+    def __init__(self, first: str, forgotten: bool = False) -> None:
+        super().__init__()
+        self.first = first
+        self.project = nn.Linear(8, 4 * 2 * 2) if first == "linear" else nn.Conv2d(1, 4, 1)
+        self.up1, self.up2 = nn.ConvTranspose2d(4, 4, 2, stride=2), nn.ConvTranspose2d(4, 1, 2, stride=2)
+        self.forgotten = forgotten
+
+    def forward(self, x):
+        h = self.project(x).view(-1, 4, 2, 2) if self.first == "linear" else self.project(x)
+        h = self.up1(h)
+        return self.up2(h if self.forgotten else F.relu(h))
+
+
+@pytest.mark.parametrize("first", ["linear", "conv"])
+def test_a_transposed_convolution_reading_a_layer_of_another_kind_is_context(first):
+    torch.manual_seed(0)
+    x = torch.rand(16, 8) if first == "linear" else torch.rand(16, 1, 2, 2)
+
+    def found(forgotten):
+        model = ProjectThenDeconvolve(first, forgotten)
+        target = model(x).detach().clone().uniform_()
+        report = nndx.probe(model, (x, target), nn.MSELoss(), probes=["nan_origin"], progress=False)
+        return {f.evidence["linear_pairs"][0]: f.severity for f in nndx.diagnose(report).findings
+                if f.rule_id == "NNDX401"}  # fmt: skip
+
+    assert found(False) == {"project -> up1": "info"}
+    assert found(True)["up1 -> up2"] == "warning"
