@@ -376,9 +376,10 @@ def _run(setup: Setup, steps: int, seed: int, deadline: float) -> list[float]:
 
 def _chance_loss(model: nn.Module, inputs: Any, loss_fn: LossFn) -> float | None:
     """The loss of a uniform prediction (ln C over C classes, ln 2 for a binary loss):
-    a classifier whose loss fell from 170 to ln C has learned nothing."""
+    a classifier whose loss fell from 170 to ln C has learned nothing. None for a loss
+    summed over its batch (``reduction='sum'``), whose chance level is not one sample's."""
     kind = vocab.loss_kind(loss_name(loss_fn))
-    if kind is None or kind.task != "classification":
+    if kind is None or kind.task != "classification" or getattr(loss_fn, "reduction", "mean") != "mean":
         return None
     if kind.binary:
         return math.log(2)

@@ -528,3 +528,14 @@ def test_a_remedy_that_did_not_help_says_nothing_where_no_run_could_learn():
     slow = _mlp(0)
     result = interventions(slow, (x, y), nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(slow.parameters(), lr=1e-4))
     assert _statuses(result) == {"LR_TOO_HIGH": "not_confirmed", "LR_TOO_LOW": "confirmed"}
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_the_chance_level_of_a_summed_loss_is_not_one_samples(reduction):
+    """d2l's GAN sums its BCE over the batch (reduction='sum'): 11.09 for 16 samples at chance. Read
+    against ln 2 as the chance level, a baseline that fell to 5.03 'did not learn' (7x chance) and the
+    lr x 10 remedy that fitted the batch was an error-level LR_TOO_LOW; against where it started it
+    learned 55% of its way down."""
+    model = nn.Linear(2, 1)
+    chance = interventions_module._chance_loss(model, torch.randn(16, 2), nn.BCEWithLogitsLoss(reduction=reduction))
+    assert chance == (pytest.approx(math.log(2)) if reduction == "mean" else None)
