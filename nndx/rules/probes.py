@@ -1039,6 +1039,9 @@ def lm_targets_unshifted(report: DiagnosticReport) -> Hit | None:
     "as a language model, a convolution padded on both sides instead of on the left.",
     fix="Mask attention scores above the diagonal (masked_fill(tril == 0, -inf), or is_causal=True); use a "
     "unidirectional recurrent layer; pad convolutions on the left only (F.pad(x, (k - 1, 0))).",
+    # attention heads merged back with a view where a permute was due mix the positions: each position then
+    # holds values of later ones through the reshape, not through a mask (d2l's transpose_output without permute)
+    explained_by=(C.WRONG_RESHAPE,),
 )
 def lm_sees_future(report: DiagnosticReport) -> Hit | None:
     result = _probe(report, "causality")

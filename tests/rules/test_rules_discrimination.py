@@ -697,6 +697,23 @@ def test_a_discriminator_that_cannot_separate_a_trained_generators_samples_from_
     assert _found(plain)["NNDX601"].severity == "warning"
 
 
+def test_a_view_that_mixes_positions_explains_the_future_it_lets_them_see():
+    """d2l's transformer with transpose_output reshaping heads back without a permute (blind round 38):
+    the causality probe sees later tokens move earlier outputs, and NNDX404 sees the interleaving view.
+    The view is the cause; the leak, alone, is still DATA_LEAKAGE."""
+    from nndx.report import CausalityResult
+
+    from .broken import interleaved_axes
+
+    leak = CausalityResult(status="failed", future_visible=True, time_axis=1, samples=8, positions=12,
+                           scored_positions=96, cut=5, changed_positions=6, max_change=6.5, tolerance=1e-5)
+    both = interleaved_axes().model_copy(update={"probes": healthy_probes(causality=leak)})
+    diagnosis = diagnose(both)
+    assert diagnosis.top().rule_id == "NNDX404" and "NNDX614" in diagnosis.top().explains
+    alone = BASE.model_copy(update={"probes": healthy_probes(causality=leak)})
+    assert diagnose(alone).top().rule_id == "NNDX614"
+
+
 def test_a_model_with_fewer_parameters_than_the_batch_has_samples_need_not_memorise_it():
     """Temperature scaling fits one parameter to a classifier's logits: on a batch of 32 its NLL
     falls from 0.144 to 0.082 and can go no further, as no model of fewer parameters than the batch
