@@ -9,6 +9,7 @@ is deterministic, so a variant's healthy and buggy runs see the same data.
 from __future__ import annotations
 
 import functools
+import random
 
 import numpy as np
 import torch
@@ -18,9 +19,16 @@ import torch
 
 @functools.lru_cache(maxsize=1)
 def _digits() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
+    """Loaded once per process. The first load imports scikit-learn, whose import draws from the
+    global random streams: they are put back, so a program's first run in a process trains as its
+    later runs do (a port's seeds come before its data)."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        from sklearn.datasets import load_digits
 
-    data = load_digits()
+        data = load_digits()
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
     return data.images.astype(np.uint8), data.target.astype(np.int64)  # pixels 0..16
 
 
