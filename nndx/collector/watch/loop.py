@@ -171,6 +171,15 @@ def ops_before_loss(root: Any, models: set[int], limit: int = WALK_LIMIT) -> lis
     return paths
 
 
+def _finite_grad(grad: torch.Tensor) -> bool:
+    """Every stored value of a gradient finite (a sparse one's, an embedding's with sparse=True);
+    a gradient of a layout the check cannot read counts as finite (no overflow is claimed)."""
+    try:
+        return bool(torch.isfinite(grad.coalesce().values() if grad.is_sparse else grad).all())
+    except (RuntimeError, NotImplementedError):
+        return True
+
+
 class _GradReset:
     """Whether one parameter's gradient was reset since it was last remembered: replaced,
     deleted, or changed in place to all zeros (``optimizer.zero_grad()`` with either
@@ -384,7 +393,7 @@ class LoopCounts(Watcher):
                 [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
             ),
             # one check per parameter, for the final report only
-            "params_grad_nonfinite": [n for n, p in trainable if p.grad is not None and not bool(p.grad.isfinite().all())]
+            "params_grad_nonfinite": [n for n, p in trainable if p.grad is not None and not _finite_grad(p.grad)]
             if window is None and self.backward_calls else [],
             # nothing trainable watched (no parameter, and no plain tensor that requires grad in its place, as d2l's
             # scratch models hold): nothing to reach
