@@ -65,11 +65,16 @@ sample's positions are changed one at a time in one eval-mode batch, and a model
 outputs read the other positions one way only is autoregressive; an output that moves with
 its own input sees what it must predict. A forecaster handed float targets verbatim inside a
 longer input (a decoder input built from the whole target window) has the value at a
-target's own position changed: the prediction for it must not move.
+target's own position changed: the prediction for it must not move. A sequence model over
+float steps (a recurrent layer, which reads its current step by design) whose targets are
+its inputs has them unshifted; steps flattened into ``(N * T, F)`` rows are read in the
+inputs' layout, and a model that takes only one sample runs its edited rows one by one.
 
 Causality: the tokens after position ``cut`` are replaced by other ids of the batch and
 both batches run on the eval-mode copy under one seed; the outputs at positions
-``<= cut`` must not move beyond the rounding tolerance (dtype eps × magnitude ×
+``<= cut`` must not move beyond the rounding tolerance (when they do, the two forwards run
+again in train mode, where the loss trains: a decoder that builds its causal mask only when
+``self.training``, as d2l's, passes) (dtype eps × magnitude ×
 reduction sizes: :func:`~nndx.collector._common.roundoff_tolerance`). Which output
 depends on which token does not depend on the dtype, so a float16/bfloat16 model, or
 one probed under ``amp``, is compared on a float32 copy without autocast, where the
@@ -403,10 +408,12 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
     if order is None and over_steps and steps >= MIN_POSITIONS:
         # a sequence of frames or vectors (a ConvLSTM's (N, T, C, H, W)): values within a step read each
         # other, so the order is read over the time axis, each step changed whole
+        def per_step(out: torch.Tensor) -> torch.Tensor | None:
+            out = unflattened(out)
+            return out.reshape(out.shape[0], steps, -1).float() if out.shape[1:2] == (steps,) else None
+
         order = _order(model, inputs, x, x[:1].reshape(1, steps, -1).transpose(1, 2),
-                       lambda g: g.transpose(1, 2).reshape(-1, *x.shape[1:]),
-                       lambda out: (lambda o: o.reshape(o.shape[0], steps, -1).float() if o.shape[1:2] == (steps,)
-                                    else None)(unflattened(out)))  # fmt: skip
+                       lambda g: g.transpose(1, 2).reshape(-1, *x.shape[1:]), per_step)  # fmt: skip
         positions, sequence = steps, True
     if sequence and order is not None and order[1]:
         # a sequence model reads its current step by design: its target is that step, not the next
