@@ -72,10 +72,10 @@ inputs' layout, and a model that takes only one sample runs its edited rows one 
 
 Causality: the tokens after position ``cut`` are replaced by other ids of the batch and
 both batches run on the eval-mode copy under one seed; the outputs at positions
-``<= cut`` must not move beyond the rounding tolerance (when they do, the two forwards run
-again in train mode, where the loss trains: a decoder that builds its causal mask only when
-``self.training``, as d2l's, passes) (dtype eps × magnitude ×
-reduction sizes: :func:`~nndx.collector._common.roundoff_tolerance`). Which output
+``<= cut`` must not move beyond the rounding tolerance (dtype eps × magnitude ×
+reduction sizes: :func:`~nndx.collector._common.roundoff_tolerance`); when they do, the two
+forwards run again in train mode, where the loss trains, and a decoder that builds its causal
+mask only when ``self.training`` (d2l's) passes. Which output
 depends on which token does not depend on the dtype, so a float16/bfloat16 model, or
 one probed under ``amp``, is compared on a float32 copy without autocast, where the
 tolerance is tight. One backward and three or four forwards in all.
