@@ -12,6 +12,7 @@ step changed the parameter while an earlier step's graph still needed it).
 
 from __future__ import annotations
 
+import math
 import re
 
 from nndx.report import CauseCode as C
@@ -192,10 +193,30 @@ def _matcher(phrases: tuple[str, ...]):
                         score=3.0,
                         code=C.GRAPH_RETAINED,
                     )
-                return Hit(symptom=f"{type_} in {source}: {first_line[:200]}", evidence=evidence, score=3.0)
+                trained = _loop_trained(report) if source != "training" else 0
+                return Hit(symptom=f"{type_} in {source}: {first_line[:200]}" + (
+                    f"; the loop's own {trained} steps ran with finite losses: what was handed to nndx.probe (the "
+                    "batch, the loss on the model's raw output) is not what the loop computes" if trained else ""),
+                    evidence=evidence, severity="info" if trained else None, score=1.0 if trained else 3.0)
         return None
 
     return check
+
+
+# a loop the Monitor saw step this often, every logged train loss finite, did not raise what a probe raised
+TRAINED_STEPS = 10
+
+
+def _loop_trained(report: DiagnosticReport) -> int:
+    """The loop's optimizer steps when the Monitor saw it train (at least TRAINED_STEPS, as many finite
+    logged train losses): an exception only a probe raised is then the probe's call (a batch or a loss
+    that differ from the loop's: BCELoss on a discriminator's raw (N, 1, 1, 1) output the loop reshapes
+    first), not the training's. 0 otherwise."""
+    losses = [p.value for p in (report.loss_history or {}).get("train", [])]
+    steps = report.loop.steps if report.loop is not None else 0
+    if steps < TRAINED_STEPS or len(losses) < TRAINED_STEPS or not all(map(math.isfinite, losses)):
+        return 0
+    return steps
 
 
 def _stepped_parameter(report: DiagnosticReport, source: str, message: str) -> str | None:
@@ -217,7 +238,9 @@ def _register() -> None:
                 severity="error",
                 title=title,
                 detects="A recorded exception (report.errors, or a probe that ended in error) whose message "
-                "matches one of these patterns: " + "; ".join(f"/{p}/" for p in phrases) + ".",
+                "matches one of these patterns: " + "; ".join(f"/{p}/" for p in phrases) + ". Info when a probe "
+                f"raised it while the Monitor saw the loop take {TRAINED_STEPS} steps or more with finite train "
+                "losses: the loop did not raise it, so what was handed to nndx.probe differs from what it computes.",
                 why=why,
                 fix=fix,
                 family="errors",

@@ -78,7 +78,10 @@ def probe(**probes) -> DiagnosticReport:
 
 
 def error(message: str, type_: str = "RuntimeError") -> DiagnosticReport:
-    return update(errors=[ErrorRecord(source="overfit_one_batch", type=type_, message=message)])
+    """A preflight's probe that raised: no loop trained beside it (one that did, without raising, makes
+    the probe's exception the probe's call: info)."""
+    return update(errors=[ErrorRecord(source="overfit_one_batch", type=type_, message=message)], loop=None,
+                  loss_history={})  # fmt: skip
 
 
 def confirmed(code: str) -> DiagnosticReport:

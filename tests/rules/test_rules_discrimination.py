@@ -714,6 +714,27 @@ def test_a_view_that_mixes_positions_explains_the_future_it_lets_them_see():
     assert diagnose(alone).top().rule_id == "NNDX614"
 
 
+def test_an_exception_only_the_probe_raised_beside_a_loop_that_trained_is_the_probes_call():
+    """persson's DCGAN: nndx.probe(disc, batch, BCELoss()) on the discriminator's raw (N, 1, 1, 1) output raises
+    a size mismatch; the loop reshapes to (N,) first and trained 144 steps with finite losses. The probe's
+    call differs from the loop's, the training does not (info). In a preflight the exception is all there is,
+    and an exception the training loop itself raised is still an error."""
+    from nndx.report import ErrorRecord
+
+    from .broken import error
+
+    message = "Using a target size (torch.Size([128])) that is different to the input size (torch.Size([128, 1, 1, 1]))"
+    preflight = error(message, "ValueError")
+    assert _found(preflight)["NNDX705"].severity == "error"
+    trained = BASE.model_copy(update={"errors": [ErrorRecord(source="describe", type="ValueError", message=message)]})
+    found = _found(trained)["NNDX705"]
+    assert found.severity == "info" and "what was handed to nndx.probe" in found.symptom
+    raised = BASE.model_copy(update={"errors": [ErrorRecord(source="training", type="ValueError", message=message)]})
+    assert _found(raised)["NNDX705"].severity == "error"
+    diverged = with_loop(trained, steps=200).model_copy(update={"loss_history": {"train": points([2.3, math.nan] * 10)}})
+    assert _found(diverged)["NNDX705"].severity == "error"
+
+
 def test_a_model_with_fewer_parameters_than_the_batch_has_samples_need_not_memorise_it():
     """Temperature scaling fits one parameter to a classifier's logits: on a batch of 32 its NLL
     falls from 0.144 to 0.082 and can go no further, as no model of fewer parameters than the batch
