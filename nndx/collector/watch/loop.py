@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nndx.collector._common import iter_tensors, orphaned_trainables
+from nndx.collector._common import has_nonfinite, iter_tensors, orphaned_trainables
 from nndx.collector.stats import (
     frozen_at_init, frozen_fingerprints, has_batchnorm, has_dropout, mode_modules, tracking_copies,
 )
@@ -169,15 +169,6 @@ def ops_before_loss(root: Any, models: set[int], limit: int = WALK_LIMIT) -> lis
         stack.extend((child, (*after, f"{op}#{slot}" if slot else op))
                      for slot, (child, _) in enumerate(node.next_functions))  # fmt: skip
     return paths
-
-
-def _finite_grad(grad: torch.Tensor) -> bool:
-    """Every stored value of a gradient finite (a sparse one's, an embedding's with sparse=True);
-    a gradient of a layout the check cannot read counts as finite (no overflow is claimed)."""
-    try:
-        return bool(torch.isfinite(grad.coalesce().values() if grad.is_sparse else grad).all())
-    except (RuntimeError, NotImplementedError):
-        return True
 
 
 class _GradReset:
@@ -393,7 +384,7 @@ class LoopCounts(Watcher):
                 [n for n, p in self._never_grad.items() if p.requires_grad] if self.backward_calls else []
             ),
             # one check per parameter, for the final report only
-            "params_grad_nonfinite": [n for n, p in trainable if p.grad is not None and not _finite_grad(p.grad)]
+            "params_grad_nonfinite": [n for n, p in trainable if p.grad is not None and has_nonfinite(p.grad)]
             if window is None and self.backward_calls else [],
             # nothing trainable watched (no parameter, and no plain tensor that requires grad in its place, as d2l's
             # scratch models hold): nothing to reach
