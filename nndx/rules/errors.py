@@ -12,11 +12,11 @@ step changed the parameter while an earlier step's graph still needed it).
 
 from __future__ import annotations
 
-import math
 import re
 
 from nndx.report import CauseCode as C
 from nndx.report import DiagnosticReport
+from nndx.rules._series import loss_curve, train_curve
 from nndx.rules.engine import Hit, Rule, add_rule
 
 def recorded_errors(report: DiagnosticReport) -> list[tuple[str, str, str]]:
@@ -212,10 +212,9 @@ def _loop_trained(report: DiagnosticReport) -> int:
     logged train losses): an exception only a probe raised is then the probe's call (a batch or a loss
     that differ from the loop's: BCELoss on a discriminator's raw (N, 1, 1, 1) output the loop reshapes
     first), not the training's. 0 otherwise."""
-    losses = [p.value for p in (report.loss_history or {}).get("train", [])]
-    steps = report.loop.steps if report.loop is not None else 0
-    if steps < TRAINED_STEPS or len(losses) < TRAINED_STEPS or not all(map(math.isfinite, losses)):
-        return 0
+    points, steps = train_curve(report), report.loop.steps if report.loop is not None else 0
+    if steps < TRAINED_STEPS or len(points) < TRAINED_STEPS or len(loss_curve(report).values) < len(points):
+        return 0  # a curve's values are the finite ones
     return steps
 
 
