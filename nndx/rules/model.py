@@ -59,15 +59,15 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
     if model is None or len(model.layers) < 2:
         return None
     pairs = []
+    kinds = {layer.name: layer.type for layer in model.layers}
     if model.forward_observed:
         # data flow, not module order: parallel branches and F.relu between layers are told apart
-        types = {layer.name: layer.type for layer in model.layers}
         linear = vocab.LINEAR_LAYER_NAMES
         by_name = {layer.name: layer for layer in model.layers}
         # a gated linear unit's own projection: its gate is the non-linearity the layer feeds
         gated = {layer.input_from for layer in model.layers if layer.type == "GLU"}
         pairs = [(layer.input_from, layer.name) for layer in model.layers
-                 if layer.type in linear and types.get(layer.input_from or "") in linear
+                 if layer.type in linear and kinds.get(layer.input_from or "") in linear
                  and not _linear_bottleneck(by_name[layer.input_from], layer)
                  and not (by_name[layer.input_from].readers or 0) >= 2 and layer.name not in gated]  # fmt: skip
     else:
@@ -84,7 +84,6 @@ def missing_activation(report: DiagnosticReport) -> Hit | None:
     # a layer of another kind read directly (a dense projection viewed as maps for a transposed convolution, an
     # encoder's 1x1 code read by a decoder) changes representation, by design as often as not; the same kind
     # twice (Linear, Linear; ConvTranspose2d, ConvTranspose2d) is a stack that lost its activation
-    kinds = {layer.name: layer.type for layer in model.layers}
     pairs.sort(key=lambda pair: kinds.get(pair[0]) != kinds.get(pair[1]))
     evidence = {"linear_pairs": [f"{a} -> {b}" for a, b in pairs], "activation_modules": len(model.activations)}
     if model.activations or model.forward_observed:
