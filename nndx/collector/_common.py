@@ -360,6 +360,12 @@ def detach_watchers(obj: nn.Module | torch.optim.Optimizer) -> nn.Module | torch
     return obj
 
 
+def recurrent_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's recurrent layers and cells (nn.RNN, LSTM, GRU and their cells), by name: they
+    read their current step by design and, built time-major, take (time, batch) inputs."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, (nn.RNNBase, nn.RNNCellBase))]
+
+
 def set_mode(model: nn.Module, training: bool) -> nn.Module:
     """``model.train(training)``; for a model whose class gives ``train`` another meaning
     (the forward-forward example's ``Layer.train(x_pos, x_neg)`` runs its training), the

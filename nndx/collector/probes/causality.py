@@ -100,6 +100,7 @@ from nndx.collector._common import (
     map_tensors,
     prediction,
     preserved_rng,
+    recurrent_layers,
     roundoff_tolerance,
     seed_all,
     set_mode,
@@ -404,7 +405,7 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
     steps, over_steps = where[0], len(where) >= 2 and tuple(x.shape[1:]) == where
     # a recurrent layer reads its current step by design (a sine fed to an RNN, one value per step): the
     # reading below, not a mask that lets a position see itself
-    sequence = order is not None and over_steps and positions == steps and _recurrent(model)
+    sequence = order is not None and over_steps and positions == steps and bool(recurrent_layers(model))
     if order is None and over_steps and steps >= MIN_POSITIONS:
         # a sequence of frames or vectors (a ConvLSTM's (N, T, C, H, W)): values within a step read each
         # other, so the order is read over the time axis, each step changed whole
@@ -440,10 +441,6 @@ def _density_model(model: nn.Module, inputs: object, targets: object) -> Causali
     return CausalityResult(status="passed", future_visible=False, **common, message=(
         f"an autoregressive model over its own inputs: changing one of {changed} positions moved outputs on "
         "one side of it only, and never its own output"))  # fmt: skip
-
-
-def _recurrent(model: nn.Module) -> bool:
-    return any(isinstance(m, (nn.RNNBase, nn.RNNCellBase)) for m in model.modules())
 
 
 def _order(model: nn.Module, inputs: object, x: torch.Tensor, grid: torch.Tensor,

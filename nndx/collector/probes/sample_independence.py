@@ -101,6 +101,7 @@ from nndx.collector._common import (
     map_tensors,
     prediction,
     preserved_rng,
+    recurrent_layers,
     relates_samples,
     roundoff_tolerance,
     seed_all,
@@ -138,8 +139,7 @@ def sample_independence(model: nn.Module, batch: Batch) -> SampleIndependenceRes
         axes, why = [], (f"the model holds {held}, a matrix over the samples (a graph's adjacency): they depend on "
                          "each other by design")  # fmt: skip
     if not axes:
-        recurrent = next((name for name, m in model.named_modules() if isinstance(m, (nn.RNNBase, nn.RNNCellBase))),
-                         None)  # fmt: skip
+        recurrent = next((name for name, _ in recurrent_layers(model)), None)
         if recurrent is not None and _per_position(inputs, targets):
             with preserved_rng(), torch.no_grad():
                 no_context = _reads_no_context(set_mode(working_copy(model), False), inputs, targets, recurrent)
@@ -179,7 +179,7 @@ def _one_sequence(model: nn.Module, first: torch.Tensor) -> bool:
     its (1, time, features) input is time (udacity's Simple_RNN, one sine window a step, its 20
     steps flattened to 20 output rows beside 20 targets); the recurrence carries each step into
     the next, which is no mixing of samples."""
-    recurrent = [m for m in model.modules() if isinstance(m, (nn.RNNBase, nn.RNNCellBase))]
+    recurrent = [m for _, m in recurrent_layers(model)]
     return (first.dim() >= 2 and first.shape[0] == 1 and bool(recurrent)
             and all(isinstance(m, nn.RNNBase) and m.batch_first for m in recurrent))
 
@@ -318,8 +318,7 @@ def _stitched(model: nn.Module, inputs: object, axis: int, passed: SampleIndepen
 
 def _time_major_recurrent(model: nn.Module) -> bool:
     """A recurrent layer built time-major (batch_first=False) or a cell the loop steps through time."""
-    return any(isinstance(m, nn.RNNCellBase) or (isinstance(m, nn.RNNBase) and not m.batch_first)
-               for m in model.modules())  # fmt: skip
+    return any(isinstance(m, nn.RNNCellBase) or not m.batch_first for _, m in recurrent_layers(model))
 
 
 def _neighbour_ratio(x: torch.Tensor, axis: int) -> float:
